@@ -1,0 +1,22 @@
+# Set-up and the main jobs. Needs only Python 3.10+ and make.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: test lint install
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+
+$(VENV)/.installed: $(PY) setup.cfg pyproject.toml
+	$(PY) -m pip install -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+lint: install
+	$(PY) -m ruff check contrastive recipes tools tests benchmarks
+
+test: install
+	$(PY) -m pytest
