@@ -1,0 +1,311 @@
+"""The registered loss modules: thin ``nn.Module`` wrappers of :mod:`contrastive.losses.functional`.
+
+Each class keeps its options (temperature, normalize, reduction...) from ``__init__`` and takes
+tensors in ``forward``; the formulas, shapes and papers are in the docstrings of the functions.
+Every class also has ``example_inputs(n, dim)``: small valid inputs, used by the generic tests
+that iterate the registry (and handy to try a loss in a notebook).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from . import functional as LF
+from .registry import register_loss
+
+__all__ = ["BaseLoss", "CosNCELoss", "DCLLoss", "InfoNCELoss", "KDLoss", "NTXentLoss", "SupConLoss"]
+
+
+class BaseLoss(nn.Module):
+    """Common surface of the built-in losses (user losses need not derive from it).
+
+    Class attributes:
+        scale_invariant: True when the loss L2-normalises its inputs by default, so multiplying
+            every floating-point input by a positive number leaves it unchanged.
+    """
+
+    scale_invariant: ClassVar[bool] = True
+
+    def __init__(self, *, reduction: str = "mean") -> None:
+        super().__init__()
+        LF.check_reduction(type(self).__name__, reduction)
+        self.reduction = reduction
+
+    @classmethod
+    def example_inputs(
+        cls,
+        n: int = 6,
+        dim: int = 8,
+        *,
+        dtype: torch.dtype = torch.float32,
+        generator: torch.Generator | None = None,
+    ) -> tuple[Tensor, ...]:
+        """Small valid positional inputs for ``forward``. Every tensor is indexed by the sample
+        along dim 0, so permuting dim 0 of all of them permutes the samples."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _randn(*shape: int, dtype: torch.dtype, generator: torch.Generator | None) -> Tensor:
+        return torch.randn(*shape, generator=generator, dtype=torch.float64).to(dtype)
+
+
+class _TemperatureLoss(BaseLoss):
+    def __init__(self, *, temperature: float, reduction: str = "mean") -> None:
+        super().__init__(reduction=reduction)
+        LF.check_temperature(type(self).__name__, temperature)
+        self.temperature = float(temperature)
+
+    def extra_repr(self) -> str:
+        return f"temperature={self.temperature}, reduction={self.reduction!r}"
+
+
+def _pair_inputs(
+    n: int, dim: int, dtype: torch.dtype, generator: torch.Generator | None
+) -> tuple[Tensor, Tensor]:
+    a = BaseLoss._randn(n, dim, dtype=dtype, generator=generator)
+    b = a + 0.5 * BaseLoss._randn(n, dim, dtype=dtype, generator=generator)
+    return a, b
+
+
+@register_loss("infonce", "info_nce")
+class InfoNCELoss(_TemperatureLoss):
+    """InfoNCE / MoCo loss; see :func:`contrastive.losses.functional.infonce`.
+
+    ``forward(query (N, D), key (M, D), negatives (K, D) | None = None, *, positive_offset=0)``.
+
+    ``learnable_temperature=True`` (CLIP) learns ``logit_scale = log(1 / tau)``, initialised from
+    ``temperature`` and clamped to ``1 / tau <= max_logit_scale`` (100 in CLIP); use it with
+    ``symmetric=True`` for CLIP's loss. The current value is ``current_temperature()``.
+    """
+
+    def __init__(
+        self,
+        temperature: float = 0.07,
+        *,
+        normalize: bool = True,
+        symmetric: bool = False,
+        reduction: str = "mean",
+        learnable_temperature: bool = False,
+        max_logit_scale: float = 100.0,
+    ) -> None:
+        super().__init__(temperature=temperature, reduction=reduction)
+        self.normalize = normalize
+        self.symmetric = symmetric
+        self.max_logit_scale = float(max_logit_scale)
+        if learnable_temperature:
+            if 1.0 / self.temperature > self.max_logit_scale:
+                raise ValueError(
+                    f"InfoNCELoss: `max_logit_scale` ({max_logit_scale}) must be >= "
+                    f"1 / temperature ({1.0 / self.temperature:g})"
+                )
+            self.logit_scale: nn.Parameter | None = nn.Parameter(
+                torch.tensor(math.log(1.0 / self.temperature))
+            )
+        else:
+            self.logit_scale = None
+
+    def current_temperature(self) -> float | Tensor:
+        """tau used by ``forward``: the fixed float, or ``1 / exp(logit_scale)`` (a tensor)."""
+        if self.logit_scale is None:
+            return self.temperature
+        return 1.0 / self.logit_scale.clamp(max=math.log(self.max_logit_scale)).exp()
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        negatives: Tensor | None = None,
+        *,
+        positive_offset: int = 0,
+    ) -> Tensor:
+        return LF.infonce(
+            query,
+            key,
+            negatives,
+            temperature=self.current_temperature(),
+            normalize=self.normalize,
+            symmetric=self.symmetric,
+            positive_offset=positive_offset,
+            reduction=self.reduction,
+        )
+
+    def extra_repr(self) -> str:
+        learn = ", learnable_temperature=True" if self.logit_scale is not None else ""
+        return (
+            f"{super().extra_repr()}, normalize={self.normalize}, symmetric={self.symmetric}{learn}"
+        )
+
+    @classmethod
+    def example_inputs(
+        cls,
+        n: int = 6,
+        dim: int = 8,
+        *,
+        dtype: torch.dtype = torch.float32,
+        generator: torch.Generator | None = None,
+    ) -> tuple[Tensor, ...]:
+        return _pair_inputs(n, dim, dtype, generator)
+
+
+class _TwoViewLoss(_TemperatureLoss):
+    """Shared by NT-Xent and DCL: ``forward(z1, z2, *, z1_all=None, z2_all=None,
+    positive_offset=0)``."""
+
+    _fn = staticmethod(LF.ntxent)
+
+    def __init__(
+        self, temperature: float = 0.1, *, normalize: bool = True, reduction: str = "mean"
+    ) -> None:
+        super().__init__(temperature=temperature, reduction=reduction)
+        self.normalize = normalize
+
+    def forward(
+        self,
+        z1: Tensor,
+        z2: Tensor,
+        *,
+        z1_all: Tensor | None = None,
+        z2_all: Tensor | None = None,
+        positive_offset: int = 0,
+    ) -> Tensor:
+        return self._fn(
+            z1,
+            z2,
+            temperature=self.temperature,
+            normalize=self.normalize,
+            reduction=self.reduction,
+            z1_all=z1_all,
+            z2_all=z2_all,
+            positive_offset=positive_offset,
+        )
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, normalize={self.normalize}"
+
+    @classmethod
+    def example_inputs(
+        cls,
+        n: int = 6,
+        dim: int = 8,
+        *,
+        dtype: torch.dtype = torch.float32,
+        generator: torch.Generator | None = None,
+    ) -> tuple[Tensor, ...]:
+        return _pair_inputs(n, dim, dtype, generator)
+
+
+@register_loss("ntxent", "nt_xent")
+class NTXentLoss(_TwoViewLoss):
+    """SimCLR's NT-Xent; see :func:`contrastive.losses.functional.ntxent` (multi-process
+    arguments included). ``forward(z1 (N, D), z2 (N, D), *, z1_all=None, z2_all=None,
+    positive_offset=0)``."""
+
+    _fn = staticmethod(LF.ntxent)
+
+
+@register_loss("dcl", "decoupled_contrastive")
+class DCLLoss(_TwoViewLoss):
+    """Decoupled contrastive loss; see :func:`contrastive.losses.functional.dcl`.
+    ``forward(z1 (N, D), z2 (N, D), *, z1_all=None, z2_all=None, positive_offset=0)``."""
+
+    _fn = staticmethod(LF.dcl)
+
+
+@register_loss("cosnce", "cos_nce")
+class CosNCELoss(BaseLoss):
+    """LRC-BERT's COS-NCE; see :func:`contrastive.losses.functional.cosnce`.
+    ``forward(student (N, D), teacher (N, D), negatives (N, K, D) | (K, D) | None = None)``."""
+
+    def __init__(self, *, normalize: bool = True, reduction: str = "mean") -> None:
+        super().__init__(reduction=reduction)
+        self.normalize = normalize
+
+    def forward(self, student: Tensor, teacher: Tensor, negatives: Tensor | None = None) -> Tensor:
+        return LF.cosnce(
+            student, teacher, negatives, normalize=self.normalize, reduction=self.reduction
+        )
+
+    def extra_repr(self) -> str:
+        return f"normalize={self.normalize}, reduction={self.reduction!r}"
+
+    @classmethod
+    def example_inputs(
+        cls,
+        n: int = 6,
+        dim: int = 8,
+        *,
+        dtype: torch.dtype = torch.float32,
+        generator: torch.Generator | None = None,
+    ) -> tuple[Tensor, ...]:
+        student, teacher = _pair_inputs(n, dim, dtype, generator)
+        negatives = cls._randn(n, 3, dim, dtype=dtype, generator=generator)
+        return student, teacher, negatives
+
+
+@register_loss("supcon", "supervised_contrastive")
+class SupConLoss(_TemperatureLoss):
+    """Supervised contrastive loss (L^sup_out); see :func:`contrastive.losses.functional.supcon`.
+    ``forward(features (N, V, D), labels (N,) | None = None)``."""
+
+    def __init__(
+        self, temperature: float = 0.1, *, normalize: bool = True, reduction: str = "mean"
+    ) -> None:
+        super().__init__(temperature=temperature, reduction=reduction)
+        self.normalize = normalize
+
+    def forward(self, features: Tensor, labels: Tensor | None = None) -> Tensor:
+        return LF.supcon(
+            features,
+            labels,
+            temperature=self.temperature,
+            normalize=self.normalize,
+            reduction=self.reduction,
+        )
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, normalize={self.normalize}"
+
+    @classmethod
+    def example_inputs(
+        cls,
+        n: int = 6,
+        dim: int = 8,
+        *,
+        dtype: torch.dtype = torch.float32,
+        generator: torch.Generator | None = None,
+    ) -> tuple[Tensor, ...]:
+        features = cls._randn(n, 2, dim, dtype=dtype, generator=generator)
+        labels = torch.arange(n) % 3
+        return features, labels
+
+
+@register_loss("kd", "distillation")
+class KDLoss(_TemperatureLoss):
+    """Knowledge-distillation soft loss KL(teacher || student) * t^2; see
+    :func:`contrastive.losses.functional.kd`.
+    ``forward(student_logits (N, C), teacher_logits (N, C))``."""
+
+    scale_invariant: ClassVar[bool] = False
+
+    def __init__(self, temperature: float = 1.0, *, reduction: str = "mean") -> None:
+        super().__init__(temperature=temperature, reduction=reduction)
+
+    def forward(self, student_logits: Tensor, teacher_logits: Tensor) -> Tensor:
+        return LF.kd(
+            student_logits, teacher_logits, temperature=self.temperature, reduction=self.reduction
+        )
+
+    @classmethod
+    def example_inputs(
+        cls,
+        n: int = 6,
+        dim: int = 8,
+        *,
+        dtype: torch.dtype = torch.float32,
+        generator: torch.Generator | None = None,
+    ) -> tuple[Tensor, ...]:
+        return _pair_inputs(n, dim, dtype, generator)
