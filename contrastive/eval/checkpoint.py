@@ -1,0 +1,416 @@
+"""Find the backbone weights in any checkpoint we support, and load them safely.
+
+Accepted ``checkpoint`` arguments (see :func:`read_checkpoint`):
+
+- our ``encoder.pt``: ``{"encoder": "<create_encoder name>", "state_dict": backbone weights}``;
+- a run folder (holds ``encoder.pt``, else its newest ``checkpoints/<name>`` folder);
+- a checkpoint folder written by ``accelerate``'s ``save_state`` (``model.safetensors`` or
+  ``pytorch_model.bin``; the encoder name comes from the run's ``config.json`` above it);
+- an official MoCo v1/v2 checkpoint (``state_dict`` with ``module.encoder_q.*`` keys and ``arch``),
+  or MoCo v3 (``module.base_encoder.*``); any other file holding a plain state dict;
+- a model name with its own weights, ``timm:<model>`` / ``torchvision:<model>`` (downloads);
+- ``random`` (with an encoder name): a randomly initialised encoder, the baseline.
+
+Every file is read with ``torch.load(weights_only=True)`` (or safetensors): a checkpoint cannot run
+code. Keys are matched by :func:`align_state_dict`: it finds the prefix under which the checkpoint
+holds the backbone (``module.encoder_q.``, ``encoder.model.`` ...; momentum/key encoders lose ties),
+then requires every backbone tensor to be present with the right shape, and every left-over entry
+under that prefix to be a head (``fc``, ``head``, ``classifier``, projector, predictor): the MoCo v3
+"only the classifier differs" check, in both directions. A mismatch raises
+:class:`CheckpointMismatchError` naming the missing, surplus and mis-shaped keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "CheckpointMismatchError",
+    "RawCheckpoint",
+    "LoadedEncoder",
+    "AlignResult",
+    "HEAD_NAMES",
+    "align_state_dict",
+    "read_checkpoint",
+    "load_encoder",
+    "file_sha256",
+    "resolve_checkpoint_path",
+]
+
+#: Top-level module names of classifiers and projection heads (never part of a backbone).
+HEAD_NAMES = ("fc", "head", "heads", "classifier", "projector", "predictor", "head_drop", "mlp_head")
+# Prefixes that hold a second copy of the backbone which we must not pick on a tie.
+_SECONDARY = ("momentum", "encoder_k", "key_encoder", "target", "teacher", "ema", "k_encoder")
+_PREFERRED = ("encoder_q", "base_encoder", "encoder", "backbone", "student", "model")
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.bin", "model.pt")
+# MoCo's `arch` (torchvision names) -> our encoder names
+_ARCH_TO_ENCODER = {
+    "vit_base": "timm:vit_base_patch16_224",
+}
+
+
+class CheckpointMismatchError(ValueError):
+    """The checkpoint's tensors do not fit the model (another architecture, or not a backbone)."""
+
+
+@dataclass
+class RawCheckpoint:
+    """The tensors of a checkpoint and what we know about them."""
+
+    state_dict: dict[str, Tensor]
+    encoder_name: str | None
+    kind: str  # "encoder.pt", "accelerate", "moco", "mocov3", "state_dict", "pretrained", "random"
+    path: Path | None
+    sha256: str
+    config: dict[str, Any] | None = None
+
+
+@dataclass
+class AlignResult:
+    """Tensors renamed to the target's keys, and what was left over."""
+
+    state_dict: dict[str, Tensor]
+    source_prefix: str
+    target_prefix: str
+    missing: list[str] = field(default_factory=list)
+    mismatched: list[str] = field(default_factory=list)  # "key: checkpoint (..) vs model (..)"
+    unused_backbone: list[str] = field(default_factory=list)
+    unused_heads: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LoadedEncoder:
+    """An encoder with the checkpoint's weights loaded, and the provenance for result files."""
+
+    encoder: nn.Module
+    name: str
+    kind: str
+    path: Path | None
+    sha256: str
+    ignored: list[str] = field(default_factory=list)
+    config: dict[str, Any] | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "path": str(self.path) if self.path else None,
+            "kind": self.kind,
+            "encoder": self.name,
+            "sha256": self.sha256,
+        }
+
+
+def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def _load_file(path: Path) -> Any:
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path), device="cpu")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # pickle with code in it, or not a torch file
+        raise ValueError(
+            f"cannot read checkpoint {path} with torch.load(weights_only=True): {e}. Only "
+            "tensor/dict checkpoints are accepted (never arbitrary pickles)"
+        ) from e
+
+
+def _find_config(start: Path, levels: int = 3) -> tuple[dict[str, Any] | None, Path | None]:
+    for folder in [start, *list(start.parents)[:levels]]:
+        cfg = folder / "config.json"
+        if cfg.is_file():
+            try:
+                return json.loads(cfg.read_text()), folder
+            except json.JSONDecodeError as e:
+                log.warning("ignoring unreadable %s: %s", cfg, e)
+    return None, None
+
+
+def _find_str(config: Any, key: str) -> str | None:
+    """The first string value of ``key`` in a nested dict (breadth first)."""
+    queue = [config]
+    while queue:
+        node = queue.pop(0)
+        if isinstance(node, Mapping):
+            value = node.get(key)
+            if isinstance(value, str):
+                return value
+            queue.extend(v for v in node.values() if isinstance(v, Mapping))
+    return None
+
+
+def _natural_key(p: Path) -> tuple:
+    nums = re.findall(r"\d+", p.name)
+    return (int(nums[-1]) if nums else -1, p.stat().st_mtime, p.name)
+
+
+def resolve_checkpoint_path(path: Path) -> Path:
+    """A run folder -> its encoder.pt or newest checkpoint folder; anything else unchanged."""
+    if not path.is_dir():
+        return path
+    if (path / "encoder.pt").is_file():
+        return path / "encoder.pt"
+    if any((path / f).is_file() for f in _WEIGHT_FILES):
+        return path
+    ckpt_root = path / "checkpoints"
+    if ckpt_root.is_dir():
+        # skip saves in progress (".tmp-step_*"); prefer complete ones (the engine writes
+        # meta.json last), newest by the number in the name
+        subdirs = [d for d in ckpt_root.iterdir() if d.is_dir() and not d.name.startswith(".")
+                   and any((d / f).is_file() for f in _WEIGHT_FILES)]
+        complete = [d for d in subdirs if (d / "meta.json").is_file()]
+        if complete or subdirs:
+            return max(complete or subdirs, key=_natural_key)
+    raise FileNotFoundError(
+        f"{path} is a folder without encoder.pt, {' / '.join(_WEIGHT_FILES)}, or a "
+        "checkpoints/<name>/ folder holding one: pass an encoder.pt, a run folder or a checkpoint folder"
+    )
+
+
+def _is_model_name(spec: str) -> bool:
+    return spec.startswith(("timm:", "torchvision:"))
+
+
+def read_checkpoint(checkpoint: str | Path, *, encoder: str | None = None) -> RawCheckpoint:
+    """Read the tensors of any supported checkpoint (see the module docstring).
+
+    Args:
+        checkpoint: a path, a ``timm:``/``torchvision:`` model name, or ``"random"``.
+        encoder: the encoder name when the checkpoint cannot tell (overrides what it says).
+    """
+    spec = str(checkpoint)
+    path = Path(spec).expanduser()
+    if not path.exists():
+        if _is_model_name(spec):
+            return RawCheckpoint({}, encoder or spec, "pretrained", None, f"pretrained:{spec}")
+        if spec == "random":
+            if encoder is None:
+                raise ValueError("checkpoint 'random' needs --encoder NAME (the architecture to initialise)")
+            return RawCheckpoint({}, encoder, "random", None, "random")
+        raise FileNotFoundError(
+            f"checkpoint {spec!r} not found; give an encoder.pt, a run folder, a checkpoint "
+            "folder, an official MoCo .pth.tar, 'timm:<model>' / 'torchvision:<model>', or 'random'"
+        )
+    path = resolve_checkpoint_path(path)
+    if path.is_dir():  # accelerate save_state folder
+        weights = next(path / f for f in _WEIGHT_FILES if (path / f).is_file())
+        state = _load_file(weights)
+        config, _ = _find_config(path)
+        name = encoder or (_find_str(config, "encoder") if config else None)
+        return RawCheckpoint(_tensors_only(state, weights), name, "accelerate", weights, file_sha256(weights), config)
+    obj = _load_file(path)
+    sha = file_sha256(path)
+    config, _ = _find_config(path.parent, levels=1)
+    if isinstance(obj, Mapping) and isinstance(obj.get("encoder"), str) and isinstance(obj.get("state_dict"), Mapping):
+        return RawCheckpoint(_tensors_only(obj["state_dict"], path), encoder or obj["encoder"], "encoder.pt", path, sha, config)
+    if isinstance(obj, Mapping):
+        state = obj
+        for key in ("state_dict", "model", "module"):
+            if isinstance(obj.get(key), Mapping):
+                state = obj[key]
+                break
+        state = _tensors_only(state, path)
+        arch = obj.get("arch") if isinstance(obj.get("arch"), str) else None
+        if any(k.startswith(("module.encoder_q.", "encoder_q.")) for k in state):
+            kind = "moco"
+        elif any(k.startswith(("module.base_encoder.", "base_encoder.")) for k in state):
+            kind = "mocov3"
+        else:
+            kind = "state_dict"
+        name = encoder or (_find_str(config, "encoder") if config else None)
+        if name is None and arch is not None:
+            name = _ARCH_TO_ENCODER.get(arch, f"torchvision:{arch}" if not arch.startswith("vit") else None)
+            if name is None:
+                raise ValueError(
+                    f"{path}: arch {arch!r} has no known encoder (MoCo v3's vit_small has 12 heads, "
+                    "timm's 6): pass --encoder NAME"
+                )
+        return RawCheckpoint(state, name, kind, path, sha, config)
+    raise ValueError(f"{path}: expected a dict of tensors, got {type(obj).__name__}")
+
+
+def _tensors_only(state: Mapping[str, Any], path: Path) -> dict[str, Tensor]:
+    tensors = {k: v for k, v in state.items() if isinstance(v, Tensor)}
+    if not tensors:
+        raise ValueError(f"{path}: holds no tensors (keys: {list(state)[:8]})")
+    return tensors
+
+
+# ---------------------------------------------------------------------------------------------
+# Matching keys
+
+
+def _common_prefix(keys: Iterable[str]) -> str:
+    parts_list = [k.split(".") for k in keys]
+    if not parts_list:
+        return ""
+    prefix: list[str] = []
+    for group in zip(*(p[:-1] for p in parts_list)):
+        if len(set(group)) != 1:
+            break
+        prefix.append(group[0])
+    return "".join(p + "." for p in prefix)
+
+
+def _prefix_rank(prefix: str) -> tuple[int, int]:
+    lowered = prefix.lower()
+    secondary = any(s in lowered for s in _SECONDARY)
+    preferred = any(p in lowered for p in _PREFERRED)
+    return (1 if secondary else 0, 0 if preferred else 1)
+
+
+def _is_head(key: str) -> bool:
+    return key.split(".")[0] in HEAD_NAMES
+
+
+def align_state_dict(
+    source: Mapping[str, Tensor],
+    target: Mapping[str, Tensor],
+    *,
+    prefix: str | None = None,
+) -> AlignResult:
+    """Rename ``source`` tensors to ``target``'s keys (see the module docstring).
+
+    The target's keys are taken relative to their common prefix (a wrapper module's ``model.``);
+    the source prefix is the one under which most target keys are found (``prefix`` forces it).
+    The result's ``missing`` / ``mismatched`` / ``unused_backbone`` lists are empty exactly when
+    the backbone fits; :func:`check_fit` turns them into an error.
+    """
+    t_prefix = _common_prefix(target)
+    rel = {k[len(t_prefix) :]: k for k in target}
+    if prefix is None:
+        counts: dict[str, int] = {}
+        anchors = list(rel)
+        for s in source:
+            for u in anchors[:1] + anchors[-1:] + anchors[len(anchors) // 2 : len(anchors) // 2 + 1]:
+                if s == u or s.endswith("." + u):
+                    p = s[: len(s) - len(u)]
+                    counts.setdefault(p, 0)
+        for p in counts:
+            counts[p] = sum(1 for u in rel if p + u in source)
+        if not counts:
+            counts[""] = sum(1 for u in rel if u in source)
+        prefix = min(counts, key=lambda p: (-counts[p], _prefix_rank(p), len(p)))
+    out: dict[str, Tensor] = {}
+    result = AlignResult(out, prefix, t_prefix)
+    for u, tk in rel.items():
+        sk = prefix + u
+        if sk not in source:
+            result.missing.append(tk)
+        elif source[sk].shape != target[tk].shape:
+            result.mismatched.append(
+                f"{tk}: checkpoint {tuple(source[sk].shape)} vs model {tuple(target[tk].shape)}"
+            )
+        else:
+            out[tk] = source[sk]
+    used = {prefix + u for u in rel}
+    for sk in source:
+        if sk.startswith(prefix) and sk not in used:
+            (result.unused_heads if _is_head(sk[len(prefix) :]) else result.unused_backbone).append(sk)
+    return result
+
+
+def check_fit(result: AlignResult, *, what: str, model: str, hint: str = "") -> None:
+    """Raise :class:`CheckpointMismatchError` unless the backbone fits exactly (heads aside)."""
+    problems = []
+    if result.missing:
+        problems.append(f"{len(result.missing)} model tensors missing from it (e.g. {result.missing[:4]})")
+    if result.mismatched:
+        problems.append(f"{len(result.mismatched)} of another shape (e.g. {result.mismatched[:3]})")
+    if result.unused_backbone:
+        problems.append(
+            f"{len(result.unused_backbone)} backbone tensors the model lacks (e.g. {result.unused_backbone[:4]})"
+        )
+    if problems:
+        raise CheckpointMismatchError(
+            f"{what} does not fit {model} (looked under key prefix {result.source_prefix!r}): "
+            + "; ".join(problems)
+            + ". It is probably another architecture"
+            + (f": {hint}" if hint else ": pass --encoder NAME matching the checkpoint")
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading into our encoder
+
+
+def load_encoder(
+    checkpoint: str | Path,
+    *,
+    encoder: str | None = None,
+    prefix: str | None = None,
+    encoder_kwargs: Mapping[str, Any] | None = None,
+) -> LoadedEncoder:
+    """Build the encoder and load the checkpoint's backbone into it, strictly (heads aside).
+
+    Args:
+        checkpoint: see :func:`read_checkpoint`.
+        encoder: a ``create_encoder`` name; needed when the checkpoint does not record one, and
+            overriding it when it does.
+        prefix: the checkpoint's key prefix of the backbone, when the automatic choice is wrong.
+        encoder_kwargs: passed to ``create_encoder``.
+
+    Returns:
+        :class:`LoadedEncoder` (encoder in eval mode on the CPU).
+
+    Raises:
+        CheckpointMismatchError: the checkpoint is another architecture (names what differs).
+        ValueError: no encoder name known, unreadable file.
+    """
+    from contrastive.nn import create_encoder
+
+    raw = read_checkpoint(checkpoint, encoder=encoder)
+    if raw.encoder_name is None:
+        raise ValueError(
+            f"cannot tell which encoder {raw.path} was trained with (no 'encoder' entry, no "
+            "config.json, no 'arch'): pass --encoder NAME (e.g. cifar_resnet18, timm:resnet50)"
+        )
+    kwargs = dict(encoder_kwargs or {})
+    if raw.kind == "pretrained":
+        try:
+            model = create_encoder(raw.encoder_name, pretrained=True, **kwargs)
+        except Exception as e:
+            raise RuntimeError(
+                f"could not build {raw.encoder_name} with its pretrained weights ({e}); offline, "
+                "the weights must already be in the timm / torch hub cache"
+            ) from e
+        return LoadedEncoder(model.eval(), raw.encoder_name, raw.kind, None, raw.sha256)
+    model = create_encoder(raw.encoder_name, pretrained=False, **kwargs)
+    if raw.kind == "random":
+        return LoadedEncoder(model.eval(), raw.encoder_name, raw.kind, None, raw.sha256)
+    target = model.state_dict()
+    result = align_state_dict(raw.state_dict, target, prefix=prefix)
+    trained_with = raw.config and _find_str(raw.config, "encoder")
+    hint = (
+        f"it records encoder {trained_with!r}; pass --encoder {trained_with}"
+        if trained_with and trained_with != raw.encoder_name
+        else ""
+    )
+    check_fit(result, what=f"checkpoint {raw.path}", model=f"encoder {raw.encoder_name!r}", hint=hint)
+    model.load_state_dict(result.state_dict, strict=True)
+    ignored = result.unused_heads + [k for k in raw.state_dict if not k.startswith(result.source_prefix)]
+    if result.unused_heads:
+        log.info("ignored %d head tensors of %s: %s", len(result.unused_heads), raw.path, result.unused_heads[:6])
+    return LoadedEncoder(model.eval(), raw.encoder_name, raw.kind, raw.path, raw.sha256, ignored, raw.config)

@@ -1,0 +1,224 @@
+"""Command-line tools: ``contrastive-linear-eval``, ``contrastive-knn-eval``, ``contrastive-export``,
+``contrastive-plot``. Each ``*_main(argv=None)`` parses ``argv`` (default ``sys.argv[1:]``) and
+returns 0 on success; ``tools/*.py`` are thin wrappers around them.
+
+Run them under ``accelerate launch`` to spread feature extraction over several GPUs / processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["linear_eval_main", "knn_eval_main", "export_main", "plot_main"]
+
+log = logging.getLogger("contrastive.eval")
+
+_CHECKPOINT_HELP = (
+    "encoder.pt, run folder, checkpoint folder (accelerate save_state), official MoCo / MoCo v3 "
+    "checkpoint, 'timm:<model>' / 'torchvision:<model>' (its own pretrained weights), or 'random' "
+    "(random init of --encoder: the baseline)"
+)
+_DATA_HELP = (
+    "data spec as for training: a folder with train/ and val/ (or test/), imagefolder:/path, "
+    "cifar10[:/path], shapes[:n=..,size=..], synthetic"
+)
+
+
+def _emit(line: str) -> None:
+    """The tool's result on stdout (its output, not a log line: logs go to stderr)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, help=_CHECKPOINT_HELP)
+    p.add_argument("--data", required=True, help=_DATA_HELP)
+    p.add_argument("--output", default=None, help="write the result JSON here")
+    p.add_argument("--encoder", default=None,
+                   help="create_encoder name, when the checkpoint does not record it (or to override)")
+    p.add_argument("--prefix", default=None,
+                   help="key prefix of the backbone inside the checkpoint (default: found automatically)")
+    p.add_argument("--image-size", type=int, default=None,
+                   help="evaluation crop size (default: the run's image_size, else 224)")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--num-workers", type=int, default=2)
+    p.add_argument("--cpu", action="store_true", help="run on the CPU even when a GPU is present")
+    p.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default="no",
+                   help="autocast for the backbone forward (features and the head stay float32)")
+
+
+def _accelerator(args: argparse.Namespace):
+    from accelerate import Accelerator
+
+    return Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision)
+
+
+def _load(args: argparse.Namespace):
+    from contrastive.eval.checkpoint import load_encoder
+    from contrastive.eval.runner import config_value
+
+    loaded = load_encoder(args.checkpoint, encoder=args.encoder, prefix=args.prefix)
+    size = args.image_size or (config_value(loaded.config, "image_size") if loaded.config else None) or 224
+    return loaded, int(size)
+
+
+def _finish(result: dict[str, Any], output: str | None, accelerator: Any) -> None:
+    if accelerator is not None and not accelerator.is_main_process:
+        return
+    summary = {k: result[k] for k in ("top1", "top5") if k in result}
+    _emit(json.dumps({"protocol": result.get("protocol"), **summary,
+                      "checkpoint": result["checkpoint"]["path"] or result["checkpoint"]["sha256"]}))
+    if output:
+        out = Path(output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+        log.info("wrote %s", out)
+
+
+def linear_eval_main(argv: Sequence[str] | None = None) -> int:
+    """``contrastive-linear-eval``: linear-probe top-1 / top-5 of a checkpoint on a labelled data set."""
+    p = argparse.ArgumentParser(
+        prog="contrastive-linear-eval",
+        description="Linear probe on a frozen backbone. cached (default): centre-crop features once, "
+        "lr/wd chosen on 10%% of the training set; standard: the MoCo protocol (augmented crops "
+        "every epoch, SGD lr 30, 100 epochs, lr x0.1 at 60 and 80).",
+    )
+    _common(p)
+    p.add_argument("--protocol", choices=("cached", "standard"), default="cached")
+    p.add_argument("--epochs", type=int, default=None, help="default 100 (both protocols)")
+    p.add_argument("--lr", type=float, default=None,
+                   help="standard: default 30; cached: fixes the lr instead of the sweep")
+    p.add_argument("--label-fraction", type=float, default=1.0,
+                   help="low-shot: train on this class-balanced fraction of the labels (e.g. 0.01)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    _setup_logging()
+    from contrastive.eval.runner import linear_eval
+
+    accelerator = _accelerator(args)
+    loaded, size = _load(args)
+    result = linear_eval(loaded, args.data, protocol=args.protocol, image_size=size, epochs=args.epochs,
+                         batch_size=args.batch_size, label_fraction=args.label_fraction, lr=args.lr,
+                         num_workers=args.num_workers, seed=args.seed, accelerator=accelerator)
+    _finish(result, args.output, accelerator)
+    return 0
+
+
+def knn_eval_main(argv: Sequence[str] | None = None) -> int:
+    """``contrastive-knn-eval``: weighted-kNN top-1 (bank = train split, queries = val/test split)."""
+    p = argparse.ArgumentParser(
+        prog="contrastive-knn-eval",
+        description="Weighted kNN (InstDisc / MoCo CIFAR demo): L2-normalised features, the k nearest "
+        "training images vote with weight exp(similarity / temperature); exact faiss search.",
+    )
+    _common(p)
+    p.add_argument("--k", type=int, default=200)
+    p.add_argument("--temperature", type=float, default=0.1)
+    p.add_argument("--store", choices=("float32", "float16"), default="float32",
+                   help="float16 halves the index memory (faiss IndexScalarQuantizer; approximate)")
+    args = p.parse_args(argv)
+    _setup_logging()
+    from contrastive.eval.runner import knn_eval
+
+    accelerator = _accelerator(args)
+    loaded, size = _load(args)
+    result = knn_eval(loaded, args.data, k=args.k, temperature=args.temperature, image_size=size,
+                      batch_size=args.batch_size, store=args.store, num_workers=args.num_workers,
+                      accelerator=accelerator)
+    _finish(result, args.output, accelerator)
+    return 0
+
+
+def export_main(argv: Sequence[str] | None = None) -> int:
+    """``contrastive-export``: backbone weights under timm's / torchvision's key names."""
+    p = argparse.ArgumentParser(
+        prog="contrastive-export",
+        description="Write the backbone of a checkpoint with timm or torchvision key names, loadable "
+        "with strict=True into timm.create_model(name, num_classes=0) / the torchvision model with "
+        "its classifier set to nn.Identity() (and into the default models with only the "
+        "classifier missing).",
+    )
+    p.add_argument("--checkpoint", required=True, help=_CHECKPOINT_HELP)
+    p.add_argument("--format", required=True, choices=("timm", "torchvision"))
+    p.add_argument("--out", required=True, help="output file (.pth / .pt, or .safetensors)")
+    p.add_argument("--model", default=None, help="target model name (default: from the encoder name)")
+    p.add_argument("--encoder", default=None, help="the checkpoint's encoder name, if it does not record it")
+    p.add_argument("--prefix", default=None, help="key prefix of the backbone inside the checkpoint")
+    args = p.parse_args(argv)
+    _setup_logging()
+    from contrastive.eval.export import export_state_dict, save_export
+
+    state, model = export_state_dict(args.checkpoint, args.format, model=args.model,
+                                     encoder=args.encoder, prefix=args.prefix)
+    out = save_export(state, args.out, metadata={"format": args.format, "model": model})
+    load = (f"timm.create_model({model!r}, num_classes=0)" if args.format == "timm"
+            else f"torchvision.models.get_model({model!r}) with its classifier = nn.Identity()")
+    _emit(f"wrote {len(state)} tensors to {out}; load with strict=True into {load}")
+    return 0
+
+
+def plot_main(argv: Sequence[str] | None = None) -> int:
+    """``contrastive-plot``: training curves of a run, and optionally a t-SNE map of embeddings."""
+    p = argparse.ArgumentParser(
+        prog="contrastive-plot",
+        description="Training curves (every numeric series of metrics.jsonl against the step) to a "
+        "PNG, and with --data a 2-D t-SNE map of the encoder's embeddings coloured by class.",
+    )
+    p.add_argument("run", nargs="?", default=None, help="run folder (holds metrics.jsonl)")
+    p.add_argument("--run", dest="run_opt", default=None, help="run folder (same as the positional)")
+    p.add_argument("--out", default=None, help="curves PNG (default: <run>/curves.png)")
+    p.add_argument("--keys", default=None, help="comma-separated series to plot (default: all)")
+    p.add_argument("--data", default=None, help="also draw the embedding map of this data spec")
+    p.add_argument("--checkpoint", default=None, help="encoder for the map (default: the run)")
+    p.add_argument("--encoder", default=None, help="encoder name, if the checkpoint does not record it")
+    p.add_argument("--split", default="test", choices=("train", "test"))
+    p.add_argument("--max-samples", type=int, default=2000)
+    p.add_argument("--method", choices=("tsne", "pca"), default="tsne")
+    p.add_argument("--embedding-out", default=None, help="map PNG (default: <run>/embedding.png)")
+    p.add_argument("--image-size", type=int, default=None)
+    p.add_argument("--num-workers", type=int, default=2)
+    args = p.parse_args(argv)
+    _setup_logging()
+    run = args.run_opt or args.run
+    if run is None and args.data is None:
+        p.error("give a run folder (curves) and/or --data with --checkpoint (embedding map)")
+    from contrastive.eval import plot
+
+    if run is not None:
+        keys = args.keys.split(",") if args.keys else None
+        out = plot.plot_curves(run, args.out or Path(run) / "curves.png", keys=keys)
+        _emit(f"wrote {out}")
+    if args.data is not None:
+        checkpoint = args.checkpoint or run
+        if checkpoint is None:
+            p.error("--data needs --checkpoint (or a run folder)")
+        import torch
+        from torch.utils.data import Subset
+
+        from contrastive.eval.checkpoint import load_encoder
+        from contrastive.eval.runner import config_value, encode_split, eval_transform, load_split
+
+        loaded = load_encoder(checkpoint, encoder=args.encoder)
+        size = args.image_size or (config_value(loaded.config, "image_size") if loaded.config else None) or 224
+        ds = load_split(args.data, args.split, eval_transform(int(size)))
+        if len(ds) > args.max_samples:  # class-balanced-ish: an even spread over the split
+            idx = torch.linspace(0, len(ds) - 1, args.max_samples).long().unique().tolist()
+            ds = Subset(ds, idx)
+        feats, labels = encode_split(loaded, ds, num_workers=args.num_workers)
+        base = ds.dataset if isinstance(ds, Subset) else ds
+        names = getattr(base, "classes", None)
+        emb_out = args.embedding_out or (Path(run) / "embedding.png" if run else Path("embedding.png"))
+        title = f"{args.method.upper()} of {len(labels)} {args.split} embeddings ({loaded.name})"
+        out = plot.plot_embedding(feats, labels, emb_out, class_names=names, method=args.method, title=title)
+        _emit(f"wrote {out}")
+    return 0

@@ -1,0 +1,431 @@
+"""Linear probes on a frozen backbone: the MoCo protocol and a fast cached-feature protocol.
+
+Standard protocol (MoCo, He et al. CVPR 2020, section 4.1; ``main_lincls.py`` of the official
+code): the backbone is frozen and kept in eval mode (BN uses its running statistics, no gradient),
+a linear classifier ``y = W f + b`` on the pooled features is trained with SGD, lr 30, momentum 0.9,
+weight decay 0, batch 256, 100 epochs, lr x0.1 at epochs 60 and 80, on augmented crops
+(RandomResizedCrop + flip) drawn anew every epoch; evaluation on centre crops.
+
+Cached protocol (ours, for speed): features of centre crops are extracted once; a linear head on
+standardised features, ``y = W (f - mu) / sigma + b``, is trained by SGD (momentum 0.9, cosine lr,
+cross-entropy) for every (lr, weight decay) pair of a small grid at once (one matmul for all
+heads). The pair is chosen on a held-out part of the TRAINING set (``val_fraction``), never on the
+evaluation split, and the chosen head is then retrained on the whole training set.
+
+Safety as in MoCo v3's linear evaluation: :func:`snapshot_state` / :func:`assert_unchanged` check
+that the backbone is bit-identical after training.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from contrastive.eval.features import extract_features, unwrap_views
+from contrastive.eval.knn import topk_accuracy
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "LinearHead",
+    "CachedProbeResult",
+    "check_labels",
+    "label_fraction_indices",
+    "fit_linear_cached",
+    "train_linear_standard",
+    "evaluate_head",
+    "snapshot_state",
+    "assert_unchanged",
+    "DEFAULT_LRS",
+    "DEFAULT_WEIGHT_DECAYS",
+]
+
+DEFAULT_LRS: tuple[float, ...] = (0.03, 0.1, 0.3, 1.0)
+DEFAULT_WEIGHT_DECAYS: tuple[float, ...] = (0.0, 1e-4, 1e-3)
+
+
+def check_labels(labels: Tensor, num_classes: int | None, what: str) -> int:
+    """Validate integer labels (N,) for a head with ``num_classes`` outputs; return C.
+
+    Raises ValueError for an empty split, unlabelled data (-1) and labels >= num_classes.
+    """
+    if labels.numel() == 0:
+        raise ValueError(f"{what}: the split is empty (0 samples); check the --data spec")
+    lo, hi = int(labels.min()), int(labels.max())
+    if lo < 0:
+        raise ValueError(
+            f"{what}: found label {lo}; a linear probe needs labelled data (-1 means unlabelled)"
+        )
+    if num_classes is None:
+        return hi + 1
+    if hi >= num_classes:
+        raise ValueError(
+            f"{what}: found label {hi} but the head has num_classes={num_classes} outputs "
+            f"(labels must lie in [0, {num_classes})); the splits do not share one label set, "
+            "or pass a larger num_classes"
+        )
+    return num_classes
+
+
+def label_fraction_indices(labels: Tensor, fraction: float, seed: int = 0) -> Tensor:
+    """Indices of a class-balanced subset holding ``fraction`` of each class (at least one).
+
+    The low-shot setting of SimCLR / BYOL (1 % and 10 % of ImageNet labels). Deterministic for a
+    seed. Returns sorted int64 indices.
+    """
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"label fraction must be in (0, 1], got {fraction}")
+    if fraction == 1.0:
+        return torch.arange(labels.numel())
+    gen = torch.Generator().manual_seed(seed)
+    keep = []
+    for c in labels.unique().tolist():
+        members = (labels == c).nonzero().flatten()
+        n = max(1, round(fraction * members.numel()))
+        keep.append(members[torch.randperm(members.numel(), generator=gen)[:n]])
+    return torch.cat(keep).sort().values
+
+
+class LinearHead(nn.Module):
+    """``logits = linear((f - mean) / std)``: the cached-protocol classifier, shape (N, D) -> (N, C)."""
+
+    def __init__(self, mean: Tensor, std: Tensor, num_classes: int) -> None:
+        super().__init__()
+        self.register_buffer("mean", mean.clone().float())
+        self.register_buffer("std", std.clone().float())
+        self.linear = nn.Linear(mean.numel(), num_classes)
+
+    def forward(self, features: Tensor) -> Tensor:
+        return self.linear((features.float() - self.mean) / self.std)
+
+
+@dataclass
+class CachedProbeResult:
+    """The chosen head and the sweep that chose it (val top-1 per (lr, wd) on the train split)."""
+
+    head: LinearHead
+    lr: float
+    weight_decay: float
+    sweep: list[dict[str, float]] = field(default_factory=list)
+
+
+def _train_heads(
+    x: Tensor,
+    y: Tensor,
+    num_classes: int,
+    lrs: Tensor,
+    wds: Tensor,
+    *,
+    epochs: int,
+    batch_size: int,
+    momentum: float,
+    seed: int,
+) -> tuple[Tensor, Tensor]:
+    """SGD with momentum and cosine lr for H linear heads at once, one (lr, wd) each.
+
+    x (N, D) standardised features, y (N,). Returns weights (H, D, C) and biases (H, C). The
+    update is PyTorch SGD's: g = grad + wd * w; buf = momentum * buf + g; w -= lr_t * buf, with
+    weight decay on the weights only. Heads share minibatches but not parameters, so each follows
+    exactly the trajectory it would follow alone.
+    """
+    n, d = x.shape
+    h = lrs.numel()
+    w = torch.zeros(h, d, num_classes, dtype=x.dtype, device=x.device, requires_grad=True)
+    b = torch.zeros(h, num_classes, dtype=x.dtype, device=x.device, requires_grad=True)
+    buf_w, buf_b = torch.zeros_like(w), torch.zeros_like(b)
+    lr_w = lrs.view(h, 1, 1).to(x)
+    lr_b = lrs.view(h, 1).to(x)
+    wd_w = wds.view(h, 1, 1).to(x)
+    gen = torch.Generator().manual_seed(seed)
+    steps_per_epoch = math.ceil(n / batch_size)
+    total = max(1, epochs * steps_per_epoch)
+    step = 0
+    for _ in range(epochs):
+        order = torch.randperm(n, generator=gen).to(x.device)
+        for start in range(0, n, batch_size):
+            idx = order[start : start + batch_size]
+            xb, yb = x[idx], y[idx]
+            logits = torch.einsum("nd,hdc->hnc", xb, w) + b[:, None, :]  # H x B x C
+            # sum over heads of each head's mean cross-entropy: independent gradients
+            loss = F.cross_entropy(logits.reshape(-1, num_classes), yb.repeat(h), reduction="sum")
+            loss = loss / yb.numel()
+            gw, gb = torch.autograd.grad(loss, (w, b))
+            scale = 0.5 * (1.0 + math.cos(math.pi * step / total))
+            with torch.no_grad():
+                buf_w.mul_(momentum).add_(gw + wd_w * w)
+                buf_b.mul_(momentum).add_(gb)
+                w.sub_(scale * lr_w * buf_w)
+                b.sub_(scale * lr_b * buf_b)
+            step += 1
+    return w.detach(), b.detach()
+
+
+def _standardise(x: Tensor) -> tuple[Tensor, Tensor]:
+    mean = x.mean(dim=0)
+    std = x.std(dim=0, unbiased=False).clamp_min(1e-6)
+    return mean, std
+
+
+@torch.no_grad()
+def evaluate_head(head: nn.Module, features: Tensor, labels: Tensor, batch_size: int = 8192) -> dict[str, float]:
+    """Top-1 / top-5 accuracy (percent) of a classifier on cached features (N, D), labels (N,)."""
+    check_labels(labels, getattr(head, "out_features", None) or _num_outputs(head), "evaluation labels")
+    device = next(head.parameters()).device
+    preds = []
+    for start in range(0, features.shape[0], batch_size):
+        logits = head(features[start : start + batch_size].to(device))
+        preds.append(logits.topk(min(5, logits.shape[1]), dim=1).indices.cpu())
+    return topk_accuracy(torch.cat(preds), labels)
+
+
+def _num_outputs(head: nn.Module) -> int | None:
+    linears = [m for m in head.modules() if isinstance(m, nn.Linear)]
+    return linears[-1].out_features if linears else None
+
+
+def fit_linear_cached(
+    features: Tensor,
+    labels: Tensor,
+    *,
+    num_classes: int | None = None,
+    epochs: int = 100,
+    batch_size: int = 256,
+    lrs: Sequence[float] = DEFAULT_LRS,
+    weight_decays: Sequence[float] = DEFAULT_WEIGHT_DECAYS,
+    val_fraction: float = 0.1,
+    momentum: float = 0.9,
+    seed: int = 0,
+) -> CachedProbeResult:
+    """Fit a linear head on cached features, choosing (lr, wd) on a split of the training set.
+
+    Args:
+        features: (N, D) training features (float; kept on their device).
+        labels: (N,) training labels in [0, num_classes).
+        num_classes: C; default max(labels) + 1.
+        epochs, batch_size, momentum: SGD settings (cosine lr to 0 over all steps).
+        lrs, weight_decays: the grid; every pair is trained (all in one batched matmul).
+        val_fraction: share of the training rows held out to pick the pair. With one grid point,
+            or when the held-out part would be empty, no split is made.
+        seed: seeds the split and the minibatch order.
+
+    Returns:
+        :class:`CachedProbeResult` with the head retrained on all N rows with the chosen pair.
+    """
+    if features.ndim != 2 or features.shape[0] != labels.shape[0]:
+        raise ValueError(
+            f"features {tuple(features.shape)} and labels {tuple(labels.shape)} do not match: "
+            "expected (N, D) and (N,)"
+        )
+    num_classes = check_labels(labels, num_classes, "training labels")
+    if epochs < 1 or batch_size < 1:
+        raise ValueError(f"epochs and batch_size must be >= 1, got {epochs} and {batch_size}")
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    x = features.float()
+    y = labels.long().to(x.device)
+    grid = [(float(lr), float(wd)) for lr in lrs for wd in weight_decays]
+    if not grid:
+        raise ValueError("the (lr, weight decay) grid is empty; give at least one of each")
+    n_val = int(round(val_fraction * x.shape[0]))
+    sweep: list[dict[str, float]] = []
+    best = grid[0]
+    if len(grid) > 1 and 0 < n_val < x.shape[0]:
+        perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed)).to(x.device)
+        val_idx, tr_idx = perm[:n_val], perm[n_val:]
+        mean, std = _standardise(x[tr_idx])
+        w, b = _train_heads(
+            (x[tr_idx] - mean) / std,
+            y[tr_idx],
+            num_classes,
+            torch.tensor([g[0] for g in grid]),
+            torch.tensor([g[1] for g in grid]),
+            epochs=epochs,
+            batch_size=batch_size,
+            momentum=momentum,
+            seed=seed,
+        )
+        logits = torch.einsum("nd,hdc->hnc", (x[val_idx] - mean) / std, w) + b[:, None, :]
+        val_acc = (logits.argmax(dim=2) == y[val_idx]).float().mean(dim=1) * 100.0
+        for (lr, wd), acc in zip(grid, val_acc.tolist()):
+            sweep.append({"lr": lr, "weight_decay": wd, "val_top1": acc})
+        best = grid[int(val_acc.argmax())]  # first best: the grid order breaks ties
+        log.info("linear probe sweep on %d held-out training rows: best lr=%g wd=%g", n_val, *best)
+    elif len(grid) > 1:
+        log.warning("too few training rows to hold out a split; using lr=%g wd=%g", *best)
+    mean, std = _standardise(x)
+    w, b = _train_heads(
+        (x - mean) / std,
+        y,
+        num_classes,
+        torch.tensor([best[0]]),
+        torch.tensor([best[1]]),
+        epochs=epochs,
+        batch_size=batch_size,
+        momentum=momentum,
+        seed=seed,
+    )
+    head = LinearHead(mean, std, num_classes).to(x.device)
+    with torch.no_grad():
+        head.linear.weight.copy_(w[0].T)
+        head.linear.bias.copy_(b[0])
+    return CachedProbeResult(head=head, lr=best[0], weight_decay=best[1], sweep=sweep)
+
+
+# ---------------------------------------------------------------------------------------------
+# The standard (MoCo) protocol
+
+
+def snapshot_state(module: nn.Module) -> dict[str, Tensor]:
+    """A detached copy of every parameter and buffer, for :func:`assert_unchanged`."""
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def assert_unchanged(module: nn.Module, snapshot: dict[str, Tensor]) -> None:
+    """Raise RuntimeError naming the entries of ``module`` that differ from ``snapshot``.
+
+    MoCo v3's sanity check: a linear probe must not change the frozen backbone (not even BN
+    running statistics, which change when the backbone is left in train mode).
+    """
+    current = module.state_dict()
+    changed = [
+        k
+        for k, v in snapshot.items()
+        if k not in current or current[k].shape != v.shape or not torch.equal(current[k].cpu(), v.cpu())
+    ]
+    if changed:
+        raise RuntimeError(
+            f"the frozen backbone changed during the linear probe ({len(changed)} entries, e.g. "
+            f"{changed[:5]}); it must stay in eval mode with requires_grad=False"
+        )
+
+
+def train_linear_standard(
+    encoder: nn.Module,
+    train_loader: Iterable,
+    *,
+    num_classes: int,
+    num_features: int | None = None,
+    epochs: int = 100,
+    lr: float = 30.0,
+    momentum: float = 0.9,
+    weight_decay: float = 0.0,
+    milestones: Sequence[float] = (0.6, 0.8),
+    accelerator: Any | None = None,
+    device: torch.device | str | None = None,
+    device_transform: Any | None = None,
+    autocast_dtype: torch.dtype | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> nn.Linear:
+    """Train a linear classifier on a frozen backbone with the MoCo protocol.
+
+    Args:
+        encoder: backbone (B, 3, H, W) -> (B, D); frozen here (eval mode, requires_grad False)
+            and checked bit-identical afterwards.
+        train_loader: yields (augmented images, labels), augmentation drawn anew every epoch;
+            prepare it with the accelerator for several processes.
+        num_classes: outputs C of the classifier; a label >= C raises ValueError.
+        num_features: D; default ``encoder.num_features``.
+        epochs, lr, momentum, weight_decay: 100, 30, 0.9, 0 as in MoCo (batch 256 in the loader).
+        milestones: lr x0.1 at these fractions of ``epochs`` (60 and 80 of 100).
+        accelerator: an ``accelerate.Accelerator`` (the classifier is prepared with it: DDP on
+            several processes).
+        seed: initialisation of the classifier (weights N(0, 0.01), bias 0, as in MoCo).
+
+    Returns:
+        the trained ``nn.Linear(D, C)`` (unwrapped).
+    """
+    d = num_features or getattr(encoder, "num_features", None)
+    if d is None:
+        raise ValueError("num_features: the encoder has no .num_features; pass num_features=D")
+    if epochs < 1:
+        raise ValueError(f"epochs must be >= 1, got {epochs}")
+    device = torch.device(accelerator.device if accelerator is not None else (device or "cpu"))
+    encoder.to(device).eval()
+    for p in encoder.parameters():
+        p.requires_grad_(False)
+    before = snapshot_state(encoder)
+    head = nn.Linear(d, num_classes)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        head.weight.normal_(0.0, 0.01, generator=gen)
+        head.bias.zero_()
+    head.to(device)
+    optimizer = torch.optim.SGD(head.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
+    steps = sorted({int(round(m * epochs)) for m in milestones})
+    scheduler = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=steps, gamma=0.1)
+    if accelerator is not None:
+        head, optimizer = accelerator.prepare(head, optimizer)
+    main = accelerator is None or accelerator.is_main_process
+    for epoch in range(epochs):
+        encoder.eval()  # the MoCo protocol: BN keeps its running statistics
+        seen = 0
+        iterator: Iterable = train_loader
+        if progress and main:
+            from tqdm.auto import tqdm
+
+            iterator = tqdm(train_loader, desc=f"linear epoch {epoch + 1}/{epochs}", leave=False)
+        for images, targets in iterator:
+            x = unwrap_views(images).to(device, non_blocking=True)
+            if device_transform is not None:
+                x = device_transform(x)
+            y = torch.as_tensor(targets).to(device).long()
+            if y.numel() and (int(y.max()) >= num_classes or int(y.min()) < 0):
+                bad = int(y.max()) if int(y.max()) >= num_classes else int(y.min())
+                raise ValueError(
+                    f"training labels: found label {bad} but the head has num_classes="
+                    f"{num_classes} outputs (labels must lie in [0, {num_classes}))"
+                )
+            with torch.no_grad():
+                if autocast_dtype is not None:
+                    with torch.autocast(device.type, dtype=autocast_dtype):
+                        f = encoder(x)
+                else:
+                    f = encoder(x)
+            loss = F.cross_entropy(head(f.float()), y)
+            optimizer.zero_grad(set_to_none=True)
+            if accelerator is not None:
+                accelerator.backward(loss)
+            else:
+                loss.backward()
+            optimizer.step()
+            seen += y.numel()
+        if seen == 0:
+            raise ValueError("the training loader yielded no batch: the training split is empty")
+        scheduler.step()
+        if main:
+            log.info("linear epoch %d/%d: loss %.4f lr %g", epoch + 1, epochs, loss.item(),
+                     optimizer.param_groups[0]["lr"])
+    assert_unchanged(encoder, before)
+    if accelerator is not None:
+        head = accelerator.unwrap_model(head)
+    return head
+
+
+def evaluate_standard(
+    encoder: nn.Module,
+    head: nn.Module,
+    loader: Iterable,
+    *,
+    accelerator: Any | None = None,
+    device: torch.device | str | None = None,
+    device_transform: Any | None = None,
+    autocast_dtype: torch.dtype | None = None,
+) -> dict[str, float]:
+    """Top-1 / top-5 (percent) of ``head(encoder(x))`` over ``loader`` (centre crops)."""
+    feats, labels = extract_features(
+        encoder,
+        loader,
+        accelerator=accelerator,
+        device=device,
+        device_transform=device_transform,
+        autocast_dtype=autocast_dtype,
+    )
+    return evaluate_head(head, feats, labels)

@@ -1,0 +1,189 @@
+"""Pictures of a run: training curves from ``metrics.jsonl`` and a 2-D map of embeddings.
+
+Needs matplotlib (and scikit-learn for the t-SNE map): ``pip install matplotlib scikit-learn``.
+Figures are written with the non-interactive Agg back-end (no display needed).
+
+- :func:`plot_curves`: one panel per logged quantity (loss, lr, kNN accuracy, positive-pair
+  accuracy, ...) against the optimiser step; records without a value for a quantity are skipped,
+  so sparse entries (a kNN monitor every few epochs) plot as their own points.
+- :func:`plot_embedding`: t-SNE (van der Maaten & Hinton, JMLR 2008; scikit-learn's
+  implementation, PCA initialisation) of L2-normalised features, one colour per class.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+log = logging.getLogger(__name__)
+
+__all__ = ["read_metrics", "plot_curves", "embed_2d", "plot_embedding"]
+
+# Panels first in this order, then any other numeric series; never these as y values.
+_PREFERRED = ("loss", "lr", "knn_top1", "knn", "pos_acc", "embedding_std", "pos_sim", "neg_sim")
+_X_KEYS = ("step", "global_step", "iteration")
+_SKIP = {"step", "global_step", "iteration", "epoch", "time", "timestamp", "wall", "elapsed", "rank"}
+
+
+def _use_agg():
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise ImportError("contrastive-plot needs matplotlib: pip install matplotlib scikit-learn") from e
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl`` (a run folder or the file); bad lines are skipped."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: give a run folder holding metrics.jsonl")
+    records = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            log.warning("%s:%d is not JSON; skipped", path, n)
+            continue
+        if isinstance(rec, dict):
+            records.append(_flatten(rec))
+    if not records:
+        raise ValueError(f"{path} holds no metric records")
+    return records
+
+
+def _flatten(rec: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in rec.items():
+        if isinstance(v, dict):
+            out |= _flatten(v, f"{prefix}{k}/")
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def plot_curves(run: str | Path, out: str | Path, *, keys: Sequence[str] | None = None) -> Path:
+    """Training curves of a run to a PNG; returns its path.
+
+    Args:
+        run: a run folder (with ``metrics.jsonl``) or the file itself.
+        out: output PNG.
+        keys: the quantities to plot (default: every numeric series, preferred ones first).
+    """
+    plt = _use_agg()
+    records = read_metrics(run)
+    xkey = next((k for k in _X_KEYS if any(k in r for r in records)), None)
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    for i, r in enumerate(records):
+        x = r.get(xkey, i) if xkey else i
+        if not _is_number(x):
+            continue
+        for k, v in r.items():
+            if k in _SKIP or not _is_number(v):
+                continue
+            xs, ys = series.setdefault(k, ([], []))
+            xs.append(float(x))
+            ys.append(float(v))
+    if keys is not None:
+        unknown = [k for k in keys if k not in series]
+        if unknown:
+            raise KeyError(f"no numeric series {unknown} in the metrics; found {sorted(series)}")
+        names = list(keys)
+    else:
+        rank = {k: i for i, k in enumerate(_PREFERRED)}
+        names = sorted(series, key=lambda k: (rank.get(k.split("/")[-1], len(rank)), k))
+    if not names:
+        raise ValueError(f"no numeric series to plot in {run}")
+    cols = min(3, len(names))
+    rows = math.ceil(len(names) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
+    for ax, name in zip(axes.flat, names):
+        xs, ys = series[name]
+        style = "-" if len(xs) > 30 else "o-"
+        ax.plot(xs, ys, style, lw=1.2, ms=3)
+        if name.split("/")[-1] == "lr" and min(ys) > 0 and max(ys) / min(ys) > 100:
+            ax.set_yscale("log")
+        ax.set_title(name)
+        ax.set_xlabel(xkey or "record")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(names) :]:
+        ax.axis("off")
+    fig.suptitle(str(Path(run).name))
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def embed_2d(features: Tensor, *, method: str = "tsne", seed: int = 0, perplexity: float = 30.0) -> Tensor:
+    """2-D coordinates (N, 2) of L2-normalised features (N, D): ``"tsne"`` or ``"pca"``."""
+    x = torch.nn.functional.normalize(features.float(), dim=1)
+    if x.shape[0] < 3:
+        raise ValueError(f"need at least 3 samples for a 2-D map, got {x.shape[0]}")
+    if method == "pca":
+        x = x - x.mean(dim=0)
+        _, _, v = torch.pca_lowrank(x, q=min(2, x.shape[1]), center=False)
+        return x @ v[:, :2]
+    if method != "tsne":
+        raise ValueError(f"method {method!r} is not 'tsne' or 'pca'")
+    try:
+        from sklearn.manifold import TSNE
+    except ImportError as e:
+        raise ImportError("the t-SNE map needs scikit-learn: pip install scikit-learn") from e
+    tsne = TSNE(n_components=2, perplexity=min(perplexity, (x.shape[0] - 1) / 3), init="pca",
+                random_state=seed)
+    return torch.from_numpy(tsne.fit_transform(x.numpy().astype("float64"))).float()
+
+
+def plot_embedding(
+    features: Tensor,
+    labels: Tensor,
+    out: str | Path,
+    *,
+    class_names: Sequence[str] | None = None,
+    method: str = "tsne",
+    title: str | None = None,
+    seed: int = 0,
+) -> Path:
+    """Scatter the 2-D map of ``features`` (N, D) coloured by ``labels`` (N,) to a PNG."""
+    plt = _use_agg()
+    xy = embed_2d(features, method=method, seed=seed).numpy()
+    labels = labels.cpu().long()
+    classes = sorted(labels.unique().tolist())
+    cmap = plt.get_cmap("tab10" if len(classes) <= 10 else "tab20")
+    fig, ax = plt.subplots(figsize=(6.5, 5.5))
+    for i, c in enumerate(classes):
+        m = (labels == c).numpy()
+        name = class_names[c] if class_names is not None and 0 <= c < len(class_names) else str(c)
+        ax.scatter(xy[m, 0], xy[m, 1], s=6, color=cmap(i % cmap.N), label=name, alpha=0.8)
+    if len(classes) <= 20:
+        ax.legend(markerscale=2.5, fontsize=7, loc="best", frameon=False)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_title(title or f"{method.upper()} of {len(labels)} embeddings")
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -1,0 +1,286 @@
+"""Whole evaluations from a data spec: linear probe (cached / standard) and weighted kNN.
+
+These glue :mod:`contrastive.data` (datasets from a spec string), :mod:`contrastive.augment`
+(the evaluation transforms) and the probes; the command-line tools and the demo call them.
+Evaluation split: ``"test"`` (``val/`` or ``test/`` of a folder); the probe's hyper-parameters
+never look at it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset, Subset
+
+from contrastive.eval.checkpoint import LoadedEncoder
+from contrastive.eval.features import extract_features
+from contrastive.eval.knn import knn_accuracy
+from contrastive.eval.linear import (
+    DEFAULT_LRS,
+    DEFAULT_WEIGHT_DECAYS,
+    check_labels,
+    evaluate_head,
+    evaluate_standard,
+    fit_linear_cached,
+    label_fraction_indices,
+    train_linear_standard,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "PROTOCOLS",
+    "eval_transform",
+    "linear_train_transform",
+    "load_split",
+    "dataset_labels",
+    "encode_split",
+    "linear_eval",
+    "knn_eval",
+    "config_value",
+]
+
+PROTOCOLS = ("cached", "standard")
+
+
+def config_value(config: Any, key: str) -> Any:
+    """The first value of ``key`` in a nested dict (breadth first), or None."""
+    queue = [config]
+    while queue:
+        node = queue.pop(0)
+        if isinstance(node, dict):
+            if key in node and not isinstance(node[key], dict):
+                return node[key]
+            queue.extend(v for v in node.values() if isinstance(v, dict))
+    return None
+
+
+def eval_transform(image_size: int):
+    """Centre crop (resize 256 / crop 224 at ImageNet size; whole image at <= 64 px), normalised."""
+    from contrastive.augment import get_pipeline
+
+    return get_pipeline("eval", image_size=image_size)
+
+
+def linear_train_transform(image_size: int):
+    """The MoCo linear-probe augmentation: RandomResizedCrop(scale 0.08-1) + horizontal flip."""
+    from contrastive.augment import Pipeline, ViewConfig
+
+    return Pipeline([ViewConfig(size=image_size, crop="random", scale=(0.08, 1.0), flip_p=0.5)],
+                    name="linear-train")
+
+
+def load_split(data: str, split: str, transform: Any) -> Dataset:
+    """``get_dataset(data, split, transform)``, with clear errors for a missing or empty split."""
+    from contrastive.data import get_dataset, has_split
+
+    if not has_split(data, split):
+        raise ValueError(
+            f"--data {data!r} has no {split!r} split; evaluation needs a labelled train split "
+            "and an evaluation split (an ImageFolder root with train/ and val/ or test/)"
+        )
+    ds = get_dataset(data, split=split, transform=transform)
+    if len(ds) == 0:
+        raise ValueError(f"the {split!r} split of --data {data!r} is empty (0 images)")
+    return ds
+
+
+def dataset_labels(ds: Dataset) -> Tensor:
+    """All labels of a dataset, from ``targets``/``labels`` when it has them, else by iterating."""
+    if isinstance(ds, Subset):
+        return dataset_labels(ds.dataset)[torch.as_tensor(ds.indices)]
+    for attr in ("targets", "labels"):
+        values = getattr(ds, attr, None)
+        if values is not None and len(values) == len(ds):
+            return torch.as_tensor(list(values) if not isinstance(values, Tensor) else values).long()
+    log.info("dataset has no .targets: reading %d samples to collect the labels", len(ds))
+    return torch.tensor([int(ds[i][1]) for i in range(len(ds))])
+
+
+def _num_classes(ds: Dataset, labels: Tensor) -> int:
+    from contrastive.data import num_classes
+
+    n = num_classes(ds)
+    n = n if n is not None else check_labels(labels, None, "training labels")
+    check_labels(labels, n, "training labels")
+    return n
+
+
+def _loader(ds: Dataset, batch_size: int, *, shuffle: bool, num_workers: int, seed: int, accelerator: Any):
+    from contrastive.data import build_loader
+
+    loader = build_loader(ds, batch_size, shuffle=shuffle, num_workers=num_workers, seed=seed, drop_last=False)
+    if accelerator is not None:
+        loader = accelerator.prepare_data_loader(loader)
+    return loader
+
+
+def _autocast(accelerator: Any) -> torch.dtype | None:
+    mp = getattr(accelerator, "mixed_precision", "no") if accelerator is not None else "no"
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(mp))
+
+
+def encode_split(
+    loaded: LoadedEncoder | torch.nn.Module,
+    ds: Dataset,
+    *,
+    batch_size: int = 256,
+    num_workers: int = 2,
+    accelerator: Any | None = None,
+    device: str | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Features (N, D) and labels (N,) of a dataset (in order), gathered over processes."""
+    encoder = loaded.encoder if isinstance(loaded, LoadedEncoder) else loaded
+    dev = accelerator.device if accelerator is not None else torch.device(device or "cpu")
+    encoder.to(dev)
+    loader = _loader(ds, batch_size, shuffle=False, num_workers=num_workers, seed=0, accelerator=accelerator)
+    return extract_features(encoder, loader, accelerator=accelerator, device=dev,
+                            autocast_dtype=_autocast(accelerator), progress=True)
+
+
+def _subset(ds: Dataset, labels: Tensor, fraction: float, seed: int) -> tuple[Dataset, Tensor]:
+    if fraction >= 1.0:
+        return ds, labels
+    idx = label_fraction_indices(labels, fraction, seed)
+    log.info("label fraction %g: %d of %d training images", fraction, idx.numel(), labels.numel())
+    return Subset(ds, idx.tolist()), labels[idx]
+
+
+def linear_eval(
+    loaded: LoadedEncoder,
+    data: str,
+    *,
+    protocol: str = "cached",
+    image_size: int = 224,
+    epochs: int | None = None,
+    batch_size: int = 256,
+    label_fraction: float = 1.0,
+    lr: float | None = None,
+    lrs: Sequence[float] = DEFAULT_LRS,
+    weight_decays: Sequence[float] = DEFAULT_WEIGHT_DECAYS,
+    num_workers: int = 2,
+    seed: int = 0,
+    accelerator: Any | None = None,
+    device: str | None = None,
+) -> dict[str, Any]:
+    """Linear-probe top-1 / top-5 on the evaluation split of ``data``.
+
+    ``protocol="cached"``: centre-crop features once, (lr, wd) sweep on a held-out 10 % of the
+    training set, 100 epochs by default. ``"standard"``: the MoCo protocol (augmented crops every
+    epoch, SGD lr 30 (``lr``), momentum 0.9, wd 0, lr x0.1 at 60 % and 80 % of 100 epochs).
+
+    Returns the result dict written by ``contrastive-linear-eval`` (``top1``, ``top5``, settings).
+    """
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol {protocol!r} is not one of {PROTOCOLS}")
+    t0 = time.perf_counter()
+    main = accelerator is None or accelerator.is_main_process
+    test_ds = load_split(data, "test", eval_transform(image_size))
+    settings: dict[str, Any] = {"image_size": image_size, "batch_size": batch_size,
+                                "label_fraction": label_fraction, "seed": seed}
+    extra: dict[str, Any] = {}
+    if protocol == "cached":
+        train_ds = load_split(data, "train", eval_transform(image_size))
+        labels = dataset_labels(train_ds)
+        n_classes = _num_classes(train_ds, labels)
+        train_ds, labels = _subset(train_ds, labels, label_fraction, seed)
+        xtr, ytr = encode_split(loaded, train_ds, batch_size=batch_size, num_workers=num_workers,
+                                accelerator=accelerator, device=device)
+        xte, yte = encode_split(loaded, test_ds, batch_size=batch_size, num_workers=num_workers,
+                                accelerator=accelerator, device=device)
+        check_labels(yte, n_classes, f"evaluation labels of --data {data!r}")
+        epochs = 100 if epochs is None else epochs
+        res = fit_linear_cached(xtr, ytr, num_classes=n_classes, epochs=epochs, batch_size=batch_size,
+                                lrs=(lr,) if lr is not None else lrs, weight_decays=weight_decays, seed=seed)
+        acc = evaluate_head(res.head, xte, yte)
+        settings |= {"epochs": epochs, "lr": res.lr, "weight_decay": res.weight_decay,
+                     "optimizer": "SGD momentum 0.9, cosine lr", "features": "standardised",
+                     "sweep_lrs": list(lrs) if lr is None else [lr], "sweep_weight_decays": list(weight_decays),
+                     "val_fraction": 0.1}
+        extra["sweep"] = res.sweep
+        n_train = xtr.shape[0]
+    else:
+        train_ds = load_split(data, "train", linear_train_transform(image_size))
+        labels = dataset_labels(train_ds)
+        n_classes = _num_classes(train_ds, labels)
+        test_labels = dataset_labels(test_ds)
+        check_labels(test_labels, n_classes, f"evaluation labels of --data {data!r}")
+        train_ds, labels = _subset(train_ds, labels, label_fraction, seed)
+        epochs = 100 if epochs is None else epochs
+        lr = 30.0 if lr is None else lr
+        loader = _loader(train_ds, batch_size, shuffle=True, num_workers=num_workers, seed=seed,
+                         accelerator=accelerator)
+        encoder = loaded.encoder
+        head = train_linear_standard(encoder, loader, num_classes=n_classes, epochs=epochs, lr=lr,
+                                     accelerator=accelerator, device=device,
+                                     autocast_dtype=_autocast(accelerator), seed=seed, progress=main)
+        test_loader = _loader(test_ds, batch_size, shuffle=False, num_workers=num_workers, seed=0,
+                              accelerator=accelerator)
+        acc = evaluate_standard(encoder, head, test_loader, accelerator=accelerator, device=device,
+                                autocast_dtype=_autocast(accelerator))
+        settings |= {"epochs": epochs, "lr": lr, "momentum": 0.9, "weight_decay": 0.0,
+                     "lr_steps": [round(0.6 * epochs), round(0.8 * epochs)], "gamma": 0.1,
+                     "train_augmentation": "RandomResizedCrop(0.08-1) + flip", "backbone": "frozen, eval mode"}
+        n_train = labels.numel()
+    return {
+        "top1": acc["top1"],
+        "top5": acc["top5"],
+        "protocol": protocol,
+        "settings": settings,
+        "checkpoint": loaded.describe(),
+        "data": data,
+        "num_classes": n_classes,
+        "num_train": n_train,
+        "num_test": len(test_ds),
+        "seconds": round(time.perf_counter() - t0, 2),
+        **extra,
+    }
+
+
+def knn_eval(
+    loaded: LoadedEncoder,
+    data: str,
+    *,
+    k: int = 200,
+    temperature: float = 0.1,
+    image_size: int = 224,
+    batch_size: int = 256,
+    store: str = "float32",
+    num_workers: int = 2,
+    accelerator: Any | None = None,
+    device: str | None = None,
+) -> dict[str, Any]:
+    """Weighted-kNN top-1 / top-5: bank = train split, queries = evaluation split (centre crops)."""
+    t0 = time.perf_counter()
+    transform = eval_transform(image_size)
+    train_ds = load_split(data, "train", transform)
+    test_ds = load_split(data, "test", transform)
+    xtr, ytr = encode_split(loaded, train_ds, batch_size=batch_size, num_workers=num_workers,
+                            accelerator=accelerator, device=device)
+    xte, yte = encode_split(loaded, test_ds, batch_size=batch_size, num_workers=num_workers,
+                            accelerator=accelerator, device=device)
+    from contrastive.data import num_classes
+
+    n_classes = num_classes(train_ds)
+    n_classes = check_labels(ytr, n_classes, f"training labels of --data {data!r}")
+    check_labels(yte, n_classes, f"evaluation labels of --data {data!r}")
+    acc = knn_accuracy(xtr, ytr, xte, yte, k=k, temperature=temperature, num_classes=n_classes, store=store)
+    return {
+        "top1": acc["top1"],
+        "top5": acc["top5"],
+        "protocol": "knn",
+        "settings": {"k": k, "temperature": temperature, "image_size": image_size, "store": store,
+                     "features": "L2-normalised", "index": "faiss IndexFlatIP" if store == "float32"
+                     else "faiss IndexScalarQuantizer fp16 (approximate)"},
+        "checkpoint": loaded.describe(),
+        "data": data,
+        "num_classes": n_classes,
+        "num_train": xtr.shape[0],
+        "num_test": xte.shape[0],
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
