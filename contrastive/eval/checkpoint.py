@@ -75,6 +75,7 @@ class RawCheckpoint:
     path: Path | None
     sha256: str
     config: dict[str, Any] | None = None
+    recorded_encoder: str | None = None  # what the checkpoint itself says (before --encoder)
 
 
 @dataclass
@@ -218,13 +219,15 @@ def read_checkpoint(checkpoint: str | Path, *, encoder: str | None = None) -> Ra
         weights = next(path / f for f in _WEIGHT_FILES if (path / f).is_file())
         state = _load_file(weights)
         config, _ = _find_config(path)
-        name = encoder or (_find_str(config, "encoder") if config else None)
-        return RawCheckpoint(_tensors_only(state, weights), name, "accelerate", weights, file_sha256(weights), config)
+        recorded = _find_str(config, "encoder") if config else None
+        return RawCheckpoint(_tensors_only(state, weights), encoder or recorded, "accelerate", weights,
+                             file_sha256(weights), config, recorded)
     obj = _load_file(path)
     sha = file_sha256(path)
     config, _ = _find_config(path.parent, levels=1)
     if isinstance(obj, Mapping) and isinstance(obj.get("encoder"), str) and isinstance(obj.get("state_dict"), Mapping):
-        return RawCheckpoint(_tensors_only(obj["state_dict"], path), encoder or obj["encoder"], "encoder.pt", path, sha, config)
+        return RawCheckpoint(_tensors_only(obj["state_dict"], path), encoder or obj["encoder"], "encoder.pt",
+                             path, sha, config, obj["encoder"])
     if isinstance(obj, Mapping):
         state = obj
         for key in ("state_dict", "model", "module"):
@@ -239,15 +242,15 @@ def read_checkpoint(checkpoint: str | Path, *, encoder: str | None = None) -> Ra
             kind = "mocov3"
         else:
             kind = "state_dict"
-        name = encoder or (_find_str(config, "encoder") if config else None)
-        if name is None and arch is not None:
-            name = _ARCH_TO_ENCODER.get(arch, f"torchvision:{arch}" if not arch.startswith("vit") else None)
-            if name is None:
+        recorded = _find_str(config, "encoder") if config else None
+        if recorded is None and arch is not None:
+            recorded = _ARCH_TO_ENCODER.get(arch, f"torchvision:{arch}" if not arch.startswith("vit") else None)
+            if recorded is None and encoder is None:
                 raise ValueError(
                     f"{path}: arch {arch!r} has no known encoder (MoCo v3's vit_small has 12 heads, "
                     "timm's 6): pass --encoder NAME"
                 )
-        return RawCheckpoint(state, name, kind, path, sha, config)
+        return RawCheckpoint(state, encoder or recorded, kind, path, sha, config, recorded)
     raise ValueError(f"{path}: expected a dict of tensors, got {type(obj).__name__}")
 
 
@@ -402,7 +405,7 @@ def load_encoder(
         return LoadedEncoder(model.eval(), raw.encoder_name, raw.kind, None, raw.sha256)
     target = model.state_dict()
     result = align_state_dict(raw.state_dict, target, prefix=prefix)
-    trained_with = raw.config and _find_str(raw.config, "encoder")
+    trained_with = raw.recorded_encoder
     hint = (
         f"it records encoder {trained_with!r}; pass --encoder {trained_with}"
         if trained_with and trained_with != raw.encoder_name
