@@ -107,8 +107,18 @@ def bench_linear(args):
 
     from contrastive.eval.checkpoint import load_encoder
     from contrastive.eval.features import extract_features
-    from contrastive.eval.linear import evaluate_head, evaluate_standard, fit_linear_cached, train_linear_standard
-    from contrastive.eval.runner import dataset_labels, eval_transform, linear_train_transform, load_split
+    from contrastive.eval.linear import (
+        evaluate_head,
+        evaluate_standard,
+        fit_linear_cached,
+        train_linear_standard,
+    )
+    from contrastive.eval.runner import (
+        dataset_labels,
+        eval_transform,
+        linear_train_transform,
+        load_split,
+    )
 
     torch.manual_seed(0)
     loaded = load_encoder(args.checkpoint or "random", encoder=args.encoder)

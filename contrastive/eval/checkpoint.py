@@ -76,6 +76,7 @@ class RawCheckpoint:
     sha256: str
     config: dict[str, Any] | None = None
     recorded_encoder: str | None = None  # what the checkpoint itself says (before --encoder)
+    meta: dict[str, Any] = field(default_factory=dict)  # plain extras of encoder.pt (step, recipe ...)
 
 
 @dataclass
@@ -102,6 +103,19 @@ class LoadedEncoder:
     sha256: str
     ignored: list[str] = field(default_factory=list)
     config: dict[str, Any] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def setting(self, key: str) -> Any:
+        """A value recorded with the weights (encoder.pt extras first, then the run's config)."""
+        if key in self.meta:
+            return self.meta[key]
+        queue = [self.config] if self.config else []
+        while queue:
+            node = queue.pop(0)
+            if key in node and not isinstance(node[key], dict):
+                return node[key]
+            queue.extend(v for v in node.values() if isinstance(v, dict))
+        return None
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -226,8 +240,9 @@ def read_checkpoint(checkpoint: str | Path, *, encoder: str | None = None) -> Ra
     sha = file_sha256(path)
     config, _ = _find_config(path.parent, levels=1)
     if isinstance(obj, Mapping) and isinstance(obj.get("encoder"), str) and isinstance(obj.get("state_dict"), Mapping):
+        meta = {k: v for k, v in obj.items() if k not in ("state_dict", "encoder")}
         return RawCheckpoint(_tensors_only(obj["state_dict"], path), encoder or obj["encoder"], "encoder.pt",
-                             path, sha, config, obj["encoder"])
+                             path, sha, config, obj["encoder"], meta)
     if isinstance(obj, Mapping):
         state = obj
         for key in ("state_dict", "model", "module"):
@@ -390,6 +405,9 @@ def load_encoder(
             f"cannot tell which encoder {raw.path} was trained with (no 'encoder' entry, no "
             "config.json, no 'arch'): pass --encoder NAME (e.g. cifar_resnet18, timm:resnet50)"
         )
+    recorded_kwargs = raw.meta.get("encoder_kwargs") or (raw.config or {}).get("encoder_kwargs")
+    if encoder_kwargs is None and isinstance(recorded_kwargs, Mapping) and encoder is None:
+        encoder_kwargs = recorded_kwargs  # e.g. img_size of a ViT, recorded by the engine
     kwargs = dict(encoder_kwargs or {})
     if raw.kind == "pretrained":
         try:
@@ -399,10 +417,10 @@ def load_encoder(
                 f"could not build {raw.encoder_name} with its pretrained weights ({e}); offline, "
                 "the weights must already be in the timm / torch hub cache"
             ) from e
-        return LoadedEncoder(model.eval(), raw.encoder_name, raw.kind, None, raw.sha256)
+        return LoadedEncoder(model.eval(), raw.encoder_name, raw.kind, None, raw.sha256, meta=raw.meta)
     model = create_encoder(raw.encoder_name, pretrained=False, **kwargs)
     if raw.kind == "random":
-        return LoadedEncoder(model.eval(), raw.encoder_name, raw.kind, None, raw.sha256)
+        return LoadedEncoder(model.eval(), raw.encoder_name, raw.kind, None, raw.sha256, meta=raw.meta)
     target = model.state_dict()
     result = align_state_dict(raw.state_dict, target, prefix=prefix)
     trained_with = raw.recorded_encoder
@@ -416,4 +434,5 @@ def load_encoder(
     ignored = result.unused_heads + [k for k in raw.state_dict if not k.startswith(result.source_prefix)]
     if result.unused_heads:
         log.info("ignored %d head tensors of %s: %s", len(result.unused_heads), raw.path, result.unused_heads[:6])
-    return LoadedEncoder(model.eval(), raw.encoder_name, raw.kind, raw.path, raw.sha256, ignored, raw.config)
+    return LoadedEncoder(model.eval(), raw.encoder_name, raw.kind, raw.path, raw.sha256, ignored, raw.config,
+                         raw.meta)

@@ -50,11 +50,19 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="key prefix of the backbone inside the checkpoint (default: found automatically)")
     p.add_argument("--image-size", type=int, default=None,
                    help="evaluation crop size (default: the run's image_size, else 224)")
+    _norm_flags(p)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--num-workers", type=int, default=2)
     p.add_argument("--cpu", action="store_true", help="run on the CPU even when a GPU is present")
     p.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default="no",
                    help="autocast for the backbone forward (features and the head stay float32)")
+
+
+def _norm_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mean", type=float, nargs=3, default=None,
+                   help="normalisation mean of the pretraining pipeline (default: recorded with the "
+                   "checkpoint, else ImageNet's)")
+    p.add_argument("--std", type=float, nargs=3, default=None, help="normalisation std (as --mean)")
 
 
 def _accelerator(args: argparse.Namespace):
@@ -65,11 +73,14 @@ def _accelerator(args: argparse.Namespace):
 
 def _load(args: argparse.Namespace):
     from contrastive.eval.checkpoint import load_encoder
-    from contrastive.eval.runner import config_value
 
-    loaded = load_encoder(args.checkpoint, encoder=args.encoder, prefix=args.prefix)
-    size = args.image_size or (config_value(loaded.config, "image_size") if loaded.config else None) or 224
-    return loaded, int(size)
+    loaded = load_encoder(args.checkpoint, encoder=args.encoder, prefix=getattr(args, "prefix", None))
+    size = int(args.image_size or loaded.setting("image_size") or 224)
+    mean = args.mean or loaded.setting("mean")
+    std = args.std or loaded.setting("std")
+    if (mean is None) != (std is None):
+        raise ValueError(f"give both --mean and --std (or neither); got mean={mean}, std={std}")
+    return loaded, size, {"mean": mean, "std": std}
 
 
 def _finish(result: dict[str, Any], output: str | None, accelerator: Any) -> None:
@@ -106,8 +117,8 @@ def linear_eval_main(argv: Sequence[str] | None = None) -> int:
     from contrastive.eval.runner import linear_eval
 
     accelerator = _accelerator(args)
-    loaded, size = _load(args)
-    result = linear_eval(loaded, args.data, protocol=args.protocol, image_size=size, epochs=args.epochs,
+    loaded, size, norm = _load(args)
+    result = linear_eval(loaded, args.data, protocol=args.protocol, image_size=size, **norm, epochs=args.epochs,
                          batch_size=args.batch_size, label_fraction=args.label_fraction, lr=args.lr,
                          num_workers=args.num_workers, seed=args.seed, accelerator=accelerator)
     _finish(result, args.output, accelerator)
@@ -131,8 +142,8 @@ def knn_eval_main(argv: Sequence[str] | None = None) -> int:
     from contrastive.eval.runner import knn_eval
 
     accelerator = _accelerator(args)
-    loaded, size = _load(args)
-    result = knn_eval(loaded, args.data, k=args.k, temperature=args.temperature, image_size=size,
+    loaded, size, norm = _load(args)
+    result = knn_eval(loaded, args.data, k=args.k, temperature=args.temperature, image_size=size, **norm,
                       batch_size=args.batch_size, store=args.store, num_workers=args.num_workers,
                       accelerator=accelerator)
     _finish(result, args.output, accelerator)
@@ -186,6 +197,7 @@ def plot_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--method", choices=("tsne", "pca"), default="tsne")
     p.add_argument("--embedding-out", default=None, help="map PNG (default: <run>/embedding.png)")
     p.add_argument("--image-size", type=int, default=None)
+    _norm_flags(p)
     p.add_argument("--num-workers", type=int, default=2)
     args = p.parse_args(argv)
     _setup_logging()
@@ -205,12 +217,11 @@ def plot_main(argv: Sequence[str] | None = None) -> int:
         import torch
         from torch.utils.data import Subset
 
-        from contrastive.eval.checkpoint import load_encoder
-        from contrastive.eval.runner import config_value, encode_split, eval_transform, load_split
+        from contrastive.eval.runner import encode_split, eval_transform, load_split
 
-        loaded = load_encoder(checkpoint, encoder=args.encoder)
-        size = args.image_size or (config_value(loaded.config, "image_size") if loaded.config else None) or 224
-        ds = load_split(args.data, args.split, eval_transform(int(size)))
+        args.checkpoint = checkpoint
+        loaded, size, norm = _load(args)
+        ds = load_split(args.data, args.split, eval_transform(size, **norm))
         if len(ds) > args.max_samples:  # class-balanced-ish: an even spread over the split
             idx = torch.linspace(0, len(ds) - 1, args.max_samples).long().unique().tolist()
             ds = Subset(ds, idx)

@@ -68,8 +68,8 @@ def check_labels(labels: Tensor, num_classes: int | None, what: str) -> int:
     if hi >= num_classes:
         raise ValueError(
             f"{what}: found label {hi} but the head has num_classes={num_classes} outputs "
-            f"(labels must lie in [0, {num_classes})); the splits do not share one label set, "
-            "or pass a larger num_classes"
+            f"(labels must lie in [0, {num_classes})): the evaluation data has classes the "
+            "training data lacks, or the head is too small"
         )
     return num_classes
 

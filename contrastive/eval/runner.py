@@ -42,37 +42,34 @@ __all__ = [
     "encode_split",
     "linear_eval",
     "knn_eval",
-    "config_value",
 ]
 
 PROTOCOLS = ("cached", "standard")
 
 
-def config_value(config: Any, key: str) -> Any:
-    """The first value of ``key`` in a nested dict (breadth first), or None."""
-    queue = [config]
-    while queue:
-        node = queue.pop(0)
-        if isinstance(node, dict):
-            if key in node and not isinstance(node[key], dict):
-                return node[key]
-            queue.extend(v for v in node.values() if isinstance(v, dict))
-    return None
+Norm = Sequence[float] | None
 
 
-def eval_transform(image_size: int):
-    """Centre crop (resize 256 / crop 224 at ImageNet size; whole image at <= 64 px), normalised."""
+def _norm(mean: Norm, std: Norm) -> dict[str, tuple[float, ...]]:
+    from contrastive.augment import IMAGENET_MEAN, IMAGENET_STD
+
+    return {"mean": tuple(mean or IMAGENET_MEAN), "std": tuple(std or IMAGENET_STD)}
+
+
+def eval_transform(image_size: int, mean: Norm = None, std: Norm = None):
+    """Centre crop (resize 256 / crop 224 at ImageNet size; whole image at <= 64 px), normalised
+    with ``mean`` / ``std`` (ImageNet statistics by default: use the pretraining ones)."""
     from contrastive.augment import get_pipeline
 
-    return get_pipeline("eval", image_size=image_size)
+    return get_pipeline("eval", image_size=image_size, **_norm(mean, std))
 
 
-def linear_train_transform(image_size: int):
+def linear_train_transform(image_size: int, mean: Norm = None, std: Norm = None):
     """The MoCo linear-probe augmentation: RandomResizedCrop(scale 0.08-1) + horizontal flip."""
     from contrastive.augment import Pipeline, ViewConfig
 
     return Pipeline([ViewConfig(size=image_size, crop="random", scale=(0.08, 1.0), flip_p=0.5)],
-                    name="linear-train")
+                    name="linear-train", **_norm(mean, std))
 
 
 def load_split(data: str, split: str, transform: Any) -> Dataset:
@@ -157,6 +154,8 @@ def linear_eval(
     *,
     protocol: str = "cached",
     image_size: int = 224,
+    mean: Norm = None,
+    std: Norm = None,
     epochs: int | None = None,
     batch_size: int = 256,
     label_fraction: float = 1.0,
@@ -170,6 +169,7 @@ def linear_eval(
 ) -> dict[str, Any]:
     """Linear-probe top-1 / top-5 on the evaluation split of ``data``.
 
+    ``mean`` / ``std``: the normalisation of the pretraining pipeline (default ImageNet's).
     ``protocol="cached"``: centre-crop features once, (lr, wd) sweep on a held-out 10 % of the
     training set, 100 epochs by default. ``"standard"``: the MoCo protocol (augmented crops every
     epoch, SGD lr 30 (``lr``), momentum 0.9, wd 0, lr x0.1 at 60 % and 80 % of 100 epochs).
@@ -180,12 +180,12 @@ def linear_eval(
         raise ValueError(f"protocol {protocol!r} is not one of {PROTOCOLS}")
     t0 = time.perf_counter()
     main = accelerator is None or accelerator.is_main_process
-    test_ds = load_split(data, "test", eval_transform(image_size))
+    test_ds = load_split(data, "test", eval_transform(image_size, mean, std))
     settings: dict[str, Any] = {"image_size": image_size, "batch_size": batch_size,
-                                "label_fraction": label_fraction, "seed": seed}
+                                "label_fraction": label_fraction, "seed": seed, **_norm(mean, std)}
     extra: dict[str, Any] = {}
     if protocol == "cached":
-        train_ds = load_split(data, "train", eval_transform(image_size))
+        train_ds = load_split(data, "train", eval_transform(image_size, mean, std))
         labels = dataset_labels(train_ds)
         n_classes = _num_classes(train_ds, labels)
         train_ds, labels = _subset(train_ds, labels, label_fraction, seed)
@@ -205,7 +205,7 @@ def linear_eval(
         extra["sweep"] = res.sweep
         n_train = xtr.shape[0]
     else:
-        train_ds = load_split(data, "train", linear_train_transform(image_size))
+        train_ds = load_split(data, "train", linear_train_transform(image_size, mean, std))
         labels = dataset_labels(train_ds)
         n_classes = _num_classes(train_ds, labels)
         test_labels = dataset_labels(test_ds)
@@ -249,6 +249,8 @@ def knn_eval(
     k: int = 200,
     temperature: float = 0.1,
     image_size: int = 224,
+    mean: Norm = None,
+    std: Norm = None,
     batch_size: int = 256,
     store: str = "float32",
     num_workers: int = 2,
@@ -257,7 +259,7 @@ def knn_eval(
 ) -> dict[str, Any]:
     """Weighted-kNN top-1 / top-5: bank = train split, queries = evaluation split (centre crops)."""
     t0 = time.perf_counter()
-    transform = eval_transform(image_size)
+    transform = eval_transform(image_size, mean, std)
     train_ds = load_split(data, "train", transform)
     test_ds = load_split(data, "test", transform)
     xtr, ytr = encode_split(loaded, train_ds, batch_size=batch_size, num_workers=num_workers,
@@ -275,6 +277,7 @@ def knn_eval(
         "top5": acc["top5"],
         "protocol": "knn",
         "settings": {"k": k, "temperature": temperature, "image_size": image_size, "store": store,
+                     **_norm(mean, std),
                      "features": "L2-normalised", "index": "faiss IndexFlatIP" if store == "float32"
                      else "faiss IndexScalarQuantizer fp16 (approximate)"},
         "checkpoint": loaded.describe(),
