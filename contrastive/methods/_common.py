@@ -1,0 +1,99 @@
+"""Small helpers shared by the methods: view checks, presets, cheap metrics."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["check_views", "unit", "queue_metrics", "in_batch_metrics", "PresetMixin"]
+
+
+def check_views(views: Sequence[Tensor], method: str, n: int = 2) -> list[Tensor]:
+    """Return ``views`` as a list after checking it holds ``n`` same-shape (N, C, H, W) tensors."""
+    if isinstance(views, Tensor) or len(views) != n:
+        got = f"a tensor {tuple(views.shape)}" if isinstance(views, Tensor) else f"{len(views)}"
+        raise ValueError(
+            f"{method}: views must be a sequence of {n} tensors (N, C, H, W), got {got}"
+        )
+    shapes = {tuple(v.shape) for v in views}
+    if len(shapes) != 1 or views[0].dim() != 4:
+        raise ValueError(f"{method}: views must all have the same shape (N, C, H, W), got {shapes}")
+    return list(views)
+
+
+def unit(x: Tensor) -> Tensor:
+    """L2-normalise rows in float32 (also under autocast), (N, D) -> (N, D)."""
+    return F.normalize(x.float(), dim=1)
+
+
+def _metrics(pos: Tensor, neg_max: Tensor, neg_sum: Tensor, neg_count: Tensor | int) -> dict:
+    return {
+        "pos_acc": (pos >= neg_max).float().mean() * 100.0,
+        "pos_sim": pos.mean(),
+        "neg_sim": neg_sum / neg_count,
+    }
+
+
+def _exact(fn: Callable[..., dict[str, Tensor]]) -> Callable[..., dict[str, Tensor]]:
+    """Run a metric without gradient and without autocast (fp32 similarities, as the loss)."""
+
+    @functools.wraps(fn)
+    def wrapper(first: Tensor, *args: Any, **kwargs: Any) -> dict[str, Tensor]:
+        with torch.no_grad(), torch.autocast(first.device.type, enabled=False):
+            return fn(first, *args, **kwargs)
+
+    return wrapper
+
+
+@_exact
+def queue_metrics(q: Tensor, k: Tensor, queue: Tensor) -> dict[str, Tensor]:
+    """Metrics of MoCo's logits ``[q.k+, q.queue^T]`` (q, k: (N, D), queue: (K, D), unit rows).
+
+    ``pos_acc``: % of queries whose positive is top-1 (>= every negative); ``pos_sim`` /
+    ``neg_sim``: mean cosine similarity to the positive / to the negatives. On the device, no
+    host sync.
+    """
+    pos = (q.float() * k.float()).sum(dim=1)
+    neg = q.float() @ queue.float().T  # N x K
+    return _metrics(pos, neg.max(dim=1).values, neg.sum(), neg.numel())
+
+
+@_exact
+def in_batch_metrics(
+    anchors: Tensor, candidates: Tensor, pos_col: Tensor, self_col: Tensor | None = None
+) -> dict[str, Tensor]:
+    """The same metrics for in-batch negatives (SimCLR, MoCo v3).
+
+    anchors (A, D), candidates (C, D) unit rows; ``candidates[pos_col[a]]`` is anchor a's
+    positive, ``candidates[self_col[a]]`` the anchor itself (excluded); every other candidate
+    is a negative.
+    """
+    sim = anchors.float() @ candidates.float().T  # A x C
+    rows = torch.arange(sim.shape[0], device=sim.device)
+    pos = sim[rows, pos_col]
+    neg_mask = torch.ones_like(sim, dtype=torch.bool)
+    neg_mask[rows, pos_col] = False
+    if self_col is not None:
+        neg_mask[rows, self_col] = False
+    neg_max = sim.masked_fill(~neg_mask, float("-inf")).max(dim=1).values
+    return _metrics(pos, neg_max, (sim * neg_mask).sum(), neg_mask.sum().clamp(min=1))
+
+
+class PresetMixin:
+    """Class-level ``presets`` (name -> constructor keyword arguments from a paper) and
+    ``from_preset(name, **overrides)``."""
+
+    presets: dict[str, dict[str, Any]] = {}
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any):
+        if name not in cls.presets:
+            raise KeyError(
+                f"{cls.__name__}.from_preset: unknown preset {name!r}; known: {sorted(cls.presets)}"
+            )
+        return cls(**{**cls.presets[name], **overrides})

@@ -1,0 +1,261 @@
+"""Encoder registry: backbones by name, classifier removed, pooled features out.
+
+Names:
+
+- ``"timm:<model>"``: any ``timm.list_models()`` architecture, built with ``num_classes=0``
+  (timm's own pooled, pre-logits output); extra keyword arguments go to
+  ``timm.create_model`` (e.g. ``img_size=32`` for a ViT).
+- ``"torchvision:<model>"``: any torchvision classification model; its last ``nn.Linear``
+  (the classifier) is replaced by ``nn.Identity``; keyword arguments go to
+  ``torchvision.models.get_model``.
+- registered names: ``"cifar_resnet18"``, ``"cifar_resnet50"`` (3x3 stem, no max-pool),
+  ``"small_cnn"`` (~0.4M parameters), and your own via :func:`register_encoder`.
+
+Every encoder has ``num_features`` and maps (N, 3, H, W) -> (N, num_features). State-dict keys
+are the library's own (timm / torchvision) minus the classifier, so exported weights load into
+a fresh timm / torchvision model with only the classifier missing.
+
+Intermediate features (for distillation): :func:`stage_features(encoder, x)` returns the list
+of intermediate feature maps, from ``encoder.forward_stages`` (our backbones, or your own),
+torchvision ResNets' ``layer1..layer4``, timm's ``forward_intermediates`` (for timm ResNets:
+the stem then the 4 stages; for ViTs: every block's tokens as (N, C, h, w) maps), or the
+children of a torchvision ``features`` Sequential (VGG, MobileNet, EfficientNet, ConvNeXt).
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from collections.abc import Callable
+from typing import Any
+
+from torch import Tensor, nn
+
+__all__ = [
+    "UnknownEncoderError",
+    "create_encoder",
+    "list_encoders",
+    "register_encoder",
+    "resolve_encoder",
+    "stage_features",
+]
+
+_REGISTRY: dict[str, Callable[..., nn.Module]] = {}
+
+
+class UnknownEncoderError(KeyError):
+    """An encoder name that no registry knows; the message lists the closest names."""
+
+    def __str__(self) -> str:  # KeyError would print the message quoted
+        return str(self.args[0])
+
+
+def register_encoder(name: str, *, override: bool = False) -> Callable:
+    """Decorator registering an encoder factory (a function or class) under ``name``.
+
+    The factory is called as ``factory(**kwargs)`` (plus ``pretrained=True`` when asked) and
+    must return an ``nn.Module`` with an int attribute ``num_features`` whose forward maps
+    (N, 3, H, W) to (N, num_features). Give it ``forward_stages(x) -> list[Tensor]`` to make
+    :func:`stage_features` work for it.
+
+    Example::
+
+        @register_encoder("tiny")
+        class Tiny(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv2d(3, 8, 3)
+                self.num_features = 8
+            def forward(self, x):
+                return self.conv(x).mean((2, 3))
+    """
+    if not isinstance(name, str) or not name or ":" in name:
+        raise ValueError(
+            f"register_encoder: name must be a non-empty str without ':', got {name!r}"
+        )
+
+    def deco(factory: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        if name in _REGISTRY and not override:
+            raise ValueError(
+                f"register_encoder: {name!r} is already registered; pass override=True to replace it"
+            )
+        _REGISTRY[name] = factory
+        return factory
+
+    return deco
+
+
+def _timm_names() -> list[str]:
+    import timm
+
+    return [f"timm:{n}" for n in timm.list_models()]
+
+
+def _torchvision_names() -> list[str]:
+    import torchvision.models as tvm
+
+    return [f"torchvision:{n}" for n in tvm.list_models(module=tvm)]
+
+
+def list_encoders(pattern: str | None = None, external: bool = True) -> list[str]:
+    """Sorted encoder names, optionally filtered by a shell pattern (``"timm:resnet*"``).
+
+    ``external=False`` lists only the registered names (no timm / torchvision import).
+    """
+    names = list(_REGISTRY)
+    if external:
+        names += _torchvision_names() + _timm_names()
+    if pattern is not None:
+        names = fnmatch.filter(names, pattern)
+    return sorted(names)
+
+
+def _unknown(name: str, candidates: list[str], first: tuple[str, ...] = ()) -> UnknownEncoderError:
+    close = list(first) + difflib.get_close_matches(name, candidates, n=5, cutoff=0.6)
+    close = list(dict.fromkeys(close))
+    hint = f" Did you mean: {', '.join(close)}?" if close else ""
+    registered = ", ".join(sorted(_REGISTRY))
+    return UnknownEncoderError(
+        f"unknown encoder {name!r}.{hint} Registered: {registered}; also 'timm:<model>' and "
+        "'torchvision:<model>' (see list_encoders('timm:*'))."
+    )
+
+
+def _create_timm(model: str, pretrained: bool, **kwargs: Any) -> nn.Module:
+    import timm
+
+    if not timm.is_model(model):
+        raise _unknown(f"timm:{model}", _timm_names())
+    kwargs.setdefault("num_classes", 0)
+    return timm.create_model(model, pretrained=pretrained, **kwargs)
+
+
+def _create_torchvision(model: str, pretrained: bool, **kwargs: Any) -> nn.Module:
+    import torchvision.models as tvm
+
+    if model not in tvm.list_models(module=tvm):
+        raise _unknown(f"torchvision:{model}", _torchvision_names())
+    net = tvm.get_model(model, weights="DEFAULT" if pretrained else None, **kwargs)
+    linears = [(n, m) for n, m in net.named_modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        raise ValueError(
+            f"torchvision:{model} has no nn.Linear classifier to remove; wrap it yourself and "
+            "register it with register_encoder"
+        )
+    path, fc = linears[-1]
+    parent = net.get_submodule(path.rpartition(".")[0]) if "." in path else net
+    setattr(parent, path.rpartition(".")[2], nn.Identity())
+    net.num_features = fc.in_features
+    return net
+
+
+def create_encoder(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
+    """Build an encoder by name (see the module docstring), classifier removed.
+
+    Args:
+        name: ``"timm:<model>"``, ``"torchvision:<model>"`` or a registered name.
+        pretrained: load the library's pretrained weights (timm / torchvision download them);
+            our own backbones have none.
+        **kwargs: passed to the factory.
+
+    Returns:
+        an ``nn.Module`` with ``num_features``; forward (N, 3, H, W) -> (N, num_features).
+
+    Raises:
+        UnknownEncoderError (a KeyError) listing close matches for an unknown name.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"create_encoder: name must be a str, got {type(name).__name__}")
+    if name.startswith("timm:"):
+        net = _create_timm(name[len("timm:") :], pretrained, **kwargs)
+    elif name.startswith("torchvision:"):
+        net = _create_torchvision(name[len("torchvision:") :], pretrained, **kwargs)
+    elif name in _REGISTRY:
+        net = _REGISTRY[name](**({"pretrained": True} if pretrained else {}), **kwargs)
+    else:
+        same = tuple(n for n in _torchvision_names() + _timm_names() if n.endswith(":" + name))
+        raise _unknown(name, list(_REGISTRY), first=same)
+    return _checked(net, name)
+
+
+def _checked(net: nn.Module, what: str) -> nn.Module:
+    if not isinstance(net, nn.Module) or not isinstance(getattr(net, "num_features", None), int):
+        raise TypeError(
+            f"encoder {what!r} must be an nn.Module with an int attribute `num_features` "
+            "(the width of its pooled output)"
+        )
+    return net
+
+
+def resolve_encoder(encoder: str | nn.Module, **kwargs: Any) -> nn.Module:
+    """A name -> :func:`create_encoder`; a module -> itself, checked for ``num_features``."""
+    if isinstance(encoder, str):
+        return create_encoder(encoder, **kwargs)
+    if kwargs:
+        raise ValueError(f"resolve_encoder: keyword arguments {sorted(kwargs)} need a name")
+    return _checked(encoder, type(encoder).__name__)
+
+
+def stage_features(encoder: nn.Module, x: Tensor) -> list[Tensor]:
+    """Intermediate feature maps of ``encoder`` on ``x`` (N, 3, H, W), shallow to deep.
+
+    See the module docstring for what each family returns. Raises TypeError for a model
+    without a known way; give it ``forward_stages(x) -> list[Tensor]``.
+    """
+    if callable(getattr(encoder, "forward_stages", None)):
+        return list(encoder.forward_stages(x))
+    if all(hasattr(encoder, a) for a in ("conv1", "bn1", "relu", "maxpool", "layer4")):
+        x = encoder.maxpool(encoder.relu(encoder.bn1(encoder.conv1(x))))
+        out = []
+        for layer in (encoder.layer1, encoder.layer2, encoder.layer3, encoder.layer4):
+            x = layer(x)
+            out.append(x)
+        return out
+    if callable(getattr(encoder, "forward_intermediates", None)):
+        return list(encoder.forward_intermediates(x, intermediates_only=True))
+    features = getattr(encoder, "features", None)
+    if isinstance(features, nn.Sequential):
+        out = []
+        for block in features:
+            x = block(x)
+            out.append(x)
+        return out
+    raise TypeError(
+        f"stage_features: no known way to get stages of {type(encoder).__name__}; "
+        "give it a method forward_stages(x) -> list[Tensor]"
+    )
+
+
+# -- built-in backbones (torchvision is imported only when one is built) ---------------------
+
+
+def _no_pretrained(name: str, pretrained: bool) -> None:
+    if pretrained:
+        raise ValueError(f"{name} has no pretrained weights; use pretrained=False")
+
+
+@register_encoder("cifar_resnet18")
+def cifar_resnet18(pretrained: bool = False, **kwargs: Any) -> nn.Module:
+    """ResNet-18 with the CIFAR stem (3x3, stride 1, no max-pool); num_features 512."""
+    from contrastive.nn.backbones import BasicBlock, CifarResNet
+
+    _no_pretrained("cifar_resnet18", pretrained)
+    return CifarResNet(BasicBlock, [2, 2, 2, 2], **kwargs)
+
+
+@register_encoder("cifar_resnet50")
+def cifar_resnet50(pretrained: bool = False, **kwargs: Any) -> nn.Module:
+    """ResNet-50 with the CIFAR stem; num_features 2048."""
+    from contrastive.nn.backbones import Bottleneck, CifarResNet
+
+    _no_pretrained("cifar_resnet50", pretrained)
+    return CifarResNet(Bottleneck, [3, 4, 6, 3], **kwargs)
+
+
+@register_encoder("small_cnn")
+def small_cnn(pretrained: bool = False, **kwargs: Any) -> nn.Module:
+    """4-block CNN, 32-64-128-256 channels, ~0.39M parameters; num_features 256."""
+    from contrastive.nn.backbones import SmallCNN
+
+    _no_pretrained("small_cnn", pretrained)
+    return SmallCNN(**kwargs)

@@ -1,0 +1,121 @@
+"""Worker for tests/methods/test_distributed.py (not a test module itself).
+
+Run as ``python dist_worker.py RANK WORLD INIT_FILE OUT_DIR``. Rank 0 first computes the
+one-process references on the whole batch (before the process group exists, so every helper
+is in its one-process mode); then both ranks run the same steps on their half of the batch
+with gloo + DistributedDataParallel, and each saves what it saw to OUT_DIR/rank{R}.pt.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from contrastive.methods import MoCo, MoCoV3, SimCLR
+from contrastive.nn import KeyQueue
+from contrastive.nn import distributed as D
+
+B = 4  # per-process batch
+STEPS = 2
+
+
+class Tiny(nn.Module):
+    def __init__(self, bn: bool):
+        super().__init__()
+        norm = nn.BatchNorm2d if bn else (lambda c: nn.Identity())
+        self.body = nn.Sequential(
+            nn.Conv2d(3, 4, 3, stride=2, padding=1),
+            norm(4),
+            nn.ReLU(),
+            nn.Conv2d(4, 8, 3, stride=2, padding=1),
+            norm(8),
+            nn.ReLU(),
+        )
+        self.num_features = 8
+
+    def forward(self, x):
+        return self.body(x).mean(dim=(2, 3))
+
+
+def build(name: str) -> nn.Module:
+    torch.manual_seed(0)
+    if name == "simclr":  # BN everywhere, compared in eval mode
+        return SimCLR(Tiny(bn=True), dim=6, mlp_hidden=8, temperature=0.5).eval()
+    if name == "mocov3":
+        return MoCoV3(Tiny(bn=True), dim=6, mlp_hidden=8, temperature=0.3).eval()
+    # MoCo without any BN, in train mode: shuffle BN runs (gather, permute, unshuffle)
+    return MoCo(Tiny(bn=False), version=2, dim=6, mlp_hidden=8, queue_size=12, momentum=0.8)
+
+
+def batches(world: int):
+    g = torch.Generator().manual_seed(123)
+    return [[torch.randn(world * B, 3, 8, 8, generator=g) for _ in range(2)] for _ in range(STEPS)]
+
+
+def train(name: str, rank: int, world: int) -> dict:
+    method = build(name)
+    model = DDP(method) if world > 1 else method
+    opt = torch.optim.SGD([p for p in method.parameters() if p.requires_grad], lr=0.5)
+    record = {"loss": [], "pos_acc": [], "grads": []}
+    for views in batches(2):
+        local = [v[rank * B : (rank + 1) * B] for v in views] if world > 1 else views
+        out = model(local, momentum=0.7 if name == "mocov3" else None)
+        opt.zero_grad()
+        out["loss"].backward()
+        record["loss"].append(out["loss"].detach())
+        record["pos_acc"].append(out["pos_acc"])
+        record["grads"].append([p.grad.clone() for p in method.parameters() if p.requires_grad])
+        opt.step()
+    record["params"] = [p.detach().clone() for p in method.parameters()]
+    if name == "moco":
+        record["queue"] = method.queue.ordered_keys()
+    return record
+
+
+def helper_checks(rank: int) -> dict:
+    res = {}
+    res["gather"] = D.gather(torch.full((2, 3), float(rank)))
+    x = torch.full((2, 3), float(rank + 1), requires_grad=True)
+    y = D.gather_with_grad(x)
+    w = torch.arange(12.0).view(4, 3) * (rank + 1)
+    (y * w).sum().backward()
+    res["gather_with_grad_value"] = y.detach()
+    res["gather_with_grad_grad"] = x.grad
+    local = torch.arange(rank * B, (rank + 1) * B, dtype=torch.float32)[:, None]
+    xs, idx = D.batch_shuffle(local)
+    res["shuffled_all"] = D.gather(xs)
+    res["unshuffled"] = D.batch_unshuffle(xs, idx)
+    res["local"] = local
+    queue = KeyQueue(3, 5, store_labels=True)
+    keys = torch.eye(3)[rank : rank + 1].repeat(2, 1)  # rank 0: e0 twice, rank 1: e1 twice
+    queue.enqueue(keys, torch.full((2,), rank))
+    res["queue_keys"] = queue.ordered_keys()
+    res["queue_labels"] = queue.labels.clone()
+    res["queue_ptr"] = queue.ptr.clone()
+    return res
+
+
+def main() -> None:
+    rank, world, init_file, out_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    torch.set_num_threads(1)
+    result: dict = {}
+    if rank == 0:
+        result["reference"] = {name: train(name, 0, 1) for name in ("simclr", "mocov3", "moco")}
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        result["world_size"] = D.world_size()
+        result["helpers"] = helper_checks(rank)
+        result["distributed"] = {
+            name: train(name, rank, world) for name in ("simclr", "mocov3", "moco")
+        }
+    finally:
+        dist.destroy_process_group()
+    torch.save(result, f"{out_dir}/rank{rank}.pt")
+
+
+if __name__ == "__main__":
+    main()

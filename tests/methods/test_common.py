@@ -1,0 +1,83 @@
+"""The surface every method shares (what the engine relies on), checked for each method."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from contrastive.methods import MoCo, MoCoV3, SimCLR, get_method, list_methods
+
+SMALL = {
+    "moco": dict(dim=8, queue_size=12, mlp_hidden=8),
+    "mocov3": dict(dim=8, mlp_hidden=8),
+    "simclr": dict(dim=8),
+}
+
+
+def _make(name, encoder, seed=0):
+    torch.manual_seed(seed)
+    return get_method(name, encoder=encoder, **SMALL[name])
+
+
+def test_registry():
+    assert list_methods() == ["moco", "mocov3", "simclr"]
+    assert isinstance(get_method("MoCo-V3", encoder="small_cnn", mlp_hidden=8), MoCoV3)
+    with pytest.raises(KeyError, match="simclr"):
+        get_method("byol")
+
+
+@pytest.mark.parametrize("name", ["moco", "mocov3", "simclr"])
+def test_output_contract(name, tiny, views):
+    method = _make(name, tiny())
+    out = method(views(4), momentum=0.5)
+    assert set(out) == {"loss", "pos_acc", "pos_sim", "neg_sim", "embeddings"}
+    assert out["loss"].dim() == 0 and out["loss"].requires_grad
+    assert out["loss"].dtype == torch.float32
+    for key in ("pos_acc", "pos_sim", "neg_sim"):
+        assert (
+            out[key].dim() == 0 and not out[key].requires_grad and out[key].dtype == torch.float32
+        )
+    assert 0 <= float(out["pos_acc"]) <= 100
+    emb = out["embeddings"]
+    assert emb.shape == (4, 8) and not emb.requires_grad
+    torch.testing.assert_close(emb.norm(dim=1), torch.ones(4))
+    assert method.encoder.num_features == 8 and method.encoder(views(4)[0]).shape == (4, 8)
+
+
+@pytest.mark.parametrize("name", ["moco", "mocov3", "simclr"])
+def test_state_dict_round_trip(name, tiny, views):
+    a = _make(name, tiny(), seed=0)
+    a(views(4))  # one step: moves the EMA, fills the queue
+    b = _make(name, tiny(), seed=1)
+    b.load_state_dict(a.state_dict())
+    a.eval(), b.eval()
+    x = views(4, seed=5)
+    torch.testing.assert_close(a(x)["loss"], b(x)["loss"])
+    if name == "moco":
+        assert torch.equal(a.queue.keys, b.queue.keys) and torch.equal(a.queue.ptr, b.queue.ptr)
+
+
+@pytest.mark.parametrize("name", ["moco", "mocov3", "simclr"])
+def test_bf16_autocast_gives_float32_loss(name, tiny, views):
+    method = _make(name, tiny())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = method(views(4))
+    assert out["loss"].dtype == torch.float32 and torch.isfinite(out["loss"])
+    out["loss"].backward()
+
+
+@pytest.mark.parametrize("cls", [MoCo, MoCoV3, SimCLR])
+def test_presets_build(cls, tiny, tiny_patch):
+    for name, preset in cls.presets.items():
+        enc = tiny_patch() if preset.get("vit") else tiny()
+        extra = {"queue_size": 16} if cls is MoCo else {}
+        method = cls.from_preset(name, encoder=enc, **extra)
+        assert method.encoder is enc
+
+
+def test_views_are_checked(tiny, views):
+    method = _make("simclr", tiny())
+    with pytest.raises(ValueError, match="2 tensors"):
+        method(views(4)[:1])
+    with pytest.raises(ValueError, match="same shape"):
+        method([views(4)[0], views(3)[0]])

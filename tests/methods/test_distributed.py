@@ -1,0 +1,115 @@
+"""Two real gloo CPU processes (per-process batch B, DDP) against one process with batch 2B.
+
+One launch (``dist_worker.py``) runs every check; the tests below read its results:
+- SimCLR and MoCo v3: loss and gradients equal the one-process ones (BN in eval mode), over
+  two optimisation steps (the bug users of other libraries hit most: negatives gathered
+  without gradient, or labels not offset by rank);
+- MoCo with shuffle BN: the queue holds both processes' keys, losses and gradients match;
+- the helpers of ``contrastive.nn.distributed``: gather, gather_with_grad (forward and
+  backward), batch_shuffle / batch_unshuffle, KeyQueue.enqueue from two processes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.distributed
+
+WORKER = Path(__file__).with_name("dist_worker.py")
+B = 4
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dist")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    cmd = [sys.executable, str(WORKER), "{rank}", "2", str(tmp / "store"), str(tmp)]
+    procs = [
+        subprocess.Popen(
+            [c.format(rank=r) for c in cmd],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    logs = []
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=240)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail("distributed worker timed out")
+    for r, p in enumerate(procs):
+        assert p.returncode == 0, f"rank {r} failed:\n{logs[r][-4000:]}"
+    return [torch.load(tmp / f"rank{r}.pt") for r in range(2)]
+
+
+def close(a, b):
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["simclr", "mocov3", "moco"])
+def test_two_processes_equal_one_process(results, name):
+    ref = results[0]["reference"][name]
+    per_rank = [r["distributed"][name] for r in results]
+    for step in range(len(ref["loss"])):
+        # DDP averages gradients: the 2-process objective is the mean of the local losses
+        close((per_rank[0]["loss"][step] + per_rank[1]["loss"][step]) / 2, ref["loss"][step])
+        close(
+            (per_rank[0]["pos_acc"][step] + per_rank[1]["pos_acc"][step]) / 2, ref["pos_acc"][step]
+        )
+        for rank in range(2):
+            for g, g_ref in zip(per_rank[rank]["grads"][step], ref["grads"][step]):
+                close(g, g_ref)
+    for rank in range(2):
+        for p, p_ref in zip(per_rank[rank]["params"], ref["params"]):
+            close(p, p_ref)
+
+
+def test_moco_queue_holds_keys_of_both_processes(results):
+    ref = results[0]["reference"]["moco"]["queue"]
+    for r in results:
+        close(r["distributed"]["moco"]["queue"], ref)  # rank 0's keys then rank 1's, per step
+
+
+def test_world_size_and_gather(results):
+    for r in results:
+        assert r["world_size"] == 2
+        h = r["helpers"]
+        assert torch.equal(h["gather"], torch.tensor([0.0] * 2 + [1.0] * 2)[:, None].expand(4, 3))
+        assert torch.equal(
+            h["gather_with_grad_value"], torch.tensor([1.0] * 2 + [2.0] * 2)[:, None].expand(4, 3)
+        )
+
+
+def test_gather_with_grad_sums_gradients_of_all_processes(results):
+    w = torch.arange(12.0).view(4, 3)
+    for rank, r in enumerate(results):
+        # d/dx_rank of sum_r' (gathered * w_r'), with w_r' = (r' + 1) * w
+        expected = (1 + 2) * w[rank * 2 : rank * 2 + 2]
+        assert torch.equal(r["helpers"]["gather_with_grad_grad"], expected)
+
+
+def test_batch_shuffle_is_a_global_permutation_and_unshuffle_restores(results):
+    shuffled = results[0]["helpers"]["shuffled_all"]
+    assert torch.equal(shuffled, results[1]["helpers"]["shuffled_all"])
+    assert torch.equal(shuffled.flatten().sort().values, torch.arange(2.0 * B))
+    for r in results:
+        assert torch.equal(r["helpers"]["unshuffled"], r["helpers"]["local"])
+
+
+def test_key_queue_enqueues_both_processes(results):
+    e = torch.eye(3)
+    for r in results:
+        h = r["helpers"]
+        assert torch.equal(h["queue_keys"][-4:], torch.stack([e[0], e[0], e[1], e[1]]))
+        assert h["queue_labels"].tolist() == [0, 0, 1, 1, -1] and int(h["queue_ptr"]) == 4

@@ -1,0 +1,169 @@
+"""Encoder registry: every registered encoder builds and trains, names fail helpfully,
+external (timm / torchvision) encoders lose only their classifier, stage features."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import contrastive
+from contrastive.nn import (
+    UnknownEncoderError,
+    create_encoder,
+    list_encoders,
+    register_encoder,
+    stage_features,
+)
+from contrastive.nn.encoders import _REGISTRY
+
+# A few small external models (keep the suite fast); kwargs make them cheap at 32 px.
+EXTERNAL = {
+    "timm:resnet18": {},
+    "torchvision:resnet18": {},
+    "timm:vit_tiny_patch16_224": {"img_size": 32},
+}
+
+
+def _forward_backward(enc: nn.Module, size: int = 16) -> torch.Tensor:
+    x = torch.randn(2, 3, size, size)
+    y = enc(x)
+    assert y.shape == (2, enc.num_features)
+    y.square().mean().backward()
+    grads = [p.grad for p in enc.parameters() if p.requires_grad]
+    assert grads and all(g is not None for g in grads)
+    assert any(g.abs().sum() > 0 for g in grads)
+    return y
+
+
+@pytest.mark.parametrize("name", sorted(list_encoders(external=False)))
+def test_every_registered_encoder_builds_and_trains(name):
+    torch.manual_seed(0)
+    _forward_backward(create_encoder(name))
+
+
+@pytest.mark.parametrize("name", sorted(EXTERNAL))
+def test_external_encoders_build_and_train(name):
+    torch.manual_seed(0)
+    _forward_backward(create_encoder(name, **EXTERNAL[name]), size=32)
+
+
+def test_feature_widths():
+    assert create_encoder("cifar_resnet18").num_features == 512
+    assert create_encoder("cifar_resnet50").num_features == 2048
+    assert create_encoder("torchvision:resnet50").num_features == 2048
+    assert create_encoder("small_cnn").num_features == 256
+
+
+def test_small_cnn_size_and_cifar_stem():
+    n = sum(p.numel() for p in create_encoder("small_cnn").parameters())
+    assert 350_000 < n < 450_000
+    net = create_encoder("cifar_resnet18")
+    assert net.conv1.kernel_size == (3, 3) and net.conv1.stride == (1, 1)
+    assert isinstance(net.maxpool, nn.Identity)
+
+
+def test_top_level_lazy_names():
+    assert contrastive.create_encoder is create_encoder
+    assert contrastive.list_encoders is list_encoders
+    assert contrastive.register_encoder is register_encoder
+
+
+def test_torchvision_keys_are_torchvision_minus_classifier():
+    import torchvision
+
+    ours = set(create_encoder("torchvision:resnet18").state_dict())
+    ref = set(torchvision.models.resnet18().state_dict())
+    assert ref - ours == {"fc.weight", "fc.bias"} and ours <= ref
+    ours = set(create_encoder("cifar_resnet18").state_dict())
+    assert ref - ours == {"fc.weight", "fc.bias"} and ours <= ref
+
+
+def test_torchvision_nested_classifier_is_removed():
+    enc = create_encoder("torchvision:mobilenet_v3_small")
+    assert enc.num_features == 1024  # input of the last Linear (1024 -> 1000)
+    assert enc(torch.randn(2, 3, 64, 64)).shape == (2, 1024)
+
+
+@pytest.mark.parametrize(
+    "bad, suggestion",
+    [
+        ("cifar_resnet19", "cifar_resnet18"),
+        ("resnet50", "torchvision:resnet50"),
+        ("timm:resnet5", "timm:resnet50"),
+        ("torchvision:resnt18", "torchvision:resnet18"),
+    ],
+)
+def test_unknown_names_list_close_matches(bad, suggestion):
+    with pytest.raises(KeyError) as info:
+        create_encoder(bad)
+    assert isinstance(info.value, UnknownEncoderError)
+    assert bad in str(info.value) and suggestion in str(info.value)
+
+
+def test_list_encoders_pattern():
+    names = list_encoders("*resnet18")
+    assert {"cifar_resnet18", "timm:resnet18", "torchvision:resnet18"} <= set(names)
+    assert all(n.endswith("resnet18") for n in names)
+    assert list_encoders(external=False) == sorted(_REGISTRY)
+
+
+def test_register_encoder_user_module():
+    @register_encoder("_test_tiny")
+    class Tiny(nn.Module):
+        def __init__(self, width: int = 4):
+            super().__init__()
+            self.conv = nn.Conv2d(3, width, 3)
+            self.num_features = width
+
+        def forward(self, x):
+            return self.conv(x).mean(dim=(2, 3))
+
+    try:
+        enc = create_encoder("_test_tiny", width=6)
+        assert isinstance(enc, Tiny) and enc.num_features == 6
+        _forward_backward(enc)
+        with pytest.raises(ValueError, match="already registered"):
+            register_encoder("_test_tiny")(Tiny)
+        with pytest.raises(ValueError, match=":"):
+            register_encoder("timm:mine")
+    finally:
+        _REGISTRY.pop("_test_tiny", None)
+
+
+def test_encoder_without_num_features_is_rejected():
+    register_encoder("_test_bad")(lambda: nn.Linear(3, 3))
+    try:
+        with pytest.raises(TypeError, match="num_features"):
+            create_encoder("_test_bad")
+    finally:
+        _REGISTRY.pop("_test_bad", None)
+
+
+def test_own_backbones_have_no_pretrained_weights():
+    with pytest.raises(ValueError, match="pretrained"):
+        create_encoder("small_cnn", pretrained=True)
+
+
+@pytest.mark.parametrize("name", ["cifar_resnet18", "small_cnn", "torchvision:resnet18"])
+def test_stage_features_last_stage_pools_to_output(name):
+    torch.manual_seed(0)
+    enc = create_encoder(name).eval()
+    x = torch.randn(2, 3, 32, 32)
+    stages = stage_features(enc, x)
+    assert len(stages) == 4
+    assert [s.shape[1] for s in stages][-1] == enc.num_features
+    # spatial size halves (or stays) from one stage to the next
+    assert all(a.shape[-1] >= b.shape[-1] for a, b in zip(stages, stages[1:]))
+    torch.testing.assert_close(stages[-1].mean(dim=(2, 3)), enc(x))
+
+
+def test_stage_features_timm_uses_forward_intermediates():
+    enc = create_encoder("timm:resnet18").eval()
+    stages = stage_features(enc, torch.randn(1, 3, 64, 64))
+    assert [s.shape[1] for s in stages] == [64, 64, 128, 256, 512]  # stem + 4 stages
+
+
+def test_stage_features_unknown_model():
+    with pytest.raises(TypeError, match="forward_stages"):
+        stage_features(nn.Linear(3, 3), torch.randn(1, 3))
