@@ -1,0 +1,297 @@
+"""Batched execution path: workers decode and crop, the device does the rest per sample.
+
+``WorkerCrops`` runs in the loader workers: image -> one uint8 (3, S_v, S_v) tensor per view
+(crop + resize only, so a batch moves as uint8, 4x fewer bytes than float32).
+``DeviceAugment`` runs in the training process on the whole batch of each view: colour jitter,
+grayscale, blur, solarize, flip and normalisation with parameters drawn PER SAMPLE from one
+generator (a torchvision transform applied to a batch would draw one set for all samples,
+which makes every image of the batch share its colour distortion).
+
+How the work is vectorised without a Python loop over samples:
+- all random numbers of a view come from one ``torch.rand(B, 14)`` call;
+- samples are sorted by their jitter order (24 permutations, plus "not jittered"), so each
+  group is a contiguous slice to which the four jitter operations apply in the group's order
+  with per-sample factors (at most 25 groups, whatever B is);
+- grayscale, blur, solarize and flip run on the index subset of samples that draw them;
+- normalisation writes the result back in the original sample order.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor
+
+from contrastive.augment import functional as AF
+from contrastive.augment.config import ViewConfig
+from contrastive.augment.per_image import ImageLike, build_crop
+
+# columns of the per-view random draw
+_JIT, _B, _C, _S, _H, _ORD, _GRAY, _BLUR, _SIGMA, _SOL, _FLIP = 0, 1, 2, 3, 4, 5, 9, 10, 11, 12, 13
+_NCOL = 14
+_PERMS = list(itertools.permutations(range(4)))
+_NOT_JITTERED = len(_PERMS)
+_OPS = ("brightness", "contrast", "saturation", "hue")
+
+
+class WorkerCrops:
+    """The worker half of :meth:`Pipeline.split`: image -> list of uint8 (3, S_v, S_v) tensors."""
+
+    def __init__(self, views: Sequence[ViewConfig]) -> None:
+        self.views = tuple(views)
+        self.crops = [build_crop(v) for v in self.views]
+
+    def __call__(self, img: ImageLike) -> list[Tensor]:
+        return [crop(img) for crop in self.crops]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.crops!r})"
+
+
+def _rand(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> Tensor:
+    if generator is None:
+        return torch.rand(shape, device=device)
+    return torch.rand(shape, generator=generator, device=generator.device).to(device, non_blocking=True)
+
+
+class _Timer:
+    """Accumulates wall time per stage into a dict (synchronising CUDA) when asked to."""
+
+    def __init__(self, times: dict[str, float] | None, device: torch.device) -> None:
+        self.times = times
+        self.cuda = device.type == "cuda"
+
+    @contextmanager
+    def __call__(self, stage: str):
+        if self.times is None:
+            yield
+            return
+        if self.cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        yield
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.times[stage] = self.times.get(stage, 0.0) + time.perf_counter() - t0
+
+
+def _factor_range(strength: float) -> tuple[float, float]:
+    return max(0.0, 1.0 - strength), 1.0 + strength
+
+
+class DeviceAugment:
+    """The device half of :meth:`Pipeline.split`.
+
+    ``device_fn(views, generator=None)``: ``views`` is a list (one entry per view of the
+    pipeline) of uint8 tensors (B, 3, S_v, S_v) on the training device; returns float32
+    normalised tensors of the same shapes. Parameters are drawn per sample from ``generator``
+    (a ``torch.Generator`` on any device; None: the global generator of the views' device).
+    ``stage_times``: optional dict that receives the seconds spent per stage (for benchmarks).
+
+    ``chunk_size``: samples processed together. On a GPU the whole batch (None); on the CPU
+    the default is small (:data:`CPU_CHUNK`) because elementwise work on a few images that stay
+    in cache is several times faster than streaming a whole batch through memory once per
+    operation. The random parameters are drawn for the whole batch first, so the result does
+    not depend on the chunk size.
+    """
+
+    def __init__(
+        self,
+        views: Sequence[ViewConfig],
+        mean: Sequence[float],
+        std: Sequence[float],
+        chunk_size: int | None = None,
+    ) -> None:
+        self.views = tuple(views)
+        self.mean = tuple(float(m) for m in mean)
+        self.std = tuple(float(s) for s in std)
+        if chunk_size is not None and (isinstance(chunk_size, bool) or chunk_size < 1):
+            raise ValueError(f"chunk_size must be a positive int or None; got {chunk_size!r}")
+        self.chunk_size = chunk_size
+        self._stats: dict[torch.device, tuple[Tensor, Tensor]] = {}
+
+    def _mean_std(self, device: torch.device) -> tuple[Tensor, Tensor]:
+        if device not in self._stats:
+            self._stats[device] = (
+                torch.tensor(self.mean, device=device),
+                torch.tensor(self.std, device=device),
+            )
+        return self._stats[device]
+
+    def __call__(
+        self,
+        views: Sequence[Tensor],
+        generator: torch.Generator | None = None,
+        *,
+        stage_times: dict[str, float] | None = None,
+    ) -> list[Tensor]:
+        if isinstance(views, Tensor):
+            views = [views]
+        if len(views) != len(self.views):
+            raise ValueError(
+                f"views: expected a list of {len(self.views)} uint8 batches (one per view of the "
+                f"pipeline); got {len(views)}"
+            )
+        return [
+            self.augment_view(x, cfg, generator, stage_times=stage_times)
+            for x, cfg in zip(views, self.views)
+        ]
+
+    def augment_view(
+        self,
+        x: Tensor,
+        cfg: ViewConfig,
+        generator: torch.Generator | None = None,
+        *,
+        stage_times: dict[str, float] | None = None,
+    ) -> Tensor:
+        """Augment one view's batch: uint8 (B, 3, H, W) -> normalised float32 (B, 3, H, W)."""
+        if x.dtype != torch.uint8 or x.ndim != 4 or x.shape[1] != 3:
+            raise ValueError(
+                f"views: each entry must be a uint8 tensor (B, 3, H, W) as produced by the worker "
+                f"half of Pipeline.split(); got dtype {x.dtype}, shape {tuple(x.shape)}"
+            )
+        dev = x.device
+        timer = _Timer(stage_times, dev)
+        n = x.shape[0]
+        mean, std = self._mean_std(dev)
+        if cfg.crop == "center" or n == 0:
+            with timer("normalize"):
+                return AF.normalize(x.float().mul_(1.0 / 255.0), mean, std)
+
+        with timer("params"):
+            p = _draw(n, cfg, generator, dev)
+        chunk = self.chunk_size or (CPU_CHUNK if dev.type == "cpu" else n)
+        out = torch.empty(x.shape, dtype=torch.float32, device=dev)
+        for c0 in range(0, n, chunk):
+            c1 = min(n, c0 + chunk)
+            with timer("to_float"):
+                xs = x.index_select(0, p.order[c0:c1]).float().mul_(1.0 / 255.0)
+            if cfg.grayscale_first:
+                _subset(xs, p.gray[c0:c1], _to_gray, timer, "grayscale")
+            if cfg.jitters:
+                with timer("colour"):
+                    for code, start, end in p.groups:
+                        lo, hi = max(start, c0), min(end, c1)
+                        if lo >= hi or code == _NOT_JITTERED:
+                            continue
+                        sl = slice(lo - c0, hi - c0)
+                        for op in _PERMS[code] if cfg.jitter_order == "random" else range(4):
+                            name = _OPS[op]
+                            if getattr(cfg, name) > 0:
+                                _APPLY[name](xs[sl], p.factors[name][lo:hi])
+            if not cfg.grayscale_first:
+                _subset(xs, p.gray[c0:c1], _to_gray, timer, "grayscale")
+            _subset(xs, p.blur[c0:c1], _Blur(p.sigma[c0:c1], cfg.kernel_size), timer, "blur")
+            _subset(xs, p.solarize[c0:c1], lambda t, i: AF.solarize_(t, cfg.solarize_threshold),
+                    timer, "solarize")
+            _subset(xs, p.flip[c0:c1], lambda t, i: t.flip(-1), timer, "flip")
+            with timer("normalize"):
+                out.index_copy_(0, p.order[c0:c1], AF.normalize_(xs, mean, std))
+        return out
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(views={len(self.views)}, mean={self.mean}, std={self.std}, "
+                f"chunk_size={self.chunk_size})")
+
+
+CPU_CHUNK = 2
+
+
+class _Params:
+    """Per-sample parameters of one view's batch, in the processing (sorted) order."""
+
+    order: Tensor  # processing position -> sample index
+    groups: list[tuple[int, int, int]]  # (jitter order code, start, end) over positions
+    factors: dict[str, Tensor]
+    gray: Tensor
+    blur: Tensor
+    sigma: Tensor
+    solarize: Tensor
+    flip: Tensor
+
+
+def _draw(n: int, cfg: ViewConfig, generator: torch.Generator | None, dev: torch.device) -> _Params:
+    u = _rand((n, _NCOL), generator, dev)
+    if cfg.jitters:
+        jittered = u[:, _JIT] < cfg.jitter_p
+        if cfg.jitter_order == "random":
+            perm = u[:, _ORD:_ORD + 4].argsort(dim=1)  # a uniformly random order of the 4 ops
+            code = perm[:, 0] * 6 + _lehmer_tail(perm)
+        else:
+            code = torch.zeros(n, dtype=torch.long, device=dev)
+        code = torch.where(jittered, code, torch.full_like(code, _NOT_JITTERED))
+    else:
+        code = torch.full((n,), _NOT_JITTERED, dtype=torch.long, device=dev)
+    p = _Params()
+    p.order = code.argsort(stable=True)
+    u = u[p.order]
+    codes, counts = torch.unique_consecutive(code[p.order], return_counts=True)
+    p.groups, start = [], 0
+    for c, k in zip(codes.tolist(), counts.tolist()):
+        p.groups.append((c, start, start + k))
+        start += k
+    p.factors = {
+        "brightness": _lerp(u[:, _B], *_factor_range(cfg.brightness)),
+        "contrast": _lerp(u[:, _C], *_factor_range(cfg.contrast)),
+        "saturation": _lerp(u[:, _S], *_factor_range(cfg.saturation)),
+        "hue": _lerp(u[:, _H], -cfg.hue, cfg.hue),
+    }
+    p.gray = u[:, _GRAY] < cfg.grayscale_p
+    p.blur = u[:, _BLUR] < cfg.blur_p
+    p.sigma = _lerp(u[:, _SIGMA], *cfg.blur_sigma)
+    p.solarize = u[:, _SOL] < cfg.solarize_p
+    p.flip = u[:, _FLIP] < cfg.flip_p
+    return p
+
+
+class _Blur:
+    def __init__(self, sigma: Tensor, kernel_size: int) -> None:
+        self.sigma, self.kernel_size = sigma, kernel_size
+
+    def __call__(self, t: Tensor, idx: Tensor) -> Tensor:
+        return AF.gaussian_blur(t, self.sigma[idx], self.kernel_size)
+
+
+def _to_gray(t: Tensor, idx: Tensor) -> Tensor:
+    return AF.rgb_to_gray(t).expand_as(t)
+
+
+def _subset(xs: Tensor, mask: Tensor, fn, timer: _Timer, stage: str) -> None:
+    """Apply ``fn(sub, idx)`` to the samples of ``xs`` where ``mask`` is set, in place."""
+    with timer(stage):
+        idx = mask.nonzero().squeeze(1)
+        if idx.numel() == 0:
+            return
+        if idx.numel() == xs.shape[0]:
+            xs.copy_(fn(xs, torch.arange(xs.shape[0], device=xs.device)))
+        else:
+            xs.index_copy_(0, idx, fn(xs.index_select(0, idx), idx))
+
+
+def _lerp(u: Tensor, lo: float, hi: float) -> Tensor:
+    return u * (hi - lo) + lo
+
+
+def _lehmer_tail(perm: Tensor) -> Tensor:
+    """Index of a permutation of 4 among ``itertools.permutations`` order, minus the first digit.
+
+    perm (B, 4) -> (B,); together with ``perm[:, 0] * 6`` gives the lexicographic rank 0..23.
+    """
+    rank = torch.zeros(perm.shape[0], dtype=torch.long, device=perm.device)
+    for i, weight in ((1, 2), (2, 1)):
+        smaller_after = (perm[:, i + 1:] < perm[:, i:i + 1]).sum(dim=1)
+        rank += smaller_after * weight
+    return rank
+
+
+_APPLY = {
+    "brightness": AF.adjust_brightness_,
+    "contrast": AF.adjust_contrast_,
+    "saturation": AF.adjust_saturation_,
+    "hue": AF.adjust_hue_,
+}

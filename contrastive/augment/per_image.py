@@ -1,0 +1,219 @@
+"""Per-image execution path: one image in, one view out, in a loader worker.
+
+Built on ``torchvision.transforms.v2`` over tensors: the crop produces a uint8 CHW tensor
+(straight from PIL with one resize, or from a uint8 tensor), the colour operations then run on
+float32 in [0, 1] (torchvision's uint8 kernels convert to float inside every operation and
+truncate back after it; staying in float avoids that repeated rounding), and the view ends
+normalised. Grayscale, solarize, flip, normalisation and the random-apply logic are
+torchvision's; colour jitter and blur use our kernels (equal results, several times faster).
+
+Random parameters come from torch's global generator, like every torchvision transform; the
+loader of :mod:`contrastive.data` seeds it per sample, which makes views reproducible across
+runs and worker counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from PIL import Image
+from torch import Tensor
+from torchvision.transforms import InterpolationMode, v2
+from torchvision.transforms import RandomResizedCrop as _RRC
+from torchvision.transforms.v2 import functional as TF
+
+from contrastive.augment import functional as AF
+from contrastive.augment.config import ViewConfig
+
+ImageLike = Image.Image | Tensor
+
+
+def _uniform(lo: float, hi: float) -> float:
+    return float(torch.empty(1).uniform_(lo, hi).item())
+
+
+def _as_uint8_chw(img: ImageLike) -> Tensor:
+    if isinstance(img, Image.Image):
+        if img.mode != "RGB":
+            img = img.convert("RGB")
+        return TF.pil_to_tensor(img)
+    if not isinstance(img, Tensor):
+        raise TypeError(f"expected a PIL image or a uint8 CHW tensor; got {type(img).__name__}")
+    if img.dtype != torch.uint8 or img.ndim != 3 or img.shape[0] != 3:
+        raise ValueError(
+            f"expected a uint8 tensor of shape (3, H, W); got dtype {img.dtype}, shape {tuple(img.shape)} "
+            "(convert with contrastive.data.to_rgb or torchvision.transforms.v2.functional.pil_to_tensor)"
+        )
+    return img
+
+
+def _image_hw(img: ImageLike) -> tuple[int, int]:
+    if isinstance(img, Image.Image):
+        return img.height, img.width
+    return int(img.shape[-2]), int(img.shape[-1])
+
+
+class RandomResizedCropUint8:
+    """Random resized crop to ``size x size``, returning a uint8 (3, size, size) tensor.
+
+    Crop box sampled as torchvision's ``RandomResizedCrop.get_params`` (area fraction ~ U[scale],
+    log aspect ratio ~ U[log ratio], 10 tries, then a centre crop); bilinear, antialiased. A PIL
+    image is cropped and resized in one ``Image.resize(box=...)`` call, before any tensor exists.
+    """
+
+    def __init__(self, size: int, scale: Sequence[float], ratio: Sequence[float]) -> None:
+        self.size = int(size)
+        self.scale = list(scale)
+        self.ratio = list(ratio)
+
+    def __call__(self, img: ImageLike) -> Tensor:
+        top, left, h, w = _RRC.get_params(img, self.scale, self.ratio)
+        return resized_crop_uint8(img, top, left, h, w, self.size)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(size={self.size}, scale={self.scale}, ratio={self.ratio})"
+
+
+def resized_crop_uint8(img: ImageLike, top: int, left: int, h: int, w: int, size: int) -> Tensor:
+    """Crop the box (top, left, h, w) and resize it to (size, size), bilinear + antialias -> uint8 CHW."""
+    if isinstance(img, Image.Image):
+        if img.mode != "RGB":
+            img = img.convert("RGB")
+        out = img.resize((size, size), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
+        return TF.pil_to_tensor(out)
+    t = _as_uint8_chw(img)
+    return TF.resized_crop(t, top, left, h, w, [size, size], InterpolationMode.BILINEAR, antialias=True)
+
+
+class CenterCropUint8:
+    """Resize the shorter side to ``resize`` (bilinear, antialiased), centre crop ``size`` -> uint8 CHW."""
+
+    def __init__(self, size: int, resize: int) -> None:
+        self.size = int(size)
+        self.resize = int(resize)
+
+    def __call__(self, img: ImageLike) -> Tensor:
+        h, w = _image_hw(img)
+        scale = self.resize / min(h, w)
+        # the box in source pixels that maps onto the central size x size output
+        side_h = min(h, self.size / scale)
+        side_w = min(w, self.size / scale)
+        top = (h - side_h) / 2.0
+        left = (w - side_w) / 2.0
+        if isinstance(img, Image.Image):
+            if img.mode != "RGB":
+                img = img.convert("RGB")
+            out = img.resize(
+                (self.size, self.size),
+                Image.Resampling.BILINEAR,
+                box=(left, top, left + side_w, top + side_h),
+            )
+            return TF.pil_to_tensor(out)
+        t = _as_uint8_chw(img)
+        t = TF.resize(t, [max(self.size, round(h * scale)), max(self.size, round(w * scale))], antialias=True)
+        return TF.center_crop(t, [self.size, self.size])
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(size={self.size}, resize={self.resize})"
+
+
+class ColorJitter:
+    """Colour jitter on one float (3, H, W) image, parameters drawn like torchvision's.
+
+    Factors: brightness, contrast, saturation ~ U[max(0, 1 - s), 1 + s], hue ~ U[-h, h], drawn
+    from torch's global generator in torchvision's ``ColorJitter`` order; ``order="random"``
+    applies the four operations in a random order (``torch.randperm(4)``, as torchvision),
+    ``"fixed"`` in the order brightness, contrast, saturation, hue. The kernels are those of
+    :mod:`contrastive.augment.functional` (the batched path's), equal to torchvision's
+    ``adjust_*`` to 1e-6 and several times faster on the CPU (tests/augment check both).
+    """
+
+    def __init__(self, brightness: float, contrast: float, saturation: float, hue: float,
+                 order: str = "random") -> None:
+        self.brightness, self.contrast, self.saturation, self.hue = brightness, contrast, saturation, hue
+        self.order = order
+
+    def __call__(self, x: Tensor) -> Tensor:
+        perm = torch.randperm(4).tolist() if self.order == "random" else [0, 1, 2, 3]
+        strengths = (self.brightness, self.contrast, self.saturation)
+        factors = [_uniform(max(0.0, 1 - s), 1 + s) if s > 0 else None for s in strengths]
+        factors.append(_uniform(-self.hue, self.hue) if self.hue > 0 else None)
+        y = x.unsqueeze(0).clone(memory_format=torch.contiguous_format)  # kernels work in place
+        for op in perm:
+            if factors[op] is not None:
+                _KERNELS[op](y, torch.tensor([factors[op]], dtype=x.dtype))
+        return y.squeeze(0)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(brightness={self.brightness}, contrast={self.contrast}, "
+                f"saturation={self.saturation}, hue={self.hue}, order={self.order!r})")
+
+
+_KERNELS = (AF.adjust_brightness_, AF.adjust_contrast_, AF.adjust_saturation_, AF.adjust_hue_)
+
+
+class SeparableGaussianBlur:
+    """Gaussian blur with sigma ~ U[sigma], as ``v2.GaussianBlur`` but separable.
+
+    torchvision convolves with the full K x K kernel (K^2 multiply-adds per pixel, 529 at
+    224 px); two 1-D passes give the same result for 2 K. Taps beyond 4 sigma (total weight
+    below 1e-4) are dropped, as in the batched path (:func:`~contrastive.augment.functional.blur_radius`).
+    """
+
+    def __init__(self, kernel_size: int, sigma: Sequence[float]) -> None:
+        self.kernel_size = int(kernel_size)
+        self.sigma = (float(sigma[0]), float(sigma[1]))
+
+    def __call__(self, x: Tensor) -> Tensor:
+        sigma = torch.tensor([_uniform(*self.sigma)])
+        return AF.gaussian_blur(x.unsqueeze(0), sigma, self.kernel_size).squeeze(0)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(kernel_size={self.kernel_size}, sigma={self.sigma})"
+
+
+def build_crop(cfg: ViewConfig):
+    """The geometric part of a view (runs in the worker in both paths): image -> uint8 CHW."""
+    if cfg.crop == "center":
+        return CenterCropUint8(cfg.size, cfg.resize_size())
+    return RandomResizedCropUint8(cfg.size, cfg.scale, cfg.ratio)
+
+
+def build_colour_ops(cfg: ViewConfig) -> list:
+    """The photometric part of a view, float CHW in [0, 1] -> float CHW in [0, 1]."""
+    ops: list = []
+    jitter: list = []
+    if cfg.jitters:
+        j = ColorJitter(cfg.brightness, cfg.contrast, cfg.saturation, cfg.hue, cfg.jitter_order)
+        jitter = [v2.RandomApply([j], p=cfg.jitter_p)]
+    gray = [v2.RandomGrayscale(p=cfg.grayscale_p)] if cfg.grayscale_p > 0 else []
+    ops += gray + jitter if cfg.grayscale_first else jitter + gray
+    if cfg.blur_p > 0:
+        ops.append(v2.RandomApply([SeparableGaussianBlur(cfg.kernel_size, cfg.blur_sigma)], p=cfg.blur_p))
+    if cfg.solarize_p > 0:
+        ops.append(v2.RandomSolarize(threshold=cfg.solarize_threshold, p=cfg.solarize_p))
+    if cfg.flip_p > 0:
+        ops.append(v2.RandomHorizontalFlip(p=cfg.flip_p))
+    return ops
+
+
+class PerImageView:
+    """One view on the per-image path: crop (uint8) -> float -> colour ops -> normalise."""
+
+    def __init__(self, cfg: ViewConfig, mean: Sequence[float], std: Sequence[float]) -> None:
+        self.cfg = cfg
+        self.crop = build_crop(cfg)
+        ops = build_colour_ops(cfg)
+        self.colour = v2.Compose(ops) if ops else None
+        self.mean = list(mean)
+        self.std = list(std)
+
+    def __call__(self, img: ImageLike) -> Tensor:
+        x = self.crop(img).to(torch.float32).mul_(1.0 / 255.0)
+        if self.colour is not None:
+            x = self.colour(x)
+        return TF.normalize(x, self.mean, self.std)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(crop={self.crop!r}, colour={self.colour!r})"

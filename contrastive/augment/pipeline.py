@@ -1,0 +1,96 @@
+"""A view pipeline: a list of view configs + normalisation, runnable per image or batched."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from torch import Tensor
+
+from contrastive.augment.batched import DeviceAugment, WorkerCrops
+from contrastive.augment.config import IMAGENET_MEAN, IMAGENET_STD, ViewConfig
+from contrastive.augment.per_image import ImageLike, PerImageView
+
+
+class Pipeline:
+    """The views of one image, each drawn with independent random parameters.
+
+    ``pipeline(img)`` (PIL image or uint8 (3, H, W) tensor) -> list of ``num_views`` float32
+    normalised (3, S_v, S_v) tensors: the per-image path, for loader workers.
+
+    ``worker_fn, device_fn = pipeline.split()``: the batched path. ``worker_fn(img)`` -> list of
+    uint8 (3, S_v, S_v) tensors (decoded, random-resized-cropped, resized); after collation each
+    view is a uint8 batch (B, 3, S_v, S_v); ``device_fn(views, generator=None)`` -> list of float32
+    normalised batches, every sample with its own colour/blur/solarize/flip parameters. Both paths
+    draw from the same distribution (tests/augment check per-operation statistics).
+
+    Args:
+        views: one :class:`ViewConfig` per output view (asymmetric pipelines give different ones).
+        mean, std: per-channel normalisation (ImageNet statistics by default).
+        name: preset name, for ``repr`` and logs.
+    """
+
+    def __init__(
+        self,
+        views: Sequence[ViewConfig],
+        mean: Sequence[float] = IMAGENET_MEAN,
+        std: Sequence[float] = IMAGENET_STD,
+        name: str | None = None,
+    ) -> None:
+        views = tuple(views)
+        if not views or not all(isinstance(v, ViewConfig) for v in views):
+            raise ValueError(f"views must be a non-empty sequence of ViewConfig; got {views!r}")
+        if len(mean) != 3 or len(std) != 3 or any(float(s) <= 0 for s in std):
+            raise ValueError(f"mean and std must have 3 entries with std > 0; got mean={mean}, std={std}")
+        self.views = views
+        self.mean = tuple(float(m) for m in mean)
+        self.std = tuple(float(s) for s in std)
+        self.name = name
+        self._per_image = [PerImageView(v, self.mean, self.std) for v in views]
+
+    @property
+    def num_views(self) -> int:
+        return len(self.views)
+
+    @property
+    def view_sizes(self) -> list[int]:
+        return [v.size for v in self.views]
+
+    def __call__(self, img: ImageLike) -> list[Tensor]:
+        return [view(img) for view in self._per_image]
+
+    def split(self) -> tuple[WorkerCrops, DeviceAugment]:
+        """(worker_fn, device_fn) of the batched path; both picklable."""
+        return WorkerCrops(self.views), DeviceAugment(self.views, self.mean, self.std)
+
+    def __repr__(self) -> str:
+        views = ",\n  ".join(repr(v) for v in self.views)
+        return f"Pipeline(name={self.name!r}, mean={self.mean}, std={self.std}, views=[\n  {views}])"
+
+
+class MultiView:
+    """Apply ``transform`` ``num_views`` times to one image (independent random draws each).
+
+    Works with any callable, e.g. a torchvision transform: ``MultiView(t, 2)(img) == [t(img), t(img)]``.
+    A :class:`Pipeline` is returned as the concatenation of its views, so
+    ``MultiView(get_pipeline("eval"), 3)`` gives three tensors.
+    """
+
+    def __init__(self, transform: Callable[[Any], Any], num_views: int = 2) -> None:
+        if isinstance(num_views, bool) or not isinstance(num_views, int) or num_views < 1:
+            raise ValueError(f"num_views must be a positive int; got {num_views!r}")
+        self.transform = transform
+        self.num_views = num_views
+
+    def __call__(self, img: Any) -> list[Any]:
+        out: list[Any] = []
+        for _ in range(self.num_views):
+            view = self.transform(img)
+            if isinstance(self.transform, Pipeline):
+                out.extend(view)
+            else:
+                out.append(view)
+        return out
+
+    def __repr__(self) -> str:
+        return f"MultiView({self.transform!r}, num_views={self.num_views})"

@@ -1,0 +1,72 @@
+"""Image files -> RGB PIL images, whatever their mode or orientation."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+IMAGE_EXTENSIONS: frozenset[str] = frozenset(
+    {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".pbm", ".jfif"}
+)
+
+
+_ORIENTATION = 0x0112  # EXIF tag
+
+
+class CorruptImageError(OSError):
+    """An image file that cannot be decoded; the message names the file."""
+
+
+def is_image_file(path: str | os.PathLike) -> bool:
+    """True for a name with a known image extension (case-insensitive); other files are ignored."""
+    return os.path.splitext(str(path))[1].lower() in IMAGE_EXTENSIONS
+
+
+def to_rgb(img: Image.Image, background: tuple[int, int, int] = (255, 255, 255)) -> Image.Image:
+    """Convert any PIL image to 8-bit RGB.
+
+    - "RGB": returned as is.
+    - grayscale "1", "L": replicated to three channels; 16/32-bit integer "I;16*", "I": scaled to
+      8 bits (values >> 8 when the maximum exceeds 255); float "F": clipped to [0, 255].
+    - transparency ("RGBA", "LA", "PA", "La", "RGBa", or "P"/"L"/"RGB" with a transparency key):
+      alpha-composited over ``background`` (white by default), so transparent pixels do not
+      turn into whatever colour the encoder left under them.
+    - "P" (palette), "CMYK", "YCbCr", "HSV", "LAB": PIL's conversion to RGB.
+    """
+    mode = img.mode
+    if mode == "RGB" and "transparency" not in img.info:
+        return img
+    if mode.startswith("I;16") or mode in ("I", "F"):
+        arr = np.asarray(img)
+        if mode == "F":
+            arr = np.clip(arr, 0, 255)
+        elif arr.size and arr.max() > 255:
+            arr = arr.astype(np.int64) >> 8
+        arr = np.clip(arr, 0, 255).astype(np.uint8)
+        return Image.fromarray(arr).convert("RGB")
+    if mode in ("RGBA", "LA", "PA", "La", "RGBa") or "transparency" in img.info:
+        rgba = img.convert("RGBA")
+        canvas = Image.new("RGBA", rgba.size, (*background, 255))
+        canvas.alpha_composite(rgba)
+        return canvas.convert("RGB")
+    if mode == "1":
+        img = img.convert("L")
+    return img.convert("RGB")
+
+
+def load_rgb(path: str | os.PathLike, background: tuple[int, int, int] = (255, 255, 255)) -> Image.Image:
+    """Open an image file, apply its EXIF orientation, convert to RGB (:func:`to_rgb`).
+
+    Raises :class:`CorruptImageError` naming the file when it cannot be read or decoded.
+    """
+    try:
+        with Image.open(path) as im:
+            im.load()
+            if im.getexif().get(_ORIENTATION, 1) != 1:
+                im = ImageOps.exif_transpose(im)
+            return to_rgb(im, background)
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+        raise CorruptImageError(f"cannot read image {Path(path)}: {type(e).__name__}: {e}") from e
