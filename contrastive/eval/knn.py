@@ -109,6 +109,9 @@ class WeightedKNN:
             self._bank = F.normalize(bank.float(), dim=1)
 
     def _build_faiss(self, bank: Tensor):
+        loader_log = logging.getLogger("faiss.loader")  # its INFO lines about CPU variants are noise
+        if loader_log.level == logging.NOTSET:
+            loader_log.setLevel(logging.WARNING)
         import faiss
 
         if self.store == "float32":
