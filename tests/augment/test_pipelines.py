@@ -167,8 +167,12 @@ def test_per_sample_parameters_differ_within_a_batch():
     assert means.std() > 0.05
 
 
-def test_device_fn_is_deterministic_and_chunk_independent():
-    pipe = get_pipeline("byol", 32, blur_p=(1.0, 0.5))
+@pytest.mark.parametrize("name, kwargs", [("byol", {"blur_p": (1.0, 0.5)}), ("mocov1", {}),
+                                          ("simclr", {"jitter_order": "fixed", "blur_p": 0.5})])
+def test_device_fn_is_deterministic_and_strategy_independent(name, kwargs):
+    """Same generator state -> same views, whatever the chunk size or strategy (dense masks on
+    the whole batch vs sorted groups on subsets)."""
+    pipe = get_pipeline(name, 32, **kwargs)
     _, device_fn = pipe.split()
     views = [torch.randint(0, 256, (9, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(i))
              for i in range(2)]
@@ -177,11 +181,11 @@ def test_device_fn_is_deterministic_and_chunk_independent():
     c = device_fn(views, torch.Generator().manual_seed(6))
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     assert not torch.equal(a[0], c[0])
-    for chunk in (1, 4, 9):
-        dev = type(device_fn)(pipe.views, pipe.mean, pipe.std, chunk_size=chunk)
+    for chunk, strategy in ((1, None), (4, "grouped"), (9, "grouped"), (None, "dense")):
+        dev = type(device_fn)(pipe.views, pipe.mean, pipe.std, chunk_size=chunk, strategy=strategy)
         d = dev(views, torch.Generator().manual_seed(5))
         for x, y in zip(a, d):
-            torch.testing.assert_close(x, y, atol=1e-5, rtol=0)
+            torch.testing.assert_close(x, y, atol=1e-4, rtol=0)
 
 
 def test_per_image_path_is_deterministic_under_the_global_seed():
@@ -193,3 +197,21 @@ def test_per_image_path_is_deterministic_under_the_global_seed():
     b = pipe(img)
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     assert not torch.equal(a[0], a[1])  # two views, independent draws
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_device_path_matches_the_cpu():
+    """Same parameters (a CPU generator) on both devices: the GPU (grouped convolutions, one
+    chunk) and the CPU (shifted sums, small chunks) compute the same views."""
+    pipe = get_pipeline("byol", 64, blur_p=(1.0, 0.5))
+    _, device_fn = pipe.split()
+    views = [torch.randint(0, 256, (33, 3, 64, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(i))
+             for i in range(2)]
+    cpu = device_fn(views, torch.Generator().manual_seed(3))
+    gpu = device_fn([v.cuda() for v in views], torch.Generator().manual_seed(3))
+    for a, b in zip(cpu, gpu):
+        assert b.device.type == "cuda" and b.dtype == torch.float32
+        torch.testing.assert_close(b.cpu(), a, atol=1e-4, rtol=0)
+    on_gpu = device_fn([v.cuda() for v in views], torch.Generator(device="cuda").manual_seed(3))
+    again = device_fn([v.cuda() for v in views], torch.Generator(device="cuda").manual_seed(3))
+    assert all(torch.equal(a, b) for a, b in zip(on_gpu, again))
