@@ -29,6 +29,7 @@ from contrastive.data.loader import (
     default_num_workers,
 )
 from contrastive.data.spec import (
+    SPEC_HELP,
     UnknownDatasetError,
     get_dataset,
     has_split,
@@ -47,6 +48,7 @@ __all__ = [
     "ImageFolderDataset",
     "LabelledDataset",
     "SHAPE_CLASSES",
+    "SPEC_HELP",
     "STL10Dataset",
     "SeededDataset",
     "SeededSampler",

@@ -41,6 +41,15 @@ from contrastive.data.subset import subset_fraction
 
 COMMON_KEYS = ("fraction", "fraction_seed")
 
+SPEC_HELP = (
+    "data set: 'shapes' (built in, generated; options n, n_test, size, seed, clutter, e.g. "
+    "shapes:n=20000,size=32), 'synthetic' (noise), 'cifar10[:ROOT]', 'cifar100[:ROOT]', "
+    "'stl10[:ROOT][,unlabeled=true]', 'imagefolder:PATH' or a PATH (PATH/train + PATH/val or "
+    "PATH/test if PATH/train exists, else PATH is the training set; subfolders are classes); "
+    "any of them with ',fraction=0.01' for a stratified 1%% subset"
+)
+"""One-line grammar for ``argparse`` help (``%%`` is argparse's escaped percent sign)."""
+
 
 @dataclass
 class DatasetEntry:
