@@ -121,8 +121,12 @@ def bench_linear(args):
     )
 
     torch.manual_seed(0)
-    loaded = load_encoder(args.checkpoint or "random", encoder=args.encoder)
-    enc = loaded.encoder
+    loaded = load_encoder(args.checkpoint or "random", encoder=None if args.checkpoint else args.encoder)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    enc = loaded.encoder.to(device)
+    mean, std = loaded.setting("mean"), loaded.setting("std")
+    if args.cifar_norm:
+        mean, std = (0.4914, 0.4822, 0.4465), (0.2023, 0.1994, 0.2010)
 
     def per_class(ds, n):
         labels = dataset_labels(ds)
@@ -135,24 +139,26 @@ def bench_linear(args):
         return build_loader(ds, args.batch_size, shuffle=shuffle, num_workers=args.workers, seed=0, drop_last=False)
 
     size = args.image_size
-    train_eval = per_class(load_split(args.data, "train", eval_transform(size)), args.train_per_class)
-    train_aug = per_class(load_split(args.data, "train", linear_train_transform(size)), args.train_per_class)
-    test = per_class(load_split(args.data, "test", eval_transform(size)), args.test_per_class)
+    train_eval = per_class(load_split(args.data, "train", eval_transform(size, mean, std)), args.train_per_class)
+    train_aug = per_class(load_split(args.data, "train", linear_train_transform(size, mean, std)),
+                          args.train_per_class)
+    test = per_class(load_split(args.data, "test", eval_transform(size, mean, std)), args.test_per_class)
     dtype = torch.bfloat16 if args.bf16 else None
     results = []
     for _ in range(args.rounds):
         t0 = time.perf_counter()
-        xtr, ytr = extract_features(enc, loader(train_eval, False), autocast_dtype=dtype)
-        xte, yte = extract_features(enc, loader(test, False), autocast_dtype=dtype)
+        xtr, ytr = extract_features(enc, loader(train_eval, False), autocast_dtype=dtype, device=device)
+        xte, yte = extract_features(enc, loader(test, False), autocast_dtype=dtype, device=device)
         t_feat = time.perf_counter() - t0
-        res = fit_linear_cached(xtr, ytr, num_classes=10, epochs=args.cached_epochs, batch_size=256)
+        res = fit_linear_cached(xtr.to(device), ytr.to(device), num_classes=10, epochs=args.cached_epochs,
+                                batch_size=256)
         cached = evaluate_head(res.head, xte, yte)
         t_cached = time.perf_counter() - t0
 
         t0 = time.perf_counter()
         head = train_linear_standard(enc, loader(train_aug, True), num_classes=10, epochs=args.standard_epochs,
-                                     lr=args.standard_lr, autocast_dtype=dtype)
-        standard = evaluate_standard(enc, head, loader(test, False), autocast_dtype=dtype)
+                                     lr=args.standard_lr, autocast_dtype=dtype, device=device)
+        standard = evaluate_standard(enc, head, loader(test, False), autocast_dtype=dtype, device=device)
         t_standard = time.perf_counter() - t0
         results.append({
             "cached": {"top1": cached["top1"], "seconds": round(t_cached, 1), "feature_s": round(t_feat, 1),
@@ -163,7 +169,8 @@ def bench_linear(args):
         })
     return {"bench": "linear", "data": args.data, "encoder": loaded.name, "checkpoint": loaded.describe(),
             "train_images": len(train_eval), "test_images": len(test), "image_size": size,
-            "bf16": args.bf16, "threads": torch.get_num_threads(), "rounds": results}
+            "bf16": args.bf16, "threads": torch.get_num_threads(), "device": str(device),
+            "normalisation": {"mean": mean, "std": std}, "rounds": results}
 
 
 def main() -> None:
@@ -191,9 +198,13 @@ def main() -> None:
     lin.add_argument("--workers", type=int, default=2)
     lin.add_argument("--rounds", type=int, default=1)
     lin.add_argument("--bf16", action="store_true")
+    lin.add_argument("--device", default=None, help="default: cuda when available")
+    lin.add_argument("--cifar-norm", action="store_true", help="CIFAR mean/std (the moco_cifar recipe's)")
     args = p.parse_args()
     out = bench_knn(args) if args.which == "knn" else bench_linear(args)
-    out["machine"] = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+    out["machine"] = (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+                      f"{gpu}, torch {torch.__version__}")
     out["date"] = time.strftime("%Y-%m-%d %H:%M")
     print(json.dumps(out, indent=2))
 

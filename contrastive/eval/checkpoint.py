@@ -52,7 +52,7 @@ __all__ = [
 #: Top-level module names of classifiers and projection heads (never part of a backbone).
 HEAD_NAMES = ("fc", "head", "heads", "classifier", "projector", "predictor", "head_drop", "mlp_head")
 # Prefixes that hold a second copy of the backbone which we must not pick on a tie.
-_SECONDARY = ("momentum", "encoder_k", "key_encoder", "target", "teacher", "ema", "k_encoder")
+_SECONDARY = ("momentum", "encoder_k", "key_encoder", "key_net", "target", "teacher", "ema", "k_encoder")
 _PREFERRED = ("encoder_q", "base_encoder", "encoder", "backbone", "student", "model")
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.bin", "model.pt")
 # MoCo's `arch` (torchvision names) -> our encoder names
