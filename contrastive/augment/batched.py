@@ -7,13 +7,17 @@ grayscale, blur, solarize, flip and normalisation with parameters drawn PER SAMP
 generator (a torchvision transform applied to a batch would draw one set for all samples,
 which makes every image of the batch share its colour distortion).
 
-How the work is vectorised without a Python loop over samples:
-- all random numbers of a view come from one ``torch.rand(B, 14)`` call;
-- samples are sorted by their jitter order (24 permutations, plus "not jittered"), so each
-  group is a contiguous slice to which the four jitter operations apply in the group's order
-  with per-sample factors (at most 25 groups, whatever B is);
-- grayscale, blur, solarize and flip run on the index subset of samples that draw them;
-- normalisation writes the result back in the original sample order.
+How the work is vectorised (no Python loop over samples): all random numbers of a view come
+from one ``torch.rand(B, 14)`` call, then one of two strategies (same views for the same draw):
+- "dense" (accelerators): each operation runs on the whole batch with per-sample parameters,
+  identity parameters where a sample does not draw it; the random order of the four jitter
+  operations is realised as four steps in which each sample applies the operation it drew
+  for that step (brightness, contrast, saturation fused into one update; the costly hue
+  rotation on the samples that draw it). About 150 kernels per view whatever the batch.
+- "grouped" (CPU, where arithmetic is the cost): samples are sorted by jitter order (24
+  permutations plus "not jittered") so that each group is a contiguous slice; grayscale, blur,
+  solarize and flip run only on the samples that draw them; a few samples at a time stay in
+  cache; normalisation writes back in the original order.
 """
 
 from __future__ import annotations
@@ -95,10 +99,9 @@ class DeviceAugment:
 
     ``strategy`` (None: by device):
       - ``"dense"`` (accelerators): every operation runs on the whole batch with per-sample
-        parameters, identity parameters for the samples that do not draw it (the four jitter
-        steps each try all four operations, in the order drawn per sample). A fixed sequence of
-        about 300 kernels whatever the batch, no host synchronisation, no Python loop over
-        samples or groups.
+        parameters, identity parameters for the samples that do not draw it (four jitter steps,
+        each sample applying the operation its drawn order puts there; hue on the samples that
+        draw it). A fixed sequence of kernels whatever the batch, no Python loop over samples.
       - ``"grouped"`` (CPU): samples sorted by jitter order, each operation only on the
         samples that draw it, processed ``chunk_size`` samples at a time (:data:`CPU_CHUNK` by
         default): elementwise work on a few images that stay in cache is several times faster
@@ -269,9 +272,6 @@ def _draw(
     return p
 
 
-_IDENTITY = {"brightness": 1.0, "contrast": 1.0, "saturation": 1.0, "hue": 0.0}
-
-
 def _augment_dense(x: Tensor, cfg: ViewConfig, p: _Params, mean: Tensor, std: Tensor, timer: _Timer) -> Tensor:
     """The "dense" strategy of :class:`DeviceAugment` (whole batch, masks, no host sync)."""
     with timer("to_float"):
@@ -288,12 +288,7 @@ def _augment_dense(x: Tensor, cfg: ViewConfig, p: _Params, mean: Tensor, std: Te
     if cfg.jitters:
         with timer("colour"):
             for step in range(4):
-                for op in range(4) if cfg.jitter_order == "random" else (step,):
-                    name = _OPS[op]
-                    if getattr(cfg, name) <= 0:
-                        continue
-                    chosen = p.jittered & (p.perm[:, step] == op)
-                    _APPLY[name](xs, torch.where(chosen, p.factors[name], _IDENTITY[name]))
+                _jitter_step_dense(xs, cfg, p, step)
     if not cfg.grayscale_first:
         xs = gray(xs)
     if cfg.blur_p > 0:
@@ -309,6 +304,36 @@ def _augment_dense(x: Tensor, cfg: ViewConfig, p: _Params, mean: Tensor, std: Te
             xs = torch.where(p.flip.view(-1, 1, 1, 1), xs.flip(-1), xs)
     with timer("normalize"):
         return AF.normalize_(xs, mean, std)
+
+
+def _jitter_step_dense(xs: Tensor, cfg: ViewConfig, p: _Params, step: int) -> None:
+    """One of the four jitter steps on the whole batch: every sample applies the operation
+    its order puts at this step. Brightness, contrast and saturation are one update,
+
+        x <- clamp(a x + w_gray gray(x) + w_mean mean(gray(x)), 0, 1)
+
+    with (a, w_gray, w_mean) = (b, 0, 0), (c, 0, 1 - c), (s, 1 - s, 0) or (1, 0, 0) per sample;
+    the hue rotation (the costly one) runs only on the samples that draw it at this step."""
+    op_here = p.perm[:, step] if cfg.jitter_order == "random" else torch.full_like(p.perm[:, 0], step)
+    chosen = [p.jittered & (op_here == op) & (getattr(cfg, _OPS[op]) > 0) for op in range(4)]
+    if cfg.brightness > 0 or cfg.contrast > 0 or cfg.saturation > 0:
+        one = torch.ones_like(p.factors["brightness"])
+        a = torch.where(chosen[0], p.factors["brightness"], one)
+        a = torch.where(chosen[1], p.factors["contrast"], a)
+        a = torch.where(chosen[2], p.factors["saturation"], a)
+        w_gray = torch.where(chosen[2], 1.0 - p.factors["saturation"], 0.0).view(-1, 1, 1, 1)
+        w_mean = torch.where(chosen[1], 1.0 - p.factors["contrast"], 0.0).view(-1, 1, 1, 1)
+        if cfg.contrast > 0 or cfg.saturation > 0:
+            gray = AF.rgb_to_gray(xs)
+            mean = gray.mean(dim=(1, 2, 3), keepdim=True)
+            xs.mul_(a.view(-1, 1, 1, 1)).add_(gray * w_gray).add_(mean * w_mean)
+        else:
+            xs.mul_(a.view(-1, 1, 1, 1))
+        xs.clamp_(0.0, 1.0)
+    if cfg.hue > 0:
+        idx = chosen[3].nonzero().squeeze(1)
+        if idx.numel():
+            xs.index_copy_(0, idx, AF.adjust_hue_(xs.index_select(0, idx), p.factors["hue"][idx]))
 
 
 class _Blur:
