@@ -273,7 +273,8 @@ def _draw(
 
 
 def _augment_dense(x: Tensor, cfg: ViewConfig, p: _Params, mean: Tensor, std: Tensor, timer: _Timer) -> Tensor:
-    """The "dense" strategy of :class:`DeviceAugment` (whole batch, masks, no host sync)."""
+    """The "dense" strategy of :class:`DeviceAugment` (whole batch, masks; one small host sync per
+    jitter step to pick the samples that rotate their hue)."""
     with timer("to_float"):
         xs = x.float().mul_(1.0 / 255.0)
 
