@@ -19,7 +19,8 @@ Two search back-ends give the same neighbours:
   the similarities are computed from float16-rounded bank vectors (relative error about 1e-3, so
   neighbours near the k-th place can swap).
 - ``"torch"``: chunked ``queries @ bank.T`` + ``topk`` on the bank's device (a GPU when the bank is
-  there). The chunk's similarity matrix is ``chunk_size x N`` floats.
+  there). It keeps one L2-normalised float32 copy of the bank, and queries are taken in chunks
+  whose ``rows x N`` similarity matrix stays under 1 GiB (196 rows for a 1.3M bank).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 __all__ = ["WeightedKNN", "knn_predict", "knn_accuracy", "topk_accuracy"]
 
 _BACKENDS = ("faiss", "torch")
+_TORCH_SIM_ELEMENTS = 1 << 28  # float32 similarities per torch search chunk (1 GiB)
 _STORES = ("float32", "float16")
 
 
@@ -149,8 +151,11 @@ class WeightedKNN:
             log.warning("k=%d is larger than the bank (%d rows); using k=%d", k, self.size, self.size)
             k = self.size
         sims, idx = [], []
-        for start in range(0, queries.shape[0], self.chunk_size):
-            s, i = self._search_chunk(queries[start : start + self.chunk_size], k)
+        step = self.chunk_size
+        if self.backend == "torch":  # the chunk's (rows x N) similarity matrix: at most 1 GiB
+            step = max(1, min(step, _TORCH_SIM_ELEMENTS // max(1, self.size)))
+        for start in range(0, queries.shape[0], step):
+            s, i = self._search_chunk(queries[start : start + step], k)
             sims.append(s)
             idx.append(i)
         if not sims:

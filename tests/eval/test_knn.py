@@ -127,3 +127,22 @@ def test_bad_input_is_a_clear_error(clusters):
         knn_accuracy(bank, bank_labels, queries, q_labels + 100)
     with pytest.raises(ValueError, match="float16"):
         WeightedKNN(bank, bank_labels, backend="torch", store="float16")
+
+
+def test_torch_backend_bounds_its_similarity_chunks(clusters, monkeypatch):
+    import contrastive.eval.knn as knn_module
+
+    bank, bank_labels, queries, _, c = clusters
+    full = WeightedKNN(bank, bank_labels, backend="torch").scores(queries, k=20)
+    calls = []
+    original = WeightedKNN._search_chunk
+
+    def spy(self, q, k):
+        calls.append(q.shape[0])
+        return original(self, q, k)
+
+    monkeypatch.setattr(knn_module, "_TORCH_SIM_ELEMENTS", 3 * 300)  # 3 query rows x 300 bank rows
+    monkeypatch.setattr(WeightedKNN, "_search_chunk", spy)
+    chunked = WeightedKNN(bank, bank_labels, backend="torch").scores(queries, k=20)
+    assert max(calls) == 3 and sum(calls) == queries.shape[0]
+    assert torch.allclose(chunked, full)
