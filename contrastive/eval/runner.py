@@ -23,11 +23,13 @@ from contrastive.eval.knn import knn_accuracy
 from contrastive.eval.linear import (
     DEFAULT_LRS,
     DEFAULT_WEIGHT_DECAYS,
+    assert_unchanged,
     check_labels,
     evaluate_head,
     evaluate_standard,
     fit_linear_cached,
     label_fraction_indices,
+    snapshot_state,
     train_linear_standard,
 )
 
@@ -189,10 +191,12 @@ def linear_eval(
         labels = dataset_labels(train_ds)
         n_classes = _num_classes(train_ds, labels)
         train_ds, labels = _subset(train_ds, labels, label_fraction, seed)
+        before = snapshot_state(loaded.encoder)
         xtr, ytr = encode_split(loaded, train_ds, batch_size=batch_size, num_workers=num_workers,
                                 accelerator=accelerator, device=device)
         xte, yte = encode_split(loaded, test_ds, batch_size=batch_size, num_workers=num_workers,
                                 accelerator=accelerator, device=device)
+        assert_unchanged(loaded.encoder, before)  # eval mode: BN statistics must not move
         check_labels(yte, n_classes, f"evaluation labels of --data {data!r}")
         epochs = 100 if epochs is None else epochs
         res = fit_linear_cached(xtr, ytr, num_classes=n_classes, epochs=epochs, batch_size=batch_size,
