@@ -1,0 +1,58 @@
+"""The training engine: config -> data, method, optimiser on ``accelerate`` -> checkpoints, logs.
+
+Only this package (and :mod:`contrastive.eval`) imports accelerate. A recipe is a dataclass of
+the paper's hyper-parameters (a :class:`TrainConfig` subclass) plus one call::
+
+    from contrastive.engine import TrainConfig, run
+    run(MyConfig, build_method, build_pipeline)
+
+- :mod:`~contrastive.engine.config`: dataclass -> argparse, every field a flag;
+- :mod:`~contrastive.engine.optim`: SGD / AdamW / LARS with bias and norm parameters excluded;
+- :mod:`~contrastive.engine.schedules`: lr schedules as plain functions of the step;
+- :mod:`~contrastive.engine.loader`: deterministic, resumable data order and augmentation seeds;
+- :mod:`~contrastive.engine.checkpoint`: atomic ``save_state``, compatibility and exactness checks;
+- :mod:`~contrastive.engine.monitor`: the online weighted-kNN monitor;
+- :mod:`~contrastive.engine.trainer`: the loop.
+"""
+
+from contrastive.engine.checkpoint import (
+    IncompatibleCheckpointError,
+    ResumeMismatchError,
+    find_latest,
+    model_signature,
+)
+from contrastive.engine.config import (
+    TrainConfig,
+    config_from_dict,
+    config_to_dict,
+    help_field,
+    parse_config,
+)
+from contrastive.engine.optim import build_optimizer, param_groups
+from contrastive.engine.run import run, setup_logging
+from contrastive.engine.schedules import cosine_lr, lr_at, scaled_lr, step_lr
+from contrastive.engine.trainer import NonFiniteLossError, TrainResult, save_encoder, train
+
+__all__ = [
+    "IncompatibleCheckpointError",
+    "NonFiniteLossError",
+    "ResumeMismatchError",
+    "TrainConfig",
+    "TrainResult",
+    "build_optimizer",
+    "config_from_dict",
+    "config_to_dict",
+    "cosine_lr",
+    "find_latest",
+    "help_field",
+    "lr_at",
+    "model_signature",
+    "param_groups",
+    "parse_config",
+    "run",
+    "save_encoder",
+    "scaled_lr",
+    "setup_logging",
+    "step_lr",
+    "train",
+]

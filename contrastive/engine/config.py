@@ -1,0 +1,342 @@
+"""Training configuration: one dataclass, every field a command-line flag.
+
+A recipe subclasses :class:`TrainConfig`, sets the paper's values as defaults and adds the
+method's own fields; :func:`parse_config` turns the dataclass into an ``argparse`` parser where
+every field ``foo_bar`` is ``--foo-bar`` (``--foo_bar`` works too), ``--help`` lists each field
+with its default, and an unknown flag is an error that names the closest field.
+
+Field help comes from ``field(metadata={"help": ...})``; booleans take ``--flag`` /
+``--no-flag`` or ``--flag true|false``; tuples take several values (``--lr-milestones 120 160``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import json
+import os
+import sys
+import types
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+__all__ = ["TrainConfig", "parse_config", "config_to_dict", "config_from_dict", "help_field"]
+
+C = TypeVar("C", bound="TrainConfig")
+
+
+def help_field(default: Any, help: str, **kwargs: Any) -> Any:
+    """``dataclasses.field`` with a help text (shown by ``--help``)."""
+    if isinstance(default, (list, dict, set)):
+        raise TypeError("use a tuple for sequence defaults (dataclass fields must be immutable)")
+    return field(default=default, metadata={"help": help, **kwargs})
+
+
+@dataclass
+class TrainConfig:
+    """Fields every recipe has. Recipes subclass it and change defaults / add fields.
+
+    Batch size and learning rate: ``batch_size`` is GLOBAL (images per optimiser step, summed
+    over processes and gradient-accumulation micro-steps), as in the official MoCo code. With
+    ``lr_scaling="linear"`` the learning rate actually used is ``lr * batch_size / 256`` (``lr``
+    is then "per 256 images"); with ``"sqrt"`` it is ``lr * sqrt(batch_size / 256)``... wait no:
+    see :func:`contrastive.engine.schedules.scaled_lr` for the exact rules; with ``"none"``
+    ``lr`` is absolute.
+    """
+
+    # --- data and run ---------------------------------------------------------------------
+    data: str = help_field(
+        "",
+        "data spec: shapes | shapes:n=2000,size=32,seed=0 | synthetic | cifar10 | cifar10:/path "
+        "| imagefolder:/path | /path (a folder; train/ and val/ or test/ inside are used when "
+        "present)",
+    )
+    output_dir: str = help_field(
+        "", "run folder (config.json, metrics.jsonl, checkpoints/, encoder.pt); "
+        "default runs/<recipe>"
+    )
+    resume: str = help_field(
+        "", "'auto' (newest complete checkpoint in --output-dir, or start fresh and say so) "
+        "or a checkpoint PATH; empty = new run (the output folder must then be empty)"
+    )
+    epochs: int = help_field(100, "training epochs; the lr / momentum schedules follow them")
+    max_steps: int = help_field(
+        0, "stop after this many optimiser steps (0 = no limit) WITHOUT changing the schedules "
+        "(smoke runs, resume tests); the run checkpoints when it stops"
+    )
+    batch_size: int = help_field(
+        256, "GLOBAL batch: images per optimiser step over all processes and accumulation "
+        "micro-steps (split across processes, as in the official MoCo code)"
+    )
+    num_workers: int = help_field(
+        min(8, os.cpu_count() or 1), "data loader worker processes per training process"
+    )
+    seed: int = help_field(0, "seed for model init, data order and augmentation")
+    encoder: str = help_field("cifar_resnet18", "backbone name for create_encoder (timm:<m>, "
+                              "torchvision:<m>, cifar_resnet18, cifar_resnet50, small_cnn)")
+    image_size: int = help_field(224, "training crop size in pixels")
+    strict_data: bool = help_field(False, "unreadable images are errors instead of skipped")
+
+    # --- precision, device, speed ---------------------------------------------------------
+    mixed_precision: str = help_field(
+        "", "no | bf16 | fp16; empty = accelerate's configuration. bf16 autocast also works on "
+        "the CPU; fp16 on the CPU is refused (accelerate would silently run fp32)",
+        choices=("", "no", "bf16", "fp16"),
+    )
+    cpu: bool = help_field(False, "train on the CPU even when a GPU is visible")
+    batched_augment: str = help_field(
+        "auto", "where the colour/blur/flip/normalise part of the augmentation runs: 'on' = "
+        "batched on the training device (workers only decode + crop to uint8), 'off' = per "
+        "image in the loader workers, 'auto' = on for GPUs, off on the CPU",
+        choices=("auto", "on", "off"),
+    )
+    channels_last: bool = help_field(False, "channels_last memory format (GPU convnets)")
+    compile: bool = help_field(False, "torch.compile the backbone (nn.Module.compile, in place)")
+    sync_bn: bool = help_field(False, "convert BatchNorm to SyncBatchNorm when several GPU "
+                               "processes train (MoCo v3, SimCLR use global BN)")
+    pass_indices: bool = help_field(
+        False, "pass each image's data-set index to the method as forward(..., labels=idx) "
+        "(MoCo built with queue_labels stores them beside its keys: diagnostics, tests)")
+    ddp_find_unused_parameters: bool = help_field(
+        False, "DDP find_unused_parameters (needed when some trainable parameters get no grad)")
+
+    # --- optimiser and schedules ----------------------------------------------------------
+    optimizer: str = help_field("sgd", "sgd | adamw | lars (timm's LARS)",
+                                choices=("sgd", "adamw", "lars"))
+    lr: float = help_field(0.03, "learning rate; absolute or per 256 images: see --lr-scaling")
+    lr_scaling: str = help_field(
+        "linear", "linear: used lr = lr * batch_size / 256 (lr is per 256 images); sqrt: lr * "
+        "sqrt(batch_size) (SimCLR); none: lr is absolute", choices=("linear", "sqrt", "none"),
+    )
+    weight_decay: float = help_field(1e-4, "weight decay")
+    exclude_from_wd: bool = help_field(
+        True, "no weight decay on biases and norm parameters (SimCLR, MoCo v3 LARS); the "
+        "official MoCo v1/v2 SGD and MoCo v3 ViT AdamW decay every parameter")
+    sgd_momentum: float = help_field(0.9, "SGD / LARS momentum")
+    nesterov: bool = help_field(False, "Nesterov momentum for SGD")
+    betas: tuple[float, float] = help_field((0.9, 0.999), "AdamW betas")
+    lars_trust_coeff: float = help_field(0.001, "LARS trust coefficient (eta)")
+    lr_schedule: str = help_field(
+        "cosine", "cosine (half-cycle, after linear warmup) | step (x lr_gamma at each "
+        "milestone epoch) | constant", choices=("cosine", "step", "constant"),
+    )
+    warmup_epochs: float = help_field(0.0, "linear warmup from 0, in epochs (fractions allowed)")
+    min_lr: float = help_field(0.0, "cosine floor, as a fraction of the peak lr")
+    lr_milestones: tuple[int, ...] = help_field((120, 160), "epochs where the step schedule "
+                                                "multiplies the lr by --lr-gamma")
+    lr_gamma: float = help_field(0.1, "step schedule factor")
+    schedule_per: str = help_field(
+        "step", "'step': schedules change every optimiser step (fractional epoch, MoCo v3); "
+        "'epoch': once per epoch (official MoCo v1/v2 code)", choices=("step", "epoch"),
+    )
+    grad_accum_steps: int = help_field(
+        1, "gradient accumulation micro-steps per optimiser step. NOT a bigger contrastive "
+        "batch: each micro-batch only sees its own in-batch negatives"
+    )
+    clip_grad_norm: float = help_field(0.0, "clip the gradient norm to this (0 = off)")
+    on_nonfinite: str = help_field(
+        "stop", "non-finite loss: 'stop' with an error naming the step (the last checkpoint "
+        "stays good) or 'skip' the optimiser step", choices=("stop", "skip"),
+    )
+
+    # --- checkpoints and logs -------------------------------------------------------------
+    save_every_steps: int = help_field(1000, "checkpoint every N optimiser steps (0 = off)")
+    save_every_epochs: int = help_field(1, "checkpoint every N epochs (0 = only at the end)")
+    keep_last: int = help_field(2, "complete checkpoints to keep")
+    log_every: int = help_field(10, "write a metrics.jsonl line every N optimiser steps")
+    progress: bool = help_field(True, "tqdm progress bar on the main process")
+    report_to: str = help_field("none", "accelerate trackers: none | tensorboard | wandb | all")
+    allow_config_change: bool = help_field(
+        False, "resume even when run-defining fields (lr, batch size, data...) differ from the "
+        "checkpoint's config (the model must still match)"
+    )
+
+    # --- online kNN monitor ---------------------------------------------------------------
+    knn_every: int = help_field(0, "weighted-kNN top-1 on the held-out labelled split every N "
+                                "epochs (0 = off; also off when the data has no labels)")
+    knn_at_start: bool = help_field(True, "also measure kNN before training (random init)")
+    knn_k: int = help_field(200, "kNN neighbours")
+    knn_t: float = help_field(0.1, "kNN temperature: weights exp(sim / t)")
+    knn_max_train: int = help_field(0, "memory-bank images for kNN (0 = whole train split)")
+    knn_max_test: int = help_field(0, "held-out images for kNN (0 = whole split)")
+    knn_feature: str = help_field("backbone", "kNN on 'backbone' features or the method's "
+                                  "'head' output when it has one", choices=("backbone", "head"))
+
+    # --- hooks recipes override --------------------------------------------------------------
+    def momentum_at(self, step: int, total_steps: int) -> float | None:
+        """EMA momentum for optimiser step ``step`` (None: the method has none / its constant)."""
+        return None
+
+    def encoder_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments the recipe passes to ``create_encoder`` beyond the name (recorded
+        in ``encoder.pt`` so that evaluation rebuilds the same architecture)."""
+        return {}
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the field for values that can never work."""
+        positive = ("epochs", "batch_size", "grad_accum_steps", "log_every", "keep_last",
+                    "image_size", "knn_k")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
+        for name in ("max_steps", "num_workers", "save_every_steps", "save_every_epochs",
+                     "knn_every", "knn_max_train", "knn_max_test", "warmup_epochs"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
+        if self.lr < 0 or self.weight_decay < 0:
+            raise ValueError(f"--lr and --weight-decay must be >= 0, got {self.lr}, "
+                             f"{self.weight_decay}")
+        if self.warmup_epochs > self.epochs:
+            raise ValueError(f"--warmup-epochs {self.warmup_epochs} exceeds --epochs "
+                             f"{self.epochs}")
+        if self.resume not in ("", "auto") and not os.path.exists(self.resume):
+            raise ValueError(f"--resume {self.resume!r}: no such checkpoint folder; use "
+                             "--resume auto to continue from the newest checkpoint in "
+                             "--output-dir")
+        if not self.data:
+            raise ValueError("--data is required (e.g. --data shapes, --data cifar10, "
+                             "--data /path/to/imagenet)")
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _parse_bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on", "y"):
+        return True
+    if low in ("0", "false", "no", "off", "n"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+
+
+def _unwrap_optional(tp: Any) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return tp
+
+
+def _add_field(parser: argparse.ArgumentParser, f: dataclasses.Field, tp: Any,
+               default: Any) -> None:
+    flags = [f"--{_flag(f.name)}"]
+    if "_" in f.name:
+        flags.append(f"--{f.name}")
+    help_text = f.metadata.get("help", "")
+    kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS}
+    tp = _unwrap_optional(tp)
+    origin = typing.get_origin(tp)
+    shown = default if not isinstance(default, tuple) else " ".join(map(str, default))
+    if tp is bool:
+        parser.add_argument(*flags, nargs="?", const=True, type=_parse_bool, metavar="BOOL",
+                            help=f"{help_text} (default: {str(default).lower()})", **kwargs)
+        parser.add_argument(f"--no-{_flag(f.name)}", dest=f.name, action="store_false",
+                            default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        return
+    if origin is tuple:
+        args = typing.get_args(tp)
+        elem = args[0] if args else str
+        nargs: Any = "*" if (len(args) == 2 and args[1] is Ellipsis) else len(args)
+        kwargs.update(type=elem, nargs=nargs)
+    elif origin is Literal:
+        choices = typing.get_args(tp)
+        kwargs.update(type=type(choices[0]), choices=choices)
+    elif tp in (int, float, str):
+        kwargs["type"] = tp
+    else:
+        raise TypeError(f"config field {f.name}: unsupported type {tp!r}")
+    if "choices" in f.metadata:
+        kwargs["choices"] = f.metadata["choices"]
+    parser.add_argument(*flags, help=f"{help_text} (default: {shown!r})"
+                        if isinstance(shown, str) else f"{help_text} (default: {shown})",
+                        **kwargs)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with an unknown-flag message that names the closest field."""
+
+    def __init__(self, *args: Any, known: Sequence[str] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._known = list(known)
+
+    def parse_args(self, args: Sequence[str] | None = None,
+                   namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        ns, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            bad = [u for u in unknown if u.startswith("-")] or unknown
+            word = bad[0].split("=", 1)[0]
+            close = difflib.get_close_matches(word, self._known, n=3, cutoff=0.5)
+            hint = f"; did you mean {' or '.join(close)}?" if close else ""
+            self.error(f"unknown option {word!r} for this recipe{hint} (every field is listed "
+                       "by --help)")
+        return ns
+
+
+def parse_config(cls: type[C], argv: Sequence[str] | None = None, *, prog: str | None = None,
+                 description: str | None = None) -> C:
+    """Build ``cls`` from the command line: defaults from the dataclass, then ``--config FILE``
+    (a JSON object such as a run's ``config.json``), then the flags given.
+
+    Unknown flags exit with status 2 and a message naming the closest known flag; values that
+    can never work raise ``ValueError`` from :meth:`TrainConfig.validate` (reported the same way).
+    """
+    hints = typing.get_type_hints(cls)
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+    known = []
+    for f in fields:
+        known.append(f"--{_flag(f.name)}")
+    parser = _Parser(prog=prog, description=description or (cls.__doc__ or "").strip(),
+                     allow_abbrev=False,
+                     formatter_class=argparse.RawDescriptionHelpFormatter, known=known)
+    parser.add_argument("--config", dest="__config", default=None, metavar="FILE.json",
+                        help="read field values from a JSON file first (flags still win)")
+    defaults = cls()
+    for f in fields:
+        _add_field(parser, f, hints[f.name], getattr(defaults, f.name))
+    ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    values = vars(ns)
+    config_file = values.pop("__config", None)
+    base: dict[str, Any] = {}
+    if config_file:
+        with open(config_file) as fh:
+            base = json.load(fh)
+    try:
+        cfg = config_from_dict(cls, {**base, **values}, ignore_unknown=bool(config_file))
+        cfg.validate()
+    except (ValueError, TypeError) as err:
+        parser.error(str(err))
+    return cfg
+
+
+def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
+    """Plain JSON-able dict of the fields (tuples become lists)."""
+    out = {}
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        out[f.name] = list(value) if isinstance(value, tuple) else value
+    return out
+
+
+def config_from_dict(cls: type[C], values: dict[str, Any], *, ignore_unknown: bool = False) -> C:
+    """Inverse of :func:`config_to_dict`; unknown keys raise ``KeyError`` unless ignored."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(values) - names)
+    if unknown and not ignore_unknown:
+        close = difflib.get_close_matches(unknown[0], sorted(names), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise KeyError(f"unknown config field(s) {unknown}{hint}; known: {sorted(names)}")
+    kwargs = {}
+    for name in names & set(values):
+        value = values[name]
+        tp = _unwrap_optional(hints[name])
+        if typing.get_origin(tp) is tuple and isinstance(value, list):
+            value = tuple(value)
+        kwargs[name] = value
+    return cls(**kwargs)

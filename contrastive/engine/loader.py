@@ -1,0 +1,171 @@
+"""Deterministic, resumable, multi-process data order and augmentation randomness.
+
+Two rules make a resumed run, any number of loader workers and any number of processes see the
+same images with the same augmentations:
+
+1. **Order**: :class:`GlobalBatchSampler` draws one permutation per epoch from
+   ``(seed, epoch)`` and cuts it into GLOBAL micro-batches; process ``r`` of ``W`` takes
+   positions ``r, r + W, r + 2W ...`` of each (as ``DistributedSampler`` does). W processes
+   therefore see exactly the images of the batch one process would see, grouped as split BN
+   with W groups groups them (sample n -> group n % W), and a resume skips micro-batches by count
+   (``accelerator.skip_first_batches``) without loading them.
+2. **Augmentation**: :class:`SeededDataset` receives ``(epoch, index)`` pairs from the sampler and
+   seeds torch and ``random`` from ``(seed, epoch, index)`` before calling the wrapped data set
+   (whose transform draws the random crop / jitter ...), restoring the previous generator state
+   afterwards when it runs in the main process. A worker's history (which batches it loaded
+   before) therefore never changes a sample's views.
+
+The batched path draws its per-sample parameters on the device from a generator seeded with
+``(seed, step, micro-step, rank)`` (see :func:`step_generator`).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
+
+__all__ = ["mix_seed", "GlobalBatchSampler", "SeededDataset", "build_train_loader",
+           "step_generator"]
+
+_MASK64 = (1 << 64) - 1
+
+
+def mix_seed(*values: int) -> int:
+    """A 63-bit seed from integers (splitmix64 chain): nearby inputs give unrelated seeds."""
+    state = 0x9E3779B97F4A7C15
+    for v in values:
+        state = (state ^ (int(v) & _MASK64)) & _MASK64
+        state = (state + 0x9E3779B97F4A7C15) & _MASK64
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        state = z ^ (z >> 31)
+    return state >> 1
+
+
+class GlobalBatchSampler(Sampler[list[tuple[int, int]]]):
+    """Per-process micro-batches of ``(epoch, index)`` cut from one global permutation;
+    process ``rank`` takes every ``world_size``-th image of each global micro-batch.
+
+    Args:
+        num_samples: data set size.
+        global_micro_batch: images per micro-step over all processes (global batch / accum).
+        rank, world_size: this process and the number of processes.
+        seed: permutation seed; epoch ``e`` uses ``mix_seed(seed, e)``.
+        shuffle: permute (training) or keep order.
+
+        num_batches: micro-batches per epoch (default: every complete global micro-batch; the
+            trainer passes a multiple of the accumulation steps).
+
+    ``len()`` is the number of micro-batches per epoch (incomplete global batches dropped).
+    """
+
+    def __init__(self, num_samples: int, global_micro_batch: int, *, rank: int = 0,
+                 world_size: int = 1, seed: int = 0, shuffle: bool = True,
+                 num_batches: int | None = None) -> None:
+        if global_micro_batch % world_size:
+            raise ValueError(f"global micro-batch {global_micro_batch} is not divisible by "
+                             f"{world_size} processes; pick a --batch-size that is")
+        if num_samples < global_micro_batch:
+            raise ValueError(f"the data set has {num_samples} images, fewer than one global "
+                             f"micro-batch of {global_micro_batch}: lower --batch-size")
+        self.num_samples = num_samples
+        self.global_micro_batch = global_micro_batch
+        self.local = global_micro_batch // world_size
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        full = num_samples // global_micro_batch
+        if num_batches is not None and not 0 < num_batches <= full:
+            raise ValueError(f"num_batches must be in [1, {full}], got {num_batches}")
+        self.num_batches = full if num_batches is None else num_batches
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(mix_seed(self.seed, self.epoch))
+            order = torch.randperm(self.num_samples, generator=g).tolist()
+        else:
+            order = list(range(self.num_samples))
+        for b in range(len(self)):
+            batch = order[b * self.global_micro_batch:(b + 1) * self.global_micro_batch]
+            yield [(self.epoch, i) for i in batch[self.rank::self.world_size]]
+
+
+class SeededDataset(Dataset):
+    """Wraps a map-style data set so that item ``(epoch, index)`` is drawn under a seed of its own.
+
+    Items are ``(*dataset[index], index)``: e.g. ``(views, label, index)``.
+
+    ``dataset[index]`` is called with torch's, Python's and NumPy's global generators seeded from
+    ``mix_seed(seed, epoch, index)``; in the main process (``num_workers=0``) the previous states
+    are restored afterwards, so the training loop's own random stream is untouched.
+    """
+
+    def __init__(self, dataset: Any, seed: int) -> None:
+        self.dataset = dataset
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        epoch, index = key
+        s = mix_seed(self.seed, epoch, index)
+        if get_worker_info() is not None:
+            _seed_all(s)
+            return (*self.dataset[index], index)
+        states = torch.get_rng_state(), random.getstate(), np.random.get_state()
+        try:
+            _seed_all(s)
+            return (*self.dataset[index], index)
+        finally:
+            torch.set_rng_state(states[0])
+            random.setstate(states[1])
+            np.random.set_state(states[2])
+
+
+def _seed_all(s: int) -> None:
+    torch.manual_seed(s)
+    random.seed(s)
+    np.random.seed(s % 2**32)
+
+
+def build_train_loader(dataset: Any, sampler: GlobalBatchSampler, *, seed: int, num_workers: int,
+                       pin_memory: bool, prefetch_factor: int = 2) -> DataLoader:
+    """A DataLoader over ``SeededDataset(dataset)`` driven by ``sampler``.
+
+    Its own ``generator`` keeps the loader from drawing worker base seeds out of the global torch
+    generator (which would make a resumed run's model-side randomness differ); persistent
+    workers keep process start-up out of the epoch loop.
+    """
+    return DataLoader(
+        SeededDataset(dataset, seed),
+        batch_sampler=sampler,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        persistent_workers=num_workers > 0,
+        prefetch_factor=prefetch_factor if num_workers > 0 else None,
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
+def step_generator(device: torch.device, seed: int, step: int, micro: int,
+                   rank: int) -> torch.Generator:
+    """Generator on ``device`` for the batched augmentation of one micro-step of one process."""
+    g = torch.Generator(device=device)
+    g.manual_seed(mix_seed(seed, 0xA46, step, micro, rank))
+    return g

@@ -1,0 +1,93 @@
+"""Learning-rate schedules as plain functions of the global optimiser step.
+
+No scheduler object steps itself: ``lr = lr_at(step, ...)`` is computed every step and written
+into the optimiser's param groups, so a resumed run, several processes and gradient accumulation
+all agree on the value by construction (a ``torch`` scheduler passed through
+``accelerator.prepare`` steps once per process, and timm's schedulers expect the step or epoch as
+an argument anyway). The formulas equal timm's ``CosineLRScheduler`` / ``MultiStepLRScheduler``
+(tested against them) and the official MoCo code:
+
+- cosine with linear warmup (MoCo v3, ``main_moco.py``; SimCLR):
+  ``t < W: lr * t / W``; else ``min + (lr - min) * 0.5 * (1 + cos(pi * (t - W) / (T - W)))``,
+  ``t`` in epochs (fractional for per-step schedules);
+- step (MoCo v1): ``lr * gamma ** (number of milestones <= epoch)``;
+- constant.
+
+The EMA-momentum schedules (constant, cosine from m0 to 1) live in :mod:`contrastive.nn`; a
+recipe's config returns the value through ``TrainConfig.momentum_at(step, total_steps)``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+
+__all__ = ["scaled_lr", "cosine_lr", "step_lr", "lr_at", "schedule_time"]
+
+
+def scaled_lr(lr: float, batch_size: int, rule: str = "linear") -> float:
+    """Learning rate actually used for a global batch.
+
+    ``linear``: ``lr * batch_size / 256`` (Goyal et al. 2017; MoCo v3, SimCLR);
+    ``sqrt``: ``lr * sqrt(batch_size)`` (SimCLR's ``learning_rate_scaling=sqrt``);
+    ``none``: ``lr``.
+    """
+    if rule == "linear":
+        return lr * batch_size / 256
+    if rule == "sqrt":
+        return lr * math.sqrt(batch_size)
+    if rule == "none":
+        return lr
+    raise ValueError(f"lr_scaling must be 'linear', 'sqrt' or 'none', got {rule!r}")
+
+
+def cosine_lr(t: float, total: float, peak: float, warmup: float = 0.0,
+              floor: float = 0.0) -> float:
+    """Half-cycle cosine from ``peak`` to ``floor`` after a linear warmup from 0.
+
+    ``t``, ``total`` and ``warmup`` share one unit (epochs or steps).
+    """
+    if warmup > 0 and t < warmup:
+        return peak * t / warmup
+    span = max(total - warmup, 1e-12)
+    progress = min(max((t - warmup) / span, 0.0), 1.0)
+    return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def step_lr(epoch: float, peak: float, milestones: Sequence[int], gamma: float = 0.1,
+            warmup: float = 0.0) -> float:
+    """``peak * gamma ** k`` where k counts the milestones (epochs) already reached."""
+    if warmup > 0 and epoch < warmup:
+        return peak * epoch / warmup
+    return peak * gamma ** bisect.bisect_right(sorted(milestones), epoch)
+
+
+def schedule_time(step: int, steps_per_epoch: int, per: str = "step") -> float:
+    """Epochs elapsed at optimiser step ``step``: fractional (``per="step"``) or whole
+    (``per="epoch"``, the official MoCo v1/v2 code adjusts the lr once per epoch)."""
+    if per == "step":
+        return step / steps_per_epoch
+    if per == "epoch":
+        return float(step // steps_per_epoch)
+    raise ValueError(f"schedule_per must be 'step' or 'epoch', got {per!r}")
+
+
+def lr_at(step: int, *, steps_per_epoch: int, epochs: int, peak: float, schedule: str = "cosine",
+          warmup_epochs: float = 0.0, min_lr: float = 0.0, milestones: Sequence[int] = (),
+          gamma: float = 0.1, per: str = "step") -> float:
+    """Learning rate of optimiser step ``step`` (0-based) for a run of ``epochs`` epochs.
+
+    ``min_lr`` is a fraction of ``peak``. Warmup is always per step (a whole-epoch warmup would
+    start at lr 0 for an epoch).
+    """
+    t = schedule_time(step, steps_per_epoch, per)
+    if warmup_epochs > 0 and step / steps_per_epoch < warmup_epochs:
+        return peak * (step / steps_per_epoch) / warmup_epochs
+    if schedule == "cosine":
+        return cosine_lr(t, epochs, peak, warmup_epochs, peak * min_lr)
+    if schedule == "step":
+        return step_lr(t, peak, milestones, gamma)
+    if schedule == "constant":
+        return peak
+    raise ValueError(f"lr_schedule must be 'cosine', 'step' or 'constant', got {schedule!r}")

@@ -1,0 +1,580 @@
+"""The training loop: one readable function on ``accelerate.Accelerator``.
+
+``train(cfg, build_method, build_pipeline)`` does, in order:
+
+1. checks the inputs (precision vs device, output folder vs ``--resume``, batch divisibility,
+   the data set) before anything is built, so bad input fails in seconds;
+2. builds the data (deterministic global order, per-sample seeded augmentation, optional batched
+   augmentation on the device), the method and the optimiser, and ``prepare``s them;
+3. resumes (signature + config checked before loading, fingerprints verified after);
+4. loops: ``lr = lr_at(step)``, ``m = cfg.momentum_at(step)``, ``out = model(views, momentum=m)``,
+   backward, clip, step; logs ``metrics.jsonl`` every ``log_every`` steps, checkpoints every
+   ``save_every_steps`` steps and at epoch ends, runs the kNN monitor every ``knn_every``
+   epochs, and stops cleanly on SIGTERM/SIGINT, ``max_steps`` or the last epoch;
+5. writes ``encoder.pt`` (query backbone, ``{"encoder": name, "state_dict": ...}``).
+
+Everything random is a function of ``cfg.seed`` and the position in the run, so a resumed run
+continues exactly as the uninterrupted one (see :mod:`contrastive.engine.loader`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from contrastive.engine.checkpoint import (
+    CheckpointManager,
+    TrainState,
+    check_compatible,
+    model_signature,
+    read_meta,
+    resolve_resume,
+)
+from contrastive.engine.config import TrainConfig, config_to_dict
+from contrastive.engine.loader import GlobalBatchSampler, build_train_loader, step_generator
+from contrastive.engine.monitor import KNNMonitor
+from contrastive.engine.optim import build_optimizer
+from contrastive.engine.schedules import lr_at, scaled_lr
+
+__all__ = ["train", "TrainResult", "NonFiniteLossError", "make_accelerator", "save_encoder"]
+
+logger = logging.getLogger(__name__)
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The loss became NaN or infinite (``--on-nonfinite stop``)."""
+
+
+@dataclass
+class TrainResult:
+    """What a run left behind."""
+
+    output_dir: Path
+    status: str  # "completed", "max_steps" or "interrupted"
+    step: int
+    epoch: int
+    encoder_path: Path | None = None
+    checkpoint: Path | None = None
+    knn_top1: float | None = None
+    knn_history: list[tuple[int, float]] = field(default_factory=list)
+    last_metrics: dict[str, Any] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------------------------
+# set-up helpers
+
+
+def make_accelerator(cfg: TrainConfig, project_dir: str | Path) -> Any:
+    """An ``Accelerator`` for ``cfg``; ``--mixed-precision`` wins over accelerate's config.
+
+    Raises ``ValueError`` for fp16 on the CPU: accelerate would silently train in fp32.
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    cpu_only = cfg.cpu or not torch.cuda.is_available()
+    mp = cfg.mixed_precision or None
+    if mp == "fp16" and cpu_only:
+        raise ValueError("--mixed-precision fp16 on the CPU: accelerate would silently run fp32. "
+                         "Use --mixed-precision bf16 (autocast, ~2x faster on AVX-512-bf16 CPUs) "
+                         "or no")
+    ddp = DistributedDataParallelKwargs(find_unused_parameters=cfg.ddp_find_unused_parameters)
+    # Several processes without GPUs (`accelerate launch --multi_gpu`, `torchrun`): accelerate
+    # only sets up gloo data parallelism (MULTI_CPU) when asked for the CPU; otherwise every
+    # process would train alone as "rank 0".
+    multi_process = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    acc = Accelerator(
+        cpu=cfg.cpu or (multi_process and not torch.cuda.is_available()),
+        mixed_precision=mp,
+        gradient_accumulation_steps=cfg.grad_accum_steps,
+        log_with=None if cfg.report_to == "none" else cfg.report_to,
+        project_dir=str(project_dir),
+        kwargs_handlers=[ddp],
+    )
+    if acc.mixed_precision == "fp16" and acc.device.type == "cpu":
+        raise ValueError("accelerate's configuration asks for fp16 on the CPU, which silently "
+                         "runs fp32: pass --mixed-precision bf16 or no")
+    return acc
+
+
+def _check_output_dir(out: Path, resume: str) -> None:
+    if resume or not out.exists():
+        return
+    entries = [p.name for p in out.iterdir()]
+    if entries:
+        raise FileExistsError(
+            f"output folder {out} is not empty ({', '.join(sorted(entries)[:4])}...): pass "
+            "--resume auto to continue that run, or choose a new --output-dir")
+
+
+def save_encoder(path: str | Path, encoder: nn.Module, name: str, **extra: Any) -> Path:
+    """Write ``{"encoder": name, "state_dict": ...}`` (+ ``extra`` plain values) atomically.
+
+    The state dict is the backbone's own (no prefixes, no head), on the CPU, contiguous: it
+    loads with ``torch.load(path, weights_only=True)`` and ``create_encoder(name)
+    .load_state_dict(...)``.
+    """
+    path = Path(path)
+    state = {k: v.detach().cpu().contiguous() for k, v in encoder.state_dict().items()}
+    payload = {"encoder": name, "state_dict": state,
+               "num_features": int(getattr(encoder, "num_features", 0)), **extra}
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+class _Metrics:
+    """``metrics.jsonl`` writer (main process) with a truncate-on-resume rule."""
+
+    def __init__(self, path: Path, enabled: bool, resume_step: int | None) -> None:
+        self.path, self.enabled = path, enabled
+        if not enabled:
+            return
+        if resume_step is None:
+            self.path.write_text("")
+        elif self.path.exists():  # drop lines written after the checkpoint we resume from
+            kept = [ln for ln in self.path.read_text().splitlines()
+                    if ln.strip() and json.loads(ln).get("step", 0) <= resume_step]
+            self.path.write_text("".join(ln + "\n" for ln in kept))
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.enabled:
+            with open(self.path, "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+
+
+class _StopSignal:
+    """SIGTERM / SIGINT set a flag; the loop saves a checkpoint and exits at the next step.
+    A second signal restores the default handler (a second Ctrl-C kills)."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopSignal:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: leave signals alone
+                pass
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received = signal.Signals(signum).name
+        logger.warning("received %s: saving a checkpoint after this step, then exiting "
+                       "(send it again to stop immediately)", self.received)
+        signal.signal(signum, self._old.get(signum, signal.SIG_DFL))
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def _resolve_batched(cfg: TrainConfig, device: torch.device) -> bool:
+    if cfg.batched_augment == "auto":
+        return device.type == "cuda"
+    return cfg.batched_augment == "on"
+
+
+def _feature_fn(module: nn.Module, which: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    if which == "head":
+        head = getattr(module, "head", None) or getattr(module, "projector", None)
+        if head is None:
+            raise ValueError(f"--knn-feature head: {type(module).__name__} has no head/projector")
+        return lambda x: head(module.encoder(x))
+    return module.encoder
+
+
+# ----------------------------------------------------------------------------------------------
+# the loop
+
+
+def train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
+          build_pipeline: Callable[[TrainConfig], Any], *, recipe: str = "custom") -> TrainResult:
+    """Train ``build_method(cfg)`` on ``cfg.data`` augmented by ``build_pipeline(cfg)``.
+
+    ``build_method`` returns a method module (``forward(views, momentum=None) -> dict`` with
+    ``loss``, ``pos_acc``, ``pos_sim``, ``neg_sim``, ``embeddings``; attribute ``encoder``).
+    ``build_pipeline`` returns a :class:`contrastive.augment.Pipeline` (per-image ``__call__``
+    and ``split()`` for the batched path). See the module docstring for the steps.
+    """
+    from contrastive.data import get_dataset, has_split, num_classes
+
+    cfg.validate()
+    out = Path(cfg.output_dir or os.path.join("runs", recipe))
+    _check_output_dir(out, cfg.resume)  # before any process writes anything
+    accelerator = make_accelerator(cfg, out)
+    is_main = accelerator.is_main_process
+    if not is_main:  # nothing printed from other ranks
+        logging.getLogger().setLevel(logging.ERROR)
+    world, rank, device = accelerator.num_processes, accelerator.process_index, accelerator.device
+    accum = cfg.grad_accum_steps
+    if cfg.batch_size % (world * accum):
+        raise ValueError(f"--batch-size {cfg.batch_size} must be divisible by processes x "
+                         f"--grad-accum-steps = {world} x {accum}")
+    accelerator.wait_for_everyone()
+    if is_main:
+        out.mkdir(parents=True, exist_ok=True)
+
+    # ---- data ----------------------------------------------------------------------------
+    batched = _resolve_batched(cfg, device)
+    pipeline = build_pipeline(cfg)
+    device_fn = None
+    if batched:
+        worker_fn, device_fn = pipeline.split()
+        transform = worker_fn
+    else:
+        transform = pipeline
+    train_set = get_dataset(cfg.data, "train", transform=transform, strict=cfg.strict_data)
+    steps_per_epoch = len(train_set) // cfg.batch_size
+    if steps_per_epoch == 0:
+        raise ValueError(f"--data {cfg.data} has {len(train_set)} training images, fewer than "
+                         f"one --batch-size {cfg.batch_size}: lower the batch size")
+    micro_per_epoch = steps_per_epoch * accum
+    sampler = GlobalBatchSampler(len(train_set), cfg.batch_size // accum, rank=rank,
+                                 world_size=world, seed=cfg.seed,
+                                 num_batches=micro_per_epoch)  # whole optimiser steps only
+    loader = build_train_loader(train_set, sampler, seed=cfg.seed, num_workers=cfg.num_workers,
+                                pin_memory=device.type == "cuda")
+    total_steps = steps_per_epoch * cfg.epochs
+    last_step = min(total_steps, cfg.max_steps) if cfg.max_steps else total_steps
+
+    monitor = None
+    if cfg.knn_every:
+        if not has_split(cfg.data, "test"):
+            logger.info("kNN monitor off: --data %s has no held-out labelled split", cfg.data)
+        else:
+            from contrastive.augment import get_pipeline
+
+            norm = {k: getattr(pipeline, k) for k in ("mean", "std") if hasattr(pipeline, k)}
+            eval_tf = get_pipeline("eval", image_size=cfg.image_size, **norm)
+            bank = get_dataset(cfg.data, "train", transform=eval_tf, strict=cfg.strict_data)
+            query = get_dataset(cfg.data, "test", transform=eval_tf, strict=cfg.strict_data)
+            n_cls = num_classes(bank)
+            if n_cls is None:
+                logger.info("kNN monitor off: --data %s has no labels", cfg.data)
+            else:
+                monitor = KNNMonitor(bank, query, k=cfg.knn_k, t=cfg.knn_t,
+                                     max_bank=cfg.knn_max_train, max_query=cfg.knn_max_test,
+                                     batch_size=max(cfg.batch_size // world, 64),
+                                     num_workers=min(cfg.num_workers, 4), num_classes=n_cls)
+
+    # ---- model and optimiser ------------------------------------------------------------------
+    from accelerate.utils import set_seed
+
+    set_seed(cfg.seed)
+    method = build_method(cfg)
+    signature = model_signature(method)
+    if getattr(method, "uses_in_batch_negatives", False) and accum > 1:
+        logger.warning("--grad-accum-steps %d with in-batch negatives: each micro-batch of %d "
+                       "images only contrasts against itself; this is NOT a bigger contrastive "
+                       "batch", accum, cfg.batch_size // accum)
+    if cfg.sync_bn and world > 1:
+        if device.type == "cuda":
+            method = nn.SyncBatchNorm.convert_sync_batchnorm(method)
+        else:
+            logger.warning("--sync-bn ignored: SyncBatchNorm needs GPU processes")
+    if cfg.channels_last:
+        method = method.to(memory_format=torch.channels_last)
+    if cfg.compile:
+        method.encoder.compile()
+    peak_lr = scaled_lr(cfg.lr, cfg.batch_size, cfg.lr_scaling)
+    optimizer = build_optimizer(method, cfg.optimizer, lr=peak_lr, weight_decay=cfg.weight_decay,
+                                momentum=cfg.sgd_momentum, nesterov=cfg.nesterov,
+                                betas=tuple(cfg.betas), trust_coeff=cfg.lars_trust_coeff,
+                                exclude_from_wd=cfg.exclude_from_wd)
+    model, optimizer = accelerator.prepare(method, optimizer)
+    module = accelerator.unwrap_model(model)
+
+    config_dict = {"recipe": recipe, **config_to_dict(cfg)}
+    state = TrainState()
+    ckpt = CheckpointManager(accelerator, model, optimizer, state, out / "checkpoints",
+                             keep_last=cfg.keep_last,
+                             meta={"config": config_dict, "signature": signature,
+                                   "recipe": recipe})
+    ckpt.cleanup_partial()
+
+    # ---- resume --------------------------------------------------------------------------------
+    resume_path = resolve_resume(cfg.resume, out)
+    if cfg.resume == "auto" and resume_path is None:
+        logger.info("--resume auto: no checkpoint in %s, starting a new run", out / "checkpoints")
+    if resume_path is not None:
+        changes = check_compatible(read_meta(resume_path), signature, config_dict,
+                                   world_size=world, allow_config_change=cfg.allow_config_change,
+                                   path=resume_path)
+        for c in changes:
+            logger.warning("resuming with a changed setting: %s", c)
+        ckpt.load(resume_path)
+        logger.info("resumed from %s at step %d (epoch %d, micro-batch %d)", resume_path,
+                    state.step, state.epoch, state.micro_in_epoch)
+    else:  # a fresh run: give each process its own random stream from here on
+        set_seed(cfg.seed, device_specific=True)
+
+    resolved = {
+        "peak_lr": peak_lr, "steps_per_epoch": steps_per_epoch, "total_steps": total_steps,
+        "world_size": world, "per_process_micro_batch": cfg.batch_size // (world * accum),
+        "mixed_precision": accelerator.mixed_precision, "device": str(device),
+        "batched_augment": batched, "train_images": len(train_set),
+        "torch": torch.__version__, "command": " ".join(sys.argv),
+    }
+    if is_main:
+        (out / "config.json").write_text(json.dumps({**config_dict, "resolved": resolved},
+                                                    indent=1))
+        logger.info("training %s: %d images, %d steps/epoch x %d epochs, global batch %d on %d "
+                    "process(es), lr %.4g, precision %s, augmentation %s", recipe, len(train_set),
+                    steps_per_epoch, cfg.epochs, cfg.batch_size, world, peak_lr,
+                    accelerator.mixed_precision, "batched on device" if batched else "per image")
+    metrics = _Metrics(out / "metrics.jsonl", is_main,
+                       state.step if resume_path is not None else None)
+    if cfg.report_to != "none":
+        accelerator.init_trackers(recipe, config={k: v for k, v in config_dict.items()
+                                                  if isinstance(v, (int, float, str, bool))})
+
+    result = TrainResult(output_dir=out, status="completed", step=state.step, epoch=state.epoch)
+
+    def run_knn(tag: str) -> None:
+        model.eval()
+        try:
+            top1 = monitor(_feature_fn(module, cfg.knn_feature), accelerator,
+                           channels_last=cfg.channels_last)
+        finally:
+            model.train()
+        result.knn_top1 = top1
+        result.knn_history.append((state.step, top1))
+        record = {"step": state.step, "epoch": round(state.step / steps_per_epoch, 4),
+                  "knn_top1": top1, "knn_when": tag}
+        metrics.write(record)
+        logger.info("kNN top-1 (%s, step %d): %.2f %%", tag, state.step, top1)
+        if cfg.report_to != "none":
+            accelerator.log({"knn_top1": top1}, step=state.step)
+
+    def save() -> Path:
+        path = ckpt.save()
+        result.checkpoint = path
+        return path
+
+    def finish(status: str) -> TrainResult:
+        if ckpt.last_saved_step != state.step:
+            save()
+        result.status, result.step, result.epoch = status, state.step, state.epoch
+        if is_main:
+            extra = {"encoder_kwargs": cfg.encoder_kwargs()} if cfg.encoder_kwargs() else {}
+            result.encoder_path = save_encoder(
+                out / "encoder.pt", module.encoder, cfg.encoder, recipe=recipe, step=state.step,
+                method=type(module).__name__, **extra)
+            logger.info("%s at step %d: encoder weights in %s", status, state.step,
+                        result.encoder_path)
+        accelerator.wait_for_everyone()
+        if cfg.report_to != "none":
+            accelerator.end_training()
+        return result
+
+    if monitor is not None and cfg.knn_at_start and resume_path is None:
+        run_knn("start")
+
+    # ---- loop ----------------------------------------------------------------------------------
+    model.train()
+    progress = None
+    if is_main and cfg.progress:
+        from tqdm.auto import tqdm
+
+        progress = tqdm(total=last_step, initial=state.step, desc=recipe, unit="step",
+                        dynamic_ncols=True, mininterval=1.0)
+    sums: dict[str, torch.Tensor] = {}
+    n_sums = 0
+    t_last, images_last, wait_time = time.perf_counter(), state.images_seen, 0.0
+    last_out: dict[str, torch.Tensor] = {}
+    status = "completed"
+    first_bad = torch.full((), -1, dtype=torch.long, device=device)
+
+    def check_finite(first: torch.Tensor) -> None:
+        """Raise (on every process) if a loss since the start was NaN/inf ("stop" mode)."""
+        bad = first.reshape(1).clone()
+        if world > 1:
+            bad = accelerator.reduce(torch.where(bad < 0, torch.full_like(bad, 1 << 62), bad),
+                                     "min")
+            bad = torch.where(bad == 1 << 62, torch.full_like(bad, -1), bad)
+        step = int(bad.item())
+        if step >= 0:
+            last = ckpt.last_saved_step
+            raise NonFiniteLossError(
+                f"non-finite loss (NaN or inf) at step {step}. The last good checkpoint is "
+                f"{'step ' + str(last) if last is not None else 'none'} in "
+                f"{out / 'checkpoints'}; resume with --resume auto and a lower --lr, or pass "
+                "--on-nonfinite skip to skip such steps")
+
+    with _StopSignal() as stop, (progress or contextlib.nullcontext()):
+        while state.epoch < cfg.epochs and status == "completed":
+            epoch = state.epoch
+            sampler.set_epoch(epoch)
+            skip = state.micro_in_epoch
+            batches = accelerator.skip_first_batches(loader, skip) if skip else loader
+            t_wait = time.perf_counter()
+            for micro, (views, _labels, indices) in enumerate(batches, start=skip):
+                wait_time += time.perf_counter() - t_wait
+                views = [v.to(device, non_blocking=True) for v in views]
+                if device_fn is not None:
+                    views = device_fn(views, generator=step_generator(
+                        device, cfg.seed, state.step, micro % accum, rank))
+                if cfg.channels_last:
+                    views = [v.contiguous(memory_format=torch.channels_last) for v in views]
+                lr = lr_at(state.step, steps_per_epoch=steps_per_epoch, epochs=cfg.epochs,
+                           peak=peak_lr, schedule=cfg.lr_schedule,
+                           warmup_epochs=cfg.warmup_epochs, min_lr=cfg.min_lr,
+                           milestones=cfg.lr_milestones, gamma=cfg.lr_gamma,
+                           per=cfg.schedule_per)
+                for g in optimizer.param_groups:
+                    g["lr"] = lr
+                m = cfg.momentum_at(state.step, total_steps)
+                kwargs: dict[str, Any] = {"momentum": m}
+                if getattr(cfg, "pass_indices", False):
+                    kwargs["labels"] = indices.to(device)
+                with accelerator.accumulate(model):
+                    out_ = model(views, **kwargs)
+                    loss = out_["loss"]
+                    finite = torch.isfinite(loss.detach())
+                    if cfg.on_nonfinite == "skip" and not _all_true(finite, accelerator):
+                        logger.warning("non-finite loss at step %d (epoch %d, micro-batch %d): "
+                                       "skipping the optimiser step", state.step, epoch, micro)
+                        optimizer.zero_grad(set_to_none=True)
+                    else:
+                        # "stop": remember the first bad step on the device (no host sync
+                        # here); it is checked before every log line and checkpoint
+                        first_bad = torch.where(finite | (first_bad >= 0), first_bad,
+                                                torch.full_like(first_bad, state.step))
+                        accelerator.backward(loss)
+                        if accelerator.sync_gradients and cfg.clip_grad_norm > 0:
+                            accelerator.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
+                        optimizer.step()
+                        optimizer.zero_grad(set_to_none=True)
+                        for k in ("loss", "pos_acc", "pos_sim", "neg_sim"):
+                            if k in out_:
+                                v = out_[k].detach().float()
+                                sums[k] = sums[k] + v if k in sums else v
+                        n_sums += 1
+                        last_out = out_
+                state.micro_in_epoch = micro + 1
+                if not accelerator.sync_gradients:
+                    t_wait = time.perf_counter()
+                    continue
+
+                # ---- one optimiser step done ----
+                state.step += 1
+                state.images_seen += cfg.batch_size
+                if state.micro_in_epoch >= micro_per_epoch:
+                    state.epoch, state.micro_in_epoch = epoch + 1, 0
+                if progress is not None:
+                    progress.update(1)
+                log_now = state.step % cfg.log_every == 0 or state.step == last_step
+                save_now = bool(cfg.save_every_steps) and state.step % cfg.save_every_steps == 0
+                if log_now or save_now or state.step == last_step:
+                    check_finite(first_bad)
+                if log_now:
+                    now = time.perf_counter()
+                    record = _log_record(state, steps_per_epoch, lr, m, module, sums, n_sums,
+                                         last_out, accelerator, now - t_last,
+                                         state.images_seen - images_last, wait_time)
+                    metrics.write(record)
+                    result.last_metrics = record
+                    if cfg.report_to != "none":
+                        accelerator.log(record, step=state.step)
+                    if progress is not None:
+                        progress.set_postfix(loss=f"{record.get('loss', float('nan')):.4f}",
+                                             img_s=f"{record['images_per_s']:.1f}")
+                    sums, n_sums = {}, 0
+                    t_last, images_last, wait_time = now, state.images_seen, 0.0
+                if save_now:
+                    save()
+                # one process: the flag itself; several: agree every 10 steps (a collective)
+                if world == 1 or log_now or state.step % 10 == 0:
+                    if _any_true(stop.received is not None, accelerator):
+                        check_finite(first_bad)
+                        status = "interrupted"
+                        break
+                if cfg.max_steps and state.step >= cfg.max_steps:
+                    status = "max_steps"
+                    break
+                t_wait = time.perf_counter()
+
+            if state.epoch != epoch + 1:
+                if status != "completed":
+                    break  # stopped mid-epoch
+                raise RuntimeError(f"the loader ended after {state.micro_in_epoch} of "
+                                   f"{micro_per_epoch} micro-batches in epoch {epoch}")
+            if status == "interrupted":
+                break
+            check_finite(first_bad)
+            if monitor is not None and (epoch + 1) % cfg.knn_every == 0:
+                run_knn(f"epoch {epoch + 1}")
+            if (cfg.save_every_epochs and (epoch + 1) % cfg.save_every_epochs == 0
+                    and ckpt.last_saved_step != state.step):
+                save()
+    if monitor is not None and status != "interrupted" and \
+            (not result.knn_history or result.knn_history[-1][0] != state.step):
+        run_knn("end")
+    return finish(status)
+
+
+def _all_true(flag: torch.Tensor, accelerator: Any) -> bool:
+    """``flag`` (a 0-d bool tensor) on every process (one host sync, a collective if several)."""
+    v = flag.float().reshape(1)
+    if accelerator.num_processes > 1:
+        v = accelerator.reduce(v, "min")
+    return bool(v.item())
+
+
+def _any_true(flag: bool, accelerator: Any) -> bool:
+    """A Python flag set on any process (a collective when there are several)."""
+    if accelerator.num_processes == 1:
+        return flag
+    v = torch.tensor([1.0 if flag else 0.0], device=accelerator.device)
+    return bool(accelerator.reduce(v, "max").item())
+
+
+def _log_record(state: TrainState, steps_per_epoch: int, lr: float, m: float | None,
+                module: nn.Module, sums: dict[str, torch.Tensor], n: int,
+                last_out: dict[str, torch.Tensor], accelerator: Any, seconds: float,
+                images: int, wait: float) -> dict[str, Any]:
+    """One metrics.jsonl record: means since the last record, averaged over processes."""
+    keys = sorted(sums)
+    means = {}
+    if keys and n:
+        vec = torch.stack([sums[k] for k in keys]) / n
+        if accelerator.num_processes > 1:
+            vec = accelerator.reduce(vec, "mean")
+        means = dict(zip(keys, vec.tolist()))
+    emb_std = None
+    emb = last_out.get("embeddings")
+    if emb is not None and emb.shape[0] > 1:
+        emb_std = F.normalize(emb.float(), dim=1).std(dim=0).mean().item()
+    if m is None:
+        m = getattr(module, "momentum", None)
+    record = {
+        "step": state.step,
+        "epoch": round(state.step / steps_per_epoch, 4),
+        **{k: round(v, 6) for k, v in means.items()},
+        "lr": lr,
+        "momentum": m,
+        "embedding_std": None if emb_std is None else round(emb_std, 6),
+        "images_per_s": round(images / max(seconds, 1e-9), 2),
+        "data_wait_frac": round(wait / max(seconds, 1e-9), 4),
+        "time": round(time.time(), 3),
+    }
+    if "loss" in record and not math.isfinite(record["loss"]):
+        record["loss"] = None
+    return record

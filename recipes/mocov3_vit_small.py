@@ -1,0 +1,116 @@
+#!/usr/bin/env python
+"""MoCo v3, ViT-Small, ImageNet: Chen, Xie, He, ICCV 2021, and the official code
+(facebookresearch/moco-v3, ``main_moco.py``, ``vits.py``, ``CONFIG.md``, checked for these values).
+
+Hyper-parameters: 300 epochs, batch 4096 (CONFIG.md's one-node variant: ``-b 1024``), AdamW
+lr 1.5e-4 x batch / 256, weight decay 0.1 on every parameter (the official AdamW gets
+``model.parameters()``), 40 warmup epochs then half-cycle cosine per iteration; temperature 0.2,
+3-layer projector and 2-layer predictor (4096 hidden, 256 out), key-encoder momentum 0.99 -> 1
+(cosine), frozen random patch projection (``--stop-grad-conv1``), crop minimum scale 0.08.
+The official ViT-S has 12 attention heads where timm's ``vit_small_patch16_224`` has 6 (same
+weights shapes): ``--vit-num-heads 12`` builds the official one (``encoder.pt`` then records
+``encoder_kwargs`` that evaluation must pass to ``create_encoder``); the default keeps timm's
+model so that ``create_encoder(name)`` alone rebuilds it. The fixed 2-D sin-cos position embedding
+of the official code is set on every ViT in the model. Reported linear top-1 73.2.
+
+    accelerate launch recipes/mocov3_vit_small.py --data /path/to/imagenet --mixed-precision bf16
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from contrastive.engine import TrainConfig, help_field, run
+
+
+@dataclass
+class MoCoV3ViTSmall(TrainConfig):
+    """MoCo v3, ViT-Small/16, ImageNet (ICCV 2021; official facebookresearch/moco-v3)."""
+
+    encoder: str = "timm:vit_small_patch16_224"
+    image_size: int = 224
+    epochs: int = 300
+    batch_size: int = 4096
+    optimizer: str = help_field("adamw", "official: AdamW", choices=("sgd", "adamw", "lars"))
+    lr: float = help_field(1.5e-4, "per 256 images (linear rule)")
+    weight_decay: float = 0.1
+    exclude_from_wd: bool = help_field(False, "official AdamW decays every parameter")
+    warmup_epochs: float = 40
+    lr_schedule: str = help_field("cosine", "warmup + half-cycle cosine",
+                                  choices=("cosine", "step", "constant"))
+    schedule_per: str = help_field("step", "official: per iteration", choices=("step", "epoch"))
+    sync_bn: bool = help_field(True, "official: SyncBN (in the heads) across GPU processes")
+
+    dim: int = help_field(256, "output dimension")
+    mlp_hidden: int = help_field(4096, "hidden width of projector and predictor")
+    temperature: float = help_field(0.2, "softmax temperature tau")
+    moco_momentum: float = help_field(0.99, "initial key-encoder momentum m0")
+    momentum_cosine: bool = help_field(True, "anneal m from m0 to 1 (half cosine)")
+    crop_min: float = help_field(0.08, "RandomResizedCrop minimum scale")
+    freeze_patch_embed: bool = help_field(True, "frozen random patch projection "
+                                          "(--stop-grad-conv1)")
+    vit_num_heads: int = help_field(0, "attention heads of timm ViTs (official ViT-S: 12; 0 = "
+                                    "timm's default, 6)")
+    fixed_pos_embed: bool = help_field(True, "fixed 2-D sin-cos position embedding (official)")
+
+    def encoder_kwargs(self) -> dict:
+        if self.encoder.startswith("timm:vit") and self.vit_num_heads:
+            return {"num_heads": self.vit_num_heads}
+        return {}
+
+    def momentum_at(self, step: int, total_steps: int) -> float:
+        from contrastive.nn import constant_momentum, cosine_momentum
+
+        schedule = cosine_momentum if self.momentum_cosine else constant_momentum
+        return schedule(step, total_steps, self.moco_momentum)
+
+
+def sincos_pos_embed(grid: int, dim: int, temperature: float = 10000.0) -> torch.Tensor:
+    """(1, 1 + grid^2, dim): a zero class-token row, then for patch (row r, column c)
+    ``[sin(r w), cos(r w), sin(c w), cos(c w)]`` with ``w_i = temperature^(-i / (dim / 4))``."""
+    if dim % 4:
+        raise ValueError(f"sin-cos position embedding needs dim % 4 == 0, got {dim}")
+    quarter = dim // 4
+    omega = temperature ** -(torch.arange(quarter, dtype=torch.float64) / quarter)
+    pos = torch.arange(grid * grid)
+    rows, cols = (pos // grid).double(), (pos % grid).double()
+    r, c = rows[:, None] * omega, cols[:, None] * omega
+    emb = torch.cat([r.sin(), r.cos(), c.sin(), c.cos()], dim=1).float()
+    return torch.cat([torch.zeros(1, dim), emb])[None]
+
+
+def _fix_position_embeddings(model: torch.nn.Module) -> None:
+    for m in model.modules():
+        pos = getattr(m, "pos_embed", None)
+        grid = getattr(getattr(m, "patch_embed", None), "grid_size", None)
+        if isinstance(pos, torch.nn.Parameter) and grid is not None and grid[0] == grid[1]:
+            if pos.shape[1] != grid[0] * grid[1] + 1:
+                raise ValueError(f"expected one class token in pos_embed {tuple(pos.shape)}")
+            with torch.no_grad():
+                pos.copy_(sincos_pos_embed(grid[0], pos.shape[-1]))
+            pos.requires_grad_(False)
+
+
+def build_method(cfg: MoCoV3ViTSmall):
+    from contrastive.methods import MoCoV3
+
+    vit = cfg.encoder.startswith("timm:vit")
+    method = MoCoV3(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
+                    temperature=cfg.temperature, momentum=cfg.moco_momentum, vit=vit,
+                    freeze_patch_embed=cfg.freeze_patch_embed and vit,
+                    encoder_kwargs=cfg.encoder_kwargs())
+    if cfg.fixed_pos_embed:
+        _fix_position_embeddings(method)  # query and key ViTs alike
+    return method
+
+
+def build_pipeline(cfg: MoCoV3ViTSmall):
+    from contrastive.augment import get_pipeline
+
+    return get_pipeline("mocov3", image_size=cfg.image_size, scale=(cfg.crop_min, 1.0))
+
+
+if __name__ == "__main__":
+    run(MoCoV3ViTSmall, build_method, build_pipeline, name="mocov3_vit_small")

@@ -1,0 +1,146 @@
+"""Checkpoint manager: atomic saves, pruning, compatibility checks, verified resumes."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from torch import nn
+
+from contrastive.engine.checkpoint import (
+    CheckpointManager,
+    IncompatibleCheckpointError,
+    ResumeMismatchError,
+    TrainState,
+    check_compatible,
+    find_latest,
+    model_signature,
+    read_meta,
+    resolve_resume,
+)
+
+
+class _Toy(nn.Module):
+    def __init__(self, width: int = 4) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(3, width), nn.BatchNorm1d(width))
+        self.register_buffer("queue", torch.randn(5, width))
+
+
+@pytest.fixture
+def accelerator():
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    yield Accelerator(cpu=True)
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def _setup(accelerator, root, keep_last=2, width=4):
+    torch.manual_seed(0)
+    model = _Toy(width)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model, opt = accelerator.prepare(model, opt)
+    state = TrainState()
+    meta = {"config": {"lr": 0.1, "encoder": "toy"}, "signature": model_signature(model)}
+    return model, opt, state, CheckpointManager(accelerator, model, opt, state, root,
+                                                keep_last=keep_last, meta=meta)
+
+
+def _train_step(model, opt):
+    loss = model.net(torch.randn(8, 3)).pow(2).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    model.queue.add_(1.0)
+
+
+def test_save_layout_pruning_and_exact_reload(accelerator, tmp_path):
+    model, opt, state, ckpt = _setup(accelerator, tmp_path / "checkpoints")
+    for step in range(1, 4):
+        _train_step(model, opt)
+        state.step, state.micro_in_epoch = step, step
+        path = ckpt.save()
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert kept == ["step_00000002", "step_00000003"]  # keep_last=2
+    meta = read_meta(path)
+    assert meta["step"] == 3 and meta["micro_in_epoch"] == 3 and meta["world_size"] == 1
+    from safetensors.torch import load_file
+
+    assert set(load_file(str(path / "model.safetensors"))) == set(model.state_dict())
+
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    expected_next = (torch.rand(4), random.random())  # the random stream right after the save
+    _train_step(model, opt)  # move on, then come back
+    ckpt.load(path)
+    assert state.step == 3
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, saved[k]), k
+    assert torch.equal(torch.rand(4), expected_next[0]) and random.random() == expected_next[1]
+
+
+def test_rng_not_restored_fails_loudly(accelerator, tmp_path):
+    model, opt, state, ckpt = _setup(accelerator, tmp_path / "checkpoints")
+    _train_step(model, opt)
+    state.step = 1
+    path = ckpt.save()
+    (path / "random_states_0.pkl").unlink()  # accelerate only logs that it cannot load them
+    torch.rand(10)
+    with pytest.raises(ResumeMismatchError, match="random number generator"):
+        ckpt.load(path)
+
+
+def test_crash_during_save_keeps_previous_checkpoint(accelerator, tmp_path, monkeypatch):
+    root = tmp_path / "checkpoints"
+    model, opt, state, ckpt = _setup(accelerator, root)
+    state.step = 1
+    good = ckpt.save()
+
+    def crash(output_dir, **kw):  # dies half-way through writing
+        (tmp_path / "checkpoints" / ".tmp-step_00000002").mkdir()
+        (tmp_path / "checkpoints" / ".tmp-step_00000002" / "model.safetensors").write_text("x")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(accelerator, "save_state", crash)
+    state.step = 2
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save()
+    assert find_latest(root) == good and resolve_resume("auto", tmp_path) == good
+    ckpt.cleanup_partial()
+    assert [p.name for p in root.iterdir()] == ["step_00000001"]
+
+
+def test_signature_and_config_checks(accelerator, tmp_path):
+    model, opt, state, ckpt = _setup(accelerator, tmp_path / "checkpoints")
+    state.step = 1
+    meta = read_meta(ckpt.save())
+    same = model_signature(model)
+    cfg = {"lr": 0.1, "encoder": "toy", "max_steps": 9}
+    assert check_compatible(meta, same, cfg, world_size=1) == []  # operational field ignored
+    other = model_signature(_Toy(width=6))
+    with pytest.raises(IncompatibleCheckpointError, match=r"different model.*shape"):
+        check_compatible(meta, other, cfg, world_size=1)
+    with pytest.raises(IncompatibleCheckpointError, match=r"lr: 0.1 -> 0.2.*allow-config-change"):
+        check_compatible(meta, same, {**cfg, "lr": 0.2}, world_size=1)
+    assert check_compatible(meta, same, {**cfg, "lr": 0.2}, world_size=2,
+                            allow_config_change=True) == [
+        "lr: 0.1 -> 0.2", "processes: 1 -> 2 (RNG states cannot be restored exactly)"]
+
+
+def test_resolve_resume(tmp_path):
+    assert resolve_resume("", tmp_path) is None
+    assert resolve_resume("auto", tmp_path) is None
+    ck = tmp_path / "checkpoints" / "step_00000010"
+    ck.mkdir(parents=True)
+    (ck / "meta.json").write_text(json.dumps({}))
+    (tmp_path / "checkpoints" / "step_00000020").mkdir()  # incomplete: no meta.json
+    assert resolve_resume("auto", tmp_path) == ck
+    assert resolve_resume(str(tmp_path), tmp_path) == ck
+    assert resolve_resume(str(ck), tmp_path) == ck
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+        resolve_resume(str(tmp_path / "checkpoints" / "step_00000020"), tmp_path)

@@ -1,0 +1,84 @@
+"""Optimisers: parameter groups and one LARS step against a hand-written update."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from contrastive.engine.optim import build_optimizer, param_groups
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 4, 2))
+
+
+def test_groups_exclude_bias_and_norm_and_frozen():
+    net = _net()
+    net[0].bias.requires_grad_(False)  # frozen -> in no group
+    groups = {g["name"]: g for g in param_groups(net, 1e-4)}
+    decay_ids = {id(p) for p in groups["decay"]["params"]}
+    no_decay_ids = {id(p) for p in groups["no_decay"]["params"]}
+    assert decay_ids == {id(net[0].weight), id(net[3].weight)}
+    assert no_decay_ids == {id(net[1].weight), id(net[1].bias), id(net[3].bias)}
+    assert groups["no_decay"]["weight_decay"] == 0.0
+    assert groups["decay"]["weight_decay"] == 1e-4
+    kept = {g["name"]: g["weight_decay"] for g in param_groups(net, 1e-4, exclude_from_wd=False)}
+    assert kept == {"decay": 1e-4, "no_decay": 1e-4}
+
+
+def test_sgd_norm_params_get_no_weight_decay():
+    net = _net()
+    opt = build_optimizer(net, "sgd", lr=0.1, weight_decay=0.5, momentum=0.0)
+    for p in net.parameters():
+        p.grad = torch.zeros_like(p)
+    w0, g0 = net[0].weight.detach().clone(), net[1].weight.detach().clone()
+    opt.step()
+    assert torch.allclose(net[0].weight, w0 * (1 - 0.1 * 0.5))  # decayed
+    assert torch.equal(net[1].weight, g0)  # BN gamma untouched
+
+
+def _reference_lars_step(p, grad, buf, lr, wd, momentum, eta, adapt):
+    # LARS (You et al. 2017) as in the official MoCo v3 moco/optimizer.py, written plainly
+    d = grad.clone()
+    if adapt:
+        d = d + wd * p
+        pn, dn = p.norm(), d.norm()
+        if pn > 0 and dn > 0:
+            d = d * (eta * pn / dn)
+    buf = d if buf is None else buf * momentum + d
+    return p - lr * buf, buf
+
+
+@pytest.mark.parametrize("wd", [1e-6, 0.0])
+def test_lars_two_steps_match_reference(wd):
+    net = _net()
+    opt = build_optimizer(net, "lars", lr=0.3, weight_decay=wd, momentum=0.9, trust_coeff=0.001)
+    params = {n: p.detach().clone() for n, p in net.named_parameters()}
+    bufs: dict[str, torch.Tensor | None] = {n: None for n in params}
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(2):
+        grads = {n: torch.randn(p.shape, generator=gen) for n, p in net.named_parameters()}
+        for n, p in net.named_parameters():
+            p.grad = grads[n].clone()
+        opt.step()
+        for n in params:
+            adapt = params[n].ndim > 1  # biases / BN never adapted, not even at wd 0
+            params[n], bufs[n] = _reference_lars_step(params[n], grads[n], bufs[n], 0.3,
+                                                      wd if adapt else 0.0, 0.9, 0.001, adapt)
+    for n, p in net.named_parameters():
+        torch.testing.assert_close(p.detach(), params[n], rtol=1e-5, atol=1e-7, msg=n)
+
+
+def test_adamw_and_errors():
+    net = _net()
+    opt = build_optimizer(net, "adamw", lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95))
+    assert isinstance(opt, torch.optim.AdamW) and opt.defaults["betas"] == (0.9, 0.95)
+    with pytest.raises(ValueError, match="optimizer must be"):
+        build_optimizer(net, "adam", lr=1e-3, weight_decay=0.0)
+    with pytest.raises(ValueError, match="exclude_from_wd"):
+        build_optimizer(net, "lars", lr=1.0, weight_decay=1e-6, exclude_from_wd=False)
+    frozen = nn.Linear(2, 2).requires_grad_(False)
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        build_optimizer(frozen, "sgd", lr=0.1, weight_decay=0.0)

@@ -1,0 +1,91 @@
+"""Helpers for running the recipes as programs (as accelerate's own tests run its examples)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = ROOT / "recipes"
+PYTHON = sys.executable
+
+# A few steps on tiny generated data: 64 images of 16 px, the 0.4M-parameter CNN.
+TINY = ["--data", "shapes:n=64,n_test=32,size=16", "--image-size", "16", "--encoder", "small_cnn",
+        "--batch-size", "16", "--epochs", "2", "--num-workers", "0", "--progress", "false",
+        "--log-every", "1", "--mixed-precision", "no", "--seed", "0"]
+# Per recipe: shrink the heads / queue and the warmup to the tiny run.
+SMALL = {
+    "moco_cifar": ["--queue-size", "32", "--split-bn", "2", "--knn-max-train", "32"],
+    "moco_r50": ["--queue-size", "32", "--mlp-hidden", "32"],
+    "mocov1_r50": ["--queue-size", "32"],
+    "mocov3_r50": ["--mlp-hidden", "32", "--dim", "16", "--warmup-epochs", "0.5"],
+    "mocov3_vit_small": ["--mlp-hidden", "32", "--dim", "16", "--warmup-epochs", "0.5"],
+    "simclr_r50": ["--mlp-hidden", "32", "--dim", "16", "--warmup-epochs", "0.5"],
+    "simclr_cifar": ["--mlp-hidden", "32", "--dim", "16", "--warmup-epochs", "0.5",
+                     "--knn-every", "1", "--knn-max-train", "32"],
+}
+ALL_RECIPES = sorted(SMALL)  # the engine's recipes (other areas may add their own files)
+
+
+def env() -> dict[str, str]:
+    """Child environment: the repo importable, one thread per process, no GPU."""
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(ROOT) + os.pathsep + e.get("PYTHONPATH", "")
+    e.setdefault("OMP_NUM_THREADS", "2")
+    e["CUDA_VISIBLE_DEVICES"] = ""
+    e["PYTHONUNBUFFERED"] = "1"
+    return e
+
+
+def recipe_cmd(name: str, *args: str, tiny: bool = True) -> list[str]:
+    extra = [*TINY, *SMALL[name]] if tiny else []
+    return [PYTHON, str(RECIPES / f"{name}.py"), *extra, *args]
+
+
+def run_recipe(name: str, *args: str, tiny: bool = True, timeout: float = 240,
+               check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(recipe_cmd(name, *args, tiny=tiny), env=env(), capture_output=True,
+                          text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{name} {' '.join(args)} failed ({proc.returncode}):\n"
+                             f"{proc.stderr[-4000:]}")
+    return proc
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def load_recipe(name: str):
+    """Import recipes/<name>.py as a module (recipes are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(f"recipe_{name}", RECIPES / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture
+def fresh_accelerate():
+    """Reset accelerate's process-wide state around an in-process run."""
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    PartialState._reset_state()
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    PartialState._reset_state()
+
+
+@pytest.fixture(scope="session")
+def rx():
+    """The helpers above (tests import nothing from conftest under --import-mode=importlib)."""
+    return sys.modules[__name__]

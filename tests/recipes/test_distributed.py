@@ -1,0 +1,73 @@
+"""Two CPU processes (gloo) through ``accelerate launch --multi_gpu --num_processes 2``.
+
+On a machine without a GPU this starts 2 CPU processes (``--cpu --num_processes 2`` would
+silently start ONE). The run trains, checkpoints, and its queue holds the keys of both
+processes; with the same global batch it matches a 1-process run step for step: 2 processes
+each normalising their half of the batch (plain BN) equal 1 process with split BN in 2 groups
+(sample n -> group n % 2, the same interleaving as the engine's sharding), without shuffle BN.
+The gathered keys then enter the queue in another order than in 1 process, so the queue is
+compared key by key through the data-set index stored beside each key (--pass-indices).
+BN running statistics differ by design (DDP keeps rank 0's; split BN averages its groups).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+STEPS = 8  # one epoch of 128 images at batch 16: every key in the queue has a distinct index
+ARGS = ["--data", "shapes:n=128,n_test=32,size=16", "--max-steps", str(STEPS), "--epochs", "2",
+        "--queue-size", "64", "--shuffle-bn", "false", "--pass-indices", "--knn-every", "0",
+        "--save-every-steps", "4"]
+
+
+def _losses(out):
+    recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in recs if "loss" in r]
+
+
+@pytest.mark.distributed
+def test_two_processes_train_checkpoint_and_match_one_process(tmp_path, rx):
+    accelerate = shutil.which("accelerate", path=str(rx.PYTHON).rsplit("/", 1)[0])
+    if accelerate is None:
+        pytest.skip("the accelerate launcher is not installed beside this Python")
+    two, one = tmp_path / "two", tmp_path / "one"
+    cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no",
+           *rx.recipe_cmd("moco_cifar", *ARGS, "--split-bn", "0", "--output-dir", str(two))[1:]]
+    env = rx.env()
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "on 2 process(es)" in proc.stderr
+    assert proc.stderr.count("training moco_cifar") == 1  # nothing logged by rank 1
+    rx.run_recipe("moco_cifar", *ARGS, "--split-bn", "2", "--output-dir", str(one))
+
+    ckpts = sorted(p.name for p in (two / "checkpoints").iterdir())
+    assert ckpts == ["step_00000004", "step_00000008"]
+    meta = json.loads((two / "checkpoints" / "step_00000008" / "meta.json").read_text())
+    assert meta["world_size"] == 2 and len(meta["fingerprints"]["rng"]) == 2
+    a = load_file(str(two / "checkpoints" / "step_00000008" / "model.safetensors"))
+    b = load_file(str(one / "checkpoints" / "step_00000008" / "model.safetensors"))
+    assert not any(k.startswith("module.") for k in a)  # loadable in any number of processes
+
+    # the queue holds the keys of both processes: the indices of the last 4 global batches
+    labels = a["queue.key_labels"]
+    assert int(a["queue.ptr"]) == (STEPS * 16) % 64
+    assert sorted(labels.tolist()) == sorted(b["queue.key_labels"].tolist())
+    assert labels.unique().numel() == 64 and (labels >= 0).all()
+
+    # same losses, weights and (matched) keys as one process with the same global batch
+    assert _losses(two) == pytest.approx(_losses(one), rel=1e-4)
+    for k in a:
+        if "running_" in k or "num_batches_tracked" in k or k.startswith("queue."):
+            continue
+        torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=1e-4, msg=k)
+    qa = a["queue.queue"][labels.argsort()]
+    qb = b["queue.queue"][b["queue.key_labels"].argsort()]
+    torch.testing.assert_close(qa, qb, rtol=1e-3, atol=1e-4)
