@@ -1,0 +1,551 @@
+"""COS-NCE contrastive distillation for any teacher and student image encoder.
+
+Fu et al., "LRC-BERT: Latent-representation Contrastive Knowledge Distillation for Natural
+Language Understanding", AAAI 2021 (arXiv 2012.07335), carried from BERT layers to encoder stages.
+
+One step (``Distiller.forward``) on a batch x::
+
+    t_j = pool(teacher stage j (x))              frozen teacher, eval mode, no grad, once a step
+    s_i = W_i pool(student stage i (x))          student stage i -> teacher stage phi(i)
+    L = alpha * mean_i COS-NCE(s_i, t_phi(i), negatives)     (registry "cosnce")
+      + beta  * KD(student_logits, teacher_logits, t=1.1)    (teacher has a classifier)
+      + gamma * CE(student_logits, labels)                   (labels given; -1 = unlabelled)
+    (alpha, beta, gamma) = (1, 0, 0) for the first 80 % of steps, then (1, 1, 3)
+
+COS-NCE with g(x, y) = 1 - cos(x, y) and K negatives n_k (teacher features of other images):
+(2K - (sum_k g(n_k, s) - K g(t, s))) / 2K + g(t, s), averaged over the batch (see
+``contrastive.losses.functional.cosnce``); s, t and the negatives are made unit here.
+
+Pooling: global average over H, W for (N, C, H, W) stage outputs; the class token (or the mean
+of the patch tokens, ``token_pool="mean"``) for (N, L, C) ViT blocks. Stage outputs come from
+forward hooks on named submodules, so the encoders run their ordinary ``forward``.
+
+Negatives for COS-NCE: the other samples of the batch (K = N - 1; with several processes the
+teacher features of all processes are gathered, K = world * N - 1), or with ``queue_size > 0`` a
+:class:`~contrastive.nn.KeyQueue` of past teacher features per teacher stage.
+
+Gradient perturbation (``perturb=True``, the paper's default) costs a second student pass:
+pass 1 computes L and g = dL/d emb at the student's stem output emb (the patch embedding for a
+ViT); pass 2 recomputes the student with emb' = emb + eps * g_i / ||g_i||_2, normalised per
+sample i over all of its elements, g detached; the loss of pass 2 is returned and trained on.
+Pass 1 does not update BatchNorm running statistics (they are restored), so the only effect of
+the extra pass is the perturbation. The teacher runs once per step.
+
+Stage switch: ``self.steps_done`` counts training forward calls (a persistent buffer, so a
+resumed run continues the schedule); stage 2 starts at ``switch_step = round(stage1_fraction *
+total_steps)`` (or ``switch_step`` given). With gradient accumulation count micro-batches.
+The student classifier ``head`` is only called when beta or gamma is non-zero: under DDP use
+``find_unused_parameters=True`` when it exists (``needs_find_unused_parameters``).
+
+Learning check (tests/distill/test_learning.py, shapes 32 px, CPU minutes, no labels): a student
+distilled with COS-NCE alone reaches 62.6 % linear-probe top-1 against 19.7 % at random init and
+80.1 % for its teacher. For small CNN students at such budgets mapping only the last stage
+(``student_layers=["blocks.3"], layer_map=[3]``) learnt faster than the all-stage uniform map
+(benchmarks/results/distill.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from contrastive.losses import get_loss
+from contrastive.methods._common import in_batch_metrics, queue_metrics, unit
+from contrastive.nn import KeyQueue, resolve_encoder
+from contrastive.nn.distributed import gather, rank, world_size
+
+__all__ = ["Distiller", "default_layers", "default_stem", "split_classifier", "uniform_layer_map"]
+
+Weights = tuple[float, float, float]
+
+
+def uniform_layer_map(num_student: int, num_teacher: int) -> list[int]:
+    """LRC-BERT's uniform mapping, 0-based: student i -> teacher ceil((i + 1) N / M) - 1.
+
+    M = 4 student and N = 12 teacher layers give [2, 5, 8, 11] (layers 3, 6, 9, 12 of the paper).
+    """
+    if num_student < 1 or num_teacher < 1:
+        raise ValueError(f"uniform_layer_map: need >= 1 layers, got {num_student}, {num_teacher}")
+    return [math.ceil((i + 1) * num_teacher / num_student) - 1 for i in range(num_student)]
+
+
+def default_layers(model: nn.Module) -> list[str]:
+    """Names of the stage modules whose outputs are distilled, shallow to deep.
+
+    ResNets (ours, torchvision, timm): ``layer1..layer4``; ``blocks.i`` (``small_cnn``, timm ViT,
+    EfficientNet), ``stages.i`` (ConvNeXt, RegNet), ``layers.i`` (Swin), ``features.i``.
+    """
+    if all(hasattr(model, f"layer{i}") for i in range(1, 5)):
+        return [f"layer{i}" for i in range(1, 5)]
+    for attr in ("blocks", "stages", "layers", "features"):
+        seq = getattr(model, attr, None)
+        if isinstance(seq, (nn.Sequential, nn.ModuleList)) and len(seq) > 0:
+            return [f"{attr}.{i}" for i in range(len(seq))]
+    children = [n for n, _ in model.named_children()]
+    raise ValueError(
+        f"cannot find the stages of {type(model).__name__} (children: {children}); pass the "
+        "module names explicitly (student_layers=[...] / teacher_layers=[...])"
+    )
+
+
+def default_stem(model: nn.Module) -> str:
+    """Where gradient perturbation applies: ``patch_embed`` (ViT), ``maxpool`` (ResNets: the stem
+    output), ``stem``, else the first stage of :func:`default_layers`."""
+    if hasattr(model, "patch_embed"):
+        return "patch_embed"
+    if hasattr(model, "conv1") and hasattr(model, "maxpool"):
+        return "maxpool"
+    if isinstance(getattr(model, "stem", None), nn.Module):
+        return "stem"
+    return default_layers(model)[0]
+
+
+def split_classifier(model: nn.Module) -> tuple[nn.Module, nn.Module | None]:
+    """Split a classification model into (backbone with pooled output, classifier or None).
+
+    timm models: ``get_classifier()`` is copied and ``reset_classifier(0)`` leaves the backbone
+    returning pre-logits. Others: the last ``nn.Linear`` is taken out and replaced by
+    ``nn.Identity`` (right when it is the model's last operation: ResNet ``fc``, ViT ``heads``).
+    The backbone gets ``num_features`` (the classifier's input width).
+    """
+    if callable(getattr(model, "get_classifier", None)) and callable(
+        getattr(model, "reset_classifier", None)
+    ):
+        head = model.get_classifier()
+        if not isinstance(head, nn.Linear):
+            return model, None
+        head = copy.deepcopy(head)
+        model.reset_classifier(0)
+        model.num_features = head.in_features
+        return model, head
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        return model, None
+    path, head = linears[-1]
+    parent = model.get_submodule(path.rpartition(".")[0]) if "." in path else model
+    setattr(parent, path.rpartition(".")[2], nn.Identity())
+    model.num_features = head.in_features
+    return model, head
+
+
+class _Tap:
+    """Forward hook: while armed, pools and keeps the module's output; can add a perturbation."""
+
+    def __init__(self, name: str, token_pool: str, num_prefix: int) -> None:
+        self.name, self.token_pool, self.num_prefix = name, token_pool, num_prefix
+        self.armed, self.calls = False, 0
+        self.add: Tensor | None = None
+        self.raw: Tensor | None = None
+        self.out: Tensor | None = None
+
+    def arm(self, add: Tensor | None = None) -> None:
+        self.armed, self.calls, self.add, self.raw, self.out = True, 0, add, None, None
+
+    def __call__(self, module: nn.Module, inputs: Any, output: Any) -> Tensor | None:
+        if not self.armed:
+            return None
+        self.calls += 1
+        is_seq = isinstance(output, (tuple, list))
+        x = output[0] if is_seq else output
+        if self.add is not None:
+            x = x + self.add.to(x.dtype)
+            output = (x, *output[1:]) if is_seq else x
+        self.raw, self.out = x, self._pool(x)
+        return output if self.add is not None else None
+
+    def take(self) -> Tensor:
+        """The pooled output, releasing the references the hook kept."""
+        out, self.out, self.raw = self.out, None, None
+        return out
+
+    def _pool(self, x: Tensor) -> Tensor:
+        if x.dim() == 4:  # N C H W -> global average pool
+            return x.mean(dim=(2, 3))
+        if x.dim() == 3:  # N L C tokens
+            return x[:, 0] if self.token_pool == "cls" else x[:, self.num_prefix :].mean(dim=1)
+        if x.dim() == 2:
+            return x
+        raise ValueError(f"layer {self.name!r}: cannot pool an output of shape {tuple(x.shape)}")
+
+
+def _taps(model: nn.Module, names: Sequence[str], token_pool: str) -> list[_Tap]:
+    pool = token_pool
+    if pool == "auto":
+        pool = "cls" if getattr(model, "cls_token", None) is not None else "mean"
+    prefix = int(getattr(model, "num_prefix_tokens", 0))
+    taps = []
+    for name in names:
+        try:
+            module = model.get_submodule(name)
+        except AttributeError as e:
+            known = [n for n, _ in model.named_modules() if n][:12]
+            raise ValueError(
+                f"no submodule {name!r} in {type(model).__name__} (e.g. {known})"
+            ) from e
+        tap = _Tap(name, pool, prefix)
+        module.register_forward_hook(tap)
+        taps.append(tap)
+    return taps
+
+
+@contextlib.contextmanager
+def _armed(taps: Sequence[_Tap], adds: dict[int, Tensor] | None = None) -> Iterator[None]:
+    for i, tap in enumerate(taps):
+        tap.arm((adds or {}).get(i))
+    try:
+        yield
+    finally:
+        for tap in taps:
+            tap.armed, tap.add = False, None
+    for tap in taps:
+        if tap.calls != 1:
+            raise RuntimeError(
+                f"layer {tap.name!r} ran {tap.calls} times in one forward; pick "
+                "a module that runs exactly once"
+            )
+
+
+def _device(module: nn.Module) -> torch.device:
+    return next(module.parameters(), torch.empty(0)).device
+
+
+@contextlib.contextmanager
+def _bn_stats_kept(module: nn.Module) -> Iterator[None]:
+    """Restore BatchNorm running statistics after the block (pass 1 must not update them)."""
+    bns = [m for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    saved = [[b.clone() for b in m.buffers()] for m in bns]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for m, bufs in zip(bns, saved):
+                for b, s in zip(m.buffers(), bufs):
+                    b.copy_(s)
+
+
+class Distiller(nn.Module):
+    """COS-NCE distillation of a frozen ``teacher`` into a ``student`` (see the module docstring).
+
+    Args:
+        teacher: encoder name (``create_encoder``) or module with ``num_features``, returning
+            pooled features; frozen (eval mode, ``requires_grad=False``, never optimised).
+        student: the same for the student (``self.encoder``, what gets exported).
+        teacher_head: classifier on the teacher's pooled features (enables the KD soft loss);
+            see :func:`split_classifier` for a timm / torchvision classification model.
+        num_classes: build a student ``head`` for the CE hard loss without a teacher head
+            (with one, the head has the teacher's number of classes).
+        student_layers, teacher_layers: module names of the distilled stages
+            (:func:`default_layers`); layer_map: teacher-layer index phi(i) for each student
+            layer (default :func:`uniform_layer_map`).
+        token_pool: ``"auto"`` (class token when the model has one, else mean), ``"cls"``,
+            ``"mean"``: pooling of (N, L, C) token outputs.
+        queue_size: 0 = in-batch negatives; K > 0 = a queue of K teacher features per stage.
+        stage_weights: (alpha, beta, gamma) of stage 1 and stage 2 (paper: (1,0,0), (1,1,3)).
+        stage1_fraction, total_steps, switch_step: stage 2 starts at ``switch_step``, default
+            ``round(stage1_fraction * total_steps)``; neither given = stage 1 throughout.
+        temperature: KD temperature t (1.1).
+        perturb, perturb_scale, stem: gradient perturbation, its norm eps (1.0) and the student
+            module whose output is perturbed (:func:`default_stem`).
+        image_size: side of the dummy input used once to find the feature widths (default:
+            the ViT's ``patch_embed.img_size``, else 32).
+        teacher_kwargs, student_kwargs: ``create_encoder`` keyword arguments for names.
+
+    ``forward(views, momentum=None, labels=None, step=None) -> dict``: ``views`` holds one
+    (N, 3, H, W) batch (teacher and student see the same images); ``momentum`` is ignored;
+    ``labels`` (N,) int64 class labels (-1 = none); ``step`` overrides ``steps_done``.
+    Returns ``loss`` and detached metrics: ``loss_cosnce``, ``loss_soft``, ``loss_hard``,
+    ``cosnce_layers`` (M,), ``stage``, ``pos_acc``/``pos_sim``/``neg_sim`` (deepest mapped
+    layer: % of samples closer to their own teacher feature than to every negative, mean
+    cosines), ``embeddings`` (unit projected deepest student features), and ``loss_pass1``
+    with perturbation.
+    """
+
+    momentum_schedule = None
+
+    def __init__(
+        self,
+        teacher: str | nn.Module,
+        student: str | nn.Module = "small_cnn",
+        *,
+        teacher_head: nn.Module | None = None,
+        num_classes: int | None = None,
+        student_layers: Sequence[str] | None = None,
+        teacher_layers: Sequence[str] | None = None,
+        layer_map: Sequence[int] | None = None,
+        token_pool: str = "auto",
+        queue_size: int = 0,
+        stage_weights: tuple[Weights, Weights] = ((1.0, 0.0, 0.0), (1.0, 1.0, 3.0)),
+        stage1_fraction: float = 0.8,
+        total_steps: int | None = None,
+        switch_step: int | None = None,
+        temperature: float = 1.1,
+        perturb: bool = True,
+        perturb_scale: float = 1.0,
+        stem: str | None = None,
+        image_size: int | None = None,
+        teacher_kwargs: dict[str, Any] | None = None,
+        student_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        if token_pool not in ("auto", "cls", "mean"):
+            raise ValueError(f"token_pool must be 'auto', 'cls' or 'mean', got {token_pool!r}")
+        if len(stage_weights) != 2 or any(len(w) != 3 or min(w) < 0 for w in stage_weights):
+            raise ValueError(
+                "stage_weights must be two (alpha, beta, gamma) triples of weights "
+                f">= 0, got {stage_weights!r}"
+            )
+        if not 0.0 <= stage1_fraction <= 1.0 or queue_size < 0 or perturb_scale < 0:
+            raise ValueError(
+                f"need 0 <= stage1_fraction <= 1, queue_size >= 0, perturb_scale "
+                f">= 0; got {stage1_fraction}, {queue_size}, {perturb_scale}"
+            )
+        self.teacher = resolve_encoder(teacher, **(teacher_kwargs or {}))
+        self.encoder = resolve_encoder(student, **(student_kwargs or {}))
+        self.teacher_head = teacher_head
+        for m in (self.teacher, self.teacher_head):
+            if m is not None:
+                m.requires_grad_(False).eval()
+
+        s_names = list(student_layers or default_layers(self.encoder))
+        t_names = list(teacher_layers or default_layers(self.teacher))
+        phi = (
+            list(layer_map)
+            if layer_map is not None
+            else uniform_layer_map(len(s_names), len(t_names))
+        )
+        if len(phi) != len(s_names) or not all(0 <= j < len(t_names) for j in phi):
+            raise ValueError(
+                f"layer_map must give a teacher index in 0..{len(t_names) - 1} for "
+                f"each of the {len(s_names)} student layers, got {phi}"
+            )
+        self.teacher_ids = sorted(set(phi))  # teacher layers actually needed
+        self.layer_map = [self.teacher_ids.index(j) for j in phi]  # student i -> position
+        self.student_layers, self.teacher_layers = s_names, [t_names[j] for j in self.teacher_ids]
+        # the stem hook first: a layer tap on the same module then sees the perturbed output
+        self.stem = (stem or default_stem(self.encoder)) if perturb else None
+        self._stem_tap = _taps(self.encoder, [self.stem], token_pool)[0] if perturb else None
+        self._s_taps = _taps(self.encoder, s_names, token_pool)
+        self._t_taps = _taps(self.teacher, self.teacher_layers, token_pool)
+
+        s_dims, t_dims, n_logits = self._probe(image_size)
+        self.projections = nn.ModuleList(
+            nn.Linear(s_dims[i], t_dims[self.layer_map[i]], bias=False) for i in range(len(s_names))
+        )
+        if n_logits is not None and num_classes not in (None, n_logits):
+            raise ValueError(
+                f"num_classes={num_classes} differs from the teacher head's {n_logits} classes"
+            )
+        n_cls = n_logits or num_classes
+        self.head = nn.Linear(self.encoder.num_features, n_cls) if n_cls else None
+        self.queues = nn.ModuleList(KeyQueue(d, queue_size) for d in t_dims) if queue_size else None
+        self.uses_in_batch_negatives = not queue_size
+
+        self.stage_weights = tuple(tuple(float(v) for v in w) for w in stage_weights)
+        if switch_step is None and total_steps is not None:
+            switch_step = round(stage1_fraction * total_steps)
+        self.switch_step = switch_step
+        self.temperature, self.perturb, self.perturb_scale = temperature, perturb, perturb_scale
+        self.cosnce = get_loss("cosnce", normalize=False)  # inputs are made unit here
+        self.kd = get_loss("kd", temperature=temperature)
+        self.register_buffer("steps_done", torch.zeros((), dtype=torch.long))
+        self._steps = 0  # host copy of steps_done: the stage is known without a device sync
+
+    # -- set-up ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _probe(self, image_size: int | None) -> tuple[list[int], list[int], int | None]:
+        fixed = [
+            getattr(getattr(m, "patch_embed", None), "img_size", None)
+            for m in (self.teacher, self.encoder)
+        ]
+        size = image_size or next((s for s in fixed if s), 32)
+        size = size[0] if isinstance(size, (tuple, list)) else size
+        was_training = self.encoder.training
+        self.encoder.eval()
+        try:
+            x = torch.zeros(2, 3, int(size), int(size))
+            with _armed(self._s_taps):
+                self.encoder(x.to(_device(self.encoder)))
+            feats, logits = self._teacher_forward(x.to(_device(self.teacher)))
+        finally:
+            self.encoder.train(was_training)
+        s_dims = [t.take().shape[-1] for t in self._s_taps]
+        return s_dims, [f.shape[-1] for f in feats], None if logits is None else logits.shape[1]
+
+    def train(self, mode: bool = True) -> Distiller:
+        """Train mode for the student; the teacher (and its head) stay in eval mode."""
+        super().train(mode)
+        self.teacher.eval()
+        if self.teacher_head is not None:
+            self.teacher_head.eval()
+        return self
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        if prefix + "steps_done" in state_dict:
+            self._steps = int(state_dict[prefix + "steps_done"])
+
+    @property
+    def needs_find_unused_parameters(self) -> bool:
+        """True when the student head exists and some stage leaves it unused (beta = gamma = 0)."""
+        return self.head is not None and any(w[1] == w[2] == 0 for w in self.stage_weights)
+
+    # -- schedule ------------------------------------------------------------------------------
+    def stage_at(self, step: int) -> int:
+        """1 before ``switch_step``, 2 from it on (1 throughout without a switch step)."""
+        return 2 if self.switch_step is not None and step >= self.switch_step else 1
+
+    def weights_at(self, step: int) -> Weights:
+        """(alpha, beta, gamma) used at training step ``step`` (0-based)."""
+        return self.stage_weights[self.stage_at(step) - 1]
+
+    # -- passes --------------------------------------------------------------------------------
+    @torch.no_grad()
+    def _teacher_forward(self, x: Tensor) -> tuple[list[Tensor], Tensor | None]:
+        with _armed(self._t_taps):
+            pooled = self.teacher(x)
+        logits = self.teacher_head(pooled) if self.teacher_head is not None else None
+        return [unit(t.take().detach()) for t in self._t_taps], logits
+
+    def _negatives(self, feats: list[Tensor]) -> list[Tensor | None]:
+        """Per teacher layer: None (the other rows of the batch), the queue (K, D), or with
+        several processes every process's rows but the sample's own, (N, world * N - 1, D)."""
+        if self.queues is not None:
+            return [q.keys for q in self.queues]
+        if world_size() == 1:
+            return [None] * len(feats)
+        out = []
+        for f in feats:
+            n, d = f.shape
+            f_all = unit(gather(f))  # M x D, rank 0's rows first
+            m, own = f_all.shape[0], n * rank()
+            # sample i's window: rows own + i + 1 .. own + i + M - 1 of [f_all; f_all], i.e.
+            # all but its own; a strided view, so no (N, M - 1, D) copy is made
+            rows = torch.cat([f_all, f_all])
+            out.append(rows.as_strided((n, m - 1, d), (d, d, 1), (own + 1) * d))
+        return out
+
+    def _student_pass(
+        self, x: Tensor, ctx: dict[str, Any], delta: Tensor | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        taps = self._s_taps + ([self._stem_tap] if self._stem_tap is not None else [])
+        adds = {len(taps) - 1: delta} if delta is not None else None
+        with _armed(taps, adds):
+            pooled = self.encoder(x)
+        alpha, beta, gamma = ctx["weights"]
+        feats = [unit(proj(t.take())) for proj, t in zip(self.projections, self._s_taps)]
+        layers = torch.stack(
+            [self.cosnce(s, ctx["t"][j], ctx["neg"][j]) for s, j in zip(feats, self.layer_map)]
+        )
+        parts = {"cosnce": layers.mean(), "layers": layers, "last": feats[-1]}
+        loss = alpha * parts["cosnce"]
+        if ctx["soft"] or ctx["hard"]:
+            logits = self.head(pooled)
+            if ctx["soft"]:
+                parts["soft"] = self.kd(logits, ctx["t_logits"])
+                loss = loss + beta * parts["soft"]
+            if ctx["hard"]:
+                labels = ctx["labels"]
+                known = labels >= 0
+                ce = F.cross_entropy(logits.float(), labels.clamp(min=0), reduction="none")
+                parts["hard"] = (ce * known).sum() / known.sum().clamp(min=1)
+                loss = loss + gamma * parts["hard"]
+        if self._stem_tap is not None:
+            parts["emb"] = self._stem_tap.raw
+            self._stem_tap.take()
+        return loss, parts
+
+    def forward(
+        self,
+        views: Sequence[Tensor] | Tensor,
+        momentum: float | None = None,
+        labels: Tensor | None = None,
+        step: int | None = None,
+    ) -> dict[str, Tensor]:
+        if isinstance(views, Tensor):
+            views = [views]
+        if len(views) != 1 or views[0].dim() != 4:
+            raise ValueError(
+                f"Distiller: views must hold one (N, 3, H, W) batch, got {len(views)} "
+                "views (teacher and student see the same images: use a 1-view pipeline)"
+            )
+        x = views[0]
+        step = self._steps if step is None else int(step)
+        weights = self.weights_at(step)
+        t_feats, t_logits = self._teacher_forward(x)
+        has_head = self.head is not None
+        if labels is not None and labels.shape != x.shape[:1]:
+            raise ValueError(f"labels must be ({x.shape[0]},), got {tuple(labels.shape)}")
+        ctx = {
+            "weights": weights,
+            "t": t_feats,
+            "neg": self._negatives(t_feats),
+            "t_logits": t_logits,
+            "labels": labels,
+            "soft": has_head and weights[1] != 0 and t_logits is not None,
+            "hard": has_head and weights[2] != 0 and labels is not None,
+        }
+        train_step = self.training and torch.is_grad_enabled()
+        out: dict[str, Tensor] = {}
+        if self.perturb and train_step:
+            with _bn_stats_kept(self.encoder):  # restored after the grad: autograd saved them
+                loss1, parts1 = self._student_pass(x, ctx)
+                emb = parts1.pop("emb")
+                g = None
+                if loss1.requires_grad and emb.requires_grad:
+                    (g,) = torch.autograd.grad(loss1, emb, allow_unused=True)
+                del parts1
+            g = torch.zeros_like(emb, dtype=torch.float32) if g is None else g.detach().float()
+            # per-sample unit gradient: emb'_i = emb_i + eps * g_i / ||g_i||_2
+            norm = g.flatten(1).norm(dim=1).clamp(min=1e-12)
+            delta = g * (self.perturb_scale / norm).view(-1, *[1] * (g.dim() - 1))
+            out["loss_pass1"] = loss1.detach()
+            loss, parts = self._student_pass(x, ctx, delta=delta)
+        else:
+            loss, parts = self._student_pass(x, ctx)
+        if train_step:
+            self._steps = step + 1
+            self.steps_done.fill_(self._steps)
+        if self.queues is not None:
+            for q, f in zip(self.queues, t_feats):
+                q.enqueue(f)
+        out.update(
+            self._metrics(parts, t_feats[self.layer_map[-1]], ctx["neg"][self.layer_map[-1]])
+        )
+        stage = torch.tensor(float(self.stage_at(step)), device=loss.device)
+        out.update(
+            loss=loss,
+            stage=stage,
+            loss_cosnce=parts["cosnce"].detach(),
+            cosnce_layers=parts["layers"].detach(),
+        )
+        for k in ("soft", "hard"):
+            if k in parts:
+                out[f"loss_{k}"] = parts[k].detach()
+        return out
+
+    @torch.no_grad()
+    def _metrics(
+        self, parts: dict[str, Tensor], t: Tensor, neg: Tensor | None
+    ) -> dict[str, Tensor]:
+        s = parts["last"].detach()  # unit rows, like t and neg
+        if neg is None:
+            rows = torch.arange(s.shape[0], device=s.device)
+            m = in_batch_metrics(s, t, pos_col=rows)
+        elif neg.dim() == 2:
+            m = queue_metrics(s, t, neg)
+        else:  # per-sample negatives (N, K, D)
+            sims = torch.einsum("nd,nkd->nk", s, neg)
+            pos = (s * t).sum(dim=1)
+            m = {
+                "pos_acc": (pos >= sims.max(dim=1).values).float().mean() * 100.0,
+                "pos_sim": pos.mean(),
+                "neg_sim": sims.mean(),
+            }
+        return {**m, "embeddings": s}

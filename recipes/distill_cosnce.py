@@ -1,0 +1,265 @@
+#!/usr/bin/env python
+"""COS-NCE contrastive distillation (LRC-BERT, Fu et al. AAAI 2021, arXiv 2012.07335) of a frozen
+teacher encoder into a smaller student, on images.
+
+Per step: COS-NCE between each student stage (pooled, projected by a learned W) and its teacher
+stage (uniform mapping), negatives = the other images of the batch (or ``--queue-size`` K past
+teacher features); KD soft loss at t = 1.1 when the teacher has a classifier; CE hard loss on the
+data's class labels; weights alpha:beta:gamma = 1:0:0 for the first 80 % of the steps, then
+1:1:3; gradient perturbation of the student's stem output (TWO student forward passes per step,
+the teacher runs once). Without a teacher classifier and with ``--no-use-labels`` (or unlabelled
+data) it is representation-only distillation.
+
+    # a teacher of ours (encoder.pt or a run folder), the student trained from scratch
+    python recipes/distill_cosnce.py --data shapes --teacher small_cnn \\
+        --teacher-checkpoint runs/teacher/encoder.pt --student small_cnn --epochs 10
+    # a timm / torchvision teacher with its ImageNet classifier (downloads the weights)
+    accelerate launch recipes/distill_cosnce.py --data /path/to/imagenet --image-size 224 \\
+        --teacher timm:resnet50 --teacher-pretrained --student timm:resnet18
+
+Defaults build offline (``--data shapes``, a random ``small_cnn`` teacher: a smoke run only;
+pass ``--teacher-checkpoint``). The run's ``encoder.pt`` holds the student backbone. Every field
+below is a flag: ``python recipes/distill_cosnce.py --help``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from contrastive.engine import TrainConfig, help_field, run
+
+log = logging.getLogger("distill_cosnce")
+
+
+@dataclass
+class DistillCosNCE(TrainConfig):
+    """COS-NCE distillation (LRC-BERT) of --teacher into --student; see the module docstring."""
+
+    data: str = "shapes"
+    image_size: int = 32
+    epochs: int = 20
+    batch_size: int = 128
+    optimizer: str = help_field("adamw", "sgd | adamw | lars (LRC-BERT trains with Adam)",
+                                choices=("sgd", "adamw", "lars"))
+    lr: float = help_field(2e-3, "peak learning rate (absolute: --lr-scaling none)")
+    lr_scaling: str = help_field("none", "linear | sqrt | none", choices=("linear", "sqrt", "none"))
+    weight_decay: float = 1e-4
+    warmup_epochs: float = 0.0
+    save_every_steps: int = 0
+    pass_indices: bool = help_field(
+        True, "the engine passes each image's data-set index; it is mapped to the class label "
+        "here (needed by --use-labels)")
+    ddp_find_unused_parameters: bool = help_field(
+        True, "DDP find_unused_parameters: stage 1 leaves the student classifier unused")
+    encoder: str = help_field("", "ignored: the student is --student (kept equal to it, it names "
+                              "the backbone in encoder.pt)")
+
+    # teacher and student
+    teacher: str = help_field("", "teacher encoder name (timm:<m>, torchvision:<m>, "
+                              "cifar_resnet18, small_cnn...); empty = the name recorded in "
+                              "--teacher-checkpoint, or a random small_cnn without one")
+    teacher_checkpoint: str = help_field(
+        "", "teacher weights: our encoder.pt, a run folder, an accelerate checkpoint, a MoCo "
+        "checkpoint or a timm/torchvision weight file; empty = random init (smoke runs only)")
+    teacher_pretrained: bool = help_field(
+        False, "take --teacher's own pretrained weights with its classifier (downloads)")
+    teacher_head: str = help_field(
+        "auto", "the teacher classifier for the KD soft loss: auto = the checkpoint's single "
+        "Linear head when its classes match the data's; use = whenever there is one; none",
+        choices=("auto", "use", "none"))
+    student: str = help_field("small_cnn", "student encoder name (the exported backbone)")
+    student_kwargs: str = help_field(
+        "", 'create_encoder keyword arguments of the student as JSON, e.g. \'{"widths": [16, 32, '
+        '64, 128]}\' (recorded in encoder.pt)')
+    teacher_kwargs: str = help_field(
+        "", "the same for the teacher built from --teacher (e.g. '{\"img_size\": 32}' for a ViT)")
+    use_labels: bool = help_field(True, "CE hard loss on the data's class labels (stage 2), when "
+                                  "the data has labels")
+
+    # LRC-BERT
+    student_layers: tuple[str, ...] = help_field((), "student stage modules (default: all stages)")
+    teacher_layers: tuple[str, ...] = help_field((), "teacher stage modules (default: all stages)")
+    layer_map: tuple[int, ...] = help_field((), "teacher-layer index for each student layer "
+                                            "(default: uniform, ceil((i+1) N / M) - 1)")
+    token_pool: str = help_field("auto", "ViT blocks: cls token or mean token",
+                                 choices=("auto", "cls", "mean"))
+    queue_size: int = help_field(0, "0 = in-batch negatives (K = batch - 1); K > 0 = a queue of "
+                                 "K teacher features per teacher stage")
+    stage1_fraction: float = help_field(0.8, "share of the steps trained with --stage1-weights")
+    stage1_weights: tuple[float, float, float] = help_field((1.0, 0.0, 0.0),
+                                                            "alpha beta gamma of stage 1")
+    stage2_weights: tuple[float, float, float] = help_field((1.0, 1.0, 3.0),
+                                                            "alpha beta gamma of stage 2")
+    kd_temperature: float = help_field(1.1, "KD soft-loss temperature t")
+    perturb: bool = help_field(True, "gradient perturbation of the student's stem output: TWO "
+                               "student forward passes per step (about 2x the student's cost)")
+    perturb_scale: float = help_field(1.0, "norm of the per-sample perturbation g / ||g||")
+    stem: str = help_field("", "student module whose output is perturbed (default: patch_embed, "
+                           "the ResNet stem, or the first stage)")
+
+    # augmentation (one view: teacher and student see the same image)
+    crop_scale: tuple[float, float] = help_field((0.35, 1.0), "RandomResizedCrop area range")
+    flip_p: float = help_field(0.5, "horizontal flip probability")
+    mean: tuple[float, float, float] = help_field((0.485, 0.456, 0.406), "normalisation mean "
+                                                  "(the teacher's)")
+    std: tuple[float, float, float] = help_field((0.229, 0.224, 0.225), "normalisation std")
+
+    def __post_init__(self) -> None:
+        self.encoder = self.student  # save_encoder names encoder.pt's backbone from it
+
+    def encoder_kwargs(self) -> dict[str, Any]:
+        return _json_kwargs("student_kwargs", self.student_kwargs)
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.student:
+            raise ValueError("--student is required (e.g. small_cnn, timm:resnet18)")
+        if self.teacher_pretrained and not self.teacher.startswith(("timm:", "torchvision:")):
+            raise ValueError(f"--teacher-pretrained needs a timm:<m> or torchvision:<m> teacher, "
+                             f"got {self.teacher!r}")
+        for name in ("student_kwargs", "teacher_kwargs"):
+            _json_kwargs(name, getattr(self, name))
+        if not 0 <= self.stage1_fraction <= 1:
+            raise ValueError(f"--stage1-fraction must be in [0, 1], got {self.stage1_fraction}")
+
+
+def _json_kwargs(name: str, text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text) if text else {}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--{name.replace('_', '-')} must be a JSON object, got {text!r} ({e})") from e
+    if not isinstance(value, dict):
+        raise ValueError(f"--{name.replace('_', '-')} must be a JSON object, got {text!r}")
+    return value
+
+
+def _single_linear_head(state: dict[str, torch.Tensor], keys: list[str],
+                        num_features: int) -> nn.Linear | None:
+    """The classifier among a checkpoint's left-over keys: exactly one 2-D ``*.weight`` that takes
+    ``num_features`` inputs, and no other 2-D weight (an MLP projector is not a classifier)."""
+    weights = [k for k in keys if k.endswith(".weight") and state[k].dim() == 2]
+    if len(weights) != 1 or state[weights[0]].shape[1] != num_features:
+        return None
+    w = state[weights[0]]
+    b = state.get(weights[0][: -len("weight")] + "bias")
+    head = nn.Linear(w.shape[1], w.shape[0], bias=b is not None)
+    with torch.no_grad():
+        head.weight.copy_(w)
+        if b is not None:
+            head.bias.copy_(b)
+    return head
+
+
+def build_teacher(cfg: DistillCosNCE, num_classes: int | None) -> tuple[nn.Module, nn.Module | None]:
+    """(teacher backbone, classifier or None) from --teacher / --teacher-checkpoint."""
+    from contrastive.methods.distill import split_classifier
+    from contrastive.nn import create_encoder
+
+    head = None
+    if cfg.teacher_pretrained:
+        name = cfg.teacher
+        if name.startswith("timm:"):
+            import timm
+
+            model = timm.create_model(name[len("timm:"):], pretrained=True)
+        else:
+            import torchvision
+
+            model = torchvision.models.get_model(name[len("torchvision:"):], weights="DEFAULT")
+        teacher, head = split_classifier(model)
+    elif cfg.teacher_checkpoint:
+        from contrastive.eval.checkpoint import load_encoder, read_checkpoint
+
+        raw = read_checkpoint(cfg.teacher_checkpoint)
+        # the name the checkpoint records (with its encoder kwargs) unless --teacher differs
+        name = cfg.teacher if cfg.teacher != raw.recorded_encoder else None
+        name = name or None
+        kwargs = _json_kwargs("teacher_kwargs", cfg.teacher_kwargs) or None
+        loaded = load_encoder(cfg.teacher_checkpoint, encoder=name, encoder_kwargs=kwargs)
+        teacher = loaded.encoder
+        if cfg.teacher_head != "none" and loaded.ignored:
+            head = _single_linear_head(raw.state_dict, loaded.ignored, teacher.num_features)
+        log.info("teacher %s from %s (%s)", loaded.name, cfg.teacher_checkpoint, loaded.kind)
+    else:
+        name = cfg.teacher or "small_cnn"
+        teacher = create_encoder(name, **_json_kwargs("teacher_kwargs", cfg.teacher_kwargs))
+        log.warning("the teacher %s has RANDOM weights (no --teacher-checkpoint): a smoke run, "
+                    "nothing worth distilling", name)
+    if head is not None and cfg.teacher_head == "auto" and head.out_features != num_classes:
+        log.info("teacher classifier (%d outputs) does not match the data's %s classes: no KD "
+                 "soft loss (--teacher-head use forces it)", head.out_features, num_classes)
+        head = None
+    if cfg.teacher_head == "none":
+        head = None
+    log.info("KD soft loss: %s", f"on ({head.out_features} classes)" if head else "off")
+    return teacher, head
+
+
+class WithClassLabels(nn.Module):
+    """Engine adapter: the engine hands ``labels=`` data-set indices (``--pass-indices``); the
+    Distiller wants class labels, looked up in the data set's ``targets`` (-1 = unlabelled)."""
+
+    def __init__(self, method: nn.Module, targets: torch.Tensor) -> None:
+        super().__init__()
+        self.method = method
+        self.register_buffer("targets", targets.long(), persistent=False)
+        self.uses_in_batch_negatives = method.uses_in_batch_negatives
+
+    @property
+    def encoder(self) -> nn.Module:
+        return self.method.encoder
+
+    def forward(self, views: Any, momentum: float | None = None,
+                labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        classes = None if labels is None else self.targets.to(labels.device)[labels]
+        return self.method(views, momentum=momentum, labels=classes)
+
+
+def build_method(cfg: DistillCosNCE) -> nn.Module:
+    from contrastive.data import get_dataset, num_classes
+    from contrastive.methods.distill import Distiller
+
+    data = get_dataset(cfg.data, "train")
+    targets = torch.as_tensor(list(getattr(data, "targets", [])), dtype=torch.long)
+    n_cls = num_classes(data) if len(targets) == len(data) and bool((targets >= 0).any()) else None
+    teacher, teacher_head = build_teacher(cfg, n_cls)
+    use_labels = cfg.use_labels and n_cls is not None and cfg.pass_indices
+    if cfg.use_labels and n_cls is not None and not cfg.pass_indices:
+        log.warning("--use-labels needs --pass-indices: no CE hard loss")
+    total = (len(data) // cfg.batch_size) * cfg.epochs * cfg.grad_accum_steps  # forward calls
+    method = Distiller(
+        teacher, cfg.student, teacher_head=teacher_head,
+        num_classes=n_cls if use_labels and teacher_head is None else None,
+        student_layers=cfg.student_layers or None, teacher_layers=cfg.teacher_layers or None,
+        layer_map=cfg.layer_map or None, token_pool=cfg.token_pool, queue_size=cfg.queue_size,
+        stage_weights=(cfg.stage1_weights, cfg.stage2_weights),
+        stage1_fraction=cfg.stage1_fraction, total_steps=total, temperature=cfg.kd_temperature,
+        perturb=cfg.perturb, perturb_scale=cfg.perturb_scale, stem=cfg.stem or None,
+        image_size=cfg.image_size,
+        student_kwargs=cfg.encoder_kwargs(),
+    )
+    log.info("distilling %s -> %s: student layers %s -> teacher layers %s; stage 2 from step "
+             "%s of %d", type(method.teacher).__name__, cfg.student, method.student_layers,
+             [method.teacher_layers[j] for j in method.layer_map], method.switch_step, total)
+    return WithClassLabels(method, targets) if use_labels else method
+
+
+def build_pipeline(cfg: DistillCosNCE):
+    from contrastive.augment import Pipeline, ViewConfig
+
+    view = ViewConfig(size=cfg.image_size, scale=tuple(cfg.crop_scale), flip_p=cfg.flip_p)
+    return Pipeline([view], mean=cfg.mean, std=cfg.std, name="distill")
+
+
+def main(argv: list[str] | None = None):
+    return run(DistillCosNCE, build_method, build_pipeline, argv=argv, name="distill_cosnce")
+
+
+if __name__ == "__main__":
+    main()
