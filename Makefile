@@ -7,7 +7,6 @@ PY := $(VENV)/bin/python
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --upgrade pip
 
 $(VENV)/.installed: $(PY) setup.cfg pyproject.toml
 	$(PY) -m pip install -e ".[dev]"
@@ -20,3 +19,9 @@ lint: install
 
 test: install
 	$(PY) -m pytest
+
+# The main job on the built-in data: pretrain MoCo v2 for a few CPU minutes, then evaluate.
+DATA ?= shapes
+.PHONY: demo
+demo: install
+	$(PY) tools/demo.py --data $(DATA)

@@ -1,6 +1,7 @@
 """Contrastive methods: nn.Modules that take a list of augmented views and return the loss.
 
-``MoCo`` (v1/v2, queue), ``MoCoV3`` (no queue, predictor), ``SimCLR`` (NT-Xent, in-batch).
+``MoCo`` (v1/v2, queue), ``MoCoV3`` (no queue, predictor), ``SimCLR`` (NT-Xent, in-batch),
+``Distiller`` (COS-NCE contrastive distillation of a frozen teacher into a student, LRC-BERT).
 
 Common surface (what the engine relies on):
 
@@ -17,7 +18,7 @@ Common surface (what the engine relies on):
   ``[p for p in method.parameters() if p.requires_grad]``.
 
 ``get_method(name, **kwargs)`` / ``list_methods()`` build them by name (``moco``, ``mocov3``,
-``simclr``).
+``simclr``, ``distill``).
 """
 
 from __future__ import annotations
@@ -26,13 +27,16 @@ from typing import Any
 
 from torch import nn
 
+from contrastive.methods.distill import Distiller
 from contrastive.methods.moco import MoCo
 from contrastive.methods.moco_v3 import MoCoV3
 from contrastive.methods.simclr import SimCLR
 
-__all__ = ["MoCo", "MoCoV3", "SimCLR", "get_method", "list_methods"]
+__all__ = ["Distiller", "MoCo", "MoCoV3", "SimCLR", "get_method", "list_methods"]
 
-_METHODS: dict[str, type[nn.Module]] = {"moco": MoCo, "mocov3": MoCoV3, "simclr": SimCLR}
+_METHODS: dict[str, type[nn.Module]] = {
+    "distill": Distiller,
+    "moco": MoCo, "mocov3": MoCoV3, "simclr": SimCLR}
 
 
 def list_methods() -> list[str]:
