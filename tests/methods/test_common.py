@@ -20,7 +20,7 @@ def _make(name, encoder, seed=0):
 
 
 def test_registry():
-    assert list_methods() == ["moco", "mocov3", "simclr"]
+    assert list_methods() == ["distill", "moco", "mocov3", "simclr"]
     assert isinstance(get_method("MoCo-V3", encoder="small_cnn", mlp_hidden=8), MoCoV3)
     with pytest.raises(KeyError, match="simclr"):
         get_method("byol")
