@@ -90,7 +90,7 @@ class TrainConfig:
     batched_augment: str = help_field(
         "auto", "where the colour/blur/flip/normalise part of the augmentation runs: 'on' = "
         "batched on the training device (workers only decode + crop to uint8), 'off' = per "
-        "image in the loader workers, 'auto' = on for GPUs, off on the CPU",
+        "image in the loader workers, 'auto' = on (faster on the CPU and the GPU alike)",
         choices=("auto", "on", "off"),
     )
     channels_last: bool = help_field(False, "channels_last memory format (GPU convnets)")

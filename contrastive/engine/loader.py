@@ -16,7 +16,8 @@ same images with the same augmentations:
    before) therefore never changes a sample's views.
 
 The batched path draws its per-sample parameters on the device from a generator seeded with
-``(seed, step, micro-step, rank)`` (see :func:`step_generator`).
+``(seed, step, micro-step, rank)`` (see :func:`step_generator`): exact on resume, but (unlike the
+per-image path) not the same views when the number of processes changes.
 """
 
 from __future__ import annotations

@@ -98,7 +98,7 @@ class KNNMonitor:
 
     Args:
         bank_set, query_set: labelled data sets yielding (eval view(s), label).
-        k, t: neighbours and temperature. max_bank, max_query: evenly spaced subsets (0 = all).
+        k, t: neighbours and temperature. max_bank, max_query: random subsets (seed 0; 0 = all).
         batch_size, num_workers: extraction loader settings.
     """
 
@@ -129,7 +129,10 @@ class KNNMonitor:
 
 
 def _spread(n: int, limit: int) -> list[int]:
+    """``limit`` of ``range(n)`` drawn at random (seed 0), in increasing order; all when
+    ``limit`` is 0 or >= n. Random, not evenly spaced: a stride would alias with data sets
+    whose labels cycle with the index (``shapes``: label = index % 10)."""
     if limit <= 0 or limit >= n:
         return list(range(n))
-    step = n / limit
-    return [int(i * step) for i in range(limit)]
+    g = torch.Generator().manual_seed(0)
+    return sorted(torch.randperm(n, generator=g)[:limit].tolist())

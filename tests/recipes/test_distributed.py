@@ -22,8 +22,11 @@ from safetensors.torch import load_file
 
 STEPS = 8  # one epoch of 128 images at batch 16: every key in the queue has a distinct index
 ARGS = ["--data", "shapes:n=128,n_test=32,size=16", "--max-steps", str(STEPS), "--epochs", "2",
-        "--queue-size", "64", "--shuffle-bn", "false", "--pass-indices", "--knn-every", "0",
-        "--save-every-steps", "4"]
+        "--queue-size", "64", "--shuffle-bn", "false", "--pass-indices", "--knn-every", "1",
+        "--knn-max-train", "64", "--save-every-steps", "4",
+        # per-image augmentation: its random parameters depend on (seed, epoch, image) only;
+        # the batched path draws them per process and step, so they differ with the world size
+        "--batched-augment", "off"]
 
 
 def _losses(out):
@@ -46,6 +49,9 @@ def test_two_processes_train_checkpoint_and_match_one_process(tmp_path, rx):
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "on 2 process(es)" in proc.stderr
     assert proc.stderr.count("training moco_cifar") == 1  # nothing logged by rank 1
+    knn = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()
+           if "knn_top1" in x]
+    assert [r["knn_when"] for r in knn] == ["start", "epoch 1"]  # both processes encoded
     rx.run_recipe("moco_cifar", *ARGS, "--split-bn", "2", "--output-dir", str(one))
 
     ckpts = sorted(p.name for p in (two / "checkpoints").iterdir())

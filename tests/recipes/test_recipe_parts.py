@@ -1,0 +1,78 @@
+"""Recipe pieces against the official code's formulas: MoCo v3's momentum schedule and the
+ViT's fixed 2-D sin-cos position embedding; the hyper-parameters the papers fix."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+
+def test_mocov3_momentum_matches_official_formula(rx):
+    cfg = rx.load_recipe("mocov3_r50").MoCoV3R50()
+    epochs, spe = cfg.epochs, 7
+    for step in range(0, epochs * spe, 37):
+        epoch = step / spe  # main_moco.py: epoch + i / iters_per_epoch
+        ref = 1.0 - 0.5 * (1.0 + math.cos(math.pi * epoch / epochs)) * (1.0 - 0.99)
+        assert cfg.momentum_at(step, epochs * spe) == pytest.approx(ref, abs=1e-12)
+
+
+def test_sincos_position_embedding_matches_formula(rx):
+    mod = rx.load_recipe("mocov3_vit_small")
+    grid, dim = 3, 8
+    pe = mod.sincos_pos_embed(grid, dim)
+    assert pe.shape == (1, 1 + grid * grid, dim) and torch.all(pe[0, 0] == 0)
+    quarter = dim // 4
+    for p in range(grid * grid):
+        r, c = p // grid, p % grid
+        for i in range(quarter):
+            w = 10000.0 ** (-i / quarter)
+            expected = [math.sin(r * w), math.cos(r * w), math.sin(c * w), math.cos(c * w)]
+            got = [pe[0, 1 + p, k * quarter + i].item() for k in range(4)]
+            assert got == pytest.approx(expected, abs=1e-6)
+
+
+def test_vit_recipe_fixes_every_position_embedding(rx):
+    mod = rx.load_recipe("mocov3_vit_small")
+    from contrastive.engine import parse_config
+
+    cfg = parse_config(mod.MoCoV3ViTSmall, ["--data", "shapes", "--encoder",
+                                            "timm:vit_tiny_patch16_224", "--mlp-hidden", "32",
+                                            "--dim", "16"])
+    method = mod.build_method(cfg)
+    embeds = [m.pos_embed for m in method.modules() if hasattr(m, "pos_embed")]
+    assert len(embeds) == 2  # query and key ViTs
+    for pe in embeds:
+        assert not pe.requires_grad
+        torch.testing.assert_close(pe.data, mod.sincos_pos_embed(14, 192))
+    assert not any(p.requires_grad for p in method.encoder.patch_embed.parameters())
+
+
+@pytest.mark.parametrize("name, values", [
+    ("moco_r50", dict(lr=0.03, batch_size=256, epochs=200, weight_decay=1e-4, queue_size=65536,
+                      moco_momentum=0.999, temperature=0.2, dim=128, mlp_hidden=2048)),
+    ("mocov1_r50", dict(lr=0.03, batch_size=256, epochs=200, lr_milestones=(120, 160),
+                        temperature=0.07, queue_size=65536, moco_momentum=0.999)),
+    ("mocov3_r50", dict(lr=0.6, batch_size=4096, epochs=100, weight_decay=1e-6,
+                        warmup_epochs=10, temperature=1.0, moco_momentum=0.99, dim=256,
+                        mlp_hidden=4096, optimizer="lars", crop_min=0.2)),
+    ("mocov3_vit_small", dict(lr=1.5e-4, batch_size=4096, epochs=300, weight_decay=0.1,
+                              warmup_epochs=40, temperature=0.2, optimizer="adamw",
+                              crop_min=0.08, freeze_patch_embed=True)),
+    ("simclr_r50", dict(lr=0.3, batch_size=4096, epochs=100, weight_decay=1e-6,
+                        warmup_epochs=10, temperature=0.1, optimizer="lars")),
+    ("simclr_cifar", dict(lr=1.0, batch_size=512, epochs=1000, weight_decay=1e-4,
+                          temperature=0.5, color_strength=0.5, optimizer="lars")),
+    ("moco_cifar", dict(lr=0.03, batch_size=512, epochs=200, weight_decay=5e-4,
+                        queue_size=4096, moco_momentum=0.99, temperature=0.1, split_bn=8)),
+])
+def test_paper_defaults(rx, name, values):
+    import dataclasses
+
+    mod = rx.load_recipe(name)
+    (cls,) = [v for v in vars(mod).values()
+              if dataclasses.is_dataclass(v) and v.__module__ == mod.__name__]
+    cfg = cls()
+    for key, value in values.items():
+        assert getattr(cfg, key) == value, key
