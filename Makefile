@@ -20,8 +20,9 @@ lint: install
 test: install
 	$(PY) -m pytest
 
-# The main job on the built-in data: pretrain MoCo v2 for a few CPU minutes, then evaluate.
-DATA ?= shapes
+# The main job on the built-in data: pretrain MoCo for a few CPU minutes, then evaluate.
+# DATA: any --data spec (default: the built-in shapes at 24 px), e.g. make demo DATA=cifar10
+DATA ?=
 .PHONY: demo
 demo: install
-	$(PY) tools/demo.py --data $(DATA)
+	$(PY) tools/demo.py $(if $(DATA),--data $(DATA))

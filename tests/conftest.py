@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
@@ -21,3 +26,29 @@ def shared_data() -> Path:
     if not (SHARED_DATA / "cifar10-jpeg.tar").exists():
         pytest.skip(f"real data not found at {SHARED_DATA} (only needed for integration tests)")
     return SHARED_DATA
+
+
+def _run_two_ranks(worker: Path, tmp: Path, timeout: float = 240.0) -> list[dict]:
+    """Start ``worker rank 2 store_path out_dir`` as two gloo CPU processes; return what each
+    rank saved to ``out_dir/rank{r}.pt``. A failing or hanging rank fails the test with its log."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    procs = [subprocess.Popen([sys.executable, str(worker), str(rank), "2", str(tmp / "store"), str(tmp)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for rank in range(2)]
+    logs = []
+    for p in procs:
+        try:
+            logs.append(p.communicate(timeout=timeout)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            pytest.fail(f"distributed worker {worker.name} timed out after {timeout:.0f} s")
+    for rank, p in enumerate(procs):
+        assert p.returncode == 0, f"rank {rank} failed:\n{logs[rank][-4000:]}"
+    return [torch.load(tmp / f"rank{rank}.pt") for rank in range(2)]
+
+
+@pytest.fixture(scope="session")
+def run_two_ranks() -> Callable[..., list[dict]]:
+    """The launcher of the two-process (gloo, CPU) equivalence tests."""
+    return _run_two_ranks

@@ -8,9 +8,6 @@ KD + CE; the same parameters on both ranks afterwards, and equal to the one-proc
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,23 +19,8 @@ WORKER = Path(__file__).with_name("dist_worker.py")
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("distill_dist")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(r), "2", str(tmp / "store"),
-                               str(tmp)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=240)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("distributed worker timed out")
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {r} failed:\n{logs[r][-4000:]}"
-    return [torch.load(tmp / f"rank{r}.pt") for r in range(2)]
+def results(tmp_path_factory, run_two_ranks):
+    return run_two_ranks(WORKER, tmp_path_factory.mktemp("distill_dist"))
 
 
 def close(a, b):

@@ -11,9 +11,6 @@ One launch (``dist_worker.py``) runs every check; the tests below read its resul
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,31 +23,8 @@ B = 4
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("dist")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    cmd = [sys.executable, str(WORKER), "{rank}", "2", str(tmp / "store"), str(tmp)]
-    procs = [
-        subprocess.Popen(
-            [c.format(rank=r) for c in cmd],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=240)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail("distributed worker timed out")
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {r} failed:\n{logs[r][-4000:]}"
-    return [torch.load(tmp / f"rank{r}.pt") for r in range(2)]
+def results(tmp_path_factory, run_two_ranks):
+    return run_two_ranks(WORKER, tmp_path_factory.mktemp("dist"))
 
 
 def close(a, b):
