@@ -374,9 +374,12 @@ def train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
         result.status, result.step, result.epoch = status, state.step, state.epoch
         if is_main:
             extra = {"encoder_kwargs": cfg.encoder_kwargs()} if cfg.encoder_kwargs() else {}
+            # evaluation normalises with the pretraining statistics (read back by contrastive.eval)
+            extra.update({k: [float(v) for v in getattr(pipeline, k)] for k in ("mean", "std")
+                          if hasattr(pipeline, k)})
             result.encoder_path = save_encoder(
                 out / "encoder.pt", module.encoder, cfg.encoder, recipe=recipe, step=state.step,
-                method=type(module).__name__, **extra)
+                method=type(module).__name__, image_size=cfg.image_size, **extra)
             logger.info("%s at step %d: encoder weights in %s", status, state.step,
                         result.encoder_path)
         accelerator.wait_for_everyone()
@@ -396,7 +399,7 @@ def train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
         progress = tqdm(total=last_step, initial=state.step, desc=recipe, unit="step",
                         dynamic_ncols=True, mininterval=1.0)
     sums: dict[str, torch.Tensor] = {}
-    n_sums = 0
+    counts: dict[str, int] = {}
     t_last, images_last, wait_time = time.perf_counter(), state.images_seen, 0.0
     last_out: dict[str, torch.Tensor] = {}
     status = "completed"
@@ -462,11 +465,12 @@ def train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
                             accelerator.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
                         optimizer.step()
                         optimizer.zero_grad(set_to_none=True)
-                        for k in ("loss", "pos_acc", "pos_sim", "neg_sim"):
-                            if k in out_:
-                                v = out_[k].detach().float()
+                        # every scalar the method returns is logged (mean over the log window)
+                        for k, v in out_.items():
+                            if isinstance(v, torch.Tensor) and v.ndim == 0:
+                                v = v.detach().float()
                                 sums[k] = sums[k] + v if k in sums else v
-                        n_sums += 1
+                                counts[k] = counts.get(k, 0) + 1
                         last_out = out_
                 state.micro_in_epoch = micro + 1
                 if not accelerator.sync_gradients:
@@ -486,7 +490,7 @@ def train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
                     check_finite(first_bad)
                 if log_now:
                     now = time.perf_counter()
-                    record = _log_record(state, steps_per_epoch, lr, m, module, sums, n_sums,
+                    record = _log_record(state, steps_per_epoch, lr, m, module, sums, counts,
                                          last_out, accelerator, now - t_last,
                                          state.images_seen - images_last, wait_time)
                     metrics.write(record)
@@ -496,7 +500,7 @@ def train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
                     if progress is not None:
                         progress.set_postfix(loss=f"{record.get('loss', float('nan')):.4f}",
                                              img_s=f"{record['images_per_s']:.1f}")
-                    sums, n_sums = {}, 0
+                    sums, counts = {}, {}
                     t_last, images_last, wait_time = now, state.images_seen, 0.0
                 if save_now:
                     save()
@@ -547,14 +551,14 @@ def _any_true(flag: bool, accelerator: Any) -> bool:
 
 
 def _log_record(state: TrainState, steps_per_epoch: int, lr: float, m: float | None,
-                module: nn.Module, sums: dict[str, torch.Tensor], n: int,
+                module: nn.Module, sums: dict[str, torch.Tensor], counts: dict[str, int],
                 last_out: dict[str, torch.Tensor], accelerator: Any, seconds: float,
                 images: int, wait: float) -> dict[str, Any]:
     """One metrics.jsonl record: means since the last record, averaged over processes."""
     keys = sorted(sums)
     means = {}
-    if keys and n:
-        vec = torch.stack([sums[k] for k in keys]) / n
+    if keys:
+        vec = torch.stack([sums[k] / counts[k] for k in keys])
         if accelerator.num_processes > 1:
             vec = accelerator.reduce(vec, "mean")
         means = dict(zip(keys, vec.tolist()))

@@ -47,8 +47,10 @@ class _Toy(nn.Module):
         loss = (a - b).pow(2).sum(1).mean()
         if self.calls == self.nan_at:
             loss = loss * float("nan")
+        call_index = torch.tensor(self.calls)  # a method-specific scalar: logged like the others
         self.calls += 1
-        return {"loss": loss, "pos_acc": torch.tensor(50.0), "embeddings": a.detach()}
+        return {"loss": loss, "pos_acc": torch.tensor(50.0), "call_index": call_index,
+                "embeddings": a.detach()}
 
 
 def _pipeline(cfg):
@@ -106,3 +108,13 @@ def test_encoder_file_is_plain_backbone(tmp_path, fresh_accelerate):
     assert payload["encoder"] == "small_cnn" and payload["step"] == 1
     assert payload["method"] == "_Toy" and payload["num_features"] == 256
     create_encoder("small_cnn").load_state_dict(payload["state_dict"], strict=True)
+
+
+def test_every_scalar_the_method_returns_is_logged_as_a_window_mean(tmp_path, fresh_accelerate):
+    _train(tmp_path, max_steps=4, log_every=2)
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().split("\n")
+             if x]
+    records = [r for r in lines if "loss" in r]
+    assert [r["step"] for r in records] == [2, 4]
+    assert [r["call_index"] for r in records] == [0.5, 2.5]  # means of calls (0, 1) and (2, 3)
+    assert all(r["pos_acc"] == 50.0 and "embeddings" not in r for r in records)

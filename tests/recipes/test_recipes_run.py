@@ -34,6 +34,15 @@ def test_recipe_runs_and_leaves_encoder_and_metrics(name, tmp_path, rx):
     # encoder.pt: safe to load, and loads into create_encoder(name) with no key left over
     payload = torch.load(out / "encoder.pt", weights_only=True)
     assert payload["encoder"] == "small_cnn"
+    # the pretraining normalisation travels with the weights, so evaluation uses it by default
+    pipeline = rx.load_recipe(name).build_pipeline(parse_config(
+        getattr(rx.load_recipe(name), _config_class(rx, name)), ["--data", "shapes"]))
+    assert payload["mean"] == pytest.approx(list(pipeline.mean))
+    assert payload["std"] == pytest.approx(list(pipeline.std))
+    from contrastive.eval.checkpoint import load_encoder
+
+    loaded = load_encoder(out / "encoder.pt")
+    assert loaded.setting("mean") == payload["mean"] and loaded.setting("image_size") == payload["image_size"]
     from contrastive.nn import create_encoder
 
     enc = create_encoder(payload["encoder"], **payload.get("encoder_kwargs", {}))
