@@ -216,9 +216,9 @@ class WithClassLabels(nn.Module):
         return self.method.encoder
 
     def forward(self, views: Any, momentum: float | None = None,
-                labels: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                labels: torch.Tensor | None = None, step: int | None = None) -> dict[str, torch.Tensor]:
         classes = None if labels is None else self.targets.to(labels.device)[labels]
-        return self.method(views, momentum=momentum, labels=classes)
+        return self.method(views, momentum=momentum, labels=classes, step=step)
 
 
 def build_method(cfg: DistillCosNCE) -> nn.Module:
@@ -232,7 +232,7 @@ def build_method(cfg: DistillCosNCE) -> nn.Module:
     use_labels = cfg.use_labels and n_cls is not None and cfg.pass_indices
     if cfg.use_labels and n_cls is not None and not cfg.pass_indices:
         log.warning("--use-labels needs --pass-indices: no CE hard loss")
-    total = (len(data) // cfg.batch_size) * cfg.epochs * cfg.grad_accum_steps  # forward calls
+    total = (len(data) // cfg.batch_size) * cfg.epochs  # optimiser steps (the engine passes step=)
     method = Distiller(
         teacher, cfg.student, teacher_head=teacher_head,
         num_classes=n_cls if use_labels and teacher_head is None else None,

@@ -7,8 +7,10 @@
 2. builds the data (deterministic global order, per-sample seeded augmentation, optional batched
    augmentation on the device), the method and the optimiser, and ``prepare``s them;
 3. resumes (signature + config checked before loading, fingerprints verified after);
-4. loops: ``lr = lr_at(step)``, ``m = cfg.momentum_at(step)``, ``out = model(views, momentum=m)``,
-   backward, clip, step; logs ``metrics.jsonl`` every ``log_every`` steps, checkpoints every
+4. loops: ``lr = lr_at(step)``, ``m = cfg.momentum_at(step)``, ``out = model(views, momentum=m)``
+   (plus ``labels=`` data-set indices with ``pass_indices``, and ``step=`` the optimiser step when
+   the method's ``forward`` takes it), backward, clip, step; logs ``metrics.jsonl`` every
+   ``log_every`` steps (every 0-d tensor the method returns, as a window mean), checkpoints every
    ``save_every_steps`` steps and at epoch ends, runs the kNN monitor every ``knn_every``
    epochs, and stops cleanly on SIGTERM/SIGINT, ``max_steps`` or the last epoch;
 5. writes ``encoder.pt`` (query backbone, ``{"encoder": name, "state_dict": ...}``).
@@ -20,6 +22,7 @@ continues exactly as the uninterrupted one (see :mod:`contrastive.engine.loader`
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
 import math
@@ -406,6 +409,8 @@ def train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
                         dynamic_ncols=True, mininterval=1.0)
     sums: dict[str, torch.Tensor] = {}
     counts: dict[str, int] = {}
+    # methods with a step-dependent schedule (e.g. the Distiller's stage switch) take ``step``
+    takes_step = "step" in inspect.signature(module.forward).parameters
     t_last, images_last, wait_time = time.perf_counter(), state.images_seen, 0.0
     last_out: dict[str, torch.Tensor] = {}
     status = "completed"
@@ -453,6 +458,8 @@ def train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
                 kwargs: dict[str, Any] = {"momentum": m}
                 if getattr(cfg, "pass_indices", False):
                     kwargs["labels"] = indices.to(device)
+                if takes_step:
+                    kwargs["step"] = state.step  # the optimiser step (same for its micro-batches)
                 with accelerator.accumulate(model):
                     out_ = model(views, **kwargs)
                     loss = out_["loss"]

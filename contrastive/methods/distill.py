@@ -31,9 +31,11 @@ sample i over all of its elements, g detached; the loss of pass 2 is returned an
 Pass 1 does not update BatchNorm running statistics (they are restored), so the only effect of
 the extra pass is the perturbation. The teacher runs once per step.
 
-Stage switch: ``self.steps_done`` counts training forward calls (a persistent buffer, so a
-resumed run continues the schedule); stage 2 starts at ``switch_step = round(stage1_fraction *
-total_steps)`` (or ``switch_step`` given). With gradient accumulation count micro-batches.
+Stage switch: stage 2 starts at ``switch_step = round(stage1_fraction * total_steps)`` (or
+``switch_step`` given), counted in the ``step`` passed to ``forward`` (the training engine passes
+its optimiser step, so micro-batches of one step share a stage and a resumed run continues the
+schedule). Without ``step``, ``self.steps_done`` counts training forward calls instead (a
+persistent buffer; with gradient accumulation count micro-batches then).
 The student classifier ``head`` is only called when beta or gamma is non-zero: under DDP use
 ``find_unused_parameters=True`` when it exists (``needs_find_unused_parameters``).
 

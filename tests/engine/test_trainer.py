@@ -42,7 +42,7 @@ class _Toy(nn.Module):
         self.encoder = create_encoder("small_cnn")
         self.nan_at, self.calls = nan_at, 0
 
-    def forward(self, views, momentum=None):
+    def forward(self, views, momentum=None, step=None):
         a, b = (nn.functional.normalize(self.encoder(v), dim=1) for v in views)
         loss = (a - b).pow(2).sum(1).mean()
         if self.calls == self.nan_at:
@@ -50,7 +50,7 @@ class _Toy(nn.Module):
         call_index = torch.tensor(self.calls)  # a method-specific scalar: logged like the others
         self.calls += 1
         return {"loss": loss, "pos_acc": torch.tensor(50.0), "call_index": call_index,
-                "embeddings": a.detach()}
+                "step_seen": torch.tensor(float(step)), "embeddings": a.detach()}
 
 
 def _pipeline(cfg):
@@ -118,3 +118,13 @@ def test_every_scalar_the_method_returns_is_logged_as_a_window_mean(tmp_path, fr
     assert [r["step"] for r in records] == [2, 4]
     assert [r["call_index"] for r in records] == [0.5, 2.5]  # means of calls (0, 1) and (2, 3)
     assert all(r["pos_acc"] == 50.0 and "embeddings" not in r for r in records)
+
+
+def test_methods_that_take_step_get_the_optimiser_step(tmp_path, fresh_accelerate):
+    _train(tmp_path, max_steps=3, log_every=1, grad_accum_steps=2)
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().split("\n")
+             if x]
+    records = [r for r in lines if "loss" in r]
+    # both micro-batches of optimiser step s (0-based) see step=s; forward calls keep counting
+    assert [r["step_seen"] for r in records] == [0.0, 1.0, 2.0]
+    assert [r["call_index"] for r in records] == [0.5, 2.5, 4.5]
