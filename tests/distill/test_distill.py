@@ -266,7 +266,7 @@ def test_stem_hook_runs_before_a_layer_hook_on_the_same_module() -> None:
     d = make(perturb=True, stem="blocks.0")  # blocks.0 is also the first distilled layer
     x = torch.randn(2, 3, 8, 8)
     add = torch.randn(2, 5, 8, 8)
-    with distill_mod._armed(d._s_taps + [d._stem_tap], {2: add}):
+    with distill_mod.armed_taps(d._s_taps + [d._stem_tap], {2: add}):
         d.encoder(x)
     with torch.no_grad():
         h = d.encoder.blocks[0](d.encoder.stem(x)) + add  # the layer sees the perturbed output
