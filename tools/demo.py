@@ -157,5 +157,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """``main`` for a person at a terminal: data problems (an unknown spec, a missing folder, no
+    network for a download, a corrupt image) end in one line naming the fix, exit status 2."""
+    from contrastive.data.download import DownloadError
+    from contrastive.data.io import CorruptImageError
+    from contrastive.data.spec import UnknownDatasetError
+
+    try:
+        return main(argv)
+    except (DownloadError, UnknownDatasetError, CorruptImageError, FileNotFoundError) as e:
+        message = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"demo: error: {message}\n(the demo needs a --data spec with a labelled test split; "
+              "make demo uses the built-in shapes data)", file=sys.stderr)
+        return 2
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

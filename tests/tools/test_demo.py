@@ -29,3 +29,12 @@ def test_demo_runs_and_writes_its_figures(tmp_path, capsys):
     for png in ("curves.png", "embedding.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     assert "linear top-1" in capsys.readouterr().out
+
+
+def test_demo_names_the_data_problem_in_one_line(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("demo_tool", ROOT / "tools" / "demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    assert demo.cli(["--data", "nosuchdata", "--output-dir", str(tmp_path / "demo")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("demo: error:") and "nosuchdata" in err and "Traceback" not in err
