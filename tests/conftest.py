@@ -52,3 +52,18 @@ def _run_two_ranks(worker: Path, tmp: Path, timeout: float = 240.0) -> list[dict
 def run_two_ranks() -> Callable[..., list[dict]]:
     """The launcher of the two-process (gloo, CPU) equivalence tests."""
     return _run_two_ranks
+
+
+@pytest.fixture
+def fresh_accelerate():
+    """Reset accelerate's process-wide state around an in-process training run."""
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    def reset() -> None:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+        PartialState._reset_state()
+
+    reset()
+    yield
+    reset()

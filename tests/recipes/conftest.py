@@ -75,20 +75,6 @@ def load_recipe(name: str):
     return mod
 
 
-@pytest.fixture
-def fresh_accelerate():
-    """Reset accelerate's process-wide state around an in-process run."""
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    PartialState._reset_state()
-    yield
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    PartialState._reset_state()
-
-
 @pytest.fixture(scope="session")
 def rx():
     """The helpers above (tests import nothing from conftest under --import-mode=importlib)."""
