@@ -111,11 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     result = run(recipe.MoCoCifar, recipe.build_method, recipe.build_pipeline, argv=recipe_argv, name="demo")
     train_s = time.perf_counter() - t0
-    norm = {"mean": list(recipe.CIFAR_MEAN), "std": list(recipe.CIFAR_STD)}  # the recipe's pipeline
 
     torch.manual_seed(0)
     random_init = load_encoder("random", encoder=args.encoder)
     pretrained = load_encoder(out)
+    norm = {k: pretrained.setting(k) for k in ("mean", "std")}  # recorded by the engine in encoder.pt
     t1 = time.perf_counter()
     figures = {
         "random init": evaluate(random_init, args.data, image_size=args.image_size, workers=args.workers,
