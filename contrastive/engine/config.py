@@ -155,6 +155,12 @@ class TrainConfig:
         False, "resume even when run-defining fields (lr, batch size, data...) differ from the "
         "checkpoint's config (the model must still match)"
     )
+    stop_if_orphaned: str = help_field(
+        "auto", "save a checkpoint and stop (exit 75) when the process that started this one "
+        "(the launcher) exits, instead of training on as an orphan: on | off | auto = on under "
+        "accelerate launch and torchrun (a plain 'python recipe.py' started from a shell may "
+        "outlive that shell, e.g. with nohup)", choices=("auto", "on", "off"),
+    )
 
     # --- online kNN monitor ---------------------------------------------------------------
     knn_every: int = help_field(0, "weighted-kNN top-1 on the held-out labelled split every N "
