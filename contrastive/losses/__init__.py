@@ -9,14 +9,20 @@ Use by name (the registry) or by class / function::
     from contrastive.losses import functional as LF
     loss = LF.ntxent(z1, z2, temperature=0.5)
 
-Registered names: ``infonce``, ``ntxent``, ``cosnce``, ``supcon``, ``dcl``, ``kd`` (see
-``list_losses()``). Add yours with ``@register_loss("name")``. Inputs may be half precision: the
-softmax maths runs in float32 and the result is float32.
+Registered names: ``infonce``, ``ntxent``, ``cosnce``, ``supcon``, ``dcl``, ``kd``, ``byol``,
+``simsiam``, ``barlow_twins``, ``vicreg`` (see ``list_losses()``). Add yours with
+``@register_loss("name")``. Inputs may be half precision: the maths runs in float32 and the
+result is float32.
+
+Batch-level losses (``barlow_twins``, ``vicreg``; ``loss_class(name).batch_level`` is True) are
+statistics of the whole batch: pass the GLOBAL batch (gathered with gradient) and
+``reduction="mean"`` only (see :mod:`contrastive.losses.decorrelation`).
 """
 
 from __future__ import annotations
 
-from . import functional
+from . import decorrelation, functional, regression
+from .decorrelation import BarlowTwinsLoss, VICRegLoss
 from .modules import (
     BaseLoss,
     CosNCELoss,
@@ -27,19 +33,26 @@ from .modules import (
     SupConLoss,
 )
 from .registry import UnknownLossError, get_loss, list_losses, loss_class, register_loss
+from .regression import BYOLLoss, SimSiamLoss
 
 __all__ = [
+    "BYOLLoss",
+    "BarlowTwinsLoss",
     "BaseLoss",
     "CosNCELoss",
     "DCLLoss",
     "InfoNCELoss",
     "KDLoss",
     "NTXentLoss",
+    "SimSiamLoss",
     "SupConLoss",
     "UnknownLossError",
+    "VICRegLoss",
+    "decorrelation",
     "functional",
     "get_loss",
     "list_losses",
     "loss_class",
     "register_loss",
+    "regression",
 ]
