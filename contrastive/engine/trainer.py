@@ -60,6 +60,7 @@ from contrastive.engine.loader import (
 )
 from contrastive.engine.monitor import KNNMonitor
 from contrastive.engine.optim import build_optimizer
+from contrastive.engine.run_folder import check_output_dir, truncate_metrics
 from contrastive.engine.run_state import EXIT_STOPPED, read_run_state, write_run_state
 from contrastive.engine.schedules import lr_at, scaled_lr
 
@@ -167,10 +168,8 @@ class _Metrics:
             return
         if resume_step is None:
             self.path.write_text("")
-        elif self.path.exists():  # drop lines written after the checkpoint we resume from
-            kept = [ln for ln in self.path.read_text().splitlines()
-                    if ln.strip() and json.loads(ln).get("step", 0) <= resume_step]
-            self.path.write_text("".join(ln + "\n" for ln in kept))
+        else:  # drop lines written after the checkpoint we resume from (and a torn last line)
+            truncate_metrics(self.path, resume_step)
 
     def write(self, record: dict[str, Any]) -> None:
         if self.enabled:
@@ -292,6 +291,7 @@ def train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
     """
     cfg.validate()
     out = Path(cfg.output_dir or os.path.join("runs", recipe))
+    check_output_dir(out)  # a file, read-only: one line, before anything is built
     _check_output_dir(out, cfg.resume)  # before any process writes anything
     accelerator = make_accelerator(cfg, out)
     is_main = accelerator.is_main_process
