@@ -10,7 +10,7 @@ Use by name (the registry) or by class / function::
     loss = LF.ntxent(z1, z2, temperature=0.5)
 
 Registered names: ``infonce``, ``ntxent``, ``cosnce``, ``supcon``, ``dcl``, ``kd``, ``byol``,
-``simsiam``, ``barlow_twins``, ``vicreg`` (see ``list_losses()``). Add yours with
+``simsiam``, ``barlow_twins``, ``vicreg``, ``swav``, ``dino``, ``dim`` (see ``list_losses()``). Add yours with
 ``@register_loss("name")``. Inputs may be half precision: the maths runs in float32 and the
 result is float32.
 
@@ -21,7 +21,8 @@ statistics of the whole batch: pass the GLOBAL batch (gathered with gradient) an
 
 from __future__ import annotations
 
-from . import decorrelation, functional, regression
+from . import clustering, decorrelation, functional, mutual_info, regression
+from .clustering import DINOLoss, SwAVLoss
 from .decorrelation import BarlowTwinsLoss, VICRegLoss
 from .modules import (
     BaseLoss,
@@ -32,6 +33,7 @@ from .modules import (
     NTXentLoss,
     SupConLoss,
 )
+from .mutual_info import DIMLoss
 from .registry import UnknownLossError, get_loss, list_losses, loss_class, register_loss
 from .regression import BYOLLoss, SimSiamLoss
 
@@ -39,20 +41,25 @@ __all__ = [
     "BYOLLoss",
     "BarlowTwinsLoss",
     "BaseLoss",
+    "DIMLoss",
+    "DINOLoss",
     "CosNCELoss",
     "DCLLoss",
     "InfoNCELoss",
     "KDLoss",
     "NTXentLoss",
     "SimSiamLoss",
+    "SwAVLoss",
     "SupConLoss",
     "UnknownLossError",
     "VICRegLoss",
+    "clustering",
     "decorrelation",
     "functional",
     "get_loss",
     "list_losses",
     "loss_class",
+    "mutual_info",
     "register_loss",
     "regression",
 ]
