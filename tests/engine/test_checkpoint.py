@@ -175,3 +175,21 @@ def test_resolve_resume(tmp_path):
     assert resolve_resume(str(ck), tmp_path) == ck
     with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
         resolve_resume(str(tmp_path / "checkpoints" / "step_00000020"), tmp_path)
+
+
+def test_altered_file_is_refused_naming_it(accelerator, tmp_path):
+    """A file changed after the save (bit rot, a truncated copy, a swap) no longer matches the
+    size/SHA-256 in meta.json: refused before it is parsed, in one line naming it."""
+    from contrastive.engine.checkpoint import CheckpointFileError
+
+    model, opt, state, ckpt = _setup(accelerator, tmp_path / "checkpoints")
+    _train_step(model, opt)
+    state.step = 1
+    path = ckpt.save()
+    data = bytearray((path / "optimizer.bin").read_bytes())
+    data[-30] ^= 1
+    (path / "optimizer.bin").write_bytes(bytes(data))
+    with pytest.raises(CheckpointFileError) as e:
+        ckpt.load(path)
+    assert "optimizer.bin does not match the size/SHA-256" in str(e.value)
+    assert "\n" not in str(e.value)

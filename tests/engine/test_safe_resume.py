@@ -132,12 +132,15 @@ def test_planted_pickle_in_any_file_never_runs(recipe, trained, tmp_path):
         out = tmp_path / rel.replace("/", "_")
         shutil.copytree(src, out)
         _plant(out, rel, payload)
-        refusal = None
+        refusal = error = None
         try:  # one more step to train: everything a resume reads is read
             _run(recipe, [*argv, "--max-steps", "3", "--output-dir", str(out), "--resume", "auto"])
         except SystemExit as e:
             refusal = str(e.code)
+        except Exception as e:  # noqa: BLE001 - reported below, after the marker check
+            error = e
         assert not marker.exists(), f"a pickle planted in {rel} ran when resuming"
+        assert error is None, f"{rel}: the resume failed with a traceback: {error!r}"
         if rel in in_ckpt:  # read by the resume: refused, in one line naming it
             assert refusal is not None, f"{rel} holds a pickle and the resume accepted it"
             assert "\n" not in refusal and str(out / rel) in refusal, refusal
