@@ -385,8 +385,8 @@ def recover_partial(root: str | Path) -> list[Path]:
                 logger.warning("keeping %s: its files do not match its meta.json (damaged after "
                                "the save); inspect or delete it", cand)
             else:
-                logger.warning("removing %s (an interrupted save; %s is complete)", cand,
-                               final.name if final.exists() else "an earlier checkpoint")
+                logger.warning("removing %s (left by an interrupted save; %s)", cand,
+                               f"{final.name} is complete" if final.exists() else "incomplete")
                 _rmtree(cand)
     return recovered
 
