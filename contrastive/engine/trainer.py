@@ -673,10 +673,13 @@ def _nothing_to_do(cfg: TrainConfig, state: TrainState, last_step: int, total_st
     is_main = accelerator.is_main_process
     done_all = state.step >= total_steps or state.epoch >= cfg.epochs
     reason = "epochs" if done_all else "max_steps"
-    logger.info("nothing to train: the run in %s is at step %d, %s; nothing was changed. "
-                "Pass a larger --max-steps to continue it%s", out, state.step,
-                "its last epoch is done" if done_all else f"--max-steps is {cfg.max_steps}",
-                " (it has finished its --epochs)" if done_all else "")
+    if done_all:
+        logger.info("nothing to train: the run in %s reached its last epoch (step %d); nothing "
+                    "was changed", out, state.step)
+    else:
+        logger.info("nothing to train: the run in %s is at step %d and --max-steps is %d; "
+                    "nothing was changed. Pass a larger --max-steps to continue it", out,
+                    state.step, cfg.max_steps)
     result = TrainResult(output_dir=out, status="completed" if done_all else "max_steps",
                          step=state.step, epoch=state.epoch, checkpoint=resume_path)
     encoder_path = out / "encoder.pt"

@@ -212,6 +212,6 @@ def test_resume_with_nothing_left_to_train_changes_nothing(tmp_path, fresh_accel
             continue
         assert _snapshot(run_dir) == before
         assert result.steps_trained == 0 and "nothing to train" in caplog.text
-        assert ("last epoch is done" in caplog.text) == epochs_done
+        assert ("reached its last epoch" in caplog.text) == epochs_done
         state = _run_state(tmp_path)
         assert state["state"] == "completed" and state["step"] == result.step
