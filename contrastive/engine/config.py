@@ -87,6 +87,10 @@ class TrainConfig:
         choices=("", "no", "bf16", "fp16"),
     )
     cpu: bool = help_field(False, "train on the CPU even when a GPU is visible")
+    float64: bool = help_field(
+        False, "train in float64 (model, inputs, optimiser state): several times slower; for "
+        "numerical checks such as 2 processes against 1, where float32 rounding of sums taken "
+        "in another order would otherwise hide or fake a difference")
     batched_augment: str = help_field(
         "auto", "where the colour/blur/flip/normalise part of the augmentation runs: 'on' = "
         "batched on the training device (workers only decode + crop to uint8), 'off' = per "
@@ -106,7 +110,7 @@ class TrainConfig:
         False, "DDP find_unused_parameters (needed when some trainable parameters get no grad)")
 
     # --- optimiser and schedules ----------------------------------------------------------
-    optimizer: str = help_field("sgd", "sgd | adamw | lars (timm's LARS)",
+    optimizer: str = help_field("sgd", "sgd | adamw | lars (LARS as the official MoCo v3 code)",
                                 choices=("sgd", "adamw", "lars"))
     lr: float = help_field(0.03, "learning rate; absolute or per 256 images: see --lr-scaling")
     lr_scaling: str = help_field(
@@ -204,6 +208,9 @@ class TrainConfig:
             raise ValueError(f"--resume {self.resume!r}: no such checkpoint folder; use "
                              "--resume auto to continue from the newest checkpoint in "
                              "--output-dir")
+        if self.float64 and self.mixed_precision in ("bf16", "fp16"):
+            raise ValueError(f"--float64 with --mixed-precision {self.mixed_precision}: pick one "
+                             "(--float64 is for numerical checks, mixed precision for speed)")
         if not self.data:
             raise ValueError("--data is required (e.g. --data shapes, --data cifar10, "
                              "--data /path/to/imagenet)")

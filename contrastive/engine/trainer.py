@@ -272,8 +272,12 @@ def _feature_fn(module: nn.Module, which: str) -> Callable[[torch.Tensor], torch
         head = getattr(module, "head", None) or getattr(module, "projector", None)
         if head is None:
             raise ValueError(f"--knn-feature head: {type(module).__name__} has no head/projector")
-        return lambda x: head(module.encoder(x))
-    return module.encoder
+        encode = lambda x: head(module.encoder(x))  # noqa: E731
+    else:
+        encode = module.encoder
+    if any(p.dtype == torch.float64 for p in module.encoder.parameters()):  # --float64
+        return lambda x: encode(x.double())
+    return encode
 
 
 # ----------------------------------------------------------------------------------------------
@@ -381,6 +385,8 @@ def _train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
             method = nn.SyncBatchNorm.convert_sync_batchnorm(method)
         else:
             logger.warning("--sync-bn ignored: SyncBatchNorm needs GPU processes")
+    if cfg.float64:
+        method = method.double()  # inputs follow in the step and the kNN monitor
     if cfg.channels_last:
         method = method.to(memory_format=torch.channels_last)
         from contrastive.nn.norm import SplitBatchNorm2d
@@ -559,6 +565,8 @@ def _train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
                         device, cfg.seed, state.step, micro % accum, rank))
                 if cfg.channels_last:
                     views = [v.contiguous(memory_format=torch.channels_last) for v in views]
+                if cfg.float64:
+                    views = [v.double() for v in views]
                 lr = lr_at(state.step, steps_per_epoch=steps_per_epoch, epochs=cfg.epochs,
                            peak=peak_lr, schedule=cfg.lr_schedule,
                            warmup_epochs=cfg.warmup_epochs, min_lr=cfg.min_lr,
