@@ -210,10 +210,15 @@ def linear_eval(
 
     ``mean`` / ``std``: the normalisation of the pretraining pipeline (default ImageNet's).
     ``protocol="cached"``: centre-crop features once, (lr, wd) sweep on a held-out 10 % of the
-    training set, 100 epochs by default. ``"standard"``: the MoCo protocol (augmented crops every
+    training set (cross-validation, or a fixed pair, when too few labelled rows remain: see
+    :mod:`contrastive.eval.linear`), 100 epochs by default. ``label_fraction`` must lie in (0, 1]
+    and fewer than two classes are refused, both before any feature is extracted. ``"standard"``: the MoCo protocol (augmented crops every
     epoch, SGD lr 30 (``lr``), momentum 0.9, wd 0, lr x0.1 at 60 % and 80 % of 100 epochs).
 
-    Returns the result dict written by ``contrastive-linear-eval`` (``top1``, ``top5``, settings).
+    Returns the result dict written by ``contrastive-linear-eval``: ``top1``, ``top5``,
+    ``settings`` (including the lr / wd used and ``lr_wd_selection``: how they were chosen),
+    ``train_per_class`` (labelled rows per class), ``checkpoint`` (with the sha256 of every file
+    read), ``sweep``.
     """
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol {protocol!r} is not one of {PROTOCOLS}")
