@@ -1,29 +1,16 @@
-"""Small helpers shared by the methods: view checks, presets, cheap metrics."""
+"""Small helpers shared by the methods: unit rows, cheap metrics."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["check_views", "unit", "queue_metrics", "in_batch_metrics", "PresetMixin"]
-
-
-def check_views(views: Sequence[Tensor], method: str, n: int = 2) -> list[Tensor]:
-    """Return ``views`` as a list after checking it holds ``n`` same-shape (N, C, H, W) tensors."""
-    if isinstance(views, Tensor) or len(views) != n:
-        got = f"a tensor {tuple(views.shape)}" if isinstance(views, Tensor) else f"{len(views)}"
-        raise ValueError(
-            f"{method}: views must be a sequence of {n} tensors (N, C, H, W), got {got}"
-        )
-    shapes = {tuple(v.shape) for v in views}
-    if len(shapes) != 1 or views[0].dim() != 4:
-        raise ValueError(f"{method}: views must all have the same shape (N, C, H, W), got {shapes}")
-    return list(views)
+__all__ = ["unit", "queue_metrics", "in_batch_metrics"]
 
 
 def unit(x: Tensor) -> Tensor:
@@ -82,18 +69,3 @@ def in_batch_metrics(
         neg_mask[rows, self_col] = False
     neg_max = sim.masked_fill(~neg_mask, float("-inf")).max(dim=1).values
     return _metrics(pos, neg_max, (sim * neg_mask).sum(), neg_mask.sum().clamp(min=1))
-
-
-class PresetMixin:
-    """Class-level ``presets`` (name -> constructor keyword arguments from a paper) and
-    ``from_preset(name, **overrides)``."""
-
-    presets: dict[str, dict[str, Any]] = {}
-
-    @classmethod
-    def from_preset(cls, name: str, **overrides: Any):
-        if name not in cls.presets:
-            raise KeyError(
-                f"{cls.__name__}.from_preset: unknown preset {name!r}; known: {sorted(cls.presets)}"
-            )
-        return cls(**{**cls.presets[name], **overrides})

@@ -34,7 +34,7 @@ def test_moco_v3_matches_plain_formula_over_steps(tiny, views):
     for step in range(total):
         m = cosine_momentum(step, total, 0.9)
         x1, x2 = views(5, seed=step)
-        out = method([x1, x2], momentum=m)
+        out = method({"views": [x1, x2], "momentum": m})
         opt.zero_grad()
         out["loss"].backward()
         opt.step()
@@ -61,7 +61,7 @@ def test_moco_v3_matches_plain_formula_over_steps(tiny, views):
 
 def test_heads_and_defaults_follow_the_paper(tiny, tiny_patch):
     r = MoCoV3(tiny(), mlp_hidden=32)
-    assert not r.vit and r.temperature == 1.0 and r.momentum == 0.99
+    assert not r.vit and r.temperature == 1.0 and r.base_momentum == 0.99
     assert [type(m).__name__ for m in r.projector] == [
         "Linear",
         "BatchNorm1d",
@@ -80,7 +80,9 @@ def test_heads_and_defaults_follow_the_paper(tiny, tiny_patch):
     assert all(not p.requires_grad for p in v.encoder.patch_embed.parameters())
     assert v.encoder.mix.weight.requires_grad
 
-    assert MoCoV3.uses_in_batch_negatives and MoCoV3.momentum_schedule == "cosine"
+    assert MoCoV3.uses_in_batch_negatives and r.momentum_schedule == "cosine"
+    for step in (0, 3, 7, 10):  # the declared schedule is the paper's cosine from m0 to 1
+        assert r.schedule_values(step, 10) == {"momentum": cosine_momentum(step, 10, 0.99)}
     assert MoCoV3.presets["resnet50"]["temperature"] == 1.0
     assert MoCoV3.presets["vit_small"]["temperature"] == 0.2
     assert MoCoV3.presets["resnet50_1000ep"]["momentum"] == 0.996

@@ -32,7 +32,7 @@ def test_simclr_matches_ntxent_loop(tiny, views):
     method = SimCLR(tiny(), dim=6, temperature=0.5)
     net = nn.Sequential(copy.deepcopy(method.encoder), copy.deepcopy(method.head))
     x1, x2 = views(5)
-    out = method([x1, x2], momentum=0.3)  # momentum is accepted and ignored
+    out = method({"views": [x1, x2], "momentum": 0.3})  # keys it does not need are ignored
     loss, acc = _ntxent_loop(net(x1), net(x2), 0.5)
     assert abs(out["loss"].item() - loss) < 1e-5
     assert abs(float(out["pos_acc"]) - acc) < 1e-4
@@ -42,7 +42,8 @@ def test_simclr_matches_ntxent_loop(tiny, views):
 
 def test_simclr_head_and_defaults(tiny):
     s = SimCLR(tiny())
-    assert s.temperature == 0.1 and s.uses_in_batch_negatives and s.momentum_schedule is None
+    assert s.temperature == 0.1 and s.uses_in_batch_negatives and s.schedules() == {}
+    assert s.needs == ("views",)
     assert s.head[0].out_features == s.encoder.num_features  # hidden = encoder width
     assert isinstance(s.head[-1], nn.BatchNorm1d) and s.head[-1].affine is False
     assert SimCLR.presets["cifar"]["temperature"] == 0.5
