@@ -59,11 +59,12 @@ class Registry(Generic[T]):
         unless ``override``. Nothing is changed when it raises."""
         keys = self._keys(name, aliases)
         if not override:
-            for key in keys:
+            for given, key in zip((name, *aliases), keys):
                 if key in self:
                     owner = self._aliases.get(key, key)
+                    shown = repr(given) if given.strip() == key else f"{given!r} ({key!r})"
                     raise ValueError(
-                        f"{self.kind} name {key!r} is already registered (to "
+                        f"{self.kind} name {shown} is already registered (to "
                         f"{self._entries[owner]!r} as {owner!r}); choose another name, or pass "
                         "override=True to replace it")
         for key in keys:  # an overridden alias or name stops pointing elsewhere
