@@ -67,7 +67,7 @@ class Method(nn.Module):
     when they have any, :meth:`schedules` and :meth:`param_groups`.
     """
 
-    needs: ClassVar[tuple[str, ...]] | tuple[str, ...] = ("views",)
+    needs: tuple[str, ...] = ("views",)
     uses_in_batch_negatives: ClassVar[bool] = False
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
 
