@@ -10,6 +10,8 @@ Losses (torch only)
     ``get_loss``, ``register_loss``, ``list_losses``
 Encoders
     ``create_encoder``, ``list_encoders``, ``register_encoder``
+Methods
+    ``get_method``, ``list_methods``, ``register_method``
 Sub-packages
     ``contrastive.losses``, ``contrastive.nn``, ``contrastive.methods``,
     ``contrastive.augment``, ``contrastive.data``, ``contrastive.engine``,
@@ -31,6 +33,9 @@ _LAZY_NAMES: dict[str, str] = {
     "create_encoder": "contrastive.nn",
     "list_encoders": "contrastive.nn",
     "register_encoder": "contrastive.nn",
+    "get_method": "contrastive.methods",
+    "list_methods": "contrastive.methods",
+    "register_method": "contrastive.methods",
 }
 
 _SUBPACKAGES = {"losses", "nn", "methods", "augment", "data", "engine", "eval"}

@@ -52,9 +52,6 @@ class DistillCosNCE(TrainConfig):
     weight_decay: float = 1e-4
     warmup_epochs: float = 0.0
     save_every_steps: int = 0
-    pass_indices: bool = help_field(
-        True, "the engine passes each image's data-set index; it is mapped to the class label "
-        "here (needed by --use-labels)")
     ddp_find_unused_parameters: bool = help_field(
         True, "DDP find_unused_parameters: stage 1 leaves the student classifier unused")
     encoder: str = help_field("", "ignored: the student is --student (kept equal to it, it names "
@@ -113,8 +110,9 @@ class DistillCosNCE(TrainConfig):
     def __post_init__(self) -> None:
         self.encoder = self.student  # save_encoder names encoder.pt's backbone from it
 
-    def encoder_kwargs(self) -> dict[str, Any]:
-        return _json_kwargs("student_kwargs", self.student_kwargs)
+    def encoder_options(self) -> dict[str, Any]:
+        """--encoder-kwargs and --student-kwargs (the student is the exported encoder)."""
+        return {**super().encoder_options(), **_json_kwargs("student_kwargs", self.student_kwargs)}
 
     def validate(self) -> None:
         super().validate()
@@ -201,26 +199,6 @@ def build_teacher(cfg: DistillCosNCE, num_classes: int | None) -> tuple[nn.Modul
     return teacher, head
 
 
-class WithClassLabels(nn.Module):
-    """Engine adapter: the engine hands ``labels=`` data-set indices (``--pass-indices``); the
-    Distiller wants class labels, looked up in the data set's ``targets`` (-1 = unlabelled)."""
-
-    def __init__(self, method: nn.Module, targets: torch.Tensor) -> None:
-        super().__init__()
-        self.method = method
-        self.register_buffer("targets", targets.long(), persistent=False)
-        self.uses_in_batch_negatives = method.uses_in_batch_negatives
-
-    @property
-    def encoder(self) -> nn.Module:
-        return self.method.encoder
-
-    def forward(self, views: Any, momentum: float | None = None,
-                labels: torch.Tensor | None = None, step: int | None = None) -> dict[str, torch.Tensor]:
-        classes = None if labels is None else self.targets.to(labels.device)[labels]
-        return self.method(views, momentum=momentum, labels=classes, step=step)
-
-
 def build_method(cfg: DistillCosNCE) -> nn.Module:
     from contrastive.data import get_dataset, num_classes
     from contrastive.methods.distill import Distiller
@@ -229,25 +207,23 @@ def build_method(cfg: DistillCosNCE) -> nn.Module:
     targets = torch.as_tensor(list(getattr(data, "targets", [])), dtype=torch.long)
     n_cls = num_classes(data) if len(targets) == len(data) and bool((targets >= 0).any()) else None
     teacher, teacher_head = build_teacher(cfg, n_cls)
-    use_labels = cfg.use_labels and n_cls is not None and cfg.pass_indices
-    if cfg.use_labels and n_cls is not None and not cfg.pass_indices:
-        log.warning("--use-labels needs --pass-indices: no CE hard loss")
-    total = (len(data) // cfg.batch_size) * cfg.epochs  # optimiser steps (the engine passes step=)
+    use_labels = cfg.use_labels and n_cls is not None  # the loader's batch["labels"], -1 unknown
     method = Distiller(
         teacher, cfg.student, teacher_head=teacher_head,
         num_classes=n_cls if use_labels and teacher_head is None else None,
         student_layers=cfg.student_layers or None, teacher_layers=cfg.teacher_layers or None,
         layer_map=cfg.layer_map or None, token_pool=cfg.token_pool, queue_size=cfg.queue_size,
         stage_weights=(cfg.stage1_weights, cfg.stage2_weights),
-        stage1_fraction=cfg.stage1_fraction, total_steps=total, temperature=cfg.kd_temperature,
+        stage1_fraction=cfg.stage1_fraction, use_labels=use_labels,
+        temperature=cfg.kd_temperature,
         perturb=cfg.perturb, perturb_scale=cfg.perturb_scale, stem=cfg.stem or None,
         image_size=cfg.image_size,
-        student_kwargs=cfg.encoder_kwargs(),
+        student_kwargs=cfg.encoder_options(),
     )
-    log.info("distilling %s -> %s: student layers %s -> teacher layers %s; stage 2 from step "
-             "%s of %d", type(method.teacher).__name__, cfg.student, method.student_layers,
-             [method.teacher_layers[j] for j in method.layer_map], method.switch_step, total)
-    return WithClassLabels(method, targets) if use_labels else method
+    log.info("distilling %s -> %s: student layers %s -> teacher layers %s; stage 2 after %.0f %% "
+             "of the steps", type(method.teacher).__name__, cfg.student, method.student_layers,
+             [method.teacher_layers[j] for j in method.layer_map], 100 * cfg.stage1_fraction)
+    return method
 
 
 def build_pipeline(cfg: DistillCosNCE):

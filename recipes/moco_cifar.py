@@ -67,9 +67,6 @@ class MoCoCifar(TrainConfig):
     jitter_p: float = help_field(0.8, "colour jitter probability")
     grayscale_p: float = help_field(0.2, "grayscale probability")
 
-    def momentum_at(self, step: int, total_steps: int) -> float:
-        return self.moco_momentum
-
 
 def build_method(cfg: MoCoCifar):
     from contrastive.methods import MoCo
@@ -77,7 +74,8 @@ def build_method(cfg: MoCoCifar):
     return MoCo(encoder=cfg.encoder, version=1, dim=cfg.dim, queue_size=cfg.queue_size,
                 momentum=cfg.moco_momentum, temperature=cfg.temperature,
                 symmetric=cfg.symmetric, split_bn=cfg.split_bn, shuffle_bn=cfg.shuffle_bn,
-                queue_labels=cfg.pass_indices)  # diagnostics: data-set index of each key
+                queue_labels=cfg.pass_indices,  # diagnostics: data-set index of each key
+                encoder_kwargs=cfg.encoder_options())
 
 
 def build_pipeline(cfg: MoCoCifar):

@@ -59,9 +59,6 @@ class MoCoV2R50(TrainConfig):
     jitter_p: float = help_field(0.8, "colour jitter probability")
     grayscale_p: float = help_field(0.2, "grayscale probability")
 
-    def momentum_at(self, step: int, total_steps: int) -> float:
-        return self.moco_momentum
-
 
 def build_method(cfg: MoCoV2R50):
     from contrastive.methods import MoCo
@@ -70,7 +67,7 @@ def build_method(cfg: MoCoV2R50):
                 queue_size=cfg.queue_size, momentum=cfg.moco_momentum,
                 temperature=cfg.temperature, shuffle_bn=cfg.shuffle_bn,
                 split_bn=cfg.split_bn,
-                queue_labels=cfg.pass_indices)
+                queue_labels=cfg.pass_indices, encoder_kwargs=cfg.encoder_options())
 
 
 def build_pipeline(cfg: MoCoV2R50):

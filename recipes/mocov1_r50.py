@@ -46,9 +46,6 @@ class MoCoV1R50(TrainConfig):
     split_bn: int = help_field(0, "split-BN groups per process: the one-GPU stand-in for "
                                "shuffle BN of the MoCo CIFAR demo (0 = plain BN)")
 
-    def momentum_at(self, step: int, total_steps: int) -> float:
-        return self.moco_momentum
-
 
 def build_method(cfg: MoCoV1R50):
     from contrastive.methods import MoCo
@@ -56,7 +53,7 @@ def build_method(cfg: MoCoV1R50):
     return MoCo(encoder=cfg.encoder, version=1, dim=cfg.dim, queue_size=cfg.queue_size,
                 momentum=cfg.moco_momentum, temperature=cfg.temperature,
                 shuffle_bn=cfg.shuffle_bn, split_bn=cfg.split_bn,
-                queue_labels=cfg.pass_indices)
+                queue_labels=cfg.pass_indices, encoder_kwargs=cfg.encoder_options())
 
 
 def build_pipeline(cfg: MoCoV1R50):

@@ -51,21 +51,16 @@ class MoCoV3R50(TrainConfig):
     zero_init_residual: bool = help_field(True, "torchvision ResNets: zero-init the last BN of "
                                           "each residual block (official)")
 
-    def momentum_at(self, step: int, total_steps: int) -> float:
-        from contrastive.nn import constant_momentum, cosine_momentum
-
-        schedule = cosine_momentum if self.momentum_cosine else constant_momentum
-        return schedule(step, total_steps, self.moco_momentum)
-
 
 def build_method(cfg: MoCoV3R50):
     from contrastive.methods import MoCoV3
 
-    kwargs = {}
+    kwargs = cfg.encoder_options()
     if cfg.encoder.startswith("torchvision:resnet") and cfg.zero_init_residual:
         kwargs["zero_init_residual"] = True
     return MoCoV3(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
-                  temperature=cfg.temperature, momentum=cfg.moco_momentum, vit=False,
+                  temperature=cfg.temperature, momentum=cfg.moco_momentum,
+                  momentum_schedule="cosine" if cfg.momentum_cosine else "constant", vit=False,
                   encoder_kwargs=kwargs)
 
 

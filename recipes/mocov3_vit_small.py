@@ -55,16 +55,11 @@ class MoCoV3ViTSmall(TrainConfig):
                                     "timm's default, 6)")
     fixed_pos_embed: bool = help_field(True, "fixed 2-D sin-cos position embedding (official)")
 
-    def encoder_kwargs(self) -> dict:
+    def encoder_options(self) -> dict:
+        kwargs = super().encoder_options()
         if self.encoder.startswith("timm:vit") and self.vit_num_heads:
-            return {"num_heads": self.vit_num_heads}
-        return {}
-
-    def momentum_at(self, step: int, total_steps: int) -> float:
-        from contrastive.nn import constant_momentum, cosine_momentum
-
-        schedule = cosine_momentum if self.momentum_cosine else constant_momentum
-        return schedule(step, total_steps, self.moco_momentum)
+            kwargs["num_heads"] = self.vit_num_heads
+        return kwargs
 
 
 def sincos_pos_embed(grid: int, dim: int, temperature: float = 10000.0) -> torch.Tensor:
@@ -98,9 +93,10 @@ def build_method(cfg: MoCoV3ViTSmall):
 
     vit = cfg.encoder.startswith("timm:vit")
     method = MoCoV3(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
-                    temperature=cfg.temperature, momentum=cfg.moco_momentum, vit=vit,
+                    temperature=cfg.temperature, momentum=cfg.moco_momentum,
+                    momentum_schedule="cosine" if cfg.momentum_cosine else "constant", vit=vit,
                     freeze_patch_embed=cfg.freeze_patch_embed and vit,
-                    encoder_kwargs=cfg.encoder_kwargs())
+                    encoder_kwargs=cfg.encoder_options())
     if cfg.fixed_pos_embed:
         _fix_position_embeddings(method)  # query and key ViTs alike
     return method

@@ -48,18 +48,28 @@ class SimCLRCifar(TrainConfig):
     proj_layers: int = help_field(2, "projection head layers")
     temperature: float = help_field(0.5, "NT-Xent temperature tau")
     color_strength: float = help_field(0.5, "colour distortion strength s")
+    local_crops: int = help_field(
+        0, "multi-crop: this many extra local crops of --local-size px besides the two global "
+        "views (the multicrop pipeline, SwAV's scales); every other view of an image is a "
+        "positive (0 = the paper's two views)")
+    local_size: int = help_field(16, "side of the local crops (multi-crop)")
 
 
 def build_method(cfg: SimCLRCifar):
     from contrastive.methods import SimCLR
 
     return SimCLR(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
-                  num_layers=cfg.proj_layers, temperature=cfg.temperature)
+                  num_layers=cfg.proj_layers, temperature=cfg.temperature,
+                  encoder_kwargs=cfg.encoder_options())
 
 
 def build_pipeline(cfg: SimCLRCifar):
     from contrastive.augment import get_pipeline
 
+    if cfg.local_crops:
+        return get_pipeline("multicrop", image_size=cfg.image_size, num_global=2,
+                            num_local=cfg.local_crops, local_size=cfg.local_size,
+                            s=cfg.color_strength)
     # the simclr preset drops the blur for small images, as the CIFAR-10 setup does
     return get_pipeline("simclr", image_size=cfg.image_size, s=cfg.color_strength)
 

@@ -49,7 +49,8 @@ def build_method(cfg: SimCLRR50):
     from contrastive.methods import SimCLR
 
     return SimCLR(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
-                  num_layers=cfg.proj_layers, temperature=cfg.temperature)
+                  num_layers=cfg.proj_layers, temperature=cfg.temperature,
+                  encoder_kwargs=cfg.encoder_options())
 
 
 def build_pipeline(cfg: SimCLRR50):

@@ -2,27 +2,29 @@
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from collections.abc import Callable
 
 from contrastive.augment.pipeline import Pipeline
+from contrastive.registry import Registry, RegistryKeyError
 
 PipelineFactory = Callable[..., Pipeline]
 
-_REGISTRY: dict[str, PipelineFactory] = {}
-_ALIASES: dict[str, str] = {}
 
 
-class UnknownPipelineError(KeyError):
+class UnknownPipelineError(RegistryKeyError):
     """Raised by :func:`get_pipeline` for a name that is not registered."""
 
-    def __str__(self) -> str:  # KeyError would print the repr of the message
-        return str(self.args[0]) if self.args else ""
+
+# the policy shared by the package's registries is in contrastive.registry
+_REGISTRY: Registry[PipelineFactory] = Registry(
+    "pipeline", normalize=lambda s: s.lower().replace("-", "_"), error=UnknownPipelineError)
 
 
-def register_pipeline(name: str, *aliases: str) -> Callable[[PipelineFactory], PipelineFactory]:
+def register_pipeline(name: str, *aliases: str,
+                      override: bool = False) -> Callable[[PipelineFactory], PipelineFactory]:
     """Decorator registering ``factory(image_size=..., **kwargs) -> Pipeline`` under ``name``.
+    A taken name or alias raises ``ValueError`` unless ``override=True``.
 
     Example::
 
@@ -30,21 +32,12 @@ def register_pipeline(name: str, *aliases: str) -> Callable[[PipelineFactory], P
         def mine(image_size: int = 224, *, strength: float = 0.5) -> Pipeline: ...
     """
 
-    def wrap(factory: PipelineFactory) -> PipelineFactory:
-        for key in (name, *aliases):
-            if key in _REGISTRY or key in _ALIASES:
-                raise ValueError(f"pipeline name {key!r} is already registered")
-        _REGISTRY[name] = factory
-        for alias in aliases:
-            _ALIASES[alias] = name
-        return factory
-
-    return wrap
+    return _REGISTRY.register(name, *aliases, override=override)
 
 
 def list_pipelines() -> list[str]:
     """Registered pipeline names (aliases excluded), sorted."""
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def get_pipeline(name: str, image_size: int = 224, **kwargs) -> Pipeline:
@@ -54,15 +47,14 @@ def get_pipeline(name: str, image_size: int = 224, **kwargs) -> Pipeline:
     raises ``ValueError`` listing the accepted ones. Unknown names raise
     :class:`UnknownPipelineError` (a ``KeyError``) with the closest registered names.
     """
-    key = name.lower().replace("-", "_") if isinstance(name, str) else name
-    key = _ALIASES.get(key, key)
-    if key not in _REGISTRY:
-        close = difflib.get_close_matches(str(name), list(_REGISTRY) + list(_ALIASES), n=3)
+    if name not in _REGISTRY:
+        close = _REGISTRY.suggestions(str(name))
         hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
         raise UnknownPipelineError(
             f"unknown pipeline {name!r}{hint} Registered: {', '.join(list_pipelines())}"
         )
-    factory = _REGISTRY[key]
+    key = _REGISTRY.resolve(name)
+    factory = _REGISTRY.get(key)
     params = inspect.signature(factory).parameters
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     unknown = sorted(set(kwargs) - set(params))

@@ -24,7 +24,6 @@ string. A PATH containing "," or "=" must be given bare (not after ``imagefolder
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from collections.abc import Callable
@@ -38,6 +37,7 @@ from contrastive.data.cifar import CIFARDataset, STL10Dataset
 from contrastive.data.folder import ImageFolderDataset, resolve_folder_split
 from contrastive.data.generated import ShapesDataset, SyntheticDataset
 from contrastive.data.subset import subset_fraction
+from contrastive.registry import Registry, RegistryKeyError
 
 COMMON_KEYS = ("fraction", "fraction_seed")
 
@@ -61,13 +61,13 @@ class DatasetEntry:
     doc: str
 
 
-_REGISTRY: dict[str, DatasetEntry] = {}
-_ALIASES: dict[str, str] = {}
+class UnknownDatasetError(RegistryKeyError):
+    """A data set name that is not registered (and not a folder path)."""
 
 
-class UnknownDatasetError(KeyError):
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
+# the policy shared by the package's registries is in contrastive.registry
+_REGISTRY: Registry[DatasetEntry] = Registry("data set", normalize=str.lower,
+                                             error=UnknownDatasetError)
 
 
 def register_dataset(
@@ -76,11 +76,13 @@ def register_dataset(
     keys: tuple[str, ...] = (),
     splits: Callable[[str | None, dict, str], bool] | tuple[str, ...] = ("train", "test"),
     doc: str = "",
+    override: bool = False,
 ) -> Callable[[Callable[..., Dataset]], Callable[..., Dataset]]:
     """Decorator registering a factory ``f(root, split, transform, strict, **options)``.
 
     ``keys``: accepted option names; ``splits``: the split names it provides (or a function
-    ``(root, options) -> bool`` per split, see :func:`has_split`).
+    ``(root, options) -> bool`` per split, see :func:`has_split`). A taken name or alias raises
+    ``ValueError`` unless ``override=True`` (the policy of :mod:`contrastive.registry`).
     """
 
     def wrap(factory: Callable[..., Dataset]) -> Callable[..., Dataset]:
@@ -93,16 +95,15 @@ def register_dataset(
             split_fn: Any = check
         else:
             split_fn = splits
-        _REGISTRY[name] = DatasetEntry(factory, tuple(keys), split_fn, doc or (factory.__doc__ or ""))
-        for a in aliases:
-            _ALIASES[a] = name
+        entry = DatasetEntry(factory, tuple(keys), split_fn, doc or (factory.__doc__ or ""))
+        _REGISTRY.add(name, entry, *aliases, override=override)
         return factory
 
     return wrap
 
 
 def list_datasets() -> list[str]:
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 @dataclass(frozen=True)
@@ -141,11 +142,10 @@ def parse_spec(spec: str) -> ParsedSpec:
         raise ValueError(f"data spec must be a non-empty string such as 'shapes' or '/path'; got {spec!r}")
     spec = spec.strip()
     head, sep, rest = spec.partition(":")
-    key = _ALIASES.get(head.lower(), head.lower())
-    if key not in _REGISTRY:
+    if head not in _REGISTRY:
         if _looks_like_path(spec) or Path(spec).expanduser().exists():
             return ParsedSpec("imagefolder", spec, {})
-        close = difflib.get_close_matches(head.lower(), list(_REGISTRY) + list(_ALIASES), n=3)
+        close = _REGISTRY.suggestions(head)
         hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
         raise UnknownDatasetError(
             f"unknown data set {head!r} in spec {spec!r}{hint} Known: {', '.join(list_datasets())}, "
@@ -170,7 +170,8 @@ def parse_spec(spec: str) -> ParsedSpec:
                     f"data spec {spec!r}: a second bare value {part!r}; options are key=value "
                     f"(the one bare value is the root folder)"
                 )
-    entry = _REGISTRY[key]
+    key = _REGISTRY.resolve(head)
+    entry = _REGISTRY.get(key)
     unknown = sorted(set(options) - set(entry.keys) - set(COMMON_KEYS))
     if unknown:
         raise ValueError(
@@ -204,7 +205,7 @@ def get_dataset(
     opts = dict(p.options)
     fraction = opts.pop("fraction", None)
     fraction_seed = int(opts.pop("fraction_seed", 0))
-    ds = _REGISTRY[p.name].factory(p.root, split, transform, strict, **opts)
+    ds = _REGISTRY.get(p.name).factory(p.root, split, transform, strict, **opts)
     if fraction is not None and float(fraction) < 1.0:
         ds = subset_fraction(ds, float(fraction), seed=fraction_seed)
     return ds
@@ -213,7 +214,7 @@ def get_dataset(
 def has_split(spec: str, split: str) -> bool:
     """Whether ``spec`` provides ``split`` (for folders: whether the folder exists)."""
     p = parse_spec(spec)
-    return bool(_REGISTRY[p.name].splits(p.root, p.options, split))
+    return bool(_REGISTRY.get(p.name).splits(p.root, p.options, split))
 
 
 def num_classes(dataset: Dataset) -> int | None:

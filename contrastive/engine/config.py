@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-__all__ = ["TrainConfig", "parse_config", "config_to_dict", "config_from_dict", "help_field"]
+__all__ = ["TrainConfig", "parse_config", "config_to_dict", "config_from_dict", "help_field",
+           "parse_json_object"]
 
 C = TypeVar("C", bound="TrainConfig")
 
@@ -77,6 +78,9 @@ class TrainConfig:
     seed: int = help_field(0, "seed for model init, data order and augmentation")
     encoder: str = help_field("cifar_resnet18", "backbone name for create_encoder (timm:<m>, "
                               "torchvision:<m>, cifar_resnet18, cifar_resnet50, small_cnn)")
+    encoder_kwargs: str = help_field(
+        "", "create_encoder keyword arguments as a JSON object, e.g. a ViT at 32 px: "
+        "'{\"img_size\": 32, \"patch_size\": 8}' (recorded in encoder.pt for evaluation)")
     image_size: int = help_field(224, "training crop size in pixels")
     strict_data: bool = help_field(False, "unreadable images are errors instead of skipped")
 
@@ -104,8 +108,8 @@ class TrainConfig:
     sync_bn: bool = help_field(False, "convert BatchNorm to SyncBatchNorm when several GPU "
                                "processes train (MoCo v3, SimCLR use global BN)")
     pass_indices: bool = help_field(
-        False, "pass each image's data-set index to the method as forward(..., labels=idx) "
-        "(MoCo built with queue_labels stores them beside its keys: diagnostics, tests)")
+        False, "MoCo recipes: store each queued key's data-set index beside it (queue_labels; "
+        "the method then needs batch['indices']): diagnostics, tests")
     ddp_find_unused_parameters: bool = help_field(
         False, "DDP find_unused_parameters (needed when some trainable parameters get no grad)")
 
@@ -178,14 +182,11 @@ class TrainConfig:
                                   "'head' output when it has one", choices=("backbone", "head"))
 
     # --- hooks recipes override --------------------------------------------------------------
-    def momentum_at(self, step: int, total_steps: int) -> float | None:
-        """EMA momentum for optimiser step ``step`` (None: the method has none / its constant)."""
-        return None
-
-    def encoder_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments the recipe passes to ``create_encoder`` beyond the name (recorded
-        in ``encoder.pt`` so that evaluation rebuilds the same architecture)."""
-        return {}
+    def encoder_options(self) -> dict[str, Any]:
+        """Keyword arguments the recipe passes to ``create_encoder`` beyond the name: the
+        ``--encoder-kwargs`` JSON (recipes may add their own fields); recorded in ``encoder.pt``
+        so that evaluation rebuilds the same architecture."""
+        return parse_json_object("encoder_kwargs", self.encoder_kwargs)
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the field for values that can never work."""
@@ -211,9 +212,22 @@ class TrainConfig:
         if self.float64 and self.mixed_precision in ("bf16", "fp16"):
             raise ValueError(f"--float64 with --mixed-precision {self.mixed_precision}: pick one "
                              "(--float64 is for numerical checks, mixed precision for speed)")
+        self.encoder_options()  # a bad --encoder-kwargs JSON fails here
         if not self.data:
             raise ValueError("--data is required (e.g. --data shapes, --data cifar10, "
                              "--data /path/to/imagenet)")
+
+
+def parse_json_object(name: str, text: str) -> dict[str, Any]:
+    """``text`` (the value of field ``name``) as a JSON object; empty = {}."""
+    try:
+        value = json.loads(text) if text else {}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--{_flag(name)} must be a JSON object, got {text!r} ({e})") from e
+    if not isinstance(value, dict):
+        raise ValueError(f"--{_flag(name)} must be a JSON object such as '{{\"img_size\": 32}}', "
+                         f"got {text!r}")
+    return value
 
 
 def _flag(name: str) -> str:

@@ -13,8 +13,9 @@ an argument anyway). The formulas equal timm's ``CosineLRScheduler`` / ``MultiSt
 - step (MoCo v1): ``lr * gamma ** (number of milestones <= epoch)``;
 - constant.
 
-The EMA-momentum schedules (constant, cosine from m0 to 1) live in :mod:`contrastive.nn`; a
-recipe's config returns the value through ``TrainConfig.momentum_at(step, total_steps)``.
+The EMA-momentum schedules (constant, cosine from m0 to 1) live in :mod:`contrastive.nn`; a method
+declares them (``method.schedules()``, see :mod:`contrastive.methods`) and the loop evaluates them
+once per optimiser step, like the lr here.
 """
 
 from __future__ import annotations

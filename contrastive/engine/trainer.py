@@ -7,9 +7,10 @@
 2. builds the data (deterministic global order, per-sample seeded augmentation, optional batched
    augmentation on the device), the method and the optimiser, and ``prepare``s them;
 3. resumes (signature + config checked before loading, fingerprints verified after);
-4. loops: ``lr = lr_at(step)``, ``m = cfg.momentum_at(step)``, ``out = model(views, momentum=m)``
-   (plus ``labels=`` data-set indices with ``pass_indices``, and ``step=`` the optimiser step when
-   the method's ``forward`` takes it), backward, clip, step; logs ``metrics.jsonl`` every
+4. loops: ``lr = lr_at(step)``, the method's schedules once per optimiser step, ``out =
+   model(batch)`` with ``batch`` = the method's ``needs`` (``views``, ``labels``, ``indices``)
+   plus the schedule values (see :mod:`contrastive.methods`), backward, drop the gradients of
+   groups still frozen, clip, step; logs ``metrics.jsonl`` every
    ``log_every`` steps (every 0-d tensor the method returns, as a window mean), checkpoints every
    ``save_every_steps`` steps and at epoch ends, runs the kNN monitor every ``knn_every``
    epochs, and stops cleanly on SIGTERM/SIGINT, its launcher's exit, ``max_steps`` or the
@@ -25,7 +26,6 @@ continues exactly as the uninterrupted one (see :mod:`contrastive.engine.loader`
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import logging
 import math
@@ -59,7 +59,7 @@ from contrastive.engine.loader import (
     step_generator,
 )
 from contrastive.engine.monitor import KNNMonitor
-from contrastive.engine.optim import build_optimizer
+from contrastive.engine.optim import build_optimizer, drop_frozen_grads, set_lr
 from contrastive.engine.run_folder import check_output_dir, truncate_metrics
 from contrastive.engine.run_state import EXIT_STOPPED, read_run_state, write_run_state
 from contrastive.engine.schedules import lr_at, scaled_lr
@@ -288,8 +288,9 @@ def train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
           build_pipeline: Callable[[TrainConfig], Any], *, recipe: str = "custom") -> TrainResult:
     """Train ``build_method(cfg)`` on ``cfg.data`` augmented by ``build_pipeline(cfg)``.
 
-    ``build_method`` returns a method module (``forward(views, momentum=None) -> dict`` with
-    ``loss``, ``pos_acc``, ``pos_sim``, ``neg_sim``, ``embeddings``; attribute ``encoder``).
+    ``build_method`` returns a method (:class:`contrastive.methods.Method`: ``forward(batch) ->
+    dict`` with ``loss`` and metrics, ``needs``, ``schedules()``, ``param_groups()``, attribute
+    ``encoder``).
     ``build_pipeline`` returns a :class:`contrastive.augment.Pipeline` (per-image ``__call__``
     and ``split()`` for the batched path). See the module docstring for the steps.
     """
@@ -375,6 +376,7 @@ def _train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
 
     set_seed(cfg.seed)
     method = build_method(cfg)
+    needs, schedules = _method_inputs(method)
     signature = model_signature(method)
     if getattr(method, "uses_in_batch_negatives", False) and accum > 1:
         logger.warning("--grad-accum-steps %d with in-batch negatives: each micro-batch of %d "
@@ -488,7 +490,7 @@ def _train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
         result.status, result.step, result.epoch = status, state.step, state.epoch
         result.steps_trained = state.step - start_step
         if is_main:
-            extra = {"encoder_kwargs": cfg.encoder_kwargs()} if cfg.encoder_kwargs() else {}
+            extra = {"encoder_kwargs": cfg.encoder_options()} if cfg.encoder_options() else {}
             # evaluation normalises with the pretraining statistics (read back by contrastive.eval)
             extra.update({k: [float(v) for v in getattr(pipeline, k)] for k in ("mean", "std")
                           if hasattr(pipeline, k)})
@@ -523,8 +525,7 @@ def _train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
                         dynamic_ncols=True, mininterval=1.0)
     sums: dict[str, torch.Tensor] = {}
     counts: dict[str, int] = {}
-    # methods with a step-dependent schedule (e.g. the Distiller's stage switch) take ``step``
-    takes_step = "step" in inspect.signature(module.forward).parameters
+    sched_step, sched = -1, {}
     t_last, images_last, wait_time = time.perf_counter(), state.images_seen, 0.0
     last_out: dict[str, torch.Tensor] = {}
     status = "completed"
@@ -556,8 +557,8 @@ def _train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
             batches = accelerator.skip_first_batches(loader, skip) if skip else loader
             t_wait = time.perf_counter()
             # workers start with SIGTERM/SIGINT held back, then ignore them (see loader.py)
-            for micro, (views, _labels, indices) in enumerate(start_workers(batches),
-                                                              start=skip):
+            for micro, (views, labels, indices) in enumerate(start_workers(batches),
+                                                             start=skip):
                 wait_time += time.perf_counter() - t_wait
                 views = [v.to(device, non_blocking=True) for v in views]
                 if device_fn is not None:
@@ -572,16 +573,17 @@ def _train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
                            warmup_epochs=cfg.warmup_epochs, min_lr=cfg.min_lr,
                            milestones=cfg.lr_milestones, gamma=cfg.lr_gamma,
                            per=cfg.schedule_per)
-                for g in optimizer.param_groups:
-                    g["lr"] = lr
-                m = cfg.momentum_at(state.step, total_steps)
-                kwargs: dict[str, Any] = {"momentum": m}
-                if getattr(cfg, "pass_indices", False):
-                    kwargs["labels"] = indices.to(device)
-                if takes_step:
-                    kwargs["step"] = state.step  # the optimiser step (same for its micro-batches)
+                set_lr(optimizer, lr)
+                if sched_step != state.step:  # once per optimiser step (all its micro-batches)
+                    sched_step = state.step
+                    sched = {k: float(fn(state.step, total_steps)) for k, fn in schedules.items()}
+                batch: dict[str, Any] = {"views": views, **sched}
+                if "labels" in needs:
+                    batch["labels"] = labels.to(device, non_blocking=True)
+                if "indices" in needs:
+                    batch["indices"] = indices.to(device, non_blocking=True)
                 with accelerator.accumulate(model):
-                    out_ = model(views, **kwargs)
+                    out_ = model(batch)
                     loss = out_["loss"]
                     finite = torch.isfinite(loss.detach())
                     if cfg.on_nonfinite == "skip" and not _all_true(finite, accelerator):
@@ -594,6 +596,8 @@ def _train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
                         first_bad = torch.where(finite | (first_bad >= 0), first_bad,
                                                 torch.full_like(first_bad, state.step))
                         accelerator.backward(loss)
+                        if accelerator.sync_gradients:
+                            drop_frozen_grads(optimizer, state.step)
                         if accelerator.sync_gradients and cfg.clip_grad_norm > 0:
                             accelerator.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
                         optimizer.step()
@@ -623,7 +627,7 @@ def _train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
                     check_finite(first_bad)
                 if log_now:
                     now = time.perf_counter()
-                    record = _log_record(state, steps_per_epoch, lr, m, module, sums, counts,
+                    record = _log_record(state, steps_per_epoch, lr, sched, sums, counts,
                                          last_out, accelerator, now - t_last,
                                          state.images_seen - images_last, wait_time)
                     metrics.write(record)
@@ -725,6 +729,25 @@ def _all_true(flag: torch.Tensor, accelerator: Any) -> bool:
     return bool(v.item())
 
 
+def _method_inputs(method: nn.Module) -> tuple[tuple[str, ...], dict[str, Callable]]:
+    """The method's ``needs`` and ``schedules()``; a need the loader cannot provide (and no
+    schedule gives) is an error before anything trains."""
+    from contrastive.methods.base import BATCH_KEYS
+
+    schedules = dict(method.schedules()) if hasattr(method, "schedules") else {}
+    needs = tuple(getattr(method, "needs", ("views",)))
+    unknown = sorted(set(needs) - set(BATCH_KEYS) - set(schedules))
+    if unknown:
+        raise ValueError(f"{type(method).__name__} needs batch key(s) {unknown} that the image "
+                         f"training loop does not provide; it provides {sorted(BATCH_KEYS)} and "
+                         f"the method's schedules {sorted(schedules)}")
+    clash = sorted(set(schedules) & set(BATCH_KEYS))
+    if clash:
+        raise ValueError(f"{type(method).__name__}: schedule name(s) {clash} clash with the "
+                         "loader's batch keys; rename them")
+    return needs, schedules
+
+
 def _any_true(flag: bool, accelerator: Any) -> bool:
     """A Python flag set on any process (a collective when there are several)."""
     if accelerator.num_processes == 1:
@@ -733,8 +756,8 @@ def _any_true(flag: bool, accelerator: Any) -> bool:
     return bool(accelerator.reduce(v, "max").item())
 
 
-def _log_record(state: TrainState, steps_per_epoch: int, lr: float, m: float | None,
-                module: nn.Module, sums: dict[str, torch.Tensor], counts: dict[str, int],
+def _log_record(state: TrainState, steps_per_epoch: int, lr: float, sched: dict[str, float],
+                sums: dict[str, torch.Tensor], counts: dict[str, int],
                 last_out: dict[str, torch.Tensor], accelerator: Any, seconds: float,
                 images: int, wait: float) -> dict[str, Any]:
     """One metrics.jsonl record: means since the last record, averaged over processes."""
@@ -749,14 +772,12 @@ def _log_record(state: TrainState, steps_per_epoch: int, lr: float, m: float | N
     emb = last_out.get("embeddings")
     if emb is not None and emb.shape[0] > 1:
         emb_std = F.normalize(emb.float(), dim=1).std(dim=0).mean().item()
-    if m is None:
-        m = getattr(module, "momentum", None)
     record = {
         "step": state.step,
         "epoch": round(state.step / steps_per_epoch, 4),
         **{k: round(v, 6) for k, v in means.items()},
         "lr": lr,
-        "momentum": m,
+        **sched,  # the method's schedules at the last step of the window
         "embedding_std": None if emb_std is None else round(emb_std, 6),
         "images_per_s": round(images / max(seconds, 1e-9), 2),
         "data_wait_frac": round(wait / max(seconds, 1e-9), 4),

@@ -8,26 +8,23 @@ A loss is registered by decorating its class (or any callable that returns an ``
 
     loss = get_loss("mine", temperature=0.2)   # == MyLoss(temperature=0.2)
 
-Names and aliases are case-insensitive. ``list_losses()`` lists the primary names (not aliases).
+Names and aliases are case-insensitive; a taken name raises unless ``override=True`` (the
+policy of every registry in the package, :mod:`contrastive.registry`). ``list_losses()`` lists the primary names (not aliases).
 """
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from torch import nn
 
+from contrastive.registry import Registry
+
 __all__ = ["UnknownLossError", "get_loss", "list_losses", "loss_class", "register_loss"]
 
 T = TypeVar("T", bound=Callable[..., nn.Module])
-
-# primary name -> factory (usually an nn.Module subclass)
-_LOSSES: dict[str, Callable[..., nn.Module]] = {}
-# alias or primary name -> primary name
-_NAMES: dict[str, str] = {}
 
 
 class UnknownLossError(KeyError):
@@ -52,51 +49,32 @@ class UnknownLossError(KeyError):
         return self.message
 
 
-def _key(name: str, what: str = "name") -> str:
-    if not isinstance(name, str) or not name.strip():
-        raise ValueError(f"loss {what} must be a non-empty string, got {name!r}")
-    return name.strip().lower()
+# primary name (lower case) -> factory (usually an nn.Module subclass), plus aliases; the policy
+# shared by the package's registries is in contrastive.registry
+_REGISTRY: Registry[Callable[..., nn.Module]] = Registry(
+    "loss", normalize=lambda s: s.strip().lower())
 
 
-def _same_definition(a: Any, b: Any) -> bool:
-    """True when ``a`` and ``b`` are the same definition (e.g. a module re-imported or reloaded)."""
-    return a is b or (
-        getattr(a, "__module__", None) == getattr(b, "__module__", object())
-        and getattr(a, "__qualname__", None) == getattr(b, "__qualname__", object())
-    )
-
-
-def register_loss(name: str, *aliases: str) -> Callable[[T], T]:
+def register_loss(name: str, *aliases: str, override: bool = False) -> Callable[[T], T]:
     """Class decorator registering a loss under ``name`` (and optional ``aliases``).
 
     Args:
         name: the primary name shown by :func:`list_losses` (case-insensitive).
         *aliases: extra names accepted by :func:`get_loss`.
+        override: replace a loss already registered under one of the names.
 
     Raises:
-        ValueError: when a name or alias is already taken by a different loss, or is not a
+        ValueError: when a name or alias is already taken (and not ``override``), or is not a
             non-empty string.
     """
-    keys = [_key(name)] + [_key(a, "alias") for a in aliases]
-    if len(set(keys)) != len(keys):
-        raise ValueError(f"register_loss: repeated name among {[name, *aliases]!r}")
+    register = _REGISTRY.register(name, *aliases, override=override)
 
     def decorator(factory: T) -> T:
         if not callable(factory):
             raise ValueError(
                 f"register_loss({name!r}) must decorate a class or callable, got {factory!r}"
             )
-        for key in keys:
-            owner = _NAMES.get(key)
-            if owner is not None and not _same_definition(_LOSSES[owner], factory):
-                raise ValueError(
-                    f"loss name {key!r} is already registered (to {_LOSSES[owner]!r} as {owner!r}); "
-                    "choose another name or alias"
-                )
-        _LOSSES[keys[0]] = factory
-        for key in keys:
-            _NAMES[key] = keys[0]
-        return factory
+        return register(factory)
 
     return decorator
 
@@ -107,12 +85,12 @@ def loss_class(name: str) -> Callable[..., nn.Module]:
     Raises:
         UnknownLossError: (a ``KeyError``) when ``name`` is not registered.
     """
-    key = _key(name)
-    if key not in _NAMES:
-        known = list_losses()
-        suggestions = difflib.get_close_matches(key, sorted(_NAMES), n=3, cutoff=0.5)
-        raise UnknownLossError(name, known, suggestions)
-    return _LOSSES[_NAMES[key]]
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"loss name must be a non-empty string, got {name!r}")
+    if name not in _REGISTRY:
+        suggestions = _REGISTRY.suggestions(name, cutoff=0.5)
+        raise UnknownLossError(name, list_losses(), suggestions)
+    return _REGISTRY.get(name)
 
 
 def get_loss(name: str, **kwargs: Any) -> nn.Module:
@@ -130,7 +108,7 @@ def get_loss(name: str, **kwargs: Any) -> nn.Module:
 def list_losses(pattern: str | None = None) -> list[str]:
     """Sorted primary names of the registered losses, optionally filtered by a shell-style
     ``pattern`` (``list_losses("*nce")``)."""
-    names = sorted(_LOSSES)
+    names = _REGISTRY.names()
     if pattern is not None:
         names = [n for n in names if fnmatch.fnmatchcase(n, pattern.lower())]
     return names

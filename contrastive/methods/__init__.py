@@ -1,54 +1,66 @@
-"""Contrastive methods: nn.Modules that take a list of augmented views and return the loss.
+"""Contrastive methods: ``nn.Module`` s that take a batch of named inputs and return the loss.
 
 ``MoCo`` (v1/v2, queue), ``MoCoV3`` (no queue, predictor), ``SimCLR`` (NT-Xent, in-batch),
 ``Distiller`` (COS-NCE contrastive distillation of a frozen teacher into a student, LRC-BERT).
 
-Common surface (what the engine relies on):
+The contract (every method; the training engine relies on nothing else)
+-----------------------------------------------------------------------
+- ``forward(batch) -> dict``. ``batch`` is a mapping of named inputs. Image methods read
+  ``batch["views"]``, a list of tensors (N, C, H_v, W_v) of any count and sizes (e.g. 2 x 224 px
+  global + 6 x 96 px local crops); ``batch["labels"]`` (N,) are class labels (-1 where unknown)
+  and ``batch["indices"]`` (N,) the images' data-set indices, two separate keys. Text and
+  image-text methods read their own keys through the same mapping. The result holds ``loss``
+  (scalar with grad) and cheap metrics: every 0-d tensor is logged (``pos_acc``, ``pos_sim``,
+  ``neg_sim`` ...), ``embeddings`` (detached (N, D)) feeds the collapse monitor; all on the
+  device, no host sync.
+- ``needs``: the batch keys a method reads besides its schedules (``("views",)``,
+  ``("views", "labels")`` ...). The engine provides exactly those (an unknown need is an error
+  before training); a missing key in ``forward`` raises a ``KeyError`` naming it.
+- ``schedules() -> {name: f(step, total_steps)}``: values that change with training progress
+  (EMA momentum, a stage, a temperature warm-up). The loop evaluates each once per optimiser
+  step, passes it as ``batch[name]`` and logs it; nothing extra is checkpointed (they are
+  functions of the step). The method's constructor takes their parameters (e.g. MoCo v3's
+  ``momentum`` m0); nothing else holds a copy and ``forward`` has no fallback.
+- ``param_groups() -> [ParamGroup(...)]`` (optional): parameters with their own weight decay, a
+  fixed learning rate, or frozen for the first N steps; the engine builds the optimiser
+  (SGD, timm's LARS, AdamW) and applies the lr schedule from them. Momentum (key) encoders have
+  ``requires_grad=False`` and never enter the optimiser.
+- ``method.encoder``: the backbone that gets exported; ``uses_in_batch_negatives`` (gradient
+  accumulation changes the negatives when True); ``presets`` / ``from_preset(name, **kw)``.
 
-- ``forward(views: Sequence[Tensor], momentum: float | None = None) -> dict`` with ``loss``
-  (scalar with grad), ``pos_acc`` (% of positives ranked top-1 within the logits), ``pos_sim``,
-  ``neg_sim`` (mean cosine similarities), ``embeddings`` (detached unit outputs (N, D)); all on
-  the device, no host sync. The momentum (EMA) update runs inside forward before the keys are
-  computed, the queue update after the loss, both without gradient.
-- ``method.encoder``: the query backbone without head (what gets exported).
-- ``uses_in_batch_negatives`` (gradient accumulation changes the negatives when True) and
-  ``momentum_schedule`` (``"constant"``, ``"cosine"`` or None) class attributes.
-- ``presets`` and ``from_preset(name, **overrides)``: the papers' settings.
-- Parameters of momentum encoders have ``requires_grad=False``: build the optimizer from
-  ``[p for p in method.parameters() if p.requires_grad]``.
-
-``get_method(name, **kwargs)`` / ``list_methods()`` build them by name (``moco``, ``mocov3``,
-``simclr``, ``distill``).
+By hand, ``method.make_batch(views, step=s, total_steps=T, labels=...)`` builds what the loop
+passes. Adding a method is one file: subclass :class:`Method`, decorate it with
+``@register_method("name")``; ``get_method(name, **kwargs)`` / ``list_methods()`` then know it
+(a taken name raises unless ``override=True``; unknown names suggest the closest).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from torch import nn
-
+from contrastive.methods.base import BATCH_KEYS, Method, ParamGroup, Schedule
 from contrastive.methods.distill import Distiller
 from contrastive.methods.moco import MoCo
 from contrastive.methods.moco_v3 import MoCoV3
+from contrastive.methods.registry import (
+    UnknownMethodError,
+    get_method,
+    list_methods,
+    method_class,
+    register_method,
+)
 from contrastive.methods.simclr import SimCLR
 
-__all__ = ["Distiller", "MoCo", "MoCoV3", "SimCLR", "get_method", "list_methods"]
-
-_METHODS: dict[str, type[nn.Module]] = {
-    "distill": Distiller,
-    "moco": MoCo, "mocov3": MoCoV3, "simclr": SimCLR}
-
-
-def list_methods() -> list[str]:
-    """Names accepted by :func:`get_method`."""
-    return sorted(_METHODS)
-
-
-def get_method(name: str, **kwargs: Any) -> nn.Module:
-    """Build a method by name; ``preset="v2"`` etc. selects one of its ``presets``."""
-    key = name.lower().replace("_", "").replace("-", "")
-    if key not in _METHODS:
-        raise KeyError(f"get_method: unknown method {name!r}; known: {list_methods()}")
-    cls = _METHODS[key]
-    preset = kwargs.pop("preset", None)
-    return cls.from_preset(preset, **kwargs) if preset else cls(**kwargs)
+__all__ = [
+    "BATCH_KEYS",
+    "Distiller",
+    "Method",
+    "MoCo",
+    "MoCoV3",
+    "ParamGroup",
+    "Schedule",
+    "SimCLR",
+    "UnknownMethodError",
+    "get_method",
+    "list_methods",
+    "method_class",
+    "register_method",
+]

@@ -1,29 +1,16 @@
-"""Small helpers shared by the methods: view checks, presets, cheap metrics."""
+"""Small helpers shared by the methods: unit rows, cheap metrics."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["check_views", "unit", "wide", "queue_metrics", "in_batch_metrics", "PresetMixin"]
-
-
-def check_views(views: Sequence[Tensor], method: str, n: int = 2) -> list[Tensor]:
-    """Return ``views`` as a list after checking it holds ``n`` same-shape (N, C, H, W) tensors."""
-    if isinstance(views, Tensor) or len(views) != n:
-        got = f"a tensor {tuple(views.shape)}" if isinstance(views, Tensor) else f"{len(views)}"
-        raise ValueError(
-            f"{method}: views must be a sequence of {n} tensors (N, C, H, W), got {got}"
-        )
-    shapes = {tuple(v.shape) for v in views}
-    if len(shapes) != 1 or views[0].dim() != 4:
-        raise ValueError(f"{method}: views must all have the same shape (N, C, H, W), got {shapes}")
-    return list(views)
+__all__ = ["unit", "wide", "embedding_std", "queue_metrics", "in_batch_metrics"]
 
 
 def wide(x: Tensor) -> Tensor:
@@ -39,6 +26,15 @@ def wide(x: Tensor) -> Tensor:
 def unit(x: Tensor) -> Tensor:
     """L2-normalise rows in float32 or wider (also under autocast), (N, D) -> (N, D)."""
     return F.normalize(wide(x), dim=1)
+
+
+def embedding_std(z: Tensor) -> Tensor:
+    """Spread of the unit embeddings over the batch, the collapse monitor of SimSiam (Chen & He
+    2021, Fig. 2): the per-dimension std of ``z / |z|`` averaged over dimensions, times
+    sqrt(D), so that about 1 means spread as on a sphere and 0 means collapse. (N, D) -> ()."""
+    with torch.no_grad():
+        u = F.normalize(z.detach().float(), dim=1)
+        return u.std(dim=0).mean() * (u.shape[1] ** 0.5)
 
 
 def _metrics(pos: Tensor, neg_max: Tensor, neg_sum: Tensor, neg_count: Tensor | int) -> dict:
@@ -92,18 +88,3 @@ def in_batch_metrics(
         neg_mask[rows, self_col] = False
     neg_max = sim.masked_fill(~neg_mask, float("-inf")).max(dim=1).values
     return _metrics(pos, neg_max, (sim * neg_mask).sum(), neg_mask.sum().clamp(min=1))
-
-
-class PresetMixin:
-    """Class-level ``presets`` (name -> constructor keyword arguments from a paper) and
-    ``from_preset(name, **overrides)``."""
-
-    presets: dict[str, dict[str, Any]] = {}
-
-    @classmethod
-    def from_preset(cls, name: str, **overrides: Any):
-        if name not in cls.presets:
-            raise KeyError(
-                f"{cls.__name__}.from_preset: unknown preset {name!r}; known: {sorted(cls.presets)}"
-            )
-        return cls(**{**cls.presets[name], **overrides})

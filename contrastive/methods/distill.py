@@ -31,11 +31,11 @@ sample i over all of its elements, g detached; the loss of pass 2 is returned an
 Pass 1 does not update BatchNorm running statistics (they are restored), so the only effect of
 the extra pass is the perturbation. The teacher runs once per step.
 
-Stage switch: stage 2 starts at ``switch_step = round(stage1_fraction * total_steps)`` (or
-``switch_step`` given), counted in the ``step`` passed to ``forward`` (the training engine passes
-its optimiser step, so micro-batches of one step share a stage and a resumed run continues the
-schedule). Without ``step``, ``self.steps_done`` counts training forward calls instead (a
-persistent buffer; with gradient accumulation count micro-batches then).
+Stage switch: the ``"stage"`` schedule (:meth:`Distiller.schedules`) is 1 before
+``switch_step`` and 2 from it on, ``switch_step = round(stage1_fraction * total_steps)`` unless
+given; the training loop evaluates it once per optimiser step and passes ``batch["stage"]`` (so
+micro-batches of one step share a stage and a resumed run continues the schedule: it is a
+function of the step, nothing is checkpointed for it).
 The student classifier ``head`` is only called when beta or gamma is non-zero: under DDP use
 ``find_unused_parameters=True`` when it exists (``needs_find_unused_parameters``).
 
@@ -48,7 +48,7 @@ distilled with COS-NCE alone reaches 62.6 % linear-probe top-1 against 19.7 % at
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -57,6 +57,7 @@ from torch import Tensor, nn
 
 from contrastive.losses import get_loss
 from contrastive.methods._common import in_batch_metrics, queue_metrics, unit, wide
+from contrastive.methods.base import Method, Schedule, read, views_of
 from contrastive.methods.distill_layers import (
     armed_taps,
     attach_taps,
@@ -67,6 +68,7 @@ from contrastive.methods.distill_layers import (
     split_classifier,
     uniform_layer_map,
 )
+from contrastive.methods.registry import register_method
 from contrastive.nn import KeyQueue, resolve_encoder
 from contrastive.nn.distributed import gather, rank, world_size
 
@@ -75,7 +77,8 @@ __all__ = ["Distiller", "default_layers", "default_stem", "split_classifier", "u
 Weights = tuple[float, float, float]
 
 
-class Distiller(nn.Module):
+@register_method("distill")
+class Distiller(Method):
     """COS-NCE distillation of a frozen ``teacher`` into a ``student`` (see the module docstring).
 
     Args:
@@ -93,8 +96,10 @@ class Distiller(nn.Module):
             ``"mean"``: pooling of (N, L, C) token outputs.
         queue_size: 0 = in-batch negatives; K > 0 = a queue of K teacher features per stage.
         stage_weights: (alpha, beta, gamma) of stage 1 and stage 2 (paper: (1,0,0), (1,1,3)).
-        stage1_fraction, total_steps, switch_step: stage 2 starts at ``switch_step``, default
-            ``round(stage1_fraction * total_steps)``; neither given = stage 1 throughout.
+        stage1_fraction, switch_step: stage 2 starts at optimiser step ``switch_step``, default
+            ``round(stage1_fraction * total_steps)`` of the run (the ``"stage"`` schedule).
+        use_labels: read ``batch["labels"]`` for the CE hard loss (default: when there is a
+            student ``head``); -1 marks an unlabelled image.
         temperature: KD temperature t (1.1).
         perturb, perturb_scale, stem: gradient perturbation, its norm eps (1.0) and the student
             module whose output is perturbed (:func:`default_stem`).
@@ -102,17 +107,15 @@ class Distiller(nn.Module):
             the ViT's ``patch_embed.img_size``, else 32).
         teacher_kwargs, student_kwargs: ``create_encoder`` keyword arguments for names.
 
-    ``forward(views, momentum=None, labels=None, step=None) -> dict``: ``views`` holds one
-    (N, 3, H, W) batch (teacher and student see the same images); ``momentum`` is ignored;
-    ``labels`` (N,) int64 class labels (-1 = none); ``step`` overrides ``steps_done``.
+    ``forward(batch) -> dict``: ``batch["views"]`` holds one (N, 3, H, W) batch (teacher and
+    student see the same images), ``batch["stage"]`` is 1 or 2 (the schedule), and with
+    ``use_labels`` ``batch["labels"]`` (N,) int64 class labels (-1 = none).
     Returns ``loss`` and detached metrics: ``loss_cosnce``, ``loss_soft``, ``loss_hard``,
     ``cosnce_layers`` (M,), ``stage``, ``pos_acc``/``pos_sim``/``neg_sim`` (deepest mapped
     layer: % of samples closer to their own teacher feature than to every negative, mean
     cosines), ``embeddings`` (unit projected deepest student features), and ``loss_pass1``
     with perturbation.
     """
-
-    momentum_schedule = None
 
     def __init__(
         self,
@@ -128,8 +131,8 @@ class Distiller(nn.Module):
         queue_size: int = 0,
         stage_weights: tuple[Weights, Weights] = ((1.0, 0.0, 0.0), (1.0, 1.0, 3.0)),
         stage1_fraction: float = 0.8,
-        total_steps: int | None = None,
         switch_step: int | None = None,
+        use_labels: bool | None = None,
         temperature: float = 1.1,
         perturb: bool = True,
         perturb_scale: float = 1.0,
@@ -192,15 +195,14 @@ class Distiller(nn.Module):
         self.queues = nn.ModuleList(KeyQueue(d, queue_size) for d in t_dims) if queue_size else None
         self.uses_in_batch_negatives = not queue_size
 
+        self.use_labels = self.head is not None if use_labels is None else bool(use_labels)
+        self.needs = ("views", "labels") if self.use_labels else ("views",)
+
         self.stage_weights = tuple(tuple(float(v) for v in w) for w in stage_weights)
-        if switch_step is None and total_steps is not None:
-            switch_step = round(stage1_fraction * total_steps)
-        self.switch_step = switch_step
+        self.stage1_fraction, self.switch_step = stage1_fraction, switch_step
         self.temperature, self.perturb, self.perturb_scale = temperature, perturb, perturb_scale
         self.cosnce = get_loss("cosnce", normalize=False)  # inputs are made unit here
         self.kd = get_loss("kd", temperature=temperature)
-        self.register_buffer("steps_done", torch.zeros((), dtype=torch.long))
-        self._steps = 0  # host copy of steps_done: the stage is known without a device sync
 
     # -- set-up ------------------------------------------------------------------------------
     @torch.no_grad()
@@ -231,24 +233,31 @@ class Distiller(nn.Module):
             self.teacher_head.eval()
         return self
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-        if prefix + "steps_done" in state_dict:
-            self._steps = int(state_dict[prefix + "steps_done"])
-
     @property
     def needs_find_unused_parameters(self) -> bool:
         """True when the student head exists and some stage leaves it unused (beta = gamma = 0)."""
         return self.head is not None and any(w[1] == w[2] == 0 for w in self.stage_weights)
 
     # -- schedule ------------------------------------------------------------------------------
-    def stage_at(self, step: int) -> int:
-        """1 before ``switch_step``, 2 from it on (1 throughout without a switch step)."""
-        return 2 if self.switch_step is not None and step >= self.switch_step else 1
+    def switch_at(self, total_steps: int) -> int:
+        """The first optimiser step of stage 2 in a run of ``total_steps``."""
+        if self.switch_step is not None:
+            return self.switch_step
+        return round(self.stage1_fraction * total_steps)
 
-    def weights_at(self, step: int) -> Weights:
-        """(alpha, beta, gamma) used at training step ``step`` (0-based)."""
-        return self.stage_weights[self.stage_at(step) - 1]
+    def stage_at(self, step: int, total_steps: int) -> int:
+        """1 before :meth:`switch_at`, 2 from it on."""
+        return 2 if step >= self.switch_at(total_steps) else 1
+
+    def schedules(self) -> dict[str, Schedule]:
+        """``stage``: 1, then 2 from :meth:`switch_at` on (LRC-BERT's two training stages)."""
+        return {"stage": self.stage_at}
+
+    def weights_at(self, stage: int) -> Weights:
+        """(alpha, beta, gamma) of stage 1 or 2."""
+        if stage not in (1, 2):
+            raise ValueError(f"Distiller: stage must be 1 or 2, got {stage!r}")
+        return self.stage_weights[stage - 1]
 
     # -- passes --------------------------------------------------------------------------------
     @torch.no_grad()
@@ -306,23 +315,17 @@ class Distiller(nn.Module):
             self._stem_tap.take()
         return loss, parts
 
-    def forward(
-        self,
-        views: Sequence[Tensor] | Tensor,
-        momentum: float | None = None,
-        labels: Tensor | None = None,
-        step: int | None = None,
-    ) -> dict[str, Tensor]:
-        if isinstance(views, Tensor):
-            views = [views]
-        if len(views) != 1 or views[0].dim() != 4:
+    def forward(self, batch: Mapping[str, Any]) -> dict[str, Tensor]:
+        views = read(batch, "views", "Distiller")
+        if isinstance(views, Sequence) and len(views) != 1:
             raise ValueError(
-                f"Distiller: views must hold one (N, 3, H, W) batch, got {len(views)} "
+                f"Distiller: batch['views'] must hold one (N, 3, H, W) batch, got {len(views)} "
                 "views (teacher and student see the same images: use a 1-view pipeline)"
             )
-        x = views[0]
-        step = self._steps if step is None else int(step)
-        weights = self.weights_at(step)
+        (x,) = views_of(batch, "Distiller", n=1)
+        stage = int(read(batch, "stage", "Distiller"))
+        weights = self.weights_at(stage)
+        labels = read(batch, "labels", "Distiller") if self.use_labels else None
         t_feats, t_logits = self._teacher_forward(x)
         has_head = self.head is not None
         if labels is not None and labels.shape != x.shape[:1]:
@@ -354,19 +357,15 @@ class Distiller(nn.Module):
             loss, parts = self._student_pass(x, ctx, delta=delta)
         else:
             loss, parts = self._student_pass(x, ctx)
-        if train_step:
-            self._steps = step + 1
-            self.steps_done.fill_(self._steps)
         if self.queues is not None:
             for q, f in zip(self.queues, t_feats):
                 q.enqueue(f)
         out.update(
             self._metrics(parts, t_feats[self.layer_map[-1]], ctx["neg"][self.layer_map[-1]])
         )
-        stage = torch.tensor(float(self.stage_at(step)), device=loss.device)
         out.update(
             loss=loss,
-            stage=stage,
+            stage=torch.tensor(float(stage), device=loss.device),
             loss_cosnce=parts["cosnce"].detach(),
             cosnce_layers=parts["layers"].detach(),
         )

@@ -14,18 +14,22 @@ One step (paper Algorithm 1)::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from contrastive.losses import get_loss
-from contrastive.methods._common import PresetMixin, check_views, queue_metrics, unit
+from contrastive.methods._common import queue_metrics, unit
+from contrastive.methods.base import Method, Schedule, read, views_of
+from contrastive.methods.registry import register_method
 from contrastive.nn import (
     KeyQueue,
     MomentumEncoder,
     build_head,
+    constant_momentum,
     convert_to_split_bn,
     convert_to_sync_bn,
     resolve_encoder,
@@ -35,7 +39,8 @@ from contrastive.nn.distributed import batch_shuffle, batch_unshuffle, world_siz
 __all__ = ["MoCo"]
 
 
-class MoCo(PresetMixin, nn.Module):
+@register_method("moco")
+class MoCo(Method):
     """MoCo v1 (linear head, tau 0.07) and v2 (2-layer MLP head, tau 0.2).
 
     Args:
@@ -44,8 +49,8 @@ class MoCo(PresetMixin, nn.Module):
         version: 1 (``Linear(F, dim)`` head) or 2 (``Linear(F, mlp_hidden)-ReLU-Linear``).
         dim: output (key) dimension D (128 in both papers).
         queue_size: number of negative keys K (65536).
-        momentum: EMA coefficient m of the key encoder (0.999); ``forward(momentum=...)``
-            overrides it per step.
+        momentum: EMA coefficient m of the key encoder (0.999): the parameter of the constant
+            ``"momentum"`` schedule; ``forward`` uses ``batch["momentum"]``.
         temperature: tau; None = the paper's (0.07 for v1, 0.2 for v2).
         symmetric: the MoCo CIFAR demo's symmetric loss ``L(q1, k2) + L(q2, k1)`` (a sum),
             enqueueing both key batches.
@@ -56,15 +61,16 @@ class MoCo(PresetMixin, nn.Module):
             one process unless ``split_bn`` > 1, where the batch is permuted locally).
         sync_bn: convert the backbone's BN to ``SyncBatchNorm`` (GPU only; not in the paper).
         loss: registry name of the loss, called as ``loss(q, k, queue)``.
-        queue_labels: also store an int label per queued key (``forward(..., labels=...)``).
+        queue_labels: also store each key's data-set index beside it (``batch["indices"]``
+            becomes a need).
         encoder_kwargs: keyword arguments for ``create_encoder``.
 
-    ``forward(views=[x_q, x_k], momentum=None)`` returns ``loss``, ``pos_acc``, ``pos_sim``,
+    ``forward(batch)`` reads ``batch["views"] = [x_q, x_k]``, ``batch["momentum"]`` (and
+    ``batch["indices"]`` with ``queue_labels``); returns ``loss``, ``pos_acc``, ``pos_sim``,
     ``neg_sim`` and ``embeddings`` (detached unit q, (N, D)).
     """
 
     uses_in_batch_negatives = False
-    momentum_schedule = "constant"
     presets: dict[str, dict[str, Any]] = {
         # He et al. 2020: ResNet-50, K 65536, m 0.999, tau 0.07, 128-d linear head.
         "v1": dict(
@@ -130,7 +136,8 @@ class MoCo(PresetMixin, nn.Module):
             raise ValueError(f"MoCo: version must be 1 or 2, got {version!r}")
         if not 0.0 <= momentum <= 1.0:
             raise ValueError(f"MoCo: momentum must be in [0, 1], got {momentum}")
-        self.version, self.symmetric, self.momentum = version, symmetric, momentum
+        self.version, self.symmetric, self.base_momentum = version, symmetric, momentum
+        self.needs = ("views", "indices") if queue_labels else ("views",)
         self.temperature = (
             temperature if temperature is not None else (0.07 if version == 1 else 0.2)
         )
@@ -148,6 +155,10 @@ class MoCo(PresetMixin, nn.Module):
         )  # k is unit
         self.criterion = get_loss(loss, temperature=self.temperature, normalize=False)
 
+    def schedules(self) -> dict[str, Schedule]:
+        """``momentum``: constant ``m`` (MoCo v1/v2)."""
+        return {"momentum": functools.partial(constant_momentum, m0=self.base_momentum)}
+
     def _query_params(self) -> list[Tensor]:
         return [*self.encoder.parameters(), *self.head.parameters()]
 
@@ -163,11 +174,13 @@ class MoCo(PresetMixin, nn.Module):
             return unit(self.key_net(x[perm]))[torch.argsort(perm)]
         return unit(self.key_net(x))
 
-    def forward(
-        self, views: Sequence[Tensor], momentum: float | None = None, labels: Tensor | None = None
-    ) -> dict[str, Tensor]:
-        x1, x2 = check_views(views, "MoCo")
-        m = self.momentum if momentum is None else momentum
+    def forward(self, batch: Mapping[str, Any]) -> dict[str, Tensor]:
+        x1, x2 = views_of(batch, "MoCo", n=2)
+        if x1.shape != x2.shape:
+            raise ValueError(f"MoCo: both views must have the same shape (N, C, H, W), got "
+                             f"{tuple(x1.shape)} and {tuple(x2.shape)}")
+        m = read(batch, "momentum", "MoCo")
+        labels = read(batch, "indices", "MoCo") if self.queue.store_labels else None
         q1 = unit(self.head(self.encoder(x1)))
         q2 = unit(self.head(self.encoder(x2))) if self.symmetric else None
         with torch.no_grad():

@@ -10,25 +10,43 @@ One step::
     loss = 2 tau * [ CE(q1 k2_all^T / tau, arange(N) + N rank) + CE(q2 k1_all^T / tau, ...) ]
 
 The two terms are summed (not averaged) and scaled by 2 tau, as in the paper's code.
+
+Multi-crop (``num_global`` global views first, then local views of any size): queries from all
+views, keys from the global views only; each query's positive is the key of each OTHER global view
+of its image (a local view: every global view), the pairing of DINO's loss (Caron et al. 2021,
+facebookresearch/dino ``main_dino.py``, ``DINOLoss.forward``: every student crop against every
+teacher crop but itself, averaged over the pairs). The mean over the P pairs is multiplied by 2
+so that with two views (P = 2) it is exactly the paper's sum above.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from contrastive.losses import get_loss
-from contrastive.methods._common import PresetMixin, check_views, in_batch_metrics, unit
-from contrastive.nn import MomentumEncoder, build_head, convert_to_sync_bn, resolve_encoder
+from contrastive.methods._common import in_batch_metrics, unit
+from contrastive.methods.base import Method, Schedule, read, views_of
+from contrastive.methods.registry import register_method
+from contrastive.nn import (
+    MomentumEncoder,
+    build_head,
+    constant_momentum,
+    convert_to_sync_bn,
+    cosine_momentum,
+    resolve_encoder,
+)
 from contrastive.nn.distributed import gather, rank
 
 __all__ = ["MoCoV3"]
 
 
-class MoCoV3(PresetMixin, nn.Module):
+@register_method("mocov3")
+class MoCoV3(Method):
     """MoCo v3 for ResNets and ViTs.
 
     Args:
@@ -36,9 +54,12 @@ class MoCoV3(PresetMixin, nn.Module):
         dim: output dimension (256).
         mlp_hidden: hidden width of projector and predictor (4096).
         temperature: tau; None = the paper's (0.2 for ViT, 1.0 for ResNet).
-        momentum: m0, the EMA coefficient used when ``forward`` gets no ``momentum`` (0.99).
-            The paper anneals it to 1 with :func:`contrastive.nn.cosine_momentum`
-            (``momentum_schedule = "cosine"``): the engine passes the value per step.
+        momentum: m0 of the ``"momentum"`` schedule (0.99); ``forward`` uses
+            ``batch["momentum"]``.
+        momentum_schedule: ``"cosine"`` (the paper: m0 -> 1, :func:`contrastive.nn.cosine_momentum`)
+            or ``"constant"``.
+        num_global: the first ``num_global`` views are global (keys); more views are local
+            crops (queries only).
         vit: heads of the ViT variant (3-layer projector, BN at the predictor output); None =
             auto (the encoder has a ``patch_embed``).
         freeze_patch_embed: the paper's "random patch projection" for ViTs (no gradient to the
@@ -49,8 +70,8 @@ class MoCoV3(PresetMixin, nn.Module):
         encoder_kwargs: keyword arguments for ``create_encoder``.
     """
 
+    needs = ("views",)
     uses_in_batch_negatives = True
-    momentum_schedule = "cosine"
     presets: dict[str, dict[str, Any]] = {
         # Paper + CONFIG.md: ResNet-50, tau 1.0, 2-layer projector 2048-4096-256 (the code),
         # predictor 256-4096-256, m0 0.99 (0.996 for 1000 epochs), LARS lr 0.3 x bs/256.
@@ -98,6 +119,8 @@ class MoCoV3(PresetMixin, nn.Module):
         mlp_hidden: int = 4096,
         temperature: float | None = None,
         momentum: float = 0.99,
+        momentum_schedule: str = "cosine",
+        num_global: int = 2,
         vit: bool | None = None,
         freeze_patch_embed: bool = False,
         sync_bn: bool = False,
@@ -107,10 +130,17 @@ class MoCoV3(PresetMixin, nn.Module):
         super().__init__()
         if not 0.0 <= momentum <= 1.0:
             raise ValueError(f"MoCoV3: momentum must be in [0, 1], got {momentum}")
+        if momentum_schedule not in ("cosine", "constant"):
+            raise ValueError(f"MoCoV3: momentum_schedule must be 'cosine' or 'constant', got "
+                             f"{momentum_schedule!r}")
+        if num_global < 2:
+            raise ValueError(f"MoCoV3: num_global must be >= 2 (keys of the other global view), "
+                             f"got {num_global}")
+        self.momentum_schedule, self.num_global = momentum_schedule, num_global
         self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
         self.vit = hasattr(self.encoder, "patch_embed") if vit is None else vit
         self.temperature = temperature if temperature is not None else (0.2 if self.vit else 1.0)
-        self.momentum = momentum
+        self.base_momentum = momentum
         if freeze_patch_embed:
             patch = getattr(self.encoder, "patch_embed", None)
             if patch is None:
@@ -131,25 +161,35 @@ class MoCoV3(PresetMixin, nn.Module):
         self.key_net = MomentumEncoder(nn.Sequential(self.encoder, self.projector))
         self.criterion = get_loss(loss, temperature=self.temperature, normalize=False)
 
-    def forward(self, views: Sequence[Tensor], momentum: float | None = None) -> dict[str, Tensor]:
-        x1, x2 = check_views(views, "MoCoV3")
-        m = self.momentum if momentum is None else momentum
-        q1 = unit(self.predictor(self.projector(self.encoder(x1))))
-        q2 = unit(self.predictor(self.projector(self.encoder(x2))))
+    def schedules(self) -> dict[str, Schedule]:
+        """``momentum``: m0 -> 1 on a half cosine over the run (or constant m0)."""
+        fn = cosine_momentum if self.momentum_schedule == "cosine" else constant_momentum
+        return {"momentum": functools.partial(fn, m0=self.base_momentum)}
+
+    def forward(self, batch: Mapping[str, Any]) -> dict[str, Tensor]:
+        views = views_of(batch, "MoCoV3", min_n=self.num_global)
+        glob = views[: self.num_global]
+        if len({tuple(x.shape) for x in glob}) != 1:
+            raise ValueError(f"MoCoV3: the {self.num_global} global views must have the same "
+                             f"shape, got {[tuple(x.shape) for x in glob]}")
+        m = read(batch, "momentum", "MoCoV3")
+        qs = [unit(self.predictor(self.projector(self.encoder(x)))) for x in views]
         with torch.no_grad():
             self.key_net.update([*self.encoder.parameters(), *self.projector.parameters()], m)
-            k1_all = gather(unit(self.key_net(x1)))  # (N * world_size) x D
-            k2_all = gather(unit(self.key_net(x2)))
+            ks = [gather(unit(self.key_net(x))) for x in glob]  # (N * world_size) x D each
 
-        n = q1.shape[0]
+        n = qs[0].shape[0]
         offset = n * rank()
         scale = 2.0 * self.temperature
-        loss = scale * (
-            self.criterion(q1, k2_all, positive_offset=offset)
-            + self.criterion(q2, k1_all, positive_offset=offset)
-        )
-        pos_col = torch.arange(n, device=q1.device) + offset
-        m12 = in_batch_metrics(q1, k2_all, pos_col)
-        m21 = in_batch_metrics(q2, k1_all, pos_col)
+        pairs = [(v, g) for v in range(len(qs)) for g in range(len(ks)) if g != v]
+        total = self.criterion(qs[pairs[0][0]], ks[pairs[0][1]], positive_offset=offset)
+        for v, g in pairs[1:]:
+            total = total + self.criterion(qs[v], ks[g], positive_offset=offset)
+        loss = scale * total
+        if len(pairs) != 2:  # the mean over pairs, x 2 (the two-view sum)
+            loss = loss * (2.0 / len(pairs))
+        pos_col = torch.arange(n, device=qs[0].device) + offset
+        m12 = in_batch_metrics(qs[0], ks[1], pos_col)
+        m21 = in_batch_metrics(qs[1], ks[0], pos_col)
         metrics = {name: (v + m21[name]) / 2 for name, v in m12.items()}
-        return {"loss": loss, **metrics, "embeddings": q1.detach()}
+        return {"loss": loss, **metrics, "embeddings": qs[0].detach()}

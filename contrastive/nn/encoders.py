@@ -31,6 +31,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from contrastive.registry import Registry, RegistryKeyError
+
 __all__ = [
     "UnknownEncoderError",
     "create_encoder",
@@ -40,14 +42,12 @@ __all__ = [
     "stage_features",
 ]
 
-_REGISTRY: dict[str, Callable[..., nn.Module]] = {}
-
-
-class UnknownEncoderError(KeyError):
+class UnknownEncoderError(RegistryKeyError):
     """An encoder name that no registry knows; the message lists the closest names."""
 
-    def __str__(self) -> str:  # KeyError would print the message quoted
-        return str(self.args[0])
+
+# the policy shared by the package's registries is in contrastive.registry
+_REGISTRY: Registry[Callable[..., nn.Module]] = Registry("encoder", error=UnknownEncoderError)
 
 
 def register_encoder(name: str, *, override: bool = False) -> Callable:
@@ -73,16 +73,8 @@ def register_encoder(name: str, *, override: bool = False) -> Callable:
         raise ValueError(
             f"register_encoder: name must be a non-empty str without ':', got {name!r}"
         )
-
-    def deco(factory: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-        if name in _REGISTRY and not override:
-            raise ValueError(
-                f"register_encoder: {name!r} is already registered; pass override=True to replace it"
-            )
-        _REGISTRY[name] = factory
-        return factory
-
-    return deco
+    # a taken name raises ValueError unless override=True (contrastive.registry's policy)
+    return _REGISTRY.register(name, override=override)
 
 
 def _timm_names() -> list[str]:
@@ -102,7 +94,7 @@ def list_encoders(pattern: str | None = None, external: bool = True) -> list[str
 
     ``external=False`` lists only the registered names (no timm / torchvision import).
     """
-    names = list(_REGISTRY)
+    names = _REGISTRY.names()
     if external:
         names += _torchvision_names() + _timm_names()
     if pattern is not None:
@@ -114,7 +106,7 @@ def _unknown(name: str, candidates: list[str], first: tuple[str, ...] = ()) -> U
     close = list(first) + difflib.get_close_matches(name, candidates, n=5, cutoff=0.6)
     close = list(dict.fromkeys(close))
     hint = f" Did you mean: {', '.join(close)}?" if close else ""
-    registered = ", ".join(sorted(_REGISTRY))
+    registered = ", ".join(_REGISTRY.names())
     return UnknownEncoderError(
         f"unknown encoder {name!r}.{hint} Registered: {registered}; also 'timm:<model>' and "
         "'torchvision:<model>' (see list_encoders('timm:*'))."
@@ -171,10 +163,10 @@ def create_encoder(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Mod
     elif name.startswith("torchvision:"):
         net = _create_torchvision(name[len("torchvision:") :], pretrained, **kwargs)
     elif name in _REGISTRY:
-        net = _REGISTRY[name](**({"pretrained": True} if pretrained else {}), **kwargs)
+        net = _REGISTRY.get(name)(**({"pretrained": True} if pretrained else {}), **kwargs)
     else:
         same = tuple(n for n in _torchvision_names() + _timm_names() if n.endswith(":" + name))
-        raise _unknown(name, list(_REGISTRY), first=same)
+        raise _unknown(name, _REGISTRY.names(), first=same)
     return _checked(net, name)
 
 

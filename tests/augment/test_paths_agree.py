@@ -168,3 +168,29 @@ def test_whole_mocov2_preset_agrees():
     for key in sa:
         assert_same_law(sa[key], sb[key])
     assert abs(float(is_gray(a).double().mean()) - float(is_gray(b).double().mean())) < 0.04
+
+
+def test_whole_multicrop_preset_agrees_for_global_and_local_views():
+    """Multi-crop (2 x 32 px global + 2 x 16 px local): per view, the per-image path and the
+    batched path (workers return uint8 crops of each size, colour/flip per sample on the device)
+    draw from the same law, crops included."""
+    pipe = get_pipeline("multicrop", 32, num_global=2, num_local=2, local_size=16, mean=ZERO,
+                        std=ONE)
+    assert pipe.view_sizes == [32, 32, 16, 16]
+    worker_fn, device_fn = pipe.split()
+    img = colourful(3)
+    n = 500
+    torch.manual_seed(6)
+    a = [torch.stack(v) for v in zip(*[pipe(img) for _ in range(n)])]
+    torch.manual_seed(7)
+    crops = [torch.stack(v) for v in zip(*[worker_fn(img) for _ in range(n)])]
+    assert [tuple(c.shape[1:]) for c in crops] == [(3, 32, 32)] * 2 + [(3, 16, 16)] * 2
+    assert all(c.dtype == torch.uint8 for c in crops)
+    b = device_fn(crops, torch.Generator().manual_seed(8))
+    for view in (0, 2):  # one global, one local view
+        assert a[view].shape == b[view].shape
+        sa, sb = _stats(a[view]), _stats(b[view])
+        for key in sa:
+            assert_same_law(sa[key], sb[key])
+    # the local crops are another law than the global ones (the check can tell them apart)
+    assert ks_statistic(_stats(a[0])["sharpness"], _stats(a[2])["sharpness"]) > ks_critical(n, n)

@@ -55,7 +55,8 @@ def run(model, method, x, y, rank_rows):
     record = []
     for s in range(STEPS):
         opt.zero_grad(set_to_none=True)
-        out = model([x[s][rank_rows]], labels=y[s][rank_rows])
+        out = model(method.make_batch([x[s][rank_rows]], step=s, total_steps=STEPS,
+                                      labels=y[s][rank_rows]))
         out["loss"].backward()
         grads = {n: p.grad.clone() for n, p in method.named_parameters() if p.grad is not None}
         record.append({"loss": out["loss"].detach(), "stage": out["stage"], "grads": grads,

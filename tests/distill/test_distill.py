@@ -86,6 +86,13 @@ def make(seed: int = 0, bn: bool = False, **kw) -> Distiller:
     return Distiller(teacher, student, **kw)
 
 
+def batch(d: Distiller, x: torch.Tensor, step: int = 0, total: int = 1,
+          labels: torch.Tensor | None = None) -> dict:
+    """What the training loop passes: the view, the stage schedule at ``step`` and the labels."""
+    return d.make_batch([x], step=step, total_steps=total,
+                        **({} if labels is None else {"labels": labels}))
+
+
 def test_uniform_layer_map() -> None:
     assert uniform_layer_map(4, 12) == [2, 5, 8, 11]  # LRC-BERT: layers 3, 6, 9, 12
     assert uniform_layer_map(4, 4) == [0, 1, 2, 3]
@@ -114,7 +121,7 @@ def test_cosnce_per_layer_equals_formula() -> None:
     assert d.student_layers == ["blocks.0", "blocks.1"]
     assert d.teacher_layers == ["blocks.1", "blocks.2"]  # uniform map [1, 2] of 3 teacher blocks
     x = torch.randn(5, 3, 8, 8)
-    out = d([x])
+    out = d(batch(d, x))
     with torch.no_grad():
         _, t_pooled = d.teacher.run(x)
     _, s_pooled = d.encoder.run(x)
@@ -132,13 +139,13 @@ def test_cosnce_explicit_layer_map_and_queue_negatives() -> None:
     assert d.teacher_layers == ["blocks.0", "blocks.2"] and not d.uses_in_batch_negatives
     x1, x2 = torch.randn(4, 3, 8, 8), torch.randn(4, 3, 8, 8)
     bank = [q.keys.clone() for q in d.queues]  # the initial (random) keys
-    d([x1])
+    d(batch(d, x1))
     with torch.no_grad():
         _, t1 = d.teacher.run(x1)
         _, t2 = d.teacher.run(x2)
     # FIFO: the 4 new keys (unit) replace the 4 oldest slots 0..3
     expect = [torch.cat([F.normalize(t1[j], dim=1), b[4:]]) for j, b in zip([0, 2], bank)]
-    out = d([x2])
+    out = d(batch(d, x2))
     _, s2 = d.encoder.run(x2)
     for i, j in enumerate([0, 2]):
         s = s2[i] @ d.projections[i].weight.T
@@ -149,7 +156,7 @@ def test_cosnce_explicit_layer_map_and_queue_negatives() -> None:
 def test_teacher_frozen_and_bit_identical() -> None:
     torch.manual_seed(0)
     head = nn.Linear(8, 3)
-    d = make(bn=True, teacher_head=head, total_steps=6, stage1_fraction=0.5)
+    d = make(bn=True, teacher_head=head, stage1_fraction=0.5)
     assert d.head is not None and d.head.out_features == 3
     before = copy.deepcopy(d.teacher.state_dict())
     head_before = copy.deepcopy(head.state_dict())
@@ -160,8 +167,8 @@ def test_teacher_frozen_and_bit_identical() -> None:
     opt = torch.optim.SGD(params, lr=0.5, momentum=0.9, weight_decay=0.1)
     d.train()
     assert not d.teacher.training and not d.teacher_head.training and d.encoder.training
-    for _ in range(6):  # both stages: KD and CE terms use the teacher's logits
-        out = d([torch.randn(6, 3, 8, 8)], labels=torch.randint(0, 3, (6,)))
+    for step in range(6):  # both stages: KD and CE terms use the teacher's logits
+        out = d(batch(d, torch.randn(6, 3, 8, 8), step, 6, labels=torch.randint(0, 3, (6,))))
         opt.zero_grad()
         out["loss"].backward()
         opt.step()
@@ -175,15 +182,17 @@ def test_teacher_frozen_and_bit_identical() -> None:
 
 
 def test_stage_switch_at_configured_step() -> None:
-    d = make(perturb=False, num_classes=3, total_steps=10, stage1_fraction=0.8)
-    assert d.switch_step == 8 and d.needs_find_unused_parameters
-    assert [d.stage_at(s) for s in (0, 7, 8, 9)] == [1, 1, 2, 2]
-    assert d.weights_at(7) == (1.0, 0.0, 0.0) and d.weights_at(8) == (1.0, 1.0, 3.0)
+    d = make(perturb=False, num_classes=3, stage1_fraction=0.8)
+    assert d.switch_at(10) == 8 and d.needs_find_unused_parameters
+    assert d.needs == ("views", "labels")  # a head for the CE loss: the loader's labels
+    assert [d.stage_at(s, 10) for s in (0, 7, 8, 9)] == [1, 1, 2, 2]
+    assert [d.schedule_values(s, 10) for s in (7, 8)] == [{"stage": 1.0}, {"stage": 2.0}]
+    assert d.weights_at(1) == (1.0, 0.0, 0.0) and d.weights_at(2) == (1.0, 1.0, 3.0)
     d.train()
     x, y = torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, -1])
     for step in range(10):
         d.zero_grad()
-        out = d([x], labels=y)
+        out = d(batch(d, x, step, 10, labels=y))
         out["loss"].backward()
         stage = 2 if step >= 8 else 1
         assert out["stage"].item() == stage
@@ -194,24 +203,25 @@ def test_stage_switch_at_configured_step() -> None:
             ce = F.cross_entropy(d.head(d.encoder(x))[:3], y[:3])
             torch.testing.assert_close(out["loss_hard"], ce.detach())
             torch.testing.assert_close(out["loss"], (out["loss_cosnce"] + 3 * ce).detach())
-    assert int(d.steps_done) == 10
-    # the counter travels in the state dict, so a resumed run keeps the schedule
+    # the stage is a function of the step: nothing for it in the state dict, and a resumed run
+    # (any module with the same weights) keeps the schedule from the step the loop passes
+    assert not any("step" in k for k in d.state_dict())
     e = make(perturb=False, num_classes=3, switch_step=3)
     e.load_state_dict(copy.deepcopy(d.state_dict()))
-    assert e._steps == 10 and e([x], labels=y)["stage"].item() == 2
-    # eval forwards and explicit steps do not advance the counter
+    assert e(batch(e, x, 10, 10, labels=y))["stage"].item() == 2
     e.eval()
-    e([x])
-    assert int(e.steps_done) == 11 and e([x], step=0)["stage"].item() == 1
+    assert e(batch(e, x, 0, 10, labels=y))["stage"].item() == 1
+    with pytest.raises(KeyError, match="'stage'"):  # no fallback: the schedule value is needed
+        e({"views": [x], "labels": y})
 
 
 def test_custom_stage_weights_and_no_switch() -> None:
     d = make(perturb=False, stage_weights=((0.5, 0, 0), (2.0, 0, 0)), switch_step=1)
     x = torch.randn(4, 3, 8, 8)
-    o1, o2 = d([x]), d([x])
+    o1, o2 = d(batch(d, x, 0, 10)), d(batch(d, x, 1, 10))
     torch.testing.assert_close(o1["loss"], 0.5 * o1["loss_cosnce"])
     torch.testing.assert_close(o2["loss"], 2.0 * o2["loss_cosnce"])
-    assert make(perturb=False).stage_at(10**9) == 1  # no total_steps: stage 1 throughout
+    assert make(perturb=False, stage1_fraction=1.0).stage_at(9, 10) == 1  # stage 1 throughout
 
 
 @pytest.mark.parametrize("stage2", [False, True])
@@ -225,7 +235,7 @@ def test_gradient_perturbation_equals_two_pass_reference(stage2: bool) -> None:
     ref = copy.deepcopy(d)  # same weights; used only through hand-written code below
     d.train()
     x, y = torch.randn(6, 3, 8, 8, dtype=torch.float64), torch.tensor([0, 1, 2, 0, 1, -1])
-    out = d([x], labels=y if stage2 else None)
+    out = d(batch(d, x, labels=y if stage2 else None))
     out["loss"].backward()
 
     teacher, student = ref.teacher.eval(), ref.encoder.train()
@@ -287,19 +297,21 @@ def test_perturbation_scale_and_off() -> None:
     d0 = make(seed=2, perturb=False)
     d1 = make(seed=2, perturb=True, perturb_scale=0.0)  # eps 0: pass 2 equals pass 1
     x = torch.randn(4, 3, 8, 8)
-    o0, o1 = d0([x]), d1([x])
+    o0, o1 = d0(batch(d0, x)), d1(batch(d1, x))
     torch.testing.assert_close(o1["loss"], o0["loss"])
     torch.testing.assert_close(o1["loss_pass1"], o0["loss"].detach())
     assert "loss_pass1" not in o0
     with torch.no_grad():  # no gradient available: one pass, no perturbation
-        assert "loss_pass1" not in d1([x])
+        assert "loss_pass1" not in d1(batch(d1, x))
 
 
 def test_unlabelled_batch_and_representation_only() -> None:
     d = make(perturb=True, num_classes=3, switch_step=0)
-    out = d([torch.randn(4, 3, 8, 8)], labels=torch.full((4,), -1))
+    out = d(batch(d, torch.randn(4, 3, 8, 8), labels=torch.full((4,), -1)))
     assert out["loss_hard"].item() == 0.0 and torch.isfinite(out["loss"])
-    out = make(perturb=True)([torch.randn(4, 3, 8, 8)])  # no head, no labels: COS-NCE only
+    e = make(perturb=True)
+    assert e.needs == ("views",)
+    out = e(batch(e, torch.randn(4, 3, 8, 8)))  # no head, no labels: COS-NCE only
     assert set(out) >= {"loss", "pos_acc", "pos_sim", "neg_sim", "embeddings", "loss_cosnce"}
     assert out["embeddings"].shape == (4, 8) and not out["embeddings"].requires_grad
     torch.testing.assert_close(out["embeddings"].norm(dim=1), torch.ones(4))
@@ -308,9 +320,9 @@ def test_unlabelled_batch_and_representation_only() -> None:
 def test_kd_soft_loss_matches_formula() -> None:
     torch.manual_seed(3)
     head = nn.Linear(8, 4)
-    d = make(perturb=False, teacher_head=head, switch_step=0, temperature=2.0)
+    d = make(perturb=False, teacher_head=head, switch_step=0, temperature=2.0, use_labels=False)
     x = torch.randn(5, 3, 8, 8)
-    out = d([x])
+    out = d(batch(d, x))
     with torch.no_grad():
         p_t = F.softmax(head(d.teacher(x)) / 2.0, dim=1)
     log_p_s = F.log_softmax(d.head(d.encoder(x)) / 2.0, dim=1)
@@ -362,7 +374,7 @@ def test_vit_teacher_tokens_and_vit_student_perturbation() -> None:
     d = Distiller(teacher, Tiny((5, 6)), perturb=False)
     assert d.teacher_layers == ["blocks.1", "blocks.3"]  # uniform map of 2 onto 4 blocks
     x = torch.randn(3, 3, 16, 16)
-    d([x])
+    d(batch(d, x))
     feats, _ = d._teacher_forward(x)
     with torch.no_grad():  # the class token after block j, by hand
         h = teacher.patch_embed(x)
@@ -380,7 +392,7 @@ def test_vit_teacher_tokens_and_vit_student_perturbation() -> None:
     d = Distiller(teacher, student, perturb=True)
     assert d.stem == "patch_embed"
     d.train()
-    out = d([x])
+    out = d(batch(d, x))
     out["loss"].backward()
     assert torch.isfinite(out["loss"]) and student.patch_embed.proj.weight.grad is not None
 
@@ -398,7 +410,7 @@ def test_errors_name_the_argument() -> None:
         make(teacher_head=nn.Linear(8, 3), num_classes=4)
     d = make()
     with pytest.raises(ValueError, match="one"):
-        d([torch.randn(2, 3, 8, 8)] * 2)
+        d(d.make_batch([torch.randn(2, 3, 8, 8)] * 2))
     with pytest.raises(RuntimeError, match="ran 2 times"):
         shared = Tiny((5, 6))
         shared.blocks[1] = shared.blocks[0] = nn.Sequential(nn.Conv2d(4, 4, 1), nn.ReLU())

@@ -104,3 +104,84 @@ def test_adamw_and_errors():
     frozen = nn.Linear(2, 2).requires_grad_(False)
     with pytest.raises(ValueError, match="no trainable parameters"):
         build_optimizer(frozen, "sgd", lr=0.1, weight_decay=0.0)
+
+
+class _Declared(nn.Module):
+    """A backbone, a head with no weight decay at all, a predictor with a fixed lr, and
+    prototypes frozen for 2 steps (a method's declared ParamGroups)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 4)
+        self.predictor = nn.Linear(4, 4)
+        self.prototypes = nn.Linear(4, 3, bias=False)
+
+    def param_groups(self):
+        from contrastive.methods import ParamGroup
+
+        return [ParamGroup("head", list(self.head.parameters()), weight_decay=0.0),
+                ParamGroup("predictor", list(self.predictor.parameters()), lr=0.05),
+                ParamGroup("prototypes", list(self.prototypes.parameters()), frozen_steps=2)]
+
+    def forward(self, x):
+        h = self.body(x)
+        return (self.head(h).pow(2).sum() + self.predictor(h).pow(2).sum()
+                + self.prototypes(h).pow(2).sum())
+
+
+@pytest.mark.parametrize("name", ["sgd", "adamw", "lars"])
+def test_declared_groups_weight_decay_fixed_lr_and_frozen_steps(name):
+    """Each kind of declared group against the same optimiser built by hand on the rest: the
+    head never decays, the predictor keeps lr 0.05 while the schedule moves, the prototypes do
+    not move (nor gather optimiser state) for their first 2 steps."""
+    from contrastive.engine.optim import drop_frozen_grads, set_lr
+
+    net = _Declared()
+    opt = build_optimizer(net, name, lr=0.1, weight_decay=0.5, momentum=0.9)
+    groups = {g["name"]: g for g in opt.param_groups}
+    assert set(groups) == {"decay", "no_decay", "head", "head_no_decay", "predictor",
+                           "predictor_no_decay", "prototypes"}
+    assert {id(p) for p in groups["decay"]["params"]} == {id(net.body.weight)}
+    assert groups["head"]["weight_decay"] == groups["head_no_decay"]["weight_decay"] == 0.0
+    assert groups["predictor"]["weight_decay"] == 0.5 and groups["prototypes"]["weight_decay"] == 0.5
+    x = torch.randn(5, 4)
+    protos = [net.prototypes.weight.detach().clone()]
+    for step, lr in enumerate([0.1, 0.07, 0.03, 0.01]):
+        set_lr(opt, lr)
+        assert groups["predictor"]["lr"] == groups["predictor_no_decay"]["lr"] == 0.05
+        assert groups["decay"]["lr"] == groups["head"]["lr"] == lr
+        opt.zero_grad()
+        net(x).backward()
+        drop_frozen_grads(opt, step)
+        assert (net.prototypes.weight.grad is None) == (step < 2)
+        opt.step()
+        protos.append(net.prototypes.weight.detach().clone())
+        if step < 2:
+            assert net.prototypes.weight not in opt.state or not opt.state[net.prototypes.weight]
+    assert torch.equal(protos[0], protos[1]) and torch.equal(protos[1], protos[2])
+    assert not torch.equal(protos[2], protos[3])
+
+
+def test_head_without_weight_decay_matches_plain_sgd():
+    """The no-decay group is SGD at weight decay 0 (one step, by hand)."""
+    net = _Declared()
+    before = net.head.weight.detach().clone()
+    opt = build_optimizer(net, "sgd", lr=0.1, weight_decay=0.5, momentum=0.0)
+    net(torch.ones(2, 4)).backward()
+    grad = net.head.weight.grad.clone()
+    opt.step()
+    torch.testing.assert_close(net.head.weight.detach(), before - 0.1 * grad)
+
+
+def test_a_parameter_in_two_declared_groups_is_an_error():
+    from contrastive.methods import ParamGroup
+
+    net = _Declared()
+    net.param_groups = lambda: [ParamGroup("a", [net.head.weight]),
+                                ParamGroup("b", [net.head.weight])]
+    with pytest.raises(ValueError, match="two declared groups"):
+        build_optimizer(net, "sgd", lr=0.1, weight_decay=0.0)
+    with pytest.raises(ValueError, match="frozen_steps"):
+        ParamGroup("c", [net.head.weight], frozen_steps=-1)

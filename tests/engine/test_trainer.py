@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from contrastive.engine import NonFiniteLossError, TrainConfig, run, train
+from contrastive.methods import Method, ParamGroup
 
 
 @dataclasses.dataclass
@@ -36,25 +37,41 @@ class _Cfg(TrainConfig):
     signals: str = ""  # e.g. "SIGTERM,SIGTERM"
 
 
-class _Toy(nn.Module):
-    """Pulls the two views' features together; loss NaN at optimiser step ``nan_at``."""
+class _Toy(Method):
+    """Pulls the two views' features together; loss NaN at optimiser step ``nan_at``.
+
+    Declares every loader input and a ``step_seen`` schedule; with ``frozen_steps`` its
+    projection is a parameter group frozen for that many optimiser steps. It records what it
+    received (labels, indices, the projection's weights)."""
 
     uses_in_batch_negatives = True
+    needs = ("views", "labels", "indices")
 
-    def __init__(self, nan_at: int, signal_at: int = -1, signals: str = "") -> None:
+    def __init__(self, nan_at: int, frozen_steps: int = 0, signal_at: int = -1,
+                 signals: str = "") -> None:
         super().__init__()
         from contrastive.nn import create_encoder
 
         self.encoder = create_encoder("small_cnn")
-        self.nan_at, self.calls = nan_at, 0
+        self.proj = nn.Linear(256, 4)
+        self.nan_at, self.calls, self.frozen_steps = nan_at, 0, frozen_steps
+        self.seen: list[dict] = []
         self.signal_at, self.signals = signal_at, [s for s in signals.split(",") if s]
 
-    def forward(self, views, momentum=None, step=None):
-        a, b = (nn.functional.normalize(self.encoder(v), dim=1) for v in views)
-        loss = (a - b).pow(2).sum(1).mean()
+    def schedules(self):
+        return {"step_seen": lambda step, total: float(step), "progress": lambda s, t: s / t}
+
+    def param_groups(self):
+        if not self.frozen_steps:
+            return []
+        return [ParamGroup("proj", list(self.proj.parameters()), frozen_steps=self.frozen_steps)]
+
+    def forward(self, batch):
+        a, b = (nn.functional.normalize(self.encoder(v), dim=1) for v in batch["views"])
+        loss = (a - b).pow(2).sum(1).mean() + (self.proj(a) - self.proj(b)).pow(2).mean()
         if self.calls == self.nan_at:
             loss = loss * float("nan")
-        if step == self.signal_at:
+        if int(batch["step_seen"]) == self.signal_at:
             for i, name in enumerate(self.signals):
                 sig = getattr(signal, name)
                 if i and sig == signal.SIGTERM and signal.getsignal(sig) == signal.SIG_DFL:
@@ -62,8 +79,10 @@ class _Toy(nn.Module):
                 os.kill(os.getpid(), sig)
         call_index = torch.tensor(self.calls)  # a method-specific scalar: logged like the others
         self.calls += 1
+        self.seen.append({"labels": batch["labels"].clone(), "indices": batch["indices"].clone(),
+                          "proj": self.proj.weight.detach().clone(), "keys": sorted(batch)})
         return {"loss": loss, "pos_acc": torch.tensor(50.0), "call_index": call_index,
-                "step_seen": torch.tensor(float(step)), "embeddings": a.detach()}
+                "step_seen": torch.tensor(batch["step_seen"]), "embeddings": a.detach()}
 
 
 def _pipeline(cfg):
@@ -73,7 +92,7 @@ def _pipeline(cfg):
 
 
 def _build(cfg):
-    return _Toy(cfg.nan_at, cfg.signal_at, cfg.signals)
+    return _Toy(cfg.nan_at, signal_at=cfg.signal_at, signals=cfg.signals)
 
 
 def _train(tmp_path, **kw):
@@ -144,13 +163,16 @@ def test_every_scalar_the_method_returns_is_logged_as_a_window_mean(tmp_path, fr
     assert all(r["pos_acc"] == 50.0 and "embeddings" not in r for r in records)
 
 
-def test_methods_that_take_step_get_the_optimiser_step(tmp_path, fresh_accelerate):
+def test_schedules_are_evaluated_per_optimiser_step_passed_and_logged(tmp_path,
+                                                                      fresh_accelerate):
     _train(tmp_path, max_steps=3, log_every=1, grad_accum_steps=2)
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().split("\n")
              if x]
     records = [r for r in lines if "loss" in r]
-    # both micro-batches of optimiser step s (0-based) see step=s; forward calls keep counting
+    # both micro-batches of optimiser step s (0-based) see step_seen = s; forward calls keep
+    # counting; the schedules' values are logged under their names (8 steps in the run)
     assert [r["step_seen"] for r in records] == [0.0, 1.0, 2.0]
+    assert [r["progress"] for r in records] == [0.0, 1 / 8, 2 / 8]
     assert [r["call_index"] for r in records] == [0.5, 2.5, 4.5]
 
 
@@ -215,3 +237,38 @@ def test_resume_with_nothing_left_to_train_changes_nothing(tmp_path, fresh_accel
         assert ("reached its last epoch" in caplog.text) == epochs_done
         state = _run_state(tmp_path)
         assert state["state"] == "completed" and state["step"] == result.step
+
+
+def test_the_batch_holds_exactly_the_needs_and_the_schedules(tmp_path, fresh_accelerate):
+    """labels are the data set's class labels and indices its indices: two separate keys."""
+    from contrastive.data import get_dataset
+
+    made = []
+    cfg = _Cfg(output_dir=str(tmp_path / "run"), max_steps=2)
+    train(cfg, lambda c: made.append(_Toy(-1)) or made[-1], _pipeline, recipe="toy")
+    data = get_dataset(cfg.data, "train")
+    for seen in made[0].seen:
+        assert seen["keys"] == ["indices", "labels", "progress", "step_seen", "views"]
+        expected = [data[i][1] for i in seen["indices"].tolist()]
+        assert seen["labels"].tolist() == expected and len(set(expected)) > 1
+        assert seen["labels"].dtype == seen["indices"].dtype == torch.int64
+
+
+def test_a_need_the_loader_cannot_provide_fails_before_training(tmp_path, fresh_accelerate):
+    class NeedsText(_Toy):
+        needs = ("views", "token_ids")
+
+    with pytest.raises(ValueError, match=r"needs batch key\(s\) \['token_ids'\]"):
+        train(_Cfg(output_dir=str(tmp_path / "run")), lambda c: NeedsText(-1), _pipeline,
+              recipe="toy")
+
+
+def test_a_frozen_parameter_group_does_not_move_for_its_steps(tmp_path, fresh_accelerate):
+    made = []
+    cfg = _Cfg(output_dir=str(tmp_path / "run"), max_steps=4, weight_decay=0.1)
+    train(cfg, lambda c: made.append(_Toy(-1, frozen_steps=2)) or made[-1], _pipeline,
+          recipe="toy")
+    w = [s["proj"] for s in made[0].seen]  # the weights each step's forward saw
+    # optimiser steps 0 and 1 drop its gradients (no weight decay, no momentum either), step 2
+    # updates it
+    assert torch.equal(w[0], w[1]) and torch.equal(w[1], w[2]) and not torch.equal(w[2], w[3])

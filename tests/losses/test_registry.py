@@ -26,8 +26,7 @@ from contrastive.losses import (
 @pytest.fixture
 def clean_registry(monkeypatch):
     """Let a test register losses without leaking them into the other tests."""
-    monkeypatch.setattr(registry, "_LOSSES", dict(registry._LOSSES))
-    monkeypatch.setattr(registry, "_NAMES", dict(registry._NAMES))
+    monkeypatch.setattr(registry, "_REGISTRY", registry._REGISTRY.copy())
 
 
 @pytest.mark.parametrize(
@@ -131,8 +130,9 @@ def test_duplicate_names_raise_and_leave_the_registry_unchanged():
 
 
 @pytest.mark.usefixtures("clean_registry")
-def test_reregistering_the_same_definition_is_allowed():
-    """Reloading a module (notebooks, importlib.reload) re-runs the decorator."""
+def test_reregistering_the_same_definition_needs_override():
+    """Reloading a module (notebooks, importlib.reload) re-runs the decorator: the shared
+    registry policy (contrastive.registry) makes that an error unless ``override=True``."""
 
     def make() -> type[nn.Module]:
         class Reloaded(nn.Module):
@@ -142,5 +142,8 @@ def test_reregistering_the_same_definition_is_allowed():
 
     first, second = make(), make()
     register_loss("test_reload")(first)
-    register_loss("test_reload")(second)
+    with pytest.raises(ValueError, match="test_reload.*already registered.*override=True"):
+        register_loss("test_reload")(second)
+    assert loss_class("test_reload") is first
+    register_loss("test_reload", override=True)(second)
     assert loss_class("test_reload") is second

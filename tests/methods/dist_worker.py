@@ -43,20 +43,25 @@ class Tiny(nn.Module):
         return self.body(x).mean(dim=(2, 3))
 
 
+NAMES = ("simclr", "mocov3", "moco", "simclr_multicrop", "mocov3_multicrop")
+
+
 def build(name: str) -> nn.Module:
     torch.manual_seed(0)
-    if name == "simclr":  # BN everywhere, compared in eval mode
+    if name.startswith("simclr"):  # BN everywhere, compared in eval mode
         return SimCLR(Tiny(bn=True), dim=6, mlp_hidden=8, temperature=0.5).double().eval()
-    if name == "mocov3":
+    if name.startswith("mocov3"):
         return MoCoV3(Tiny(bn=True), dim=6, mlp_hidden=8, temperature=0.3).double().eval()
     # MoCo without any BN, in train mode: shuffle BN runs (gather, permute, unshuffle)
     return MoCo(Tiny(bn=False), version=2, dim=6, mlp_hidden=8, queue_size=12,
                 momentum=0.8).double()
 
 
-def batches(world: int):
+def batches(world: int, multicrop: bool = False):
+    """2 views of 8 px (multi-crop: plus 2 local views of 4 px) per step."""
     g = torch.Generator().manual_seed(123)
-    return [[torch.randn(world * B, 3, 8, 8, generator=g, dtype=torch.float64) for _ in range(2)]
+    sizes = (8, 8, 4, 4) if multicrop else (8, 8)
+    return [[torch.randn(world * B, 3, s, s, generator=g, dtype=torch.float64) for s in sizes]
             for _ in range(STEPS)]
 
 
@@ -65,9 +70,9 @@ def train(name: str, rank: int, world: int) -> dict:
     model = DDP(method) if world > 1 else method
     opt = torch.optim.SGD([p for p in method.parameters() if p.requires_grad], lr=0.5)
     record = {"loss": [], "pos_acc": [], "grads": []}
-    for views in batches(2):
+    for views in batches(2, multicrop=name.endswith("multicrop")):
         local = [v[rank * B : (rank + 1) * B] for v in views] if world > 1 else views
-        out = model(local, momentum=0.7 if name == "mocov3" else None)
+        out = model({"views": local, "momentum": 0.7 if name.startswith("mocov3") else 0.8})
         opt.zero_grad()
         out["loss"].backward()
         record["loss"].append(out["loss"].detach())
@@ -108,13 +113,13 @@ def main() -> None:
     torch.set_num_threads(1)
     result: dict = {}
     if rank == 0:
-        result["reference"] = {name: train(name, 0, 1) for name in ("simclr", "mocov3", "moco")}
+        result["reference"] = {name: train(name, 0, 1) for name in NAMES}
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         result["world_size"] = D.world_size()
         result["helpers"] = helper_checks(rank)
         result["distributed"] = {
-            name: train(name, rank, world) for name in ("simclr", "mocov3", "moco")
+            name: train(name, rank, world) for name in NAMES
         }
     finally:
         dist.destroy_process_group()

@@ -29,7 +29,7 @@ def test_registry():
 @pytest.mark.parametrize("name", ["moco", "mocov3", "simclr"])
 def test_output_contract(name, tiny, views):
     method = _make(name, tiny())
-    out = method(views(4), momentum=0.5)
+    out = method(method.make_batch(views(4), momentum=0.5))
     assert set(out) == {"loss", "pos_acc", "pos_sim", "neg_sim", "embeddings"}
     assert out["loss"].dim() == 0 and out["loss"].requires_grad
     assert out["loss"].dtype == torch.float32
@@ -47,12 +47,12 @@ def test_output_contract(name, tiny, views):
 @pytest.mark.parametrize("name", ["moco", "mocov3", "simclr"])
 def test_state_dict_round_trip(name, tiny, views):
     a = _make(name, tiny(), seed=0)
-    a(views(4))  # one step: moves the EMA, fills the queue
+    a(a.make_batch(views(4)))  # one step: moves the EMA, fills the queue
     b = _make(name, tiny(), seed=1)
     b.load_state_dict(a.state_dict())
     a.eval(), b.eval()
     x = views(4, seed=5)
-    torch.testing.assert_close(a(x)["loss"], b(x)["loss"])
+    torch.testing.assert_close(a(a.make_batch(x))["loss"], b(b.make_batch(x))["loss"])
     if name == "moco":
         assert torch.equal(a.queue.keys, b.queue.keys) and torch.equal(a.queue.ptr, b.queue.ptr)
 
@@ -61,7 +61,7 @@ def test_state_dict_round_trip(name, tiny, views):
 def test_bf16_autocast_gives_float32_loss(name, tiny, views):
     method = _make(name, tiny())
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = method(views(4))
+        out = method(method.make_batch(views(4)))
     assert out["loss"].dtype == torch.float32 and torch.isfinite(out["loss"])
     out["loss"].backward()
 
@@ -77,7 +77,14 @@ def test_presets_build(cls, tiny, tiny_patch):
 
 def test_views_are_checked(tiny, views):
     method = _make("simclr", tiny())
+    with pytest.raises(ValueError, match="at least 2 tensors"):
+        method({"views": views(4)[:1]})
+    with pytest.raises(ValueError, match="same N"):
+        method({"views": [views(4)[0], views(3)[0]]})
+    moco = _make("moco", tiny())
     with pytest.raises(ValueError, match="2 tensors"):
-        method(views(4)[:1])
+        moco(moco.make_batch(views(4) * 2))
     with pytest.raises(ValueError, match="same shape"):
-        method([views(4)[0], views(3)[0]])
+        moco(moco.make_batch([views(4)[0], views(4, size=8)[0]]))
+    with pytest.raises(TypeError, match="mapping of named inputs"):
+        method(views(4))  # the old positional list

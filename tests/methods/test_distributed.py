@@ -1,7 +1,8 @@
 """Two real gloo CPU processes (per-process batch B, DDP) against one process with batch 2B.
 
 One launch (``dist_worker.py``) runs every check; the tests below read its results:
-- SimCLR and MoCo v3: loss and gradients equal the one-process ones (BN in eval mode), over
+- SimCLR and MoCo v3, with two views and multi-crop (2 x 8 px + 2 x 4 px): loss and
+  gradients equal the one-process ones (BN in eval mode), over
   two optimisation steps (the bug users of other libraries hit most: negatives gathered
   without gradient, or labels not offset by rank);
 - MoCo with shuffle BN: the queue holds both processes' keys, losses and gradients match;
@@ -39,7 +40,8 @@ def close(a, b):
     torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", ["simclr", "mocov3", "moco"])
+@pytest.mark.parametrize("name", ["simclr", "mocov3", "moco", "simclr_multicrop",
+                                  "mocov3_multicrop"])
 def test_two_processes_equal_one_process(results, name):
     ref = results[0]["reference"][name]
     per_rank = [r["distributed"][name] for r in results]

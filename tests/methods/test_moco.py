@@ -67,7 +67,7 @@ def test_moco_matches_paper_pseudo_code(tiny, version):
     g = torch.Generator().manual_seed(1)
     for _ in range(4):
         x_q, x_k = (torch.randn(4, 3, 12, 12, generator=g, dtype=torch.float64) for _ in range(2))
-        out = method([x_q, x_k])
+        out = method({"views": [x_q, x_k], "momentum": m})
         opt.zero_grad()
         out["loss"].backward()
         opt.step()
@@ -98,7 +98,7 @@ def test_symmetric_moco_matches_demo_formula(tiny, views):
     net = nn.Sequential(copy.deepcopy(method.encoder), copy.deepcopy(method.head))
     key_net = copy.deepcopy(method.key_net.module)
     queue = method.queue.keys.clone()
-    out = method([x1, x2])
+    out = method({"views": [x1, x2], "momentum": 0.5})
 
     def ce(q, k):
         logits = torch.cat([(q * k).sum(1, keepdim=True), q @ queue.T], dim=1) / 0.1
@@ -119,11 +119,12 @@ def test_moco_presets_and_defaults(tiny):
     assert v1.temperature == 0.07 and isinstance(v1.head[0], nn.Linear) and len(v1.head) == 1
     v2 = MoCo.from_preset("v2", encoder=tiny(), queue_size=8)
     assert v2.temperature == 0.2 and len(v2.head) == 3 and v2.head[0].out_features == 2048
-    assert v2.momentum == 0.999 and v2.queue.size == 8
+    assert v2.base_momentum == 0.999 and v2.queue.size == 8
     cifar = MoCo.from_preset("cifar", encoder=tiny(), queue_size=8)
-    assert cifar.split_bn == 8 and cifar.temperature == 0.1 and cifar.momentum == 0.99
+    assert cifar.split_bn == 8 and cifar.temperature == 0.1 and cifar.base_momentum == 0.99
     assert type(v2.criterion) is type(get_loss("infonce"))
-    assert not MoCo.uses_in_batch_negatives and MoCo.momentum_schedule == "constant"
+    assert not MoCo.uses_in_batch_negatives
+    assert cifar.schedule_values(0, 10) == cifar.schedule_values(9, 10) == {"momentum": 0.99}
     with pytest.raises(ValueError, match="version"):
         MoCo(tiny(), version=3)
     with pytest.raises(KeyError, match="v2"):
@@ -134,14 +135,14 @@ def test_key_encoder_gets_no_gradient_and_momentum_override(tiny, views):
     torch.manual_seed(0)
     method = MoCo(tiny(), dim=8, queue_size=8, mlp_hidden=8)
     assert all(not p.requires_grad for p in method.key_net.parameters())
-    out = method(views(4))
+    out = method(method.make_batch(views(4)))
     out["loss"].backward()
     assert all(p.grad is None for p in method.key_net.parameters())
     assert all(p.grad is not None for p in method.encoder.parameters())
     with torch.no_grad():
         for p in method.encoder.parameters():
             p.add_(1.0)
-    method(views(4, seed=1), momentum=0.0)  # m = 0: the key encoder becomes the query one
+    method({"views": views(4, seed=1), "momentum": 0.0})  # m = 0: the key encoder becomes the query one
     for a, b in zip(method.key_net.module[0].parameters(), method.encoder.parameters()):
         torch.testing.assert_close(a, b)
 
@@ -153,7 +154,7 @@ def test_split_bn_and_local_shuffle(tiny, views):
 
     assert isinstance(method.encoder.body[1], SplitBatchNorm2d)
     assert isinstance(method.key_net.module[0].body[1], SplitBatchNorm2d)
-    out = method(views(4))
+    out = method(method.make_batch(views(4)))
     assert torch.isfinite(out["loss"])
     method.eval()  # per-sample outputs: the local shuffle must be undone exactly
     x = views(6)[0]
@@ -162,5 +163,6 @@ def test_split_bn_and_local_shuffle(tiny, views):
 
 def test_queue_labels(tiny, views):
     method = MoCo(tiny(), dim=8, queue_size=8, mlp_hidden=8, queue_labels=True)
-    method(views(3), labels=torch.tensor([5, 6, 7]))
+    assert method.needs == ("views", "indices")
+    method(method.make_batch(views(3), indices=torch.tensor([5, 6, 7])))
     assert method.queue.labels[:3].tolist() == [5, 6, 7]

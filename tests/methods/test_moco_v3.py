@@ -45,7 +45,7 @@ def test_moco_v3_matches_plain_formula_over_steps(tiny, views):
     for step in range(total):
         m = cosine_momentum(step, total, 0.9)
         x1, x2 = (v.double() for v in views(5, seed=step))
-        out = method([x1, x2], momentum=m)
+        out = method({"views": [x1, x2], "momentum": m})
         opt.zero_grad()
         out["loss"].backward()
         opt.step()
@@ -73,7 +73,7 @@ def test_moco_v3_matches_plain_formula_over_steps(tiny, views):
 
 def test_heads_and_defaults_follow_the_paper(tiny, tiny_patch):
     r = MoCoV3(tiny(), mlp_hidden=32)
-    assert not r.vit and r.temperature == 1.0 and r.momentum == 0.99
+    assert not r.vit and r.temperature == 1.0 and r.base_momentum == 0.99
     assert [type(m).__name__ for m in r.projector] == [
         "Linear",
         "BatchNorm1d",
@@ -92,9 +92,35 @@ def test_heads_and_defaults_follow_the_paper(tiny, tiny_patch):
     assert all(not p.requires_grad for p in v.encoder.patch_embed.parameters())
     assert v.encoder.mix.weight.requires_grad
 
-    assert MoCoV3.uses_in_batch_negatives and MoCoV3.momentum_schedule == "cosine"
+    assert MoCoV3.uses_in_batch_negatives and r.momentum_schedule == "cosine"
+    for step in (0, 3, 7, 10):  # the declared schedule is the paper's cosine from m0 to 1
+        assert r.schedule_values(step, 10) == {"momentum": cosine_momentum(step, 10, 0.99)}
     assert MoCoV3.presets["resnet50"]["temperature"] == 1.0
     assert MoCoV3.presets["vit_small"]["temperature"] == 0.2
     assert MoCoV3.presets["resnet50_1000ep"]["momentum"] == 0.996
     with pytest.raises(ValueError, match="patch_embed"):
         MoCoV3(tiny(), freeze_patch_embed=True)
+
+
+def test_moco_v3_multicrop_pairs_queries_of_all_views_with_other_global_keys(tiny):
+    """Multi-crop (2 global + 2 local views): queries from all views, keys from the global ones;
+    the loss is 2 tau x 2 x the mean of CE over the (query view, other global key view) pairs."""
+    torch.manual_seed(0)
+    tau = 0.5
+    method = MoCoV3(tiny(), dim=8, mlp_hidden=16, temperature=tau)
+    g = torch.Generator().manual_seed(2)
+    views = [torch.randn(5, 3, s, s, generator=g) for s in (16, 16, 8, 8)]
+    query = nn.Sequential(copy.deepcopy(method.encoder), copy.deepcopy(method.projector),
+                          copy.deepcopy(method.predictor))
+    key_net = copy.deepcopy(method.key_net.module)
+    out = method({"views": views, "momentum": 1.0})  # m = 1: the key encoder stays put
+    qs = [F.normalize(query(x), dim=1) for x in views]
+    with torch.no_grad():
+        ks = [F.normalize(key_net(x), dim=1) for x in views[:2]]
+    pairs = [(v, k) for v in range(4) for k in range(2) if v != k]
+    assert len(pairs) == 6
+    ce = [F.cross_entropy(qs[v] @ ks[k].T / tau, torch.arange(5)) for v, k in pairs]
+    torch.testing.assert_close(out["loss"], 2 * tau * 2 * torch.stack(ce).mean(),
+                               rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="global views must have the same shape"):
+        method({"views": [views[0], views[2]], "momentum": 0.9})

@@ -10,12 +10,19 @@ import torch
 
 
 def test_mocov3_momentum_matches_official_formula(rx):
-    cfg = rx.load_recipe("mocov3_r50").MoCoV3R50()
+    from contrastive.engine import parse_config
+
+    mod = rx.load_recipe("mocov3_r50")
+    cfg = parse_config(mod.MoCoV3R50, ["--data", "shapes", "--encoder", "small_cnn",
+                                        "--mlp-hidden", "16", "--dim", "8"])
+    momentum = mod.build_method(cfg).schedules()["momentum"]  # the recipe's m0, the method's law
     epochs, spe = cfg.epochs, 7
     for step in range(0, epochs * spe, 37):
         epoch = step / spe  # main_moco.py: epoch + i / iters_per_epoch
         ref = 1.0 - 0.5 * (1.0 + math.cos(math.pi * epoch / epochs)) * (1.0 - 0.99)
-        assert cfg.momentum_at(step, epochs * spe) == pytest.approx(ref, abs=1e-12)
+        assert momentum(step, epochs * spe) == pytest.approx(ref, abs=1e-12)
+    cfg.momentum_cosine = False
+    assert mod.build_method(cfg).schedules()["momentum"](5 * spe, epochs * spe) == 0.99
 
 
 def test_sincos_position_embedding_matches_formula(rx):

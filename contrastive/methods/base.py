@@ -1,0 +1,139 @@
+"""The contract every method follows (see :mod:`contrastive.methods` for the prose).
+
+:class:`Method` is an ``nn.Module`` with
+
+- ``forward(batch) -> dict``: ``batch`` is a mapping of named inputs (``"views"``, ``"labels"``,
+  ``"indices"``, one entry per schedule, ...); it returns ``loss`` and cheap detached metrics;
+- ``needs``: the batch keys it reads besides its schedules; the engine provides exactly those;
+- :meth:`schedules`: name -> function ``(step, total_steps) -> float`` that the training loop
+  evaluates once per optimiser step and passes as ``batch[name]`` (and logs);
+- :meth:`param_groups`: optional :class:`ParamGroup` s (weight decay, fixed lr, frozen steps) the
+  engine builds its optimiser from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from torch import Tensor, nn
+
+__all__ = ["BATCH_KEYS", "Method", "ParamGroup", "Schedule", "read", "views_of"]
+
+Schedule = Callable[[int, int], float]
+"""``f(step, total_steps) -> value``: step is the 0-based optimiser step of the run."""
+
+BATCH_KEYS: dict[str, str] = {
+    "views": "list of augmented views, tensors (N, C, H_v, W_v) of any count and sizes",
+    "labels": "class labels (N,) int64, -1 where unknown",
+    "indices": "data-set indices (N,) int64 of the images",
+}
+"""The inputs the engine's image loader provides (a method's schedules come on top)."""
+
+
+@dataclass
+class ParamGroup:
+    """Parameters that the optimiser treats apart (a method's :meth:`Method.param_groups`).
+
+    Args:
+        name: shown in logs and errors.
+        params: the parameters (only those with ``requires_grad`` are optimised).
+        weight_decay: None = the run's ``--weight-decay``; e.g. 0.0 for no decay at all.
+        lr: a fixed learning rate (not scaled, not scheduled; SimSiam's predictor); None = the
+            run's schedule.
+        frozen_steps: no update during the first N optimiser steps (their gradients are
+            dropped, so neither the weights nor the optimiser state move: SwAV's prototypes,
+            DINO's last layer).
+    """
+
+    name: str
+    params: Sequence[nn.Parameter]
+    weight_decay: float | None = None
+    lr: float | None = None
+    frozen_steps: int = 0
+
+    def __post_init__(self) -> None:
+        if self.frozen_steps < 0 or (self.lr is not None and self.lr < 0) or (
+                self.weight_decay is not None and self.weight_decay < 0):
+            raise ValueError(f"param group {self.name!r}: lr, weight_decay and frozen_steps must "
+                             f"be >= 0, got {self.lr}, {self.weight_decay}, {self.frozen_steps}")
+
+
+class Method(nn.Module):
+    """Base class of the methods: the contract, plus the shared conveniences.
+
+    Subclasses set ``needs`` (class or instance attribute), implement ``forward(batch)`` and,
+    when they have any, :meth:`schedules` and :meth:`param_groups`.
+    """
+
+    needs: tuple[str, ...] = ("views",)
+    uses_in_batch_negatives: ClassVar[bool] = False
+    presets: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    def schedules(self) -> dict[str, Schedule]:
+        """Name -> ``f(step, total_steps)``; each value arrives as ``batch[name]``."""
+        return {}
+
+    def param_groups(self) -> list[ParamGroup]:
+        """Groups the optimiser treats apart; parameters in none of them form the default group."""
+        return []
+
+    def schedule_values(self, step: int, total_steps: int) -> dict[str, float]:
+        """Every schedule's value at optimiser step ``step`` of ``total_steps``."""
+        return {name: float(fn(step, total_steps)) for name, fn in self.schedules().items()}
+
+    def make_batch(self, views: Sequence[Tensor], *, step: int = 0, total_steps: int = 1,
+                   **inputs: Any) -> dict[str, Any]:
+        """A batch for calling the method by hand: ``views``, ``inputs`` and the schedules'
+        values at ``step`` (what the training loop builds)."""
+        return {"views": list(views), **self.schedule_values(step, total_steps), **inputs}
+
+    def forward(self, batch: Mapping[str, Any]) -> dict[str, Tensor]:  # pragma: no cover
+        raise NotImplementedError
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> Method:
+        """Build with the keyword arguments of ``presets[name]`` (a paper's settings)."""
+        if name not in cls.presets:
+            raise KeyError(
+                f"{cls.__name__}.from_preset: unknown preset {name!r}; known: {sorted(cls.presets)}"
+            )
+        return cls(**{**cls.presets[name], **overrides})
+
+
+def read(batch: Mapping[str, Any], key: str, method: str) -> Any:
+    """``batch[key]`` or a ``KeyError`` that names the method, the key and how to provide it."""
+    if not isinstance(batch, Mapping):
+        raise TypeError(f"{method}: forward takes a mapping of named inputs (batch['views'] = "
+                        f"[x1, x2, ...]), got {type(batch).__name__}; see contrastive.methods")
+    try:
+        return batch[key]
+    except KeyError:
+        raise KeyError(
+            f"{method}: the batch has no {key!r} (it has {sorted(batch)}); the training engine "
+            f"provides a method's needs and schedules; by hand use method.make_batch(views, "
+            f"step=..., total_steps=..., ...)") from None
+
+
+def views_of(batch: Mapping[str, Any], method: str, n: int | None = None,
+             min_n: int = 1) -> list[Tensor]:
+    """``batch["views"]`` as a list of (N, C, H, W) tensors with the same N, checked.
+
+    ``n``: exactly that many views; ``min_n``: at least that many. Sizes may differ.
+    """
+    views = read(batch, "views", method)
+    if isinstance(views, Tensor) or not isinstance(views, Sequence):
+        got = f"a tensor {tuple(views.shape)}" if isinstance(views, Tensor) else type(views).__name__
+        raise ValueError(f"{method}: batch['views'] must be a list of tensors (N, C, H, W), got "
+                         f"{got}")
+    if (n is not None and len(views) != n) or len(views) < min_n:
+        want = f"{n}" if n is not None else f"at least {min_n}"
+        raise ValueError(f"{method}: batch['views'] must hold {want} tensors (N, C, H, W), got "
+                         f"{len(views)}")
+    if any(not isinstance(v, Tensor) or v.dim() != 4 for v in views) or \
+            len({v.shape[0] for v in views}) != 1:
+        shapes = [tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__ for v in views]
+        raise ValueError(f"{method}: every view must be a (N, C, H, W) tensor with the same N, "
+                         f"got {shapes}")
+    return list(views)
