@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     from contrastive.eval.plot import plot_curves, plot_embedding, read_metrics
 
     setup_logging()
+    env = environment()  # before the run: the commit and versions it started with
     out = Path(args.output_dir)
     if out.exists() and not args.keep:
         shutil.rmtree(out)  # the demo's own folder: a fresh run each time
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         f"curves: {curves}   embedding map: {emb}",
     ]
     print("\n".join(lines))
-    summary = summarise(args.data, result.step, train_s, eval_s, figures)
+    summary = summarise(args.data, result.step, train_s, eval_s, figures, env)
     (out / "demo.json").write_text(json.dumps(summary, indent=2) + "\n")
     if args.record:
         record(summary, Path(args.record))
@@ -176,9 +177,11 @@ DEMO_FORMAT = 1  # version of demo.json: bump when a key changes meaning
 FIGURE_KEYS = ("linear_top1", "knn_top1")
 
 
-def summarise(data: str, steps: int, train_s: float, eval_s: float, figures: dict) -> dict:
+def summarise(data: str, steps: int, train_s: float, eval_s: float, figures: dict,
+              env: dict | None = None) -> dict:
     """What ``<run>/demo.json`` holds: the figures (percent, 2 decimals) per encoder row, and the
-    environment they depend on. benchmarks/results/demo_figures.json collects such files."""
+    environment they depend on (``env``, default :func:`environment` now).
+    benchmarks/results/demo_figures.json collects such files."""
     return {
         "format": DEMO_FORMAT,
         "data": data,
@@ -186,7 +189,7 @@ def summarise(data: str, steps: int, train_s: float, eval_s: float, figures: dic
         "train_seconds": round(train_s, 1),
         "eval_seconds": round(eval_s, 1),
         "results": {row: {k: round(float(v[k]), 2) for k in FIGURE_KEYS} for row, v in figures.items()},
-        "environment": environment(),
+        "environment": env if env is not None else environment(),
     }
 
 
