@@ -1,7 +1,9 @@
 """Contrastive methods: ``nn.Module`` s that take a batch of named inputs and return the loss.
 
 ``MoCo`` (v1/v2, queue), ``MoCoV3`` (no queue, predictor), ``SimCLR`` (NT-Xent, in-batch),
-``Distiller`` (COS-NCE contrastive distillation of a frozen teacher into a student, LRC-BERT).
+``Distiller`` (COS-NCE contrastive distillation of a frozen teacher into a student, LRC-BERT);
+the two-view family without (or with other) negatives: ``BYOL``, ``SimSiam``, ``SupCon``,
+``NNCLR``, ``BarlowTwins``, ``VICReg``.
 
 The contract (every method; the training engine relies on nothing else)
 -----------------------------------------------------------------------
@@ -36,10 +38,13 @@ passes. Adding a method is one file: subclass :class:`Method`, decorate it with
 
 from __future__ import annotations
 
+from contrastive.methods.barlow_twins import BarlowTwins
 from contrastive.methods.base import BATCH_KEYS, Method, ParamGroup, Schedule
+from contrastive.methods.byol import BYOL
 from contrastive.methods.distill import Distiller
 from contrastive.methods.moco import MoCo
 from contrastive.methods.moco_v3 import MoCoV3
+from contrastive.methods.nnclr import NNCLR
 from contrastive.methods.registry import (
     UnknownMethodError,
     get_method,
@@ -48,17 +53,26 @@ from contrastive.methods.registry import (
     register_method,
 )
 from contrastive.methods.simclr import SimCLR
+from contrastive.methods.simsiam import SimSiam
+from contrastive.methods.supcon import SupCon
+from contrastive.methods.vicreg import VICReg
 
 __all__ = [
     "BATCH_KEYS",
+    "BYOL",
+    "BarlowTwins",
     "Distiller",
     "Method",
     "MoCo",
     "MoCoV3",
+    "NNCLR",
     "ParamGroup",
     "Schedule",
     "SimCLR",
+    "SimSiam",
+    "SupCon",
     "UnknownMethodError",
+    "VICReg",
     "get_method",
     "list_methods",
     "method_class",
