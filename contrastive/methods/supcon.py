@@ -53,8 +53,8 @@ class SupCon(Method):
     presets: dict[str, dict[str, Any]] = {
         # paper Sec. 4 / code README: ResNet-50, batch 6144 (1024 on CIFAR), tau 0.1
         "resnet50": dict(encoder="torchvision:resnet50", dim=128, temperature=0.1),
-        # code README CIFAR-10 command: --temp 0.1 (ResNet-50 there; ResNet-18 in solo-learn)
-        "cifar": dict(encoder="cifar_resnet18", dim=128, temperature=0.1),
+        # solo-learn scripts/pretrain/cifar/supcon.yaml: 2048 -> 256, temperature 0.2
+        "cifar": dict(encoder="cifar_resnet18", dim=256, mlp_hidden=2048, temperature=0.2),
     }
 
     def __init__(self, encoder: str | nn.Module = "cifar_resnet18", dim: int = 128,
