@@ -3,7 +3,8 @@
 ``MoCo`` (v1/v2, queue), ``MoCoV3`` (no queue, predictor), ``SimCLR`` (NT-Xent, in-batch),
 ``Distiller`` (COS-NCE contrastive distillation of a frozen teacher into a student, LRC-BERT);
 the two-view family without (or with other) negatives: ``BYOL``, ``SimSiam``, ``SupCon``,
-``NNCLR``, ``BarlowTwins``, ``VICReg``.
+``NNCLR``, ``BarlowTwins``, ``VICReg``; multi-crop clustering and self-distillation: ``SwAV``,
+``DINO``.
 
 The contract (every method; the training engine relies on nothing else)
 -----------------------------------------------------------------------
@@ -21,12 +22,14 @@ The contract (every method; the training engine relies on nothing else)
 - ``schedules() -> {name: f(step, total_steps)}``: values that change with training progress
   (EMA momentum, a stage, a temperature warm-up). The loop evaluates each once per optimiser
   step, passes it as ``batch[name]`` and logs it; nothing extra is checkpointed (they are
-  functions of the step). The method's constructor takes their parameters (e.g. MoCo v3's
-  ``momentum`` m0); nothing else holds a copy and ``forward`` has no fallback.
+  functions of the step). A schedule named ``weight_decay`` is also applied to the optimiser's
+  decaying groups (DINO's cosine weight decay). The method's constructor takes their
+  parameters (e.g. MoCo v3's ``momentum`` m0); nothing else holds a copy and ``forward`` has
+  no fallback.
 - ``param_groups() -> [ParamGroup(...)]`` (optional): parameters with their own weight decay, a
   fixed learning rate, or frozen for the first N steps; the engine builds the optimiser
-  (SGD, timm's LARS, AdamW) and applies the lr schedule from them. Momentum (key) encoders have
-  ``requires_grad=False`` and never enter the optimiser.
+  (SGD, LARS as the official MoCo v3 code, AdamW) and applies the lr schedule from them.
+  Momentum (key) encoders have ``requires_grad=False`` and never enter the optimiser.
 - ``method.encoder``: the backbone that gets exported; ``uses_in_batch_negatives`` (gradient
   accumulation changes the negatives when True); ``presets`` / ``from_preset(name, **kw)``.
 
@@ -41,6 +44,7 @@ from __future__ import annotations
 from contrastive.methods.barlow_twins import BarlowTwins
 from contrastive.methods.base import BATCH_KEYS, Method, ParamGroup, Schedule
 from contrastive.methods.byol import BYOL
+from contrastive.methods.dino import DINO
 from contrastive.methods.distill import Distiller
 from contrastive.methods.moco import MoCo
 from contrastive.methods.moco_v3 import MoCoV3
@@ -55,12 +59,14 @@ from contrastive.methods.registry import (
 from contrastive.methods.simclr import SimCLR
 from contrastive.methods.simsiam import SimSiam
 from contrastive.methods.supcon import SupCon
+from contrastive.methods.swav import SwAV
 from contrastive.methods.vicreg import VICReg
 
 __all__ = [
     "BATCH_KEYS",
     "BYOL",
     "BarlowTwins",
+    "DINO",
     "Distiller",
     "Method",
     "MoCo",
@@ -71,6 +77,7 @@ __all__ = [
     "SimCLR",
     "SimSiam",
     "SupCon",
+    "SwAV",
     "UnknownMethodError",
     "VICReg",
     "get_method",

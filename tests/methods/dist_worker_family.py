@@ -19,13 +19,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from contrastive.methods import BYOL, NNCLR, BarlowTwins, SimSiam, SupCon, VICReg
+from contrastive.methods import BYOL, DINO, NNCLR, BarlowTwins, SimSiam, SupCon, SwAV, VICReg
 from contrastive.nn import distributed as D
 
 B, STEPS = 4, 3
-NAMES = ("byol", "simsiam", "barlow_twins", "vicreg", "supcon", "nnclr")
-MUTATIONS = {"barlow_twins": "barlow_twins", "vicreg": "vicreg", "supcon": "supcon",
-             "nnclr": "nnclr"}
+NAMES = ("byol", "simsiam", "barlow_twins", "vicreg", "supcon", "nnclr", "swav", "dino")
+MUTATIONS = ("barlow_twins", "vicreg", "supcon", "nnclr", "swav", "dino")
+MULTICROP = {"swav", "dino"}  # 2 global views of 8 px + 2 local views of 4 px
 
 
 class Tiny(nn.Module):
@@ -44,15 +44,18 @@ def build(name: str) -> nn.Module:
     kw = {"byol": dict(dim=5, mlp_hidden=7, momentum=0.9), "simsiam": dict(dim=5, pred_hidden=3),
           "barlow_twins": dict(dim=5, mlp_hidden=7), "vicreg": dict(dim=5, mlp_hidden=7),
           "supcon": dict(dim=5, temperature=0.5),
-          "nnclr": dict(dim=5, proj_hidden=7, pred_hidden=7, support_size=16)}[name]
+          "nnclr": dict(dim=5, proj_hidden=7, pred_hidden=7, support_size=16),
+          "swav": dict(dim=5, mlp_hidden=7, num_prototypes=6, epsilon=0.5),
+          "dino": dict(out_dim=6, hidden_dim=7, bottleneck_dim=4, momentum=0.9)}[name]
     cls = {"byol": BYOL, "simsiam": SimSiam, "barlow_twins": BarlowTwins, "vicreg": VICReg,
-           "supcon": SupCon, "nnclr": NNCLR}[name]
+           "supcon": SupCon, "nnclr": NNCLR, "swav": SwAV, "dino": DINO}[name]
     return cls(Tiny(), **kw).double().eval()
 
 
-def batches(world: int):
+def batches(world: int, multicrop: bool = False):
     g = torch.Generator().manual_seed(123)
-    return [([torch.randn(world * B, 3, 8, 8, generator=g, dtype=torch.float64) for _ in range(2)],
+    sizes = (8, 8, 4, 4) if multicrop else (8, 8)
+    return [([torch.randn(world * B, 3, s, s, generator=g, dtype=torch.float64) for s in sizes],
              torch.randint(0, 3, (world * B,), generator=g)) for _ in range(STEPS)]
 
 
@@ -67,6 +70,18 @@ def planted_bug(name: str, method: nn.Module):
     """The bug peers shipped: the gather loses its gradient / the support set stays local."""
     import importlib
 
+    if name in MULTICROP:  # Sinkhorn / the centre over the local batch only
+        import functools
+
+        module = importlib.import_module(f"contrastive.methods.{name}")
+        attr = "swav_codes" if name == "swav" else "dino_center"
+        original = getattr(module, attr)
+        setattr(module, attr, functools.partial(original, distributed=False))
+        try:
+            yield
+        finally:
+            setattr(module, attr, original)
+        return
     if name == "nnclr":
         enqueue = method.support.enqueue
         method.support.enqueue = lambda keys, labels=None, gathered=False: enqueue(
@@ -90,7 +105,7 @@ def train(name: str, rank: int, world: int, mutate: bool = False) -> dict:
     model = DDP(method) if world > 1 else method
     opt = torch.optim.SGD([p for p in method.parameters() if p.requires_grad], lr=0.2)
     record = {"loss": [], "grads": []}
-    for step, (views, labels) in enumerate(batches(2)):
+    for step, (views, labels) in enumerate(batches(2, multicrop=name in MULTICROP)):
         rows = slice(rank * B, (rank + 1) * B) if world > 1 else slice(None)
         batch = method.make_batch([v[rows] for v in views], step=step, total_steps=STEPS,
                                   labels=labels[rows])

@@ -1,9 +1,10 @@
-"""The two-view family on two real gloo CPU processes (per-process batch B, DDP) against one
+"""The two-view family, SwAV and DINO (multi-crop) on two real gloo CPU processes (per-process batch B, DDP) against one
 process with batch 2B, in float64 (see dist_worker_family.py): losses, gradients and parameters
 after three SGD steps. Batch-level losses (Barlow Twins, VICReg) and SupCon compute the loss of
 the whole gathered batch on every process, so each rank's loss IS the one-process loss;
 per-sample losses (BYOL, SimSiam, NNCLR) average over the ranks. The same run with a planted bug
-(a gather without gradient, a process-local NNCLR support set) must differ: the test can fail.
+(a gather without gradient, a process-local NNCLR support set, SwAV's Sinkhorn or DINO's centre
+over the local batch) must differ: the test can fail.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def _max_param_gap(run, ref):
     return max(float((p - q).abs().max()) for p, q in zip(run["params"], ref["params"]))
 
 
-@pytest.mark.parametrize("name", ["byol", "simsiam", "barlow_twins", "vicreg", "supcon", "nnclr"])
+@pytest.mark.parametrize("name", ["byol", "simsiam", "barlow_twins", "vicreg", "supcon", "nnclr",
+                                  "swav", "dino"])
 def test_two_processes_equal_one_process(results, name):
     ref = results[0]["reference"][name]
     runs = [r["distributed"][name] for r in results]
@@ -48,7 +50,7 @@ def test_two_processes_equal_one_process(results, name):
         assert _max_param_gap(run, ref) < 1e-10
 
 
-@pytest.mark.parametrize("name", ["barlow_twins", "vicreg", "supcon", "nnclr"])
+@pytest.mark.parametrize("name", ["barlow_twins", "vicreg", "supcon", "nnclr", "swav", "dino"])
 def test_a_planted_gather_bug_breaks_the_equality(results, name):
     ref = results[0]["reference"][name]
     assert _max_param_gap(results[0]["mutated"][name], ref) > 1e-6
