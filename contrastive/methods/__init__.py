@@ -4,7 +4,7 @@
 ``Distiller`` (COS-NCE contrastive distillation of a frozen teacher into a student, LRC-BERT);
 the two-view family without (or with other) negatives: ``BYOL``, ``SimSiam``, ``SupCon``,
 ``NNCLR``, ``BarlowTwins``, ``VICReg``; multi-crop clustering and self-distillation: ``SwAV``,
-``DINO``.
+``DINO``; mutual information: ``DeepInfoMax``.
 
 The contract (every method; the training engine relies on nothing else)
 -----------------------------------------------------------------------
@@ -44,6 +44,7 @@ from __future__ import annotations
 from contrastive.methods.barlow_twins import BarlowTwins
 from contrastive.methods.base import BATCH_KEYS, Method, ParamGroup, Schedule
 from contrastive.methods.byol import BYOL
+from contrastive.methods.deep_infomax import DeepInfoMax
 from contrastive.methods.dino import DINO
 from contrastive.methods.distill import Distiller
 from contrastive.methods.moco import MoCo
@@ -67,6 +68,7 @@ __all__ = [
     "BYOL",
     "BarlowTwins",
     "DINO",
+    "DeepInfoMax",
     "Distiller",
     "Method",
     "MoCo",

@@ -19,12 +19,23 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from contrastive.methods import BYOL, DINO, NNCLR, BarlowTwins, SimSiam, SupCon, SwAV, VICReg
+from contrastive.methods import (
+    BYOL,
+    DINO,
+    NNCLR,
+    BarlowTwins,
+    DeepInfoMax,
+    SimSiam,
+    SupCon,
+    SwAV,
+    VICReg,
+)
 from contrastive.nn import distributed as D
 
 B, STEPS = 4, 3
-NAMES = ("byol", "simsiam", "barlow_twins", "vicreg", "supcon", "nnclr", "swav", "dino")
-MUTATIONS = ("barlow_twins", "vicreg", "supcon", "nnclr", "swav", "dino")
+NAMES = ("byol", "simsiam", "barlow_twins", "vicreg", "supcon", "nnclr", "swav", "dino",
+         "deep_infomax")
+MUTATIONS = ("barlow_twins", "vicreg", "supcon", "nnclr", "swav", "dino", "deep_infomax")
 MULTICROP = {"swav", "dino"}  # 2 global views of 8 px + 2 local views of 4 px
 
 
@@ -34,6 +45,10 @@ class Tiny(nn.Module):
         self.body = nn.Sequential(nn.Conv2d(3, 4, 3, stride=2, padding=1), nn.BatchNorm2d(4),
                                   nn.ReLU(), nn.Conv2d(4, 6, 3, stride=2, padding=1), nn.ReLU())
         self.num_features = 6
+
+    def forward_stages(self, x):
+        h = self.body[:3](x)
+        return [h, self.body[3:](h)]
 
     def forward(self, x):
         return self.body(x).mean(dim=(2, 3))
@@ -46,9 +61,11 @@ def build(name: str) -> nn.Module:
           "supcon": dict(dim=5, temperature=0.5),
           "nnclr": dict(dim=5, proj_hidden=7, pred_hidden=7, support_size=16),
           "swav": dict(dim=5, mlp_hidden=7, num_prototypes=6, epsilon=0.5),
-          "dino": dict(out_dim=6, hidden_dim=7, bottleneck_dim=4, momentum=0.9)}[name]
+          "dino": dict(out_dim=6, hidden_dim=7, bottleneck_dim=4, momentum=0.9),
+          "deep_infomax": dict(mi_units=8, estimator="infonce")}[name]
     cls = {"byol": BYOL, "simsiam": SimSiam, "barlow_twins": BarlowTwins, "vicreg": VICReg,
-           "supcon": SupCon, "nnclr": NNCLR, "swav": SwAV, "dino": DINO}[name]
+           "supcon": SupCon, "nnclr": NNCLR, "swav": SwAV, "dino": DINO,
+           "deep_infomax": DeepInfoMax}[name]
     return cls(Tiny(), **kw).double().eval()
 
 

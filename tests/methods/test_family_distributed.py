@@ -17,7 +17,7 @@ import torch
 pytestmark = pytest.mark.distributed
 
 WORKER = Path(__file__).with_name("dist_worker_family.py")
-GLOBAL_LOSS = {"barlow_twins", "vicreg", "supcon"}
+GLOBAL_LOSS = {"barlow_twins", "vicreg", "supcon", "deep_infomax"}
 TOL = dict(rtol=1e-9, atol=1e-12)  # float64: all-reduce and batch sums in other orders ~1e-15
 
 
@@ -31,7 +31,7 @@ def _max_param_gap(run, ref):
 
 
 @pytest.mark.parametrize("name", ["byol", "simsiam", "barlow_twins", "vicreg", "supcon", "nnclr",
-                                  "swav", "dino"])
+                                  "swav", "dino", "deep_infomax"])
 def test_two_processes_equal_one_process(results, name):
     ref = results[0]["reference"][name]
     runs = [r["distributed"][name] for r in results]
@@ -50,7 +50,8 @@ def test_two_processes_equal_one_process(results, name):
         assert _max_param_gap(run, ref) < 1e-10
 
 
-@pytest.mark.parametrize("name", ["barlow_twins", "vicreg", "supcon", "nnclr", "swav", "dino"])
+@pytest.mark.parametrize("name", ["barlow_twins", "vicreg", "supcon", "nnclr", "swav", "dino",
+                                  "deep_infomax"])
 def test_a_planted_gather_bug_breaks_the_equality(results, name):
     ref = results[0]["reference"][name]
     assert _max_param_gap(results[0]["mutated"][name], ref) > 1e-6

@@ -153,3 +153,28 @@ def test_dino_preset_views():
     assert [v.size for v in small.views] == [32, 32, 14, 14]
     assert all(v.blur_p == 0.0 for v in small.views)
     assert math.isclose(small.views[1].solarize_p, 0.2)
+
+
+def test_deep_infomax_matches_its_formula_and_uses_the_encoder_features(tiny):
+    from contrastive.losses.mutual_info import dim_local_global
+    from contrastive.methods import DeepInfoMax
+    from contrastive.nn import create_encoder
+
+    torch.manual_seed(0)
+    enc = create_encoder("small_cnn")
+    method = DeepInfoMax(enc, mi_units=16, estimator="infonce").double()
+    x = _views(n=4)[0]
+    local, glob = method.features(x)
+    torch.testing.assert_close(glob, method.encoder(x), **STEP_TOL)  # the encoder's own output
+    out = method({"views": [x]})
+    lo = method.mi_local(local)
+    g = method.mi_global(glob[:, :, None, None]).flatten(1)
+    torch.testing.assert_close(out["loss"], dim_local_global(g, lo, estimator="infonce"),
+                               **STEP_TOL)
+    # the shortcut starts as a noisy identity when it widens (the code's initialisation)
+    from contrastive.methods.deep_infomax import MIConvNet
+
+    w = MIConvNet(4, 8).shortcut.weight[:, :, 0, 0]
+    assert torch.all(torch.diagonal(w[:4]) == 1.0) and w[4:].abs().max() <= 0.01
+    with pytest.raises(ValueError, match="local_stage"):
+        DeepInfoMax(create_encoder("small_cnn"), local_stage=9)
