@@ -8,7 +8,7 @@ Quick use::
     worker_fn, device_fn = pipe.split()                   # batched path
     views = device_fn([v.to(dev) for v in uint8_views], generator=g)
 
-Presets (``list_pipelines()``): mocov1, mocov2, simclr, byol, mocov3, multicrop, eval.
+Presets (``list_pipelines()``): mocov1, mocov2, simclr, byol, mocov3, multicrop, dino, eval.
 Register your own with ``@register_pipeline("name")`` on a factory returning a :class:`Pipeline`.
 """
 

@@ -255,6 +255,39 @@ def multicrop(
     return Pipeline([glob] * _num_views(num_global) + [loc] * num_local, mean, std)
 
 
+@register_pipeline("dino")
+def dino(
+    image_size: int = 224,
+    *,
+    num_local: int = 8,
+    local_size: int | None = None,
+    global_scale: Pair = (0.4, 1.0),
+    local_scale: Pair = (0.05, 0.4),
+    blur_sigma: Pair = (0.1, 2.0),
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
+) -> Pipeline:
+    """DINO's multi-crop (Caron et al. 2021; official ``main_dino.py``,
+    ``DataAugmentationDINO``): every crop flips (p 0.5), jitters colour (0.4, 0.4, 0.2, 0.1;
+    p 0.8) and turns grey (p 0.2); global view 1 (``image_size``, scale 0.4-1) is always blurred;
+    global view 2 is blurred with p 0.1 and solarised with p 0.2; the ``num_local`` local views
+    (``local_size``, 96 at 224, scale 0.05-0.4) are blurred with p 0.5. Blur sigma 0.1-2 (the
+    code's radius). Small images (<= 64 px) get no blur, as the other presets."""
+    small = _small(_check_size(image_size))
+    if local_size is None:
+        local_size = max(8, round(image_size * 96 / 224))
+    if isinstance(num_local, bool) or not isinstance(num_local, int) or num_local < 0:
+        raise ValueError(f"num_local must be an int >= 0; got {num_local!r}")
+    common = dict(brightness=0.4, contrast=0.4, saturation=0.2, hue=0.1, jitter_p=0.8,
+                  grayscale_p=0.2, blur_sigma=blur_sigma, flip_p=0.5)
+    blur = (lambda p: 0.0) if small else (lambda p: p)  # noqa: E731
+    g1 = ViewConfig(size=image_size, scale=global_scale, blur_p=blur(1.0), **common)
+    g2 = ViewConfig(size=image_size, scale=global_scale, blur_p=blur(0.1), solarize_p=0.2,
+                    **common)
+    loc = ViewConfig(size=int(local_size), scale=local_scale, blur_p=blur(0.5), **common)
+    return Pipeline([g1, g2] + [loc] * num_local, mean, std)
+
+
 @register_pipeline("eval", "val", "test")
 def eval_(
     image_size: int = 224,

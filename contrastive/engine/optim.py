@@ -24,7 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["param_groups", "build_optimizer", "set_lr", "drop_frozen_grads", "LARS"]
+__all__ = ["param_groups", "build_optimizer", "set_lr", "set_weight_decay", "drop_frozen_grads",
+           "LARS"]
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +137,16 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for g in optimizer.param_groups:
         fixed = g.get("fixed_lr")
         g["lr"] = lr if fixed is None else fixed
+
+
+def set_weight_decay(optimizer: torch.optim.Optimizer, weight_decay: float) -> None:
+    """Apply a method's ``"weight_decay"`` schedule (DINO's cosine 0.04 -> 0.4) to the groups
+    that decay: those built with a weight decay > 0 (biases, norm parameters and groups declared
+    with ``weight_decay=0`` stay at 0). The choice is recorded in the group (``"decays"``), so it
+    survives a resume through the optimiser's state dict."""
+    for g in optimizer.param_groups:
+        if g.setdefault("decays", g["weight_decay"] > 0):
+            g["weight_decay"] = weight_decay
 
 
 def drop_frozen_grads(optimizer: torch.optim.Optimizer, step: int) -> None:

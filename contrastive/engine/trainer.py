@@ -59,7 +59,12 @@ from contrastive.engine.loader import (
     step_generator,
 )
 from contrastive.engine.monitor import KNNMonitor
-from contrastive.engine.optim import build_optimizer, drop_frozen_grads, set_lr
+from contrastive.engine.optim import (
+    build_optimizer,
+    drop_frozen_grads,
+    set_lr,
+    set_weight_decay,
+)
 from contrastive.engine.run_folder import check_output_dir, truncate_metrics
 from contrastive.engine.run_state import EXIT_STOPPED, read_run_state, write_run_state
 from contrastive.engine.schedules import lr_at, scaled_lr
@@ -577,6 +582,8 @@ def _train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
                 if sched_step != state.step:  # once per optimiser step (all its micro-batches)
                     sched_step = state.step
                     sched = {k: float(fn(state.step, total_steps)) for k, fn in schedules.items()}
+                    if "weight_decay" in sched:  # a declared weight-decay schedule (DINO)
+                        set_weight_decay(optimizer, sched["weight_decay"])
                 batch: dict[str, Any] = {"views": views, **sched}
                 if "labels" in needs:
                     batch["labels"] = labels.to(device, non_blocking=True)

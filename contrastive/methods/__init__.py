@@ -1,7 +1,10 @@
 """Contrastive methods: ``nn.Module`` s that take a batch of named inputs and return the loss.
 
 ``MoCo`` (v1/v2, queue), ``MoCoV3`` (no queue, predictor), ``SimCLR`` (NT-Xent, in-batch),
-``Distiller`` (COS-NCE contrastive distillation of a frozen teacher into a student, LRC-BERT).
+``Distiller`` (COS-NCE contrastive distillation of a frozen teacher into a student, LRC-BERT);
+the two-view family without (or with other) negatives: ``BYOL``, ``SimSiam``, ``SupCon``,
+``NNCLR``, ``BarlowTwins``, ``VICReg``; multi-crop clustering and self-distillation: ``SwAV``,
+``DINO``; mutual information: ``DeepInfoMax``.
 
 The contract (every method; the training engine relies on nothing else)
 -----------------------------------------------------------------------
@@ -19,12 +22,14 @@ The contract (every method; the training engine relies on nothing else)
 - ``schedules() -> {name: f(step, total_steps)}``: values that change with training progress
   (EMA momentum, a stage, a temperature warm-up). The loop evaluates each once per optimiser
   step, passes it as ``batch[name]`` and logs it; nothing extra is checkpointed (they are
-  functions of the step). The method's constructor takes their parameters (e.g. MoCo v3's
-  ``momentum`` m0); nothing else holds a copy and ``forward`` has no fallback.
+  functions of the step). A schedule named ``weight_decay`` is also applied to the optimiser's
+  decaying groups (DINO's cosine weight decay). The method's constructor takes their
+  parameters (e.g. MoCo v3's ``momentum`` m0); nothing else holds a copy and ``forward`` has
+  no fallback.
 - ``param_groups() -> [ParamGroup(...)]`` (optional): parameters with their own weight decay, a
   fixed learning rate, or frozen for the first N steps; the engine builds the optimiser
-  (SGD, timm's LARS, AdamW) and applies the lr schedule from them. Momentum (key) encoders have
-  ``requires_grad=False`` and never enter the optimiser.
+  (SGD, LARS as the official MoCo v3 code, AdamW) and applies the lr schedule from them.
+  Momentum (key) encoders have ``requires_grad=False`` and never enter the optimiser.
 - ``method.encoder``: the backbone that gets exported; ``uses_in_batch_negatives`` (gradient
   accumulation changes the negatives when True); ``presets`` / ``from_preset(name, **kw)``.
 
@@ -36,10 +41,15 @@ passes. Adding a method is one file: subclass :class:`Method`, decorate it with
 
 from __future__ import annotations
 
+from contrastive.methods.barlow_twins import BarlowTwins
 from contrastive.methods.base import BATCH_KEYS, Method, ParamGroup, Schedule
+from contrastive.methods.byol import BYOL
+from contrastive.methods.deep_infomax import DeepInfoMax
+from contrastive.methods.dino import DINO
 from contrastive.methods.distill import Distiller
 from contrastive.methods.moco import MoCo
 from contrastive.methods.moco_v3 import MoCoV3
+from contrastive.methods.nnclr import NNCLR
 from contrastive.methods.registry import (
     UnknownMethodError,
     get_method,
@@ -48,17 +58,30 @@ from contrastive.methods.registry import (
     register_method,
 )
 from contrastive.methods.simclr import SimCLR
+from contrastive.methods.simsiam import SimSiam
+from contrastive.methods.supcon import SupCon
+from contrastive.methods.swav import SwAV
+from contrastive.methods.vicreg import VICReg
 
 __all__ = [
     "BATCH_KEYS",
+    "BYOL",
+    "BarlowTwins",
+    "DINO",
+    "DeepInfoMax",
     "Distiller",
     "Method",
     "MoCo",
     "MoCoV3",
+    "NNCLR",
     "ParamGroup",
     "Schedule",
     "SimCLR",
+    "SimSiam",
+    "SupCon",
+    "SwAV",
     "UnknownMethodError",
+    "VICReg",
     "get_method",
     "list_methods",
     "method_class",

@@ -1,0 +1,78 @@
+"""Barlow Twins: redundancy reduction of the cross-correlation of two views' embeddings.
+
+Zbontar, Jing, Misra, LeCun, Deny, "Barlow Twins: Self-Supervised Learning via Redundancy
+Reduction", ICML 2021 (arXiv 2103.03230); the authors' code is facebookresearch/barlowtwins
+(``main.py``).
+
+One step::
+
+    z1, z2 = projector(encoder(x1 | x2))                   # local N x D
+    z1_all, z2_all = gather_with_grad(z1), gather_with_grad(z2)   # the GLOBAL batch, M x D
+    loss = barlow_twins(z1_all, z2_all, lambd)              # the registry's batch-level loss
+
+The cross-correlation and its batch standardisation run over the global batch (the official
+code all-reduces ``c`` after a SyncBN); every process computes the same loss of the whole batch
+and the gather sums the gradient over processes, so with DDP's averaging two processes equal one
+with the same global batch. Defaults: projector ``8192-8192-8192`` (3 Linear, BN + ReLU between,
+no bias on the last, as the code), lambda 0.0051 (the code; the paper writes 5e-3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from torch import Tensor, nn
+
+from contrastive.losses import get_loss
+from contrastive.methods._common import embedding_std, unit
+from contrastive.methods.base import Method, views_of
+from contrastive.methods.registry import register_method
+from contrastive.nn import build_mlp, convert_to_sync_bn, resolve_encoder
+from contrastive.nn.distributed import gather_with_grad, world_size
+
+__all__ = ["BarlowTwins"]
+
+
+@register_method("barlow_twins")
+class BarlowTwins(Method):
+    """Barlow Twins for any backbone.
+
+    Args:
+        encoder: backbone name or module with ``num_features`` (``self.encoder``).
+        dim: projector output width (8192); mlp_hidden: its hidden width (8192);
+        proj_layers: Linear layers (3).
+        lambd: weight of the off-diagonal terms (0.0051).
+        scale: a factor on the loss (1; solo-learn's CIFAR setup uses 0.1).
+        sync_bn: SyncBatchNorm everywhere (GPU only).
+        encoder_kwargs: keyword arguments for ``create_encoder``.
+    """
+
+    needs = ("views",)
+    presets: dict[str, dict[str, Any]] = {
+        "resnet50": dict(encoder="torchvision:resnet50", dim=8192, mlp_hidden=8192, lambd=0.0051),
+        # solo-learn scripts/pretrain/cifar/barlow.yaml: 2048-2048-2048, lambda 0.0051, scale 0.1
+        "cifar": dict(encoder="cifar_resnet18", dim=2048, mlp_hidden=2048, lambd=0.0051,
+                      scale=0.1),
+    }
+
+    def __init__(self, encoder: str | nn.Module = "cifar_resnet18", dim: int = 8192,
+                 mlp_hidden: int = 8192, proj_layers: int = 3, lambd: float = 0.0051,
+                 scale: float = 1.0, sync_bn: bool = False,
+                 encoder_kwargs: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
+        self.projector = build_mlp(self.encoder.num_features, mlp_hidden, dim, proj_layers,
+                                   bias=False)
+        if sync_bn:
+            self.encoder, self.projector = (convert_to_sync_bn(m)
+                                            for m in (self.encoder, self.projector))
+        self.scale = scale
+        self.criterion = get_loss("barlow_twins", lambd=lambd)
+
+    def forward(self, batch: Mapping[str, Any]) -> dict[str, Tensor]:
+        x1, x2 = views_of(batch, "BarlowTwins", n=2)
+        z1, z2 = self.projector(self.encoder(x1)), self.projector(self.encoder(x2))
+        a, b = (gather_with_grad(z1), gather_with_grad(z2)) if world_size() > 1 else (z1, z2)
+        loss = self.scale * self.criterion(a, b)
+        return {"loss": loss, "z_std": embedding_std(z1), "embeddings": unit(z1).detach()}

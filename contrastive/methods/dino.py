@@ -1,0 +1,172 @@
+"""DINO: self-distillation with no labels, a momentum teacher, centring and sharpening.
+
+Caron et al., "Emerging Properties in Self-Supervised Vision Transformers", ICCV 2021
+(arXiv 2104.14294); the authors' code is facebookresearch/dino (``main_dino.py``,
+``vision_transformer.py``: ``DINOHead``).
+
+One step (paper Algorithm 1)::
+
+    teacher <- m * teacher + (1 - m) * student                    # m: cosine 0.996 -> 1
+    t = teacher(global views)          (B, 2, K), no gradient
+    s = student(every view)            (B, V, K)                   # 2 global + local crops
+    loss = mean over pairs (t_i, s_v), v != i, of CE(softmax((t_i - C) / tau_t), softmax(s_v / tau_s))
+    C <- 0.9 C + 0.1 mean(t)           # over the GLOBAL batch (all-reduced), a buffer
+
+The head is ``DINOHead``: an MLP (3 layers, 2048 hidden, GELU) to a 256-d bottleneck, L2
+normalisation, then a weight-normalised linear layer to K = 65536 prototypes without bias, its
+norm fixed at 1 (``norm_last_layer``). Declared schedules: ``momentum``, ``teacher_temperature``
+(linear warm-up from ``warmup_teacher_temperature`` over ``warmup_teacher_steps``, then
+constant; the code's 0.04 -> 0.04, or 0.04 -> 0.07 over 30 epochs for ViT-S/16) and
+``weight_decay`` (cosine ``weight_decay`` -> ``weight_decay_end``: 0.04 -> 0.4), and the last
+layer frozen for ``freeze_last_layer_steps`` (the code's first epoch) as a parameter group.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.utils.parametrizations import weight_norm
+
+from contrastive.losses.clustering import dino, dino_center
+from contrastive.methods._common import embedding_std
+from contrastive.methods.base import Method, ParamGroup, Schedule, read, views_of
+from contrastive.methods.registry import register_method
+from contrastive.nn import MomentumEncoder, build_mlp, cosine_momentum, resolve_encoder
+
+__all__ = ["DINO", "DINOHead"]
+
+
+class DINOHead(nn.Module):
+    """MLP -> L2-normalised bottleneck -> weight-normalised prototypes (official ``DINOHead``)."""
+
+    def __init__(self, in_dim: int, out_dim: int = 65536, hidden_dim: int = 2048,
+                 bottleneck_dim: int = 256, num_layers: int = 3, use_bn: bool = False,
+                 norm_last_layer: bool = True) -> None:
+        super().__init__()
+        self.mlp = build_mlp(in_dim, hidden_dim, bottleneck_dim, num_layers, hidden_bn=use_bn,
+                             bias=True, activation=nn.GELU)
+        for m in self.mlp.modules():
+            if isinstance(m, nn.Linear):  # the code: trunc_normal_(std=.02), zero bias
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                nn.init.zeros_(m.bias)
+        self.last_layer = weight_norm(nn.Linear(bottleneck_dim, out_dim, bias=False))
+        with torch.no_grad():
+            self.last_layer.parametrizations.weight.original0.fill_(1.0)
+        if norm_last_layer:
+            self.last_layer.parametrizations.weight.original0.requires_grad_(False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.last_layer(F.normalize(self.mlp(x), dim=-1, p=2))
+
+
+def _teacher_temperature(step: int, total: int, *, start: float, end: float,
+                         warmup: int) -> float:
+    return end if step >= warmup else start + (end - start) * step / max(1, warmup)
+
+
+def _cosine_value(step: int, total: int, *, start: float, end: float) -> float:
+    """The code's ``cosine_scheduler`` per step: start -> end over the run."""
+    return end + (start - end) * (1 + math.cos(math.pi * min(step, total) / max(1, total))) / 2
+
+
+@register_method("dino")
+class DINO(Method):
+    """DINO for ResNets and ViTs (multi-crop: ``num_global`` global views first).
+
+    Args:
+        encoder: backbone name or module with ``num_features`` (``self.encoder``).
+        out_dim, hidden_dim, bottleneck_dim, head_layers, use_bn, norm_last_layer: the head
+            (65536, 2048, 256, 3, False, True).
+        momentum: m0 of the teacher's cosine schedule (0.996).
+        student_temperature: 0.1; teacher_temperature: its final value (0.04);
+        warmup_teacher_temperature / warmup_teacher_steps: the warm-up start and length.
+        center_momentum: 0.9.
+        weight_decay / weight_decay_end: the cosine weight-decay schedule (None: no schedule,
+            the run's constant --weight-decay).
+        freeze_last_layer_steps: the last layer does not move for that many steps (0: never
+            frozen).
+        encoder_kwargs: keyword arguments for ``create_encoder``.
+    """
+
+    needs = ("views",)
+    presets: dict[str, dict[str, Any]] = {
+        # ViT-S/16, 100 epochs (the code's README): teacher temperature 0.04 -> 0.07 over 30
+        # epochs is passed in steps by the recipe
+        "vit_small": dict(encoder="timm:vit_small_patch16_224", out_dim=65536, momentum=0.996,
+                          teacher_temperature=0.07, norm_last_layer=False),
+        # solo-learn scripts/pretrain/cifar/dino.yaml: ResNet-18, 4096 prototypes, 256
+        # bottleneck, 2048 hidden, teacher 0.04 -> 0.07, student 0.1, tau 0.99
+        "cifar": dict(encoder="cifar_resnet18", out_dim=4096, momentum=0.99,
+                      teacher_temperature=0.07, warmup_teacher_temperature=0.04),
+    }
+
+    def __init__(self, encoder: str | nn.Module = "cifar_resnet18", out_dim: int = 65536,
+                 hidden_dim: int = 2048, bottleneck_dim: int = 256, head_layers: int = 3,
+                 use_bn: bool = False, norm_last_layer: bool = True, momentum: float = 0.996,
+                 student_temperature: float = 0.1, teacher_temperature: float = 0.04,
+                 warmup_teacher_temperature: float | None = None, warmup_teacher_steps: int = 0,
+                 center_momentum: float = 0.9, num_global: int = 2,
+                 weight_decay: float | None = None, weight_decay_end: float | None = None,
+                 freeze_last_layer_steps: int = 0,
+                 encoder_kwargs: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        if not 0.0 <= momentum <= 1.0 or not 0.0 <= center_momentum <= 1.0:
+            raise ValueError(f"DINO: momentum and center_momentum must be in [0, 1], got "
+                             f"{momentum}, {center_momentum}")
+        if (weight_decay is None) != (weight_decay_end is None):
+            raise ValueError("DINO: give both weight_decay and weight_decay_end (the cosine "
+                             "schedule), or neither")
+        self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
+        self.head = DINOHead(self.encoder.num_features, out_dim, hidden_dim, bottleneck_dim,
+                             head_layers, use_bn, norm_last_layer)
+        self.teacher = MomentumEncoder(nn.Sequential(self.encoder, self.head))
+        self.register_buffer("center", torch.zeros(out_dim))
+        self.base_momentum, self.num_global = momentum, num_global
+        self.student_temperature, self.center_momentum = student_temperature, center_momentum
+        self.teacher_temperatures = (
+            teacher_temperature if warmup_teacher_temperature is None
+            else warmup_teacher_temperature, teacher_temperature, warmup_teacher_steps)
+        self.weight_decays = (weight_decay, weight_decay_end)
+        self.freeze_last_layer_steps = freeze_last_layer_steps
+
+    def schedules(self) -> dict[str, Schedule]:
+        start, end, warmup = self.teacher_temperatures
+        out: dict[str, Schedule] = {
+            "momentum": functools.partial(cosine_momentum, m0=self.base_momentum),
+            "teacher_temperature": functools.partial(_teacher_temperature, start=start,
+                                                     end=end, warmup=warmup),
+        }
+        if self.weight_decays[0] is not None:
+            out["weight_decay"] = functools.partial(_cosine_value, start=self.weight_decays[0],
+                                                    end=self.weight_decays[1])
+        return out
+
+    def param_groups(self) -> list[ParamGroup]:
+        if not self.freeze_last_layer_steps:
+            return []
+        trainable = [p for p in self.head.last_layer.parameters() if p.requires_grad]
+        return [ParamGroup("last_layer", trainable, frozen_steps=self.freeze_last_layer_steps)]
+
+    def forward(self, batch: Mapping[str, Any]) -> dict[str, Tensor]:
+        views = views_of(batch, "DINO", min_n=self.num_global)
+        m = read(batch, "momentum", "DINO")
+        tau_t = read(batch, "teacher_temperature", "DINO")
+        with torch.no_grad():
+            self.teacher.update([*self.encoder.parameters(), *self.head.parameters()], m)
+            teacher = torch.stack([self.teacher(x) for x in views[: self.num_global]], dim=1)
+        feats = [self.encoder(x) for x in views]
+        student = torch.stack([self.head(f) for f in feats], dim=1)  # B x V x K
+        loss = dino(student, teacher, self.center, student_temperature=self.student_temperature,
+                    teacher_temperature=tau_t)
+        with torch.no_grad():
+            probs = F.softmax((teacher[:, 0] - self.center) / tau_t, dim=1)
+            entropy = -(probs * probs.clamp_min(1e-12).log()).sum(1).mean()  # collapse monitor
+            self.center.copy_(dino_center(self.center, teacher, momentum=self.center_momentum))
+        return {"loss": loss, "teacher_entropy": entropy, "z_std": embedding_std(feats[0]),
+                "embeddings": F.normalize(feats[0].detach(), dim=1)}

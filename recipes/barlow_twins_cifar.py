@@ -1,0 +1,56 @@
+#!/usr/bin/env python
+"""Barlow Twins on CIFAR-10 (Zbontar et al., ICML 2021). Following solo-learn's
+``scripts/pretrain/cifar/barlow.yaml`` (vturrisi/solo-learn): ResNet-18 with the CIFAR stem,
+projector 2048-2048-2048, lambda 0.0051, loss scale 0.1, LARS lr 0.3 per 256 images with trust
+coefficient 0.02, weight decay 1e-4, batch 256, 1000 epochs, warmup + cosine, BYOL's asymmetric
+augmentation at 32 px.
+
+    python recipes/barlow_twins_cifar.py --data cifar10 --mixed-precision bf16
+    python recipes/barlow_twins_cifar.py --data shapes --encoder small_cnn --epochs 5
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from contrastive.engine import TrainConfig, help_field, run
+
+
+@dataclass
+class BarlowTwinsCifar(TrainConfig):
+    """Barlow Twins, CIFAR-10 (solo-learn's barlow.yaml)."""
+
+    data: str = "cifar10"
+    encoder: str = "cifar_resnet18"
+    image_size: int = 32
+    epochs: int = 1000
+    batch_size: int = 256
+    optimizer: str = help_field("lars", "solo-learn: LARS", choices=("sgd", "adamw", "lars"))
+    lr: float = help_field(0.3, "per 256 images (linear rule)")
+    weight_decay: float = 1e-4
+    lars_trust_coeff: float = help_field(0.02, "solo-learn: eta 0.02")
+    warmup_epochs: float = 10
+    sync_bn: bool = help_field(True, "global BN across GPU processes")
+    knn_every: int = 10
+
+    dim: int = help_field(2048, "projector output width")
+    mlp_hidden: int = help_field(2048, "projector hidden width")
+    lambd: float = help_field(0.0051, "off-diagonal weight lambda")
+    loss_scale: float = help_field(0.1, "solo-learn's scale_loss")
+
+
+def build_method(cfg: BarlowTwinsCifar):
+    from contrastive.methods import BarlowTwins
+
+    return BarlowTwins(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
+                       lambd=cfg.lambd, scale=cfg.loss_scale, encoder_kwargs=cfg.encoder_options())
+
+
+def build_pipeline(cfg: BarlowTwinsCifar):
+    from contrastive.augment import get_pipeline
+
+    return get_pipeline("byol", image_size=cfg.image_size)
+
+
+if __name__ == "__main__":
+    run(BarlowTwinsCifar, build_method, build_pipeline, name="barlow_twins_cifar")

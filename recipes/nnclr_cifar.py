@@ -1,0 +1,58 @@
+#!/usr/bin/env python
+"""NNCLR on CIFAR-10 (Dwibedi et al., ICCV 2021). Following solo-learn's
+``scripts/pretrain/cifar/nnclr.yaml`` (vturrisi/solo-learn): ResNet-18 with the CIFAR stem,
+projector 2048 -> 256, predictor 4096, support set 65,536, temperature 0.2, LARS lr 0.4 per 256
+images with trust coefficient 0.02, weight decay 1e-5, batch 256, 1000 epochs, warmup + cosine,
+BYOL's asymmetric augmentation at 32 px. The support set holds the embeddings of every process.
+
+    python recipes/nnclr_cifar.py --data cifar10 --mixed-precision bf16
+    python recipes/nnclr_cifar.py --data shapes --encoder small_cnn --epochs 5
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from contrastive.engine import TrainConfig, help_field, run
+
+
+@dataclass
+class NNCLRCifar(TrainConfig):
+    """NNCLR, CIFAR-10 (solo-learn's nnclr.yaml)."""
+
+    data: str = "cifar10"
+    encoder: str = "cifar_resnet18"
+    image_size: int = 32
+    epochs: int = 1000
+    batch_size: int = 256
+    optimizer: str = help_field("lars", "solo-learn: LARS", choices=("sgd", "adamw", "lars"))
+    lr: float = help_field(0.4, "per 256 images (linear rule)")
+    weight_decay: float = 1e-5
+    lars_trust_coeff: float = help_field(0.02, "solo-learn: eta 0.02")
+    warmup_epochs: float = 10
+    sync_bn: bool = help_field(True, "global BN across GPU processes")
+    knn_every: int = 10
+
+    dim: int = help_field(256, "embedding dimension")
+    proj_hidden: int = help_field(2048, "projector hidden width")
+    pred_hidden: int = help_field(4096, "predictor hidden width")
+    support_size: int = help_field(65536, "support set size")
+    temperature: float = help_field(0.2, "temperature tau")
+
+
+def build_method(cfg: NNCLRCifar):
+    from contrastive.methods import NNCLR
+
+    return NNCLR(encoder=cfg.encoder, dim=cfg.dim, proj_hidden=cfg.proj_hidden,
+                 pred_hidden=cfg.pred_hidden, support_size=cfg.support_size,
+                 temperature=cfg.temperature, encoder_kwargs=cfg.encoder_options())
+
+
+def build_pipeline(cfg: NNCLRCifar):
+    from contrastive.augment import get_pipeline
+
+    return get_pipeline("byol", image_size=cfg.image_size)
+
+
+if __name__ == "__main__":
+    run(NNCLRCifar, build_method, build_pipeline, name="nnclr_cifar")
