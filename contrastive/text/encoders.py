@@ -33,8 +33,10 @@ tokens), or ``"auto"`` (the pooler when the model has one, else ``"cls"``).
 
 from __future__ import annotations
 
+import json
 import logging
 import pickle
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -300,6 +302,8 @@ def load_text_encoder(path: str | Path, pooling: str = "auto") -> TextEncoder:
             f"for random weights with this architecture use create_encoder('bert', config={str(folder)!r})"
         )
     transformers = require("transformers", "text encoders")
+    if not has_safetensors:
+        _check_pickles(folder)  # ours, whatever the transformers version does
     try:
         config = transformers.AutoConfig.from_pretrained(
             str(folder), local_files_only=True, trust_remote_code=False
@@ -321,18 +325,37 @@ def load_text_encoder(path: str | Path, pooling: str = "auto") -> TextEncoder:
         )
     except Exception as err:  # the unpickling error may arrive wrapped
         if _is_unpickling_error(err):
-            name = next(f for f in _PICKLES if (folder / f).is_file())
-            raise UnsafeCheckpointError(
-                f"{folder / name}: refused to load, the pickle needs code to run "
-                "(torch.load weights_only=True rejected it); get the model as model.safetensors "
-                "from a source you trust"
-            ) from err
+            raise _unsafe(folder / _PICKLES[0]) from err
         raise
     missing = list(info.get("missing_keys", []))
     if missing:
         log.warning("text encoder %s: %d weights not in the checkpoint, left random: %s",
                     folder, len(missing), ", ".join(sorted(missing)[:8]))
     return TextEncoder(model, pooling=pooling)
+
+
+def _unsafe(path: Path) -> UnsafeCheckpointError:
+    return UnsafeCheckpointError(
+        f"{path}: refused to load, the pickle needs code to run (torch.load weights_only=True "
+        "rejected it); get the model as model.safetensors from a source you trust"
+    )
+
+
+def _check_pickles(folder: Path) -> None:
+    """Unpickle every ``.bin`` shard with ``weights_only=True`` (memory-mapped when possible)."""
+    index = folder / _PICKLES[1]
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        files = [folder / name for name in shards]
+    else:
+        files = [folder / _PICKLES[0]]
+    for f in files:
+        if not f.is_file() or f.resolve().parent != folder.resolve():
+            raise FileNotFoundError(f"text encoder folder {folder}: shard {f.name} is missing")
+        try:
+            torch.load(f, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(f))
+        except pickle.UnpicklingError as err:
+            raise _unsafe(f) from err
 
 
 def _is_unpickling_error(err: BaseException | None) -> bool:

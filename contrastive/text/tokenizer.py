@@ -59,6 +59,7 @@ class TextTokenizer:
         self.sep_id: int = tokenizer.token_to_id("[SEP]")
         self.unk_id: int = tokenizer.token_to_id("[UNK]")
         self.mask_id: int = tokenizer.token_to_id("[MASK]")
+        tokenizer.add_special_tokens(list(SPECIAL_TOKENS))  # already in the vocabulary: same ids
         tokenizer.post_processor = tokenizers.processors.TemplateProcessing(
             single="[CLS] $A [SEP]",
             pair="[CLS] $A [SEP] $B:1 [SEP]:1",
