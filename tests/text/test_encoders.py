@@ -211,3 +211,14 @@ def test_missing_folder_or_weights_fail_clearly(tmp_path: Path):
     _tiny().model.config.save_pretrained(tmp_path / "cfg")
     with pytest.raises(FileNotFoundError, match="no weights.*config="):
         create_encoder(f"hf:{tmp_path / 'cfg'}")
+
+
+def test_text_encoder_trains():
+    enc = _tiny().train()
+    ids, mask = _batch()
+    y = enc(ids, mask)
+    assert y.shape == (3, enc.num_features)
+    y.square().mean().backward()
+    grads = {n: p.grad for n, p in enc.named_parameters() if p.requires_grad}
+    assert grads and all(g is not None for g in grads.values())
+    assert all(g.abs().sum() > 0 for n, g in grads.items() if "layer.1." in n or "pooler" in n)

@@ -24,6 +24,7 @@ from contrastive.text import MissingTextDependencyError, generate_sentiment, gen
 assert contrastive.get_loss("ntxent")(torch.randn(4, 8), torch.randn(4, 8)).isfinite()
 assert len(generate_sentiment(20)) == 20 and len(generate_nli(5)) == 5
 assert glue_metrics("sst2", [1, 0], [1, 1])["accuracy"] == 0.5
+assert "text" in dir(contrastive) and callable(contrastive.text.load_glue)
 
 folder = pathlib.Path(tempfile.mkdtemp())
 (folder / "config.json").write_text("{{}}")
