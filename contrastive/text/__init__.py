@@ -14,7 +14,8 @@ reading / metrics and the generated task need neither.
   :func:`glue_metrics` computes the official metrics with scikit-learn / scipy.
 - Generated task (:mod:`contrastive.text.generated`): :func:`generate_sentiment` (labelled
   sentences following a rule with negation and contrast), :func:`generate_nli`
-  (premise, paraphrase, neutral, contradiction), :func:`text_corpus`.
+  (premise, paraphrase, neutral, contradiction), :func:`generate_sts` (pairs scored 0-5),
+  :func:`text_corpus`.
 - Tokenizers (:mod:`contrastive.text.tokenizer`): :func:`train_wordpiece`,
   :func:`load_tokenizer` (a saved ``tokenizer.json`` or a BERT ``vocab.txt``),
   :class:`TextTokenizer` (batch of tensors for the encoders).
@@ -41,6 +42,7 @@ _LAZY: dict[str, str] = {
     "GeneratedTextDataset": "contrastive.text.generated",
     "generate_nli": "contrastive.text.generated",
     "generate_sentiment": "contrastive.text.generated",
+    "generate_sts": "contrastive.text.generated",
     "text_corpus": "contrastive.text.generated",
     "TextTokenizer": "contrastive.text.tokenizer",
     "train_wordpiece": "contrastive.text.tokenizer",

@@ -13,9 +13,11 @@ from contrastive.text.generated import (
     SUBJECTS,
     generate_nli,
     generate_sentiment,
+    generate_sts,
 )
 
 POSITIVE = {w for pair in ADJECTIVES[:6] for w in pair}
+ADJECTIVE_OF = {w: k for k, pair in enumerate(ADJECTIVES) for w in pair}
 NEGATIVE = {w for pair in ADJECTIVES[6:] for w in pair}
 SUBJECT_OF = {w: k for k, pair in enumerate(SUBJECTS) for w in pair}
 
@@ -114,3 +116,20 @@ def test_nli_quadruples_entail_neutral_contradict():
     pairs = nli.pairs()
     assert len(pairs) == 1200 and np.bincount(pairs.labels).tolist() == [400, 400, 400]
     assert pairs[2] == {"text_a": nli.premise[0], "text_b": nli.contradiction[0], "label": 2}
+
+
+def test_sts_scores_follow_the_meaning_edits():
+    """score = 5 - 1.5 [other subject] - 1 [other adjective, modulo antonym] - 2.5 [other polarity]."""
+    ds = generate_sts(600, seed=0)
+    assert ds.labels.dtype == np.float32 and ds.num_labels == 1 and ds.text_b is not None
+
+    def adjective(sentence: str) -> int:
+        return next(ADJECTIVE_OF[w] for w in sentence.split() if w in ADJECTIVE_OF) % 6
+
+    for a, b, score in zip(ds.text_a, ds.text_b, ds.labels.tolist()):
+        expected = (5.0 - 1.5 * (_subject(a) != _subject(b)) - 1.0 * (adjective(a) != adjective(b))
+                    - 2.5 * (_label(a) != _label(b)))
+        assert score == expected, (a, b, score)
+    assert len(set(ds.labels.tolist())) >= 7 and ds.labels.min() == 0.0 and ds.labels.max() == 5.0
+    assert isinstance(ds[0]["label"], float)
+    assert generate_sts(50, seed=0).text_b == ds.text_b[:50]
