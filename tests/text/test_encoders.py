@@ -181,6 +181,14 @@ def test_malicious_pytorch_model_bin_does_not_run(tmp_path: Path):
     with pytest.raises(UnsafeCheckpointError, match="pytorch_model.bin.*refused"):
         create_encoder(f"hf:{folder}")
     assert not marker.exists()
+    # next to a model.safetensors, the pickle is not even opened
+    enc = _tiny()
+    enc.model.save_pretrained(folder)
+    torch.save({"x": _Payload(marker)}, folder / "pytorch_model.bin")
+    loaded = create_encoder(f"hf:{folder}")
+    torch.testing.assert_close(loaded.model.pooler.dense.weight, enc.model.pooler.dense.weight,
+                               rtol=0, atol=0)
+    assert not marker.exists()
 
 
 def test_remote_code_is_never_run(tmp_path: Path):
