@@ -310,8 +310,9 @@ def load_text_encoder(path: str | Path, pooling: str = "auto") -> TextEncoder:
         )
     except ValueError as err:
         raise ValueError(
-            f"text encoder folder {folder}: transformers cannot build this model without running "
-            f"code from the folder, which is refused (trust_remote_code=False): {err}"
+            f"text encoder folder {folder}: transformers cannot read its config.json (a model "
+            "type that needs the folder's own code is refused: trust_remote_code=False): "
+            f"{str(err).splitlines()[0] if str(err) else type(err).__name__}"
         ) from err
     try:
         model, info = transformers.AutoModel.from_pretrained(
