@@ -15,7 +15,8 @@ Methods
 Sub-packages
     ``contrastive.losses``, ``contrastive.nn``, ``contrastive.methods``,
     ``contrastive.augment``, ``contrastive.data``, ``contrastive.engine``,
-    ``contrastive.eval``
+    ``contrastive.eval``, ``contrastive.text`` (encoders, GLUE, generated text; the ``text``
+    extra, imported only when used)
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ _LAZY_NAMES: dict[str, str] = {
     "register_method": "contrastive.methods",
 }
 
-_SUBPACKAGES = {"losses", "nn", "methods", "augment", "data", "engine", "eval"}
+_SUBPACKAGES = {"losses", "nn", "methods", "augment", "data", "engine", "eval", "text"}
 
 __all__ = sorted([*_LAZY_NAMES, *_SUBPACKAGES, "__version__"])
 

@@ -10,6 +10,10 @@ Names:
   ``torchvision.models.get_model``.
 - registered names: ``"cifar_resnet18"``, ``"cifar_resnet50"`` (3x3 stem, no max-pool),
   ``"small_cnn"`` (~0.4M parameters), and your own via :func:`register_encoder`.
+- text (the ``text`` extra): ``"hf:<folder>"``, a local Hugging Face checkpoint folder with its
+  weights (offline, no remote code, safetensors or ``weights_only`` pickles), and ``"bert"``,
+  a BERT with random weights from sizes (``num_layers``, ``hidden_size``, ``num_heads``, ...)
+  or from ``config=<folder>``; they take token ids, see :mod:`contrastive.text.encoders`.
 
 Every encoder has ``num_features`` and maps (N, 3, H, W) -> (N, num_features). State-dict keys
 are the library's own (timm / torchvision) minus the classifier, so exported weights load into
@@ -108,8 +112,8 @@ def _unknown(name: str, candidates: list[str], first: tuple[str, ...] = ()) -> U
     hint = f" Did you mean: {', '.join(close)}?" if close else ""
     registered = ", ".join(_REGISTRY.names())
     return UnknownEncoderError(
-        f"unknown encoder {name!r}.{hint} Registered: {registered}; also 'timm:<model>' and "
-        "'torchvision:<model>' (see list_encoders('timm:*'))."
+        f"unknown encoder {name!r}.{hint} Registered: {registered}; also 'timm:<model>', "
+        "'torchvision:<model>' (see list_encoders('timm:*')) and 'hf:<local folder>'."
     )
 
 
@@ -145,7 +149,8 @@ def create_encoder(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Mod
     """Build an encoder by name (see the module docstring), classifier removed.
 
     Args:
-        name: ``"timm:<model>"``, ``"torchvision:<model>"`` or a registered name.
+        name: ``"timm:<model>"``, ``"torchvision:<model>"``, ``"hf:<folder>"`` or a
+            registered name.
         pretrained: load the library's pretrained weights (timm / torchvision download them);
             our own backbones have none.
         **kwargs: passed to the factory.
@@ -162,6 +167,10 @@ def create_encoder(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Mod
         net = _create_timm(name[len("timm:") :], pretrained, **kwargs)
     elif name.startswith("torchvision:"):
         net = _create_torchvision(name[len("torchvision:") :], pretrained, **kwargs)
+    elif name.startswith("hf:"):  # the folder is the pretrained model: its weights always load
+        from contrastive.text.encoders import load_text_encoder
+
+        net = load_text_encoder(name[len("hf:") :], **kwargs)
     elif name in _REGISTRY:
         net = _REGISTRY.get(name)(**({"pretrained": True} if pretrained else {}), **kwargs)
     else:
@@ -251,3 +260,13 @@ def small_cnn(pretrained: bool = False, **kwargs: Any) -> nn.Module:
 
     _no_pretrained("small_cnn", pretrained)
     return SmallCNN(**kwargs)
+
+
+@register_encoder("bert")
+def bert(pretrained: bool = False, **kwargs: Any) -> nn.Module:
+    """BERT with random weights (``contrastive.text.build_text_encoder``); input token ids."""
+    from contrastive.text.encoders import build_text_encoder
+
+    if pretrained:
+        raise ValueError("'bert' builds random weights; for a pretrained BERT use 'hf:<folder>'")
+    return build_text_encoder(**kwargs)
