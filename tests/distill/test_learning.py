@@ -112,7 +112,7 @@ def run_check(teacher_widths, student_widths, teacher_steps, distill_steps,
     for step in range(distill_steps):
         idx = torch.randint(0, N_TRAIN, (BATCH,), generator=g)
         _cosine_lr(opt, 3e-3, step, distill_steps)
-        out = d([_flip(xtr[idx], g)])  # no labels
+        out = d(d.make_batch([_flip(xtr[idx], g)], step=step, total_steps=distill_steps))
         assert "loss_hard" not in out and "loss_soft" not in out
         opt.zero_grad()
         out["loss"].backward()
