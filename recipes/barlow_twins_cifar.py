@@ -13,25 +13,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, run
+from contrastive.engine import CifarConfig, help_field, run
 
 
 @dataclass
-class BarlowTwinsCifar(TrainConfig):
+class BarlowTwinsCifar(CifarConfig):
     """Barlow Twins, CIFAR-10 (solo-learn's barlow.yaml)."""
 
-    data: str = "cifar10"
-    encoder: str = "cifar_resnet18"
-    image_size: int = 32
-    epochs: int = 1000
-    batch_size: int = 256
     optimizer: str = help_field("lars", "solo-learn: LARS", choices=("sgd", "adamw", "lars"))
     lr: float = help_field(0.3, "per 256 images (linear rule)")
     weight_decay: float = 1e-4
-    lars_trust_coeff: float = help_field(0.02, "solo-learn: eta 0.02")
-    warmup_epochs: float = 10
-    sync_bn: bool = help_field(True, "global BN across GPU processes")
-    knn_every: int = 10
 
     dim: int = help_field(2048, "projector output width")
     mlp_hidden: int = help_field(2048, "projector hidden width")

@@ -14,26 +14,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, run
+from contrastive.engine import CifarConfig, help_field, run
 from contrastive.engine.schedules import scaled_lr
 
 
 @dataclass
-class SimSiamCifar(TrainConfig):
+class SimSiamCifar(CifarConfig):
     """SimSiam, CIFAR-10 (solo-learn's simsiam.yaml)."""
 
-    data: str = "cifar10"
-    encoder: str = "cifar_resnet18"
-    image_size: int = 32
-    epochs: int = 1000
-    batch_size: int = 256
     optimizer: str = help_field("sgd", "solo-learn: SGD", choices=("sgd", "adamw", "lars"))
     lr: float = help_field(0.5, "per 256 images (linear rule)")
     weight_decay: float = 1e-5
     sgd_momentum: float = 0.9
-    warmup_epochs: float = 10
-    sync_bn: bool = help_field(True, "global BN across GPU processes")
-    knn_every: int = 10
 
     dim: int = help_field(2048, "projection dimension")
     proj_hidden: int = help_field(2048, "projector hidden width")

@@ -22,6 +22,7 @@ from contrastive.engine.checkpoint import (
     model_signature,
 )
 from contrastive.engine.config import (
+    CifarConfig,
     TrainConfig,
     config_from_dict,
     config_to_dict,
@@ -34,6 +35,7 @@ from contrastive.engine.schedules import cosine_lr, lr_at, scaled_lr, step_lr
 from contrastive.engine.trainer import NonFiniteLossError, TrainResult, save_encoder, train
 
 __all__ = [
+    "CifarConfig",
     "IncompatibleCheckpointError",
     "NonFiniteLossError",
     "ResumeMismatchError",

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-__all__ = ["TrainConfig", "parse_config", "config_to_dict", "config_from_dict", "help_field",
-           "parse_json_object"]
+__all__ = ["TrainConfig", "CifarConfig", "parse_config", "config_to_dict", "config_from_dict",
+           "help_field", "parse_json_object"]
 
 C = TypeVar("C", bound="TrainConfig")
 
@@ -216,6 +216,25 @@ class TrainConfig:
         if not self.data:
             raise ValueError("--data is required (e.g. --data shapes, --data cifar10, "
                              "--data /path/to/imagenet)")
+
+
+@dataclass
+class CifarConfig(TrainConfig):
+    """The CIFAR-10 training setup that solo-learn's configurations share (vturrisi/solo-learn,
+    ``scripts/pretrain/cifar/*.yaml``), the source of our CIFAR recipes where a paper gives none:
+    CIFAR-stem ResNet-18 at 32 px, batch 256, 1000 epochs, 10 warmup epochs then cosine, LARS
+    with trust coefficient 0.02 where a recipe picks LARS, SyncBN across GPU processes, a kNN
+    monitor every 10 epochs. Recipes subclass it with their optimiser, lr, decay and heads."""
+
+    data: str = "cifar10"
+    encoder: str = "cifar_resnet18"
+    image_size: int = 32
+    epochs: int = 1000
+    batch_size: int = 256
+    warmup_epochs: float = 10
+    lars_trust_coeff: float = help_field(0.02, "solo-learn: eta 0.02")
+    sync_bn: bool = help_field(True, "global BN across GPU processes")
+    knn_every: int = 10
 
 
 def parse_json_object(name: str, text: str) -> dict[str, Any]:

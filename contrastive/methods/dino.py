@@ -96,14 +96,14 @@ class DINO(Method):
 
     needs = ("views",)
     presets: dict[str, dict[str, Any]] = {
-        # ViT-S/16, 100 epochs (the code's README): teacher temperature 0.04 -> 0.07 over 30
-        # epochs is passed in steps by the recipe
+        # ViT-S/16 with the code's defaults (main_dino.py): 65536 prototypes, m0 0.996,
+        # teacher temperature 0.04 without warm-up, norm_last_layer
         "vit_small": dict(encoder="timm:vit_small_patch16_224", out_dim=65536, momentum=0.996,
-                          teacher_temperature=0.07, norm_last_layer=False),
-        # solo-learn scripts/pretrain/cifar/dino.yaml: ResNet-18, 4096 prototypes, 256
-        # bottleneck, 2048 hidden, teacher 0.04 -> 0.07, student 0.1, tau 0.99
-        "cifar": dict(encoder="cifar_resnet18", out_dim=4096, momentum=0.99,
-                      teacher_temperature=0.07, warmup_teacher_temperature=0.04),
+                          teacher_temperature=0.04),
+        # solo-learn scripts/pretrain/cifar/dino.yaml: ResNet-18, 2048 hidden, 256 bottleneck,
+        # 4096 prototypes, tau 0.9995 -> 1
+        "cifar": dict(encoder="cifar_resnet18", out_dim=4096, hidden_dim=2048,
+                      bottleneck_dim=256, momentum=0.9995),
     }
 
     def __init__(self, encoder: str | nn.Module = "cifar_resnet18", out_dim: int = 65536,

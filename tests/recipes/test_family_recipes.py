@@ -1,6 +1,7 @@
-"""The two-view family's recipes: the CIFAR ones train a few steps end to end as programs on
-tiny generated data; the ImageNet ones build the paper's model from their defaults; BYOL's
-target and NNCLR's support set resume bit-exactly."""
+"""The method families' recipes: the CIFAR ones train a few steps end to end as programs on
+tiny generated data (SwAV and DINO with multi-crop); the ImageNet ones build the paper's model
+from their defaults; every stateful part (BYOL's target, NNCLR's support set, SwAV's queue,
+DINO's teacher and centre) resumes bit-exactly."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from safetensors.torch import load_file
 from contrastive.engine import parse_config
 
 CIFAR = ["byol_cifar", "simsiam_cifar", "barlow_twins_cifar", "vicreg_cifar", "supcon_cifar",
-         "nnclr_cifar"]
-IMAGENET = ["byol_r50", "simsiam_r50", "barlow_twins_r50", "vicreg_r50"]
+         "nnclr_cifar", "swav_cifar", "dino_cifar"]
+IMAGENET = ["byol_r50", "simsiam_r50", "barlow_twins_r50", "vicreg_r50", "swav_r50"]
 SHRINK = {  # small heads for the tiny runs
     "byol_cifar": ["--dim", "16", "--mlp-hidden", "32"],
     "simsiam_cifar": ["--dim", "16", "--proj-hidden", "32", "--pred-hidden", "8"],
@@ -23,6 +24,11 @@ SHRINK = {  # small heads for the tiny runs
     "supcon_cifar": ["--dim", "16", "--mlp-hidden", "32"],
     "nnclr_cifar": ["--dim", "16", "--proj-hidden", "32", "--pred-hidden", "32",
                     "--support-size", "64"],
+    "swav_cifar": ["--dim", "16", "--mlp-hidden", "32", "--num-prototypes", "20",
+                   "--queue-size", "32", "--freeze-prototypes-steps", "1", "--local-crops", "2",
+                   "--local-size", "8"],
+    "dino_cifar": ["--out-dim", "32", "--hidden-dim", "32", "--bottleneck-dim", "16",
+                   "--local-crops", "2", "--local-size", "8"],
 }
 TINY = ["--data", "shapes:n=64,n_test=32,size=16", "--image-size", "16", "--encoder",
         "small_cnn", "--batch-size", "16", "--epochs", "2", "--num-workers", "0", "--progress",
@@ -63,7 +69,8 @@ def test_imagenet_recipe_builds_the_papers_model(name, rx):
     small = parse_config(cls, ["--data", "shapes", "--encoder", "small_cnn"])
     method = mod.build_method(small)
     expected = {"byol_r50": ("BYOL", 0.996), "simsiam_r50": ("SimSiam", None),
-                "barlow_twins_r50": ("BarlowTwins", None), "vicreg_r50": ("VICReg", None)}[name]
+                "barlow_twins_r50": ("BarlowTwins", None), "vicreg_r50": ("VICReg", None),
+                "swav_r50": ("SwAV", None)}[name]
     assert type(method).__name__ == expected[0]
     if expected[1] is not None:
         assert method.schedules()["momentum"](0, 100) == pytest.approx(expected[1])
@@ -71,7 +78,7 @@ def test_imagenet_recipe_builds_the_papers_model(name, rx):
         assert method.param_groups()[0].lr == pytest.approx(0.1)
 
 
-@pytest.mark.parametrize("name", ["byol_cifar", "nnclr_cifar"])
+@pytest.mark.parametrize("name", ["byol_cifar", "nnclr_cifar", "swav_cifar", "dino_cifar"])
 def test_stateful_family_members_resume_bit_exactly(name, tmp_path, rx):
     full, cut = tmp_path / "full", tmp_path / "cut"
     _run(rx, name, full, "--max-steps", "6")
@@ -80,7 +87,24 @@ def test_stateful_family_members_resume_bit_exactly(name, tmp_path, rx):
     a = load_file(str(full / "checkpoints" / "step_00000006" / "model.safetensors"))
     b = load_file(str(cut / "checkpoints" / "step_00000006" / "model.safetensors"))
     assert set(a) == set(b)
-    state = "target." if name == "byol_cifar" else "support."
+    state = {"byol_cifar": "target.", "nnclr_cifar": "support.", "swav_cifar": "queue.",
+             "dino_cifar": "center"}[name]
     assert any(k.startswith(state) for k in a)  # the method's state is in the checkpoint
     for k in a:
         assert torch.equal(a[k], b[k]), f"{k} differs after the resume"
+
+
+def test_dino_vit_recipe_declares_the_official_schedules(rx, monkeypatch):
+    mod = rx.load_recipe("dino_vit_small")
+    monkeypatch.setattr(mod, "_steps_per_epoch", lambda cfg: 10)
+    cfg = parse_config(mod.DINOViTSmall, ["--data", "shapes", "--encoder", "small_cnn",
+                                          "--out-dim", "32", "--warmup-teacher-epochs", "3",
+                                          "--teacher-temperature", "0.07"])
+    method = mod.build_method(cfg)
+    sched = method.schedules()
+    assert sched["weight_decay"](0, 100) == pytest.approx(0.04)
+    assert sched["weight_decay"](100, 100) == pytest.approx(0.4)
+    assert sched["teacher_temperature"](0, 100) == pytest.approx(0.04)
+    assert sched["teacher_temperature"](30, 100) == pytest.approx(0.07)
+    assert method.param_groups()[0].frozen_steps == 10  # the first epoch
+    assert cfg.optimizer == "adamw" and cfg.clip_grad_norm == 3.0

@@ -1,0 +1,79 @@
+#!/usr/bin/env python
+"""DINO, ViT-S/16, ImageNet: Caron et al., ICCV 2021 (arXiv 2104.14294), with the official
+code's defaults (facebookresearch/dino ``main_dino.py``; README: "vanilla DINO training" of
+ViT-S/16 for 100 epochs).
+
+Hyper-parameters: AdamW, lr 0.0005 x batch / 256 after 10 linear-warmup epochs, cosine to
+1e-6, weight decay cosine 0.04 -> 0.4 (a declared schedule), batch 1024 (16 x 64), 100
+epochs, gradient clipping 3.0; DINOHead 2048 hidden, 256 bottleneck, 65536 prototypes with
+the last layer's norm fixed and the layer frozen during the first epoch; teacher momentum
+0.996 -> 1 (cosine), teacher temperature 0.04 (the README's best ViT-S/16 runs warm it up from
+0.04 to 0.07 over 30 epochs: ``--teacher-temperature 0.07 --warmup-teacher-epochs 30``),
+student 0.1, centre momentum 0.9; DINO's multi-crop augmentation (2 x 224 px, 8 x 96 px).
+Reported k-NN / linear top-1 after 100 epochs: 69.3 / 74.0 %.
+
+    accelerate launch recipes/dino_vit_small.py --data /path/to/imagenet --mixed-precision bf16
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from contrastive.engine import TrainConfig, help_field, run
+
+
+@dataclass
+class DINOViTSmall(TrainConfig):
+    """DINO, ViT-S/16, ImageNet (ICCV 2021; official facebookresearch/dino defaults)."""
+
+    encoder: str = "timm:vit_small_patch16_224"
+    image_size: int = 224
+    epochs: int = 100
+    batch_size: int = 1024
+    optimizer: str = help_field("adamw", "official: AdamW", choices=("sgd", "adamw", "lars"))
+    lr: float = help_field(0.0005, "per 256 images (linear rule)")
+    min_lr: float = help_field(0.0005, "cosine floor as a fraction: official 1e-6 at batch 1024")
+    weight_decay: float = help_field(0.04, "start of the cosine weight-decay schedule")
+    weight_decay_end: float = help_field(0.4, "end of the cosine weight-decay schedule")
+    exclude_from_wd: bool = help_field(True, "official: no decay on biases and norms")
+    warmup_epochs: float = 10
+    schedule_per: str = help_field("step", "per iteration", choices=("step", "epoch"))
+    clip_grad_norm: float = help_field(3.0, "official --clip_grad 3.0")
+
+    out_dim: int = help_field(65536, "number of prototypes")
+    momentum_teacher: float = help_field(0.996, "teacher momentum at the start (-> 1)")
+    teacher_temperature: float = help_field(0.04, "teacher temperature after the warm-up")
+    warmup_teacher_temperature: float = help_field(0.04, "teacher temperature at the start")
+    warmup_teacher_epochs: int = help_field(0, "teacher-temperature warm-up epochs")
+    norm_last_layer: bool = help_field(True, "fix the prototypes' norm")
+    freeze_last_layer_epochs: int = help_field(1, "last layer frozen for these epochs")
+    local_crops: int = help_field(8, "96-px local crops")
+
+
+def _steps_per_epoch(cfg) -> int:
+    from contrastive.data import get_dataset
+
+    return max(1, len(get_dataset(cfg.data, "train")) // cfg.batch_size)
+
+
+def build_method(cfg: DINOViTSmall):
+    from contrastive.methods import DINO
+
+    spe = _steps_per_epoch(cfg)
+    return DINO(encoder=cfg.encoder, out_dim=cfg.out_dim, norm_last_layer=cfg.norm_last_layer,
+                momentum=cfg.momentum_teacher, teacher_temperature=cfg.teacher_temperature,
+                warmup_teacher_temperature=cfg.warmup_teacher_temperature,
+                warmup_teacher_steps=cfg.warmup_teacher_epochs * spe,
+                weight_decay=cfg.weight_decay, weight_decay_end=cfg.weight_decay_end,
+                freeze_last_layer_steps=cfg.freeze_last_layer_epochs * spe,
+                encoder_kwargs=cfg.encoder_options())
+
+
+def build_pipeline(cfg: DINOViTSmall):
+    from contrastive.augment import get_pipeline
+
+    return get_pipeline("dino", image_size=cfg.image_size, num_local=cfg.local_crops)
+
+
+if __name__ == "__main__":
+    run(DINOViTSmall, build_method, build_pipeline, name="dino_vit_small")

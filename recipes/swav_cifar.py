@@ -1,0 +1,59 @@
+#!/usr/bin/env python
+"""SwAV on CIFAR-10 (Caron et al., NeurIPS 2020). Following solo-learn's
+``scripts/pretrain/cifar/swav.yaml`` (vturrisi/solo-learn): ResNet-18 with the CIFAR stem,
+projector 2048 -> 128, 3000 prototypes, temperature 0.1, a queue of 3840 embeddings, LARS lr
+0.6 per 256 images with trust coefficient 0.02, weight decay 1e-6, batch 256, 1000 epochs,
+warmup + cosine; two 32-px views (solo-learn's "symmetric" augmentation). solo-learn freezes
+the prototypes for 2 epochs and starts the queue at epoch 50: here the prototypes are frozen
+for ``--freeze-prototypes-steps`` (2 epochs of 50k images at batch 256 = 390) and the queue
+joins the Sinkhorn once full.
+
+    python recipes/swav_cifar.py --data cifar10 --mixed-precision bf16
+    python recipes/swav_cifar.py --data cifar10 --local-crops 4   # multi-crop, 16-px locals
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from contrastive.engine import CifarConfig, help_field, run
+
+
+@dataclass
+class SwAVCifar(CifarConfig):
+    """SwAV, CIFAR-10 (solo-learn's swav.yaml)."""
+
+    optimizer: str = help_field("lars", "solo-learn: LARS", choices=("sgd", "adamw", "lars"))
+    lr: float = help_field(0.6, "per 256 images (linear rule)")
+    weight_decay: float = 1e-6
+
+    dim: int = help_field(128, "embedding dimension")
+    mlp_hidden: int = help_field(2048, "projector hidden width")
+    num_prototypes: int = help_field(3000, "number of prototypes")
+    temperature: float = help_field(0.1, "softmax temperature")
+    queue_size: int = help_field(3840, "queue of past embeddings (0: none)")
+    freeze_prototypes_steps: int = help_field(390, "prototypes frozen for these steps")
+    local_crops: int = help_field(0, "extra local crops of --local-size px (multi-crop)")
+    local_size: int = help_field(16, "side of the local crops")
+
+
+def build_method(cfg: SwAVCifar):
+    from contrastive.methods import SwAV
+
+    return SwAV(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
+                num_prototypes=cfg.num_prototypes, temperature=cfg.temperature,
+                queue_size=cfg.queue_size, freeze_prototypes_steps=cfg.freeze_prototypes_steps,
+                encoder_kwargs=cfg.encoder_options())
+
+
+def build_pipeline(cfg: SwAVCifar):
+    from contrastive.augment import get_pipeline
+
+    if cfg.local_crops:
+        return get_pipeline("multicrop", image_size=cfg.image_size, num_local=cfg.local_crops,
+                            local_size=cfg.local_size)
+    return get_pipeline("simclr", image_size=cfg.image_size)
+
+
+if __name__ == "__main__":
+    run(SwAVCifar, build_method, build_pipeline, name="swav_cifar")
