@@ -1,0 +1,189 @@
+"""Encoded images decoded lazily: libjpeg-turbo through torchvision, reduced-scale (DCT) decoding
+where the crop allows it, and a faster uint8 crop + resize.
+
+A data set that keeps the encoded bytes (the shards of :mod:`contrastive.data.shards`) hands an
+:class:`EncodedImage` to the pipelines of :mod:`contrastive.augment`, which sample the random
+crop box on the image's ORIGINAL size first (from the header, nothing decoded), exactly as they
+do for a decoded image, and only then decode:
+
+- at full size with ``torchvision.io.decode_jpeg`` (libjpeg-turbo, the same pixels as PIL's
+  decoder, which is also libjpeg-turbo: tests/data/test_decode.py checks it bit for bit) for
+  JPEGs, PIL for every other format, for a JPEG without its end marker (PIL decides whether it
+  is truncated) or when torchvision cannot read it;
+- or, when ``reduced=True`` and the sampled box allows it, at the largest scale 1/2, 1/4 or 1/8
+  whose copy of the box is still at least the output size in both axes (PIL's ``draft``: the
+  JPEG's inverse DCT run at a smaller size, exact DCT and upsampling). The box is mapped to the
+  smaller image (its corners rounded to the nearest pixel: at most half a reduced pixel, d / 2
+  original pixels at scale 1/d, off), so the crop keeps its place and the resize still shrinks.
+  The pixels then differ from the full decode by a resampling error (PSNR in
+  ``benchmarks/results/decode.md``); the crop boxes and their distribution do not change.
+
+Decoding never runs anything but an image decoder on the bytes: no pickle, no ``torch.load``.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image, ImageOps, UnidentifiedImageError
+from torch import Tensor
+
+from contrastive.data.io import CorruptImageError, to_rgb
+
+__all__ = ["EncodedImage", "fast_resized_crop", "reduced_scale", "map_box"]
+
+_ORIENTATION = 0x0112
+_SCALES = (8, 4, 2)
+_PIL_ERRORS = (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+
+
+def fast_resized_crop(img: Tensor, top: int, left: int, h: int, w: int, size: int) -> Tensor:
+    """Crop (top, left, h, w) of a uint8 (3, H, W) tensor and resize it to (size, size), bilinear,
+    antialiased -> contiguous uint8 (3, size, size).
+
+    The same pixels as ``torchvision.transforms.v2.functional.resized_crop`` (the same torch
+    kernel), about 1.5x faster: the crop is copied once into channels-last memory, the layout
+    torch's vectorised uint8 resampling kernel reads directly.
+    """
+    crop = img[:, top:top + h, left:left + w].unsqueeze(0)
+    crop = crop.contiguous(memory_format=torch.channels_last)
+    out = F.interpolate(crop, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+    return out[0].contiguous()
+
+
+def map_box(top: int, left: int, h: int, w: int, src: tuple[int, int],
+            dst: tuple[int, int]) -> tuple[int, int, int, int]:
+    """The box (top, left, h, w) on an image of size ``src`` (H, W) mapped to one of size ``dst``:
+    corners scaled and rounded to the nearest pixel, at least one pixel wide."""
+    sy, sx = dst[0] / src[0], dst[1] / src[1]
+    t, b = round(top * sy), round((top + h) * sy)
+    lft, r = round(left * sx), round((left + w) * sx)
+    t, lft = min(t, dst[0] - 1), min(lft, dst[1] - 1)
+    return t, lft, max(1, min(b, dst[0]) - t), max(1, min(r, dst[1]) - lft)
+
+
+def reduced_scale(h: int, w: int, box_h: int, box_w: int, size: int) -> int:
+    """The largest d in (8, 4, 2) at which an (h, w) image's box (box_h, box_w) still covers at
+    least ``size`` pixels in both axes after :func:`map_box` (``box / d >= size + 1``: rounding the
+    corners loses less than one pixel); 1 when no reduced scale does."""
+    for d in _SCALES:
+        if box_h >= d * (size + 1) and box_w >= d * (size + 1) and h >= d and w >= d:
+            return d
+    return 1
+
+
+class EncodedImage:
+    """The encoded bytes of one image, decoded when a crop asks (module docstring).
+
+    ``size``: (H, W) after the EXIF orientation, read from the header (raises
+    :class:`~contrastive.data.io.CorruptImageError` naming ``name`` when it cannot be parsed).
+    ``reduced``: allow reduced-scale (DCT) decoding of JPEGs (:meth:`resized_crop`).
+    Decodes are cached per scale: the views of one image share them.
+    """
+
+    __slots__ = ("data", "name", "reduced", "_size", "_format", "_oriented", "_cache")
+
+    def __init__(self, data: bytes, name: str, *, reduced: bool = True) -> None:
+        self.data = bytes(data)
+        self.name = name
+        self.reduced = bool(reduced)
+        self._cache: dict[int, Tensor] = {}
+        try:
+            with Image.open(io.BytesIO(self.data)) as im:
+                self._format = im.format
+                w, h = im.size
+                orientation = im.getexif().get(_ORIENTATION, 1)
+        except _PIL_ERRORS as e:
+            raise self._error(e) from e
+        self._oriented = orientation != 1
+        self._size = (w, h) if orientation in (5, 6, 7, 8) else (h, w)
+
+    def _error(self, e: BaseException) -> CorruptImageError:
+        return CorruptImageError(f"cannot read image {self.name}: {type(e).__name__}: {e}")
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """(H, W) of the decoded image (EXIF orientation applied)."""
+        return self._size
+
+    @property
+    def is_jpeg(self) -> bool:
+        return self._format == "JPEG"
+
+    # ---- decoding ----------------------------------------------------------------------------
+
+    def _pil(self, denom: int = 1) -> Tensor:
+        try:
+            with Image.open(io.BytesIO(self.data)) as im:
+                if denom > 1:
+                    w, h = im.size
+                    im.draft("RGB", (max(1, w // denom), max(1, h // denom)))
+                im.load()
+                if self._oriented:
+                    im = ImageOps.exif_transpose(im)
+                arr = np.array(to_rgb(im))
+        except _PIL_ERRORS as e:
+            raise self._error(e) from e
+        return torch.from_numpy(arr).permute(2, 0, 1)
+
+    def _turbo(self) -> Tensor | None:
+        """Full-size decode with torchvision's libjpeg-turbo; None when it is not the right tool."""
+        if not self.is_jpeg or not self.data.rstrip(b"\x00").endswith(b"\xff\xd9"):
+            return None  # a missing end marker: PIL decides whether the file is truncated
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                out = decode_jpeg(torch.frombuffer(bytearray(self.data), dtype=torch.uint8),
+                                  mode=ImageReadMode.RGB, apply_exif_orientation=True)
+        except (RuntimeError, ValueError):
+            return None
+        if out.ndim != 3 or out.shape[0] != 3 or tuple(out.shape[1:]) != self._size:
+            return None
+        return out
+
+    def decode(self, denom: int = 1) -> Tensor:
+        """uint8 (3, H', W') at scale 1/``denom`` (1, 2, 4, 8; >1 for JPEGs only), cached."""
+        if denom not in self._cache:
+            if denom == 1:
+                out = self._turbo()
+                self._cache[1] = out if out is not None else self._pil()
+            else:
+                self._cache[denom] = self._pil(denom)
+        return self._cache[denom]
+
+    def full(self) -> Tensor:
+        """The full-size decode, uint8 (3, H, W) (channels-last memory for JPEGs)."""
+        return self.decode(1)
+
+    def scale_for(self, h: int, w: int, size: int) -> int:
+        """Decode scale 1/d for a (h, w) box resized to ``size`` (1 unless reduced decoding applies)."""
+        if not (self.reduced and self.is_jpeg and not self._oriented):
+            return 1
+        return reduced_scale(self._size[0], self._size[1], h, w, size)
+
+    def prepare(self, denom: int) -> None:
+        """Decode at 1/``denom`` now (the batched path: one decode fine enough for every view)."""
+        self.decode(denom)
+
+    def resized_crop(self, top: int, left: int, h: int, w: int, size: int) -> Tensor:
+        """The box (top, left, h, w) of the full-size image resized to (size, size) -> uint8 CHW.
+
+        Uses the coarsest decode already made that is fine enough for this box, else decodes at
+        :meth:`scale_for` (full size when reduced decoding is off or does not apply).
+        """
+        need = self.scale_for(h, w, size)
+        usable = [d for d in self._cache if d <= need]
+        denom = max(usable) if usable else need
+        img = self.decode(denom)
+        if denom != 1 or tuple(img.shape[1:]) != self._size:
+            top, left, h, w = map_box(top, left, h, w, self._size, (img.shape[1], img.shape[2]))
+        return fast_resized_crop(img, top, left, h, w, size)
+
+    def __repr__(self) -> str:
+        return f"EncodedImage({self.name!r}, {self._format}, size={self._size}, {len(self.data)} bytes)"
