@@ -125,23 +125,25 @@ def build_shard_index(shard: str | os.PathLike) -> dict[str, Any]:
         raise ValueError(f"{shard} is not a readable uncompressed tar file ({e}); shards must be "
                          "plain .tar (random access reads members at their offsets): write them "
                          "with contrastive-make-shards or `tar cf`") from e
-    return {"format": INDEX_FORMAT, "version": INDEX_VERSION, "tar_size": shard.stat().st_size,
-            "samples": samples, "no_image": no_image, "ignored": ignored}
+    st = shard.stat()
+    return {"format": INDEX_FORMAT, "version": INDEX_VERSION, "tar_size": st.st_size,
+            "tar_mtime_ns": st.st_mtime_ns, "samples": samples, "no_image": no_image, "ignored": ignored}
 
 
 def load_shard_index(shard: str | os.PathLike, *, cache: bool = True) -> dict[str, Any]:
-    """The index of ``shard``: read from ``NAME.tar.idx.json`` when it matches the tar's size,
-    else built from the tar headers and (``cache``) written there, if the folder is writable."""
+    """The index of ``shard``: read from ``NAME.tar.idx.json`` when it matches the tar's size and
+    modification time (a copy that does not keep the time costs one header scan), else built
+    from the tar headers and (``cache``) written there, if the folder is writable."""
     shard = Path(shard)
     if not shard.is_file():
         raise FileNotFoundError(f"shard not found: {shard}")
     path = _index_path(shard)
-    size = shard.stat().st_size
+    st = shard.stat()
     if path.is_file():
         try:
             idx = json.loads(path.read_text())
-            if (idx.get("format"), idx.get("version"), idx.get("tar_size")) == \
-                    (INDEX_FORMAT, INDEX_VERSION, size):
+            if (idx.get("format"), idx.get("version"), idx.get("tar_size"), idx.get("tar_mtime_ns")) \
+                    == (INDEX_FORMAT, INDEX_VERSION, st.st_size, st.st_mtime_ns):
                 return idx
             logger.info("index %s is stale (the tar changed): rebuilding it", path)
         except (OSError, ValueError):
@@ -518,6 +520,12 @@ def _member(name: str, data: bytes) -> tuple[tarfile.TarInfo, io.BytesIO]:
     return info, io.BytesIO(data)
 
 
+def _tar_size(members: int) -> int:
+    """File size of a tar whose members take ``members`` bytes: two zero end blocks, then
+    ``tarfile`` pads the file to a multiple of its 10240-byte record."""
+    return -(-(members + 1024) // tarfile.RECORDSIZE) * tarfile.RECORDSIZE
+
+
 def write_shards(dataset: Any, out_dir: str | os.PathLike, split: str = "train", *,
                  max_count: int = 10000, max_bytes: int = 1 << 30,
                  classes: Sequence[str] | None = None) -> dict[str, Any]:
@@ -526,7 +534,7 @@ def write_shards(dataset: Any, out_dir: str | os.PathLike, split: str = "train",
     Sample i (key ``%09d`` of i) holds the i-th image, its original encoded bytes for files
     (folders, shards) and lossless PNG for decoded data (CIFAR arrays, generated shapes), and
     ``cls`` (the label) when labelled. A shard is closed before it would exceed ``max_count``
-    samples or ``max_bytes`` bytes (a single larger sample gets a shard of its own). Each tar is
+    samples or ``max_bytes`` bytes on disk (a single larger sample gets a shard of its own). Each tar is
     written under a temporary name and renamed when complete, then indexed
     (``NAME.tar.idx.json``). Bytes are copied without decoding: an unreadable source image is
     carried over, and skipped (named and counted) when the shards are read, as it would be in
@@ -558,8 +566,9 @@ def write_shards(dataset: Any, out_dir: str | os.PathLike, split: str = "train",
     for i, (data, ext, label) in enumerate(_encoded_items(dataset)):
         if ext not in IMAGE_KEYS:
             raise ValueError(f"item {i} has extension {ext!r}, not an image extension")
-        entry = len(data) + (1024 if label != UNLABELLED else 512) + 512
-        if tf is not None and (count >= max_count or size + entry > max_bytes):
+        # tar bytes of this sample: a 512-byte header per member, data padded to 512 bytes
+        entry = 512 + -(-len(data) // 512) * 512 + (1024 if label != UNLABELLED else 0)
+        if tf is not None and (count >= max_count or _tar_size(size + entry) > max_bytes):
             close()
         if tf is None:
             tmp = out / f".{split}-{len(shardlist):06d}.tar.tmp"
