@@ -6,13 +6,15 @@ A data set that keeps the encoded bytes (the shards of :mod:`contrastive.data.sh
 crop box on the image's ORIGINAL size first (from the header, nothing decoded), exactly as they
 do for a decoded image, and only then decode:
 
-- at full size with ``torchvision.io.decode_jpeg`` (libjpeg-turbo, the same pixels as PIL's
-  decoder, which is also libjpeg-turbo: tests/data/test_decode.py checks it bit for bit) for
-  JPEGs, PIL for every other format, for a JPEG without its end marker (PIL decides whether it
-  is truncated) or when torchvision cannot read it;
+- at full size with libjpeg-turbo for JPEGs: ``simplejpeg`` where installed (the ``shards``
+  extra; the fastest binding measured, ``benchmarks/results/decode.md``), else
+  ``torchvision.io.decode_jpeg``; both give the same pixels as PIL's decoder, itself
+  libjpeg-turbo (tests/data/test_decode.py checks it bit for bit). PIL decodes every other
+  format, a JPEG without its end marker (PIL decides whether it is truncated), a CMYK JPEG, and
+  whatever the others cannot read;
 - or, when ``reduced=True`` and the sampled box allows it, at the largest scale 1/2, 1/4 or 1/8
-  whose copy of the box is still at least the output size in both axes (PIL's ``draft``: the
-  JPEG's inverse DCT run at a smaller size, exact DCT and upsampling). The box is mapped to the
+  whose copy of the box is still at least the output size in both axes (libjpeg-turbo's scaled
+  inverse DCT, exact DCT and upsampling; through simplejpeg, else PIL's ``draft``). The box is mapped to the
   smaller image (its corners rounded to the nearest pixel: at most half a reduced pixel, d / 2
   original pixels at scale 1/d, off), so the crop keeps its place and the resize still shrinks.
   The pixels then differ from the full decode by a resampling error (PSNR in
@@ -76,6 +78,52 @@ def reduced_scale(h: int, w: int, box_h: int, box_w: int, size: int) -> int:
     return 1
 
 
+def _simplejpeg():
+    """The ``simplejpeg`` module (libjpeg-turbo, the ``shards`` extra) or None when absent."""
+    global _SJ
+    if _SJ is None:
+        try:
+            import simplejpeg
+        except ImportError:  # the torchvision / PIL decoders serve instead
+            simplejpeg = False
+        _SJ = simplejpeg
+    return _SJ or None
+
+
+_SJ = None
+
+
+def jpeg_header(data: bytes) -> tuple[int, int, bool] | None:
+    """(height, width, has an Exif segment) from a JPEG's markers (no decoding), or None when
+    ``data`` is not a JPEG this simple scan understands (PIL then reads the header)."""
+    if data[:2] != b"\xff\xd8":
+        return None
+    i, n, exif, hw = 2, len(data), False, None
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # no length
+            i += 2
+            continue
+        if marker == 0xDA:  # start of scan: the header is over
+            return (*hw, exif) if hw else None
+        length = int.from_bytes(data[i + 2:i + 4], "big")
+        if length < 2:
+            return None
+        if marker == 0xE1 and data[i + 4:i + 10] == b"Exif\x00\x00":
+            exif = True
+        elif 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC) and i + 9 <= n:
+            hw = (int.from_bytes(data[i + 5:i + 7], "big"), int.from_bytes(data[i + 7:i + 9], "big"))
+            if not all(hw):
+                return None
+        i += 2 + length
+    return None
+
+
 class EncodedImage:
     """The encoded bytes of one image, decoded when a crop asks (module docstring).
 
@@ -92,6 +140,10 @@ class EncodedImage:
         self.name = name
         self.reduced = bool(reduced)
         self._cache: dict[int, Tensor] = {}
+        header = jpeg_header(self.data)
+        if header is not None and not header[2]:  # a JPEG without EXIF: no orientation
+            self._format, self._oriented, self._size = "JPEG", False, header[:2]
+            return
         try:
             with Image.open(io.BytesIO(self.data)) as im:
                 self._format = im.format
@@ -130,10 +182,30 @@ class EncodedImage:
             raise self._error(e) from e
         return torch.from_numpy(arr).permute(2, 0, 1)
 
+    def _complete_jpeg(self) -> bool:
+        # without its end marker PIL decides whether a JPEG is truncated (libjpeg would pad it)
+        return self.is_jpeg and self.data.rstrip(b"\x00").endswith(b"\xff\xd9")
+
+    def _simple(self, denom: int) -> Tensor | None:
+        """Decode with simplejpeg at 1/``denom``; None when it is absent or not the right tool."""
+        sj = _simplejpeg()
+        if sj is None or self._oriented or not self._complete_jpeg():
+            return None
+        h, w = self._size
+        want = (-(-h // denom), -(-w // denom))
+        try:
+            arr = sj.decode_jpeg(self.data, colorspace="RGB", min_height=want[0], min_width=want[1],
+                                 min_factor=float(denom), strict=True)
+        except (ValueError, RuntimeError):
+            return None  # e.g. CMYK: torchvision / PIL convert it
+        if arr.ndim != 3 or arr.shape[:2] != want:
+            return None
+        return torch.from_numpy(arr).permute(2, 0, 1)
+
     def _turbo(self) -> Tensor | None:
         """Full-size decode with torchvision's libjpeg-turbo; None when it is not the right tool."""
-        if not self.is_jpeg or not self.data.rstrip(b"\x00").endswith(b"\xff\xd9"):
-            return None  # a missing end marker: PIL decides whether the file is truncated
+        if not self._complete_jpeg():
+            return None
         from torchvision.io import ImageReadMode, decode_jpeg
 
         try:
@@ -150,11 +222,10 @@ class EncodedImage:
     def decode(self, denom: int = 1) -> Tensor:
         """uint8 (3, H', W') at scale 1/``denom`` (1, 2, 4, 8; >1 for JPEGs only), cached."""
         if denom not in self._cache:
-            if denom == 1:
+            out = self._simple(denom)
+            if out is None and denom == 1:
                 out = self._turbo()
-                self._cache[1] = out if out is not None else self._pil()
-            else:
-                self._cache[denom] = self._pil(denom)
+            self._cache[denom] = out if out is not None else self._pil(denom)
         return self._cache[denom]
 
     def full(self) -> Tensor:

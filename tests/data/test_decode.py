@@ -18,6 +18,7 @@ from contrastive.augment import get_pipeline
 from contrastive.augment import per_image as PI
 from contrastive.augment.per_image import as_uint8_chw
 from contrastive.data import CorruptImageError, load_rgb
+from contrastive.data import decode as D
 from contrastive.data.decode import EncodedImage, fast_resized_crop, map_box, reduced_scale
 
 
@@ -49,8 +50,18 @@ CASES = {
 }
 
 
+@pytest.fixture(params=["simplejpeg", "torchvision"])
+def decoder(request, monkeypatch):
+    """Each full-size JPEG decoder: simplejpeg (the shards extra) or torchvision's."""
+    if request.param == "simplejpeg":
+        pytest.importorskip("simplejpeg")
+    else:
+        monkeypatch.setattr(D, "_SJ", False)
+    return request.param
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_full_decode_equals_pil(case, tmp_path):
+def test_full_decode_equals_pil(case, decoder, tmp_path):
     data = _jpeg(**CASES[case])
     path = tmp_path / "x.jpg"
     path.write_bytes(data)
@@ -58,9 +69,25 @@ def test_full_decode_equals_pil(case, tmp_path):
     ref = as_uint8_chw(load_rgb(path))
     assert enc.size == tuple(ref.shape[1:])
     assert torch.equal(enc.full(), ref), (enc.full().int() - ref.int()).abs().max()
+    header = D.jpeg_header(data)  # the marker scan agrees with PIL's header
+    assert header is not None and header[2] == ("exif_orientation" in CASES[case])
+    if not header[2]:
+        assert header[:2] == enc.size
 
 
-def test_png_and_broken_files(tmp_path):
+def test_reduced_decoders_agree(monkeypatch):
+    pytest.importorskip("simplejpeg")
+    data = _jpeg(803, 601, seed=4)
+    for d in (2, 4, 8):
+        fast = EncodedImage(data, "x").decode(d)
+        assert tuple(fast.shape[1:]) == (-(-601 // d), -(-803 // d))
+        monkeypatch.setattr(D, "_SJ", False)
+        pil = EncodedImage(data, "x").decode(d)
+        monkeypatch.undo()
+        assert torch.equal(fast, pil), d
+
+
+def test_png_and_broken_files(decoder, tmp_path):
     buf = io.BytesIO()
     Image.fromarray(_photo(30, 20)).convert("RGBA").save(buf, format="PNG")
     path = tmp_path / "x.png"
