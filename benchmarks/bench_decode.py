@@ -175,9 +175,13 @@ def main() -> None:
     sizes = [Image.open(io.BytesIO(b)).size for b in blobs]
     print(f"# {len(blobs)} JPEGs, mean {kb:.0f} KB, {min(sizes)} .. {max(sizes)} (W, H); "
           f"{cpu_name()}, torch {torch.__version__}, Pillow {Image.__version__}")
-    d = decode_only(blobs, args.rounds)
-    print("decode only, ms/image: " + ", ".join(f"{k} {v:.2f}" for k, v in d.items())
-          + f" ({d['PIL (today)'] / d['torchvision']:.2f}x)")
+    d, ps = decode_only(blobs, args.rounds)
+    print()
+    print("| full-size decode | ms / image | vs PIL | PSNR vs PIL (dB) |")
+    print("|---|---|---|---|")
+    for k, v in d.items():
+        print(f"| {k} | {v:.2f} | {d['PIL (today)'] / v:.2f}x | "
+              + ("exact" if not np.isfinite(ps[k]) else f"{ps[k]:.1f}") + " |")
     print()
     print("| pipeline | today img/s | full img/s | reduced img/s | full / today | reduced / today "
           "| reduced decodes | PSNR reduced vs exact (dB, median / min) |")
