@@ -196,7 +196,7 @@ def test_pickle_members_are_never_loaded(tmp_path):
 
 @pytest.fixture
 def corrupt_shards(folder, tmp_path) -> Path:
-    (folder / "cat" / "01.jpg").write_bytes(_jpeg(1)[:300])  # truncated: no end marker
+    (folder / "cat" / "01.jpg").write_bytes(_jpeg(1)[:-100])  # truncated in the scan: header intact
     (folder / "dog" / "02.jpg").write_bytes(b"not an image at all" * 20)
     out = tmp_path / "wds"
     write_shards(ImageFolderDataset(folder), out, max_count=4)
