@@ -130,15 +130,19 @@ class EncodedImage:
     ``size``: (H, W) after the EXIF orientation, read from the header (raises
     :class:`~contrastive.data.io.CorruptImageError` naming ``name`` when it cannot be parsed).
     ``reduced``: allow reduced-scale (DCT) decoding of JPEGs (:meth:`resized_crop`).
+    ``fast``: opt-in, libjpeg-turbo's fast integer inverse DCT and plain (not "fancy") chroma
+    upsampling through simplejpeg: less exact (about 34 dB PSNR against the exact decode on
+    photo-like JPEGs, ``benchmarks/results/decode.md``), a few per cent faster.
     Decodes are cached per scale: the views of one image share them.
     """
 
-    __slots__ = ("data", "name", "reduced", "_size", "_format", "_oriented", "_cache")
+    __slots__ = ("data", "name", "reduced", "fast", "_size", "_format", "_oriented", "_cache")
 
-    def __init__(self, data: bytes, name: str, *, reduced: bool = True) -> None:
+    def __init__(self, data: bytes, name: str, *, reduced: bool = True, fast: bool = False) -> None:
         self.data = bytes(data)
         self.name = name
         self.reduced = bool(reduced)
+        self.fast = bool(fast)
         self._cache: dict[int, Tensor] = {}
         header = jpeg_header(self.data)
         if header is not None and not header[2]:  # a JPEG without EXIF: no orientation
@@ -195,7 +199,8 @@ class EncodedImage:
         want = (-(-h // denom), -(-w // denom))
         try:
             arr = sj.decode_jpeg(self.data, colorspace="RGB", min_height=want[0], min_width=want[1],
-                                 min_factor=float(denom), strict=True)
+                                 min_factor=float(denom), strict=True, fastdct=self.fast,
+                                 fastupsample=self.fast)
         except (ValueError, RuntimeError):
             return None  # e.g. CMYK: torchvision / PIL convert it
         if arr.ndim != 3 or arr.shape[:2] != want:

@@ -62,6 +62,7 @@ INDEX_FORMAT = "contrastive-shard-index"
 INDEX_VERSION = 1
 _KEY_RE = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
 _MAX_OPEN = 64
+DECODE_MODES = ("auto", "pil", "full", "reduced", "fast")
 
 
 def split_name(name: str) -> tuple[str, str] | None:
@@ -252,6 +253,8 @@ class ShardDataset(LabelledDataset):
         decode: ``"pil"``: the image is an RGB PIL image (any transform); ``"full"``: an
             :class:`~contrastive.data.decode.EncodedImage` decoded at full size (the same pixels
             as "pil", faster); ``"reduced"``: also reduced-scale decoding where a crop allows;
+            ``"fast"`` (opt-in): "reduced" with libjpeg-turbo's fast inverse DCT and chroma
+            upsampling (less exact: PSNR in ``benchmarks/results/decode.md``; needs simplejpeg);
             ``"auto"`` (default): "reduced" when the transform takes encoded images (the
             pipelines of :mod:`contrastive.augment`), else "pil".
         cache_index: write each shard's index beside it (``NAME.tar.idx.json``).
@@ -264,8 +267,8 @@ class ShardDataset(LabelledDataset):
     def __init__(self, shards: Sequence[str | os.PathLike], transform: Callable[[Any], Any] | None = None,
                  *, classes: Sequence[str] = (), strict: bool = False, decode: str = "auto",
                  cache_index: bool = True) -> None:
-        if decode not in ("auto", "pil", "full", "reduced"):
-            raise ValueError(f"decode must be 'auto', 'pil', 'full' or 'reduced'; got {decode!r}")
+        if decode not in DECODE_MODES:
+            raise ValueError(f"decode must be one of {', '.join(map(repr, DECODE_MODES))}; got {decode!r}")
         self.shards = [Path(s) for s in shards]
         if not self.shards:
             raise ValueError("no shards given")
@@ -359,7 +362,8 @@ class ShardDataset(LabelledDataset):
         mode = self._mode()
         if mode == "pil":
             return _pil_rgb(data, self.name(index))
-        return EncodedImage(data, self.name(index), reduced=mode == "reduced")
+        return EncodedImage(data, self.name(index), reduced=mode in ("reduced", "fast"),
+                            fast=mode == "fast")
 
     def _check_all(self) -> None:
         t0 = time.perf_counter()

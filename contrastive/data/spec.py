@@ -18,7 +18,7 @@ Grammar::
                                         exists, else PATH is the training set (no test split)
     wds:DIR | wds:DIR/train.json | wds:/data/train-{000000..000146}.tar
                                         tar shards (contrastive.data.shards; write them with
-                                        contrastive-make-shards); option decode=auto|pil|full|reduced
+                                        contrastive-make-shards); option decode=auto|pil|full|reduced|fast
 
 Every data set also takes ``fraction=F`` (a stratified, seeded subset: 0.01 for 1 % labels)
 and ``fraction_seed=S``. VALUEs are parsed as bool (true/false/yes/no/on/off), int, float or

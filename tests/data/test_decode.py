@@ -200,3 +200,24 @@ def test_reduced_decoding_is_used_when_the_box_allows_and_is_close():
     enc.resized_crop(0, 0, 600, 800, 32)
     assert set(enc._cache) == {1, 4}
     assert not EncodedImage(_jpeg(800, 600, exif_orientation=6), "r").scale_for(800, 600, 32) > 1
+
+
+def test_fast_dct_is_opt_in_and_close(tmp_path):
+    pytest.importorskip("simplejpeg")
+    from contrastive.data import ImageFolderDataset, get_dataset
+    from contrastive.data.shards import write_shards
+
+    data = _jpeg(400, 300, seed=5)
+    exact, fast = EncodedImage(data, "x").full(), EncodedImage(data, "x", fast=True).full()
+    assert not torch.equal(exact, fast)
+    mse = (exact.double() - fast.double()).square().mean()
+    assert 10 * torch.log10(255.0**2 / mse) > 30
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "x.jpg").write_bytes(data)
+    write_shards(ImageFolderDataset(tmp_path, labels=False), tmp_path / "wds")
+    seen = []
+    spy = type("Spy", (), {"accepts_encoded": True, "__call__": lambda s, x: seen.append(x)})()
+    for mode, flags in (("auto", (True, False)), ("reduced", (True, False)), ("full", (False, False)),
+                        ("fast", (True, True))):
+        get_dataset(f"wds:{tmp_path / 'wds'},decode={mode}", transform=spy)[0]
+        assert (seen[-1].reduced, seen[-1].fast) == flags, mode

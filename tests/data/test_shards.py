@@ -112,7 +112,7 @@ def test_shard_specs(folder, tmp_path):
     with pytest.raises(FileNotFoundError, match="no shard matches"):
         get_dataset(f"wds:{tmp_path}/nothing-*.tar")
     with pytest.raises(ValueError, match="decode must be"):
-        get_dataset(f"wds:{out},decode=fast")
+        get_dataset(f"wds:{out},decode=fastest")
     gz = tmp_path / "z.tar"
     with tarfile.open(gz, "w:gz") as tf:
         tf.add(folder / "cat" / "00.jpg", "000.jpg")
