@@ -11,14 +11,17 @@ What one worker does per source image before the batch is collated (the batched 
   through ``torchvision.io.decode_jpeg``, the channels-last crop + resize (same pixels as today);
 - **reduced**: the same with reduced-scale (DCT) decoding where every view's box allows it (the
   default for shards). Its pixel error against the exact decode is reported as PSNR over the
-  views (same seeds: same boxes).
+  views (same seeds: same boxes);
+- **fast** (opt-in, ``decode=fast``): reduced + libjpeg-turbo's fast inverse DCT and chroma
+  upsampling, PSNR likewise.
 
 Pipelines: MoCo v2 two views at 224 px, multi-crop 2 x 224 + 6 x 96, and MoCo v2 two views at
 128 px (where reduced decoding applies). Data: generated photo-like JPEGs of ImageNet size
 (generated shapes drawn at 500 px with clutter, 480-500 x 360-375 px, Gaussian noise for a
 photo's entropy, quality 95: about 110 KB). One thread, main process, bytes in memory (no file
-I/O); every round runs each method over the same images with the same seeds, methods interleaved;
-medians over the rounds, ratios per round then their median.
+I/O); after one warm-up round, every round runs each method over the same images with the same
+seeds, methods interleaved and each first in turn; medians over the rounds, ratios per round
+then their median.
 
     python benchmarks/bench_decode.py --rounds 7 --n 64
 """
@@ -99,22 +102,28 @@ def run_today(blobs, views, stages):
         outs.append([today_crop(t, v) for v in views])
         t2 = time.perf_counter()
         stages["decode"] += t1 - t0
-        stages["crop+resize"] += t2 - t1
+        stages["box+crop+resize"] += t2 - t1
     return outs
 
 
-def run_encoded(blobs, worker, reduced, stages):
+def run_encoded(blobs, worker, method, stages):
     outs = []
     for k, data in enumerate(blobs):
         torch.manual_seed(k)
         t0 = time.perf_counter()
-        enc = EncodedImage(data, f"img{k}", reduced=reduced)
+        enc = EncodedImage(data, f"img{k}", reduced=method != "full", fast=method == "fast")
         t1 = time.perf_counter()
-        outs.append(worker(enc))
+        if method == "full":  # decode first, so that decode and crop are timed apart
+            enc.full()
         t2 = time.perf_counter()
+        outs.append(worker(enc))
+        t3 = time.perf_counter()
         stages["header"] += t1 - t0
-        stages["decode+crop+resize"] += t2 - t1
-        if reduced:
+        if method == "full":
+            stages["decode"] += t2 - t1
+            stages["box+crop+resize"] += t3 - t2
+        else:
+            stages["decode+box+crop+resize"] += t3 - t2
             stages["reduced"] += float(min(enc._cache) > 1)
     return outs
 
@@ -183,52 +192,55 @@ def main() -> None:
         print(f"| {k} | {v:.2f} | {d['PIL (today)'] / v:.2f}x | "
               + ("exact" if not np.isfinite(ps[k]) else f"{ps[k]:.1f}") + " |")
     print()
-    print("| pipeline | today img/s | full img/s | reduced img/s | full / today | reduced / today "
-          "| reduced decodes | PSNR reduced vs exact (dB, median / min) |")
-    print("|---|---|---|---|---|---|---|---|")
+    methods = ("today", "full", "reduced", "fast")
+    print("| pipeline | today img/s | full img/s | reduced img/s | fast (opt-in) img/s | full / today "
+          "| reduced / today | fast / today | reduced decodes | PSNR vs exact, reduced (dB, median / min) "
+          "| PSNR vs exact, fast (median / min) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     details = []
     for name, (preset, kw) in PIPELINES.items():
         pipe = get_pipeline(preset, **kw)
         worker, _ = pipe.split()
         views = pipe.views
-        rate = {"today": [], "full": [], "reduced": []}
-        ratio = {"full": [], "reduced": []}
-        stages = {m: {} for m in rate}
-        for _ in range(args.rounds):
+        rate = {m: [] for m in methods}
+        ratio = {m: [] for m in methods[1:]}
+        stages = {m: {} for m in methods}
+        outs = {}
+        for r in range(-1, args.rounds):  # round -1 warms up and is not counted
             times = {}
-            for m in ("today", "full", "reduced"):
+            for m in methods[r % 4:] + methods[:r % 4]:  # each method first in turn
                 st = stages[m]
-                for key in ("decode", "crop+resize", "header", "decode+crop+resize", "reduced"):
+                for key in ("header", "decode", "box+crop+resize", "decode+box+crop+resize", "reduced"):
                     st.setdefault(key, 0.0)
+                if r < 0:
+                    st = {k: 0.0 for k in st}
                 t0 = time.perf_counter()
-                if m == "today":
-                    out = run_today(blobs, views, st)
-                else:
-                    out = run_encoded(blobs, worker, m == "reduced", st)
+                out = run_today(blobs, views, st) if m == "today" else run_encoded(blobs, worker, m, st)
                 times[m] = time.perf_counter() - t0
-                rate[m].append(len(blobs) / times[m])
-                if m == "today":
-                    ref = out
-                elif m == "full":
-                    assert all(torch.equal(x, y) for a, b in zip(ref, out) for x, y in zip(a, b)), \
-                        "full decode differs from today's pixels"
-                else:
-                    red = out
+                outs[m] = out
+                if r >= 0:
+                    rate[m].append(len(blobs) / times[m])
+            assert all(torch.equal(x, y) for a, b in zip(outs["today"], outs["full"]) for x, y in zip(a, b)), \
+                "full decode differs from today's pixels"
             for m in ratio:
-                ratio[m].append(times["today"] / times[m])
-        ps = [psnr(x, y) for a, b in zip(ref, red) for x, y in zip(a, b)]
-        finite = [p for p in ps if np.isfinite(p)]
+                if r >= 0:
+                    ratio[m].append(times["today"] / times[m])
+
+        def quality(m, outs=outs):
+            ps = [psnr(x, y) for a, b in zip(outs["today"], outs[m]) for x, y in zip(a, b)]
+            finite = [p for p in ps if np.isfinite(p)]
+            return f"{statistics.median(ps):.1f} / {min(finite):.1f}" if finite else "exact"
+
         n_red = stages["reduced"]["reduced"] / args.rounds
         med = {m: statistics.median(v) for m, v in rate.items()}
-        print(f"| {name} | {med['today']:.0f} | {med['full']:.0f} | {med['reduced']:.0f} | "
-              f"{statistics.median(ratio['full']):.2f}x | {statistics.median(ratio['reduced']):.2f}x | "
-              f"{n_red:.0f} of {len(blobs)} | "
-              + (f"{statistics.median(finite):.1f} / {min(finite):.1f}" if finite else "exact") + " |")
+        print(f"| {name} | " + " | ".join(f"{med[m]:.0f}" for m in methods) + " | "
+              + " | ".join(f"{statistics.median(ratio[m]):.2f}x" for m in methods[1:])
+              + f" | {n_red:.0f} of {len(blobs)} | {quality('reduced')} | {quality('fast')} |")
         per = {m: {k: 1e3 * v / (args.rounds * len(blobs)) for k, v in st.items() if v and k != "reduced"}
                for m, st in stages.items()}
         details.append((name, per))
     print()
-    print("Where a worker's time goes (ms per source image, all views; summed over all rounds):")
+    print("Where a worker's time goes (ms per source image, all views; averaged over all rounds):")
     print()
     print("| pipeline | method | stage ms/image |")
     print("|---|---|---|")
