@@ -147,7 +147,7 @@ def decode_only(blobs, rounds):
                                                 mode=ImageReadMode.RGB)}
     if simplejpeg is not None:
         fns["simplejpeg"] = lambda b: torch.from_numpy(simplejpeg.decode_jpeg(b)).permute(2, 0, 1)
-        fns["simplejpeg fastdct+fastupsample (not used)"] = lambda b: torch.from_numpy(
+        fns["simplejpeg fastdct+fastupsample (`decode=fast`, opt-in)"] = lambda b: torch.from_numpy(
             simplejpeg.decode_jpeg(b, fastdct=True, fastupsample=True)).permute(2, 0, 1)
     res = {k: [] for k in fns}
     for _ in range(rounds):
