@@ -29,7 +29,7 @@ def shards(tmp_path_factory):
 
 def _args(shards):
     return ["--data", f"wds:{shards}", "--epochs", "3", "--pass-indices", "--save-every-steps", str(K),
-            "--keep-last", "5"]
+            "--keep-last", "5", "--knn-every", "0"]
 
 
 def _assert_same_final(a_dir, b_dir):
@@ -64,7 +64,7 @@ def test_two_process_resume_from_uneven_shards_is_exact(shards, tmp_path, rx):
     launch = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
               "--mixed_precision", "no", "--dynamo_backend", "no"]
     a, b = tmp_path / "a", tmp_path / "b"
-    common = [*_args(shards), "--batched-augment", "off", "--split-bn", "0", "--knn-every", "0"]
+    common = [*_args(shards), "--batched-augment", "off", "--split-bn", "0"]
     for out, extra in ((a, []), (b, ["--resume", str(a / "checkpoints" / f"step_{K:08d}")])):
         cmd = [*launch, *rx.recipe_cmd("moco_cifar", *common, "--output-dir", str(out), *extra)[1:]]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
