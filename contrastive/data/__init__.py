@@ -29,7 +29,8 @@ from contrastive.data.loader import (
     build_loader,
     default_num_workers,
 )
-from contrastive.data.shards import ShardDataset, write_shards
+from contrastive.data.make_shards import write_shards
+from contrastive.data.shards import ShardDataset
 from contrastive.data.spec import (
     SPEC_HELP,
     UnknownDatasetError,

@@ -16,7 +16,7 @@ but its default decoders unpickle ``.pyd``/``.pickle`` members and hand ``.pth``
 ``torch.load``; here only the members the toolkit uses are ever read (the image, the ``cls``
 label), everything else is skipped unread, so nothing in a shard can run code.
 
-The shards written by :func:`write_shards` keep each source image's original bytes in the
+The shards written by :func:`contrastive.data.make_shards.write_shards` keep each source image's original bytes in the
 source order, so sample i of the shards is image i of the source: the same ``--seed`` gives
 the same global order, and (per-image path, ``decode=full`` or ``pil``) the same views, as
 training from the folder. A ``NAME.json`` index beside the shards lists them with their sample
@@ -38,7 +38,7 @@ import os
 import re
 import tarfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,7 @@ from contrastive.data.io import IMAGE_EXTENSIONS, CorruptImageError, to_rgb
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ShardDataset", "write_shards", "build_shard_index", "expand_shard_spec",
+__all__ = ["ShardDataset", "build_shard_index", "load_shard_index", "expand_shard_spec",
            "resolve_shards", "IMAGE_KEYS", "LABEL_KEY"]
 
 IMAGE_KEYS: frozenset[str] = frozenset(e.lstrip(".") for e in IMAGE_EXTENSIONS)
@@ -468,129 +468,3 @@ def _check_bytes(data: bytes, name: str) -> str | None:
     except CorruptImageError as e:
         return str(e)
     return None
-
-
-# ---- writing -------------------------------------------------------------------------------------
-
-def _encoded_items(dataset: Any) -> Iterator[tuple[bytes, str, int]]:
-    """``(encoded bytes, extension, label)`` per item of a data set, in index order: a file's
-    or a shard's bytes as they are, anything else (arrays, tensors, PIL images) as lossless PNG."""
-    base, indices = dataset, None
-    if hasattr(base, "indices") and hasattr(base, "dataset"):  # a SubsetDataset (fraction=)
-        base, indices = base.dataset, base.indices
-    n = len(indices) if indices is not None else len(base)
-    targets = getattr(dataset, "targets", None)
-    saved = getattr(base, "transform", None)
-    try:
-        if hasattr(base, "transform"):
-            base.transform = None
-        for i in range(n):
-            j = indices[i] if indices is not None else i
-            label = int(targets[i]) if targets is not None else UNLABELLED
-            if hasattr(base, "paths"):
-                path = Path(base.paths[j])
-                yield path.read_bytes(), path.suffix.lower().lstrip("."), label
-            elif isinstance(base, ShardDataset):
-                yield base.read_bytes(j), base.exts[j], label
-            else:
-                img = base.load(j) if hasattr(base, "load") else base[j][0]
-                yield _png(img), "png", label
-    finally:
-        if hasattr(base, "transform"):
-            base.transform = saved
-
-
-def _png(img: Any) -> bytes:
-    from PIL import Image
-
-    if isinstance(img, torch.Tensor):
-        arr = img.detach().cpu()
-        if arr.ndim == 3 and arr.shape[0] in (1, 3):
-            arr = arr.permute(1, 2, 0)
-        img = Image.fromarray(arr.squeeze(-1).numpy() if arr.shape[-1] == 1 else arr.numpy())
-    elif isinstance(img, np.ndarray):
-        img = Image.fromarray(img)
-    if not isinstance(img, Image.Image):
-        raise TypeError(f"cannot encode a {type(img).__name__} as an image")
-    buf = io.BytesIO()
-    to_rgb(img).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def _member(name: str, data: bytes) -> tuple[tarfile.TarInfo, io.BytesIO]:
-    info = tarfile.TarInfo(name)
-    info.size, info.mode, info.mtime = len(data), 0o444, 0
-    info.uname = info.gname = ""
-    return info, io.BytesIO(data)
-
-
-def _tar_size(members: int) -> int:
-    """File size of a tar whose members take ``members`` bytes: two zero end blocks, then
-    ``tarfile`` pads the file to a multiple of its 10240-byte record."""
-    return -(-(members + 1024) // tarfile.RECORDSIZE) * tarfile.RECORDSIZE
-
-
-def write_shards(dataset: Any, out_dir: str | os.PathLike, split: str = "train", *,
-                 max_count: int = 10000, max_bytes: int = 1 << 30,
-                 classes: Sequence[str] | None = None) -> dict[str, Any]:
-    """Write ``dataset`` as tar shards ``out_dir/SPLIT-000000.tar ...`` plus ``SPLIT.json``.
-
-    Sample i (key ``%09d`` of i) holds the i-th image, its original encoded bytes for files
-    (folders, shards) and lossless PNG for decoded data (CIFAR arrays, generated shapes), and
-    ``cls`` (the label) when labelled. A shard is closed before it would exceed ``max_count``
-    samples or ``max_bytes`` bytes on disk (a single larger sample gets a shard of its own). Each tar is
-    written under a temporary name and renamed when complete, then indexed
-    (``NAME.tar.idx.json``). Bytes are copied without decoding: an unreadable source image is
-    carried over, and skipped (named and counted) when the shards are read, as it would be in
-    the folder. Returns the shard list (the content of ``SPLIT.json``).
-    """
-    if max_count < 1 or max_bytes < 1:
-        raise ValueError(f"max_count and max_bytes must be positive; got {max_count}, {max_bytes}")
-    if not re.fullmatch(r"[A-Za-z0-9_]+", split):
-        raise ValueError(f"split name {split!r}: letters, digits and '_' only")
-    out = Path(out_dir).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
-    classes = list(classes if classes is not None else getattr(dataset, "classes", None) or [])
-    shardlist: list[dict[str, Any]] = []
-    tf: tarfile.TarFile | None = None
-    count = size = 0
-    t0 = time.perf_counter()
-
-    def close() -> None:
-        nonlocal tf
-        if tf is None:
-            return
-        tf.close()
-        final = out / f"{split}-{len(shardlist):06d}.tar"
-        os.replace(tmp, final)
-        load_shard_index(final)  # write the index now (checks the tar too)
-        shardlist.append({"url": final.name, "nsamples": count})
-        tf = None
-
-    for i, (data, ext, label) in enumerate(_encoded_items(dataset)):
-        if ext not in IMAGE_KEYS:
-            raise ValueError(f"item {i} has extension {ext!r}, not an image extension")
-        # tar bytes of this sample: a 512-byte header per member, data padded to 512 bytes
-        entry = 512 + -(-len(data) // 512) * 512 + (1024 if label != UNLABELLED else 0)
-        if tf is not None and (count >= max_count or _tar_size(size + entry) > max_bytes):
-            close()
-        if tf is None:
-            tmp = out / f".{split}-{len(shardlist):06d}.tar.tmp"
-            tf = tarfile.open(tmp, mode="w", format=tarfile.USTAR_FORMAT)
-            count = size = 0
-        key = f"{i:09d}"
-        tf.addfile(*_member(f"{key}.{ext}", data))
-        if label != UNLABELLED:
-            tf.addfile(*_member(f"{key}.{LABEL_KEY}", str(int(label)).encode()))
-        count += 1
-        size += entry
-    close()
-    if not shardlist:
-        raise ValueError("the data set is empty: no shard written")
-    meta = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": split,
-            "format": "contrastive-shards", "version": 1, "classes": classes,
-            "num_samples": sum(s["nsamples"] for s in shardlist), "shardlist": shardlist}
-    (out / f"{split}.json").write_text(json.dumps(meta, indent=1))
-    logger.info("wrote %d samples in %d shard(s) to %s in %.1f s", meta["num_samples"],
-                len(shardlist), out, time.perf_counter() - t0)
-    return meta

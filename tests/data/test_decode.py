@@ -205,7 +205,7 @@ def test_reduced_decoding_is_used_when_the_box_allows_and_is_close():
 def test_fast_dct_is_opt_in_and_close(tmp_path):
     pytest.importorskip("simplejpeg")
     from contrastive.data import ImageFolderDataset, get_dataset
-    from contrastive.data.shards import write_shards
+    from contrastive.data.make_shards import write_shards
 
     data = _jpeg(400, 300, seed=5)
     exact, fast = EncodedImage(data, "x").full(), EncodedImage(data, "x", fast=True).full()

@@ -20,8 +20,8 @@ from contrastive.augment.per_image import as_uint8_chw
 from contrastive.data import CorruptImageError, ImageFolderDataset, get_dataset, has_split
 from contrastive.data.decode import EncodedImage
 from contrastive.data.make_shards import main as make_shards
-from contrastive.data.make_shards import parse_size
-from contrastive.data.shards import ShardDataset, expand_shard_spec, split_name, write_shards
+from contrastive.data.make_shards import parse_size, write_shards
+from contrastive.data.shards import ShardDataset, expand_shard_spec, split_name
 from contrastive.engine.loader import GlobalBatchSampler, SeededDataset
 
 
