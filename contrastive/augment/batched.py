@@ -32,7 +32,13 @@ from torch import Tensor
 
 from contrastive.augment import functional as AF
 from contrastive.augment.config import ViewConfig
-from contrastive.augment.per_image import ImageLike, as_uint8_chw, build_crop
+from contrastive.augment.per_image import (
+    ImageLike,
+    RandomResizedCropUint8,
+    as_uint8_chw,
+    build_crop,
+)
+from contrastive.data.decode import EncodedImage
 
 # columns of the per-view random draw
 _JIT, _B, _C, _S, _H, _ORD, _GRAY, _BLUR, _SIGMA, _SOL, _FLIP = 0, 1, 2, 3, 4, 5, 9, 10, 11, 12, 13
@@ -45,13 +51,27 @@ _OPS = ("brightness", "contrast", "saturation", "hue")
 class WorkerCrops:
     """The worker half of :meth:`Pipeline.split`: image -> list of uint8 (3, S_v, S_v) tensors."""
 
+    accepts_encoded = True  # takes contrastive.data.decode.EncodedImage
+
     def __init__(self, views: Sequence[ViewConfig]) -> None:
         self.views = tuple(views)
         self.crops = [build_crop(v) for v in self.views]
 
     def __call__(self, img: ImageLike) -> list[Tensor]:
+        if isinstance(img, EncodedImage):
+            return self._encoded(img)
         t = as_uint8_chw(img)  # one conversion for all views
         return [crop(t) for crop in self.crops]
+
+    def _encoded(self, img: EncodedImage) -> list[Tensor]:
+        """All boxes drawn first (in view order: the same draws as above), then ONE decode at the
+        coarsest scale fine enough for every view (:mod:`contrastive.data.decode`), then the crops."""
+        boxes = [c.sample_box(*img.size) if isinstance(c, RandomResizedCropUint8) else None
+                 for c in self.crops]
+        img.prepare(min(img.scale_for(b[2], b[3], c.size) if b is not None else 1
+                        for b, c in zip(boxes, self.crops)))
+        return [img.resized_crop(*b, c.size) if b is not None else c(img)
+                for b, c in zip(boxes, self.crops)]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.crops!r})"

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from contrastive.augment.batched import DeviceAugment, WorkerCrops
 from contrastive.augment.config import IMAGENET_MEAN, IMAGENET_STD, ViewConfig
-from contrastive.augment.per_image import ImageLike, PerImageView, as_uint8_chw
+from contrastive.augment.per_image import ImageLike, PerImageView, prepare
 
 
 class Pipeline:
@@ -29,6 +29,8 @@ class Pipeline:
         mean, std: per-channel normalisation (ImageNet statistics by default).
         name: preset name, for ``repr`` and logs.
     """
+
+    accepts_encoded = True  # takes contrastive.data.decode.EncodedImage (decoded for its crops)
 
     def __init__(
         self,
@@ -57,7 +59,7 @@ class Pipeline:
         return [v.size for v in self.views]
 
     def __call__(self, img: ImageLike) -> list[Tensor]:
-        t = as_uint8_chw(img)  # one conversion for all views
+        t = prepare(img)  # one conversion (or one encoded image) for all views
         return [view(t) for view in self._per_image]
 
     def split(self) -> tuple[WorkerCrops, DeviceAugment]:

@@ -7,12 +7,13 @@ Quick use::
     loader = build_loader(ds, batch_size=256, shuffle=True, num_workers=2, seed=0)
 
 Spec strings (``--data``): see :mod:`contrastive.data.spec` (``shapes``, ``synthetic``,
-``cifar10[:ROOT]``, ``cifar100``, ``stl10``, ``imagefolder:PATH``, ``PATH``; options
+``cifar10[:ROOT]``, ``cifar100``, ``stl10``, ``imagefolder:PATH``, ``PATH``, ``wds:DIR`` (tar shards); options
 ``key=value`` such as ``fraction=0.01``).
 """
 
 from contrastive.data.base import UNLABELLED, LabelledDataset
 from contrastive.data.cifar import CIFARDataset, STL10Dataset, default_root
+from contrastive.data.decode import EncodedImage
 from contrastive.data.download import DownloadError, download, extract_tar
 from contrastive.data.folder import ImageFolderDataset, resolve_folder_split
 from contrastive.data.generated import (
@@ -28,6 +29,8 @@ from contrastive.data.loader import (
     build_loader,
     default_num_workers,
 )
+from contrastive.data.make_shards import write_shards
+from contrastive.data.shards import ShardDataset
 from contrastive.data.spec import (
     SPEC_HELP,
     UnknownDatasetError,
@@ -44,12 +47,14 @@ __all__ = [
     "CIFARDataset",
     "CorruptImageError",
     "DownloadError",
+    "EncodedImage",
     "IMAGE_EXTENSIONS",
     "ImageFolderDataset",
     "LabelledDataset",
     "SHAPE_CLASSES",
     "SPEC_HELP",
     "STL10Dataset",
+    "ShardDataset",
     "SeededDataset",
     "SeededSampler",
     "ShapesDataset",
@@ -74,4 +79,5 @@ __all__ = [
     "resolve_folder_split",
     "subset_fraction",
     "to_rgb",
+    "write_shards",
 ]

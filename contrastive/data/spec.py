@@ -16,6 +16,9 @@ Grammar::
     imagefolder:PATH[,labels=false] | folder:PATH | PATH
                                         PATH/train + PATH/val (or PATH/test) if PATH/train
                                         exists, else PATH is the training set (no test split)
+    wds:DIR | wds:DIR/train.json | wds:/data/train-{000000..000146}.tar
+                                        tar shards (contrastive.data.shards; write them with
+                                        contrastive-make-shards); option decode=auto|pil|full|reduced|fast
 
 Every data set also takes ``fraction=F`` (a stratified, seeded subset: 0.01 for 1 % labels)
 and ``fraction_seed=S``. VALUEs are parsed as bool (true/false/yes/no/on/off), int, float or
@@ -45,7 +48,8 @@ SPEC_HELP = (
     "data set: 'shapes' (built in, generated; options n, n_test, size, seed, clutter, e.g. "
     "shapes:n=20000,size=32), 'synthetic' (noise), 'cifar10[:ROOT]', 'cifar100[:ROOT]', "
     "'stl10[:ROOT][,unlabeled=true]', 'imagefolder:PATH' or a PATH (PATH/train + PATH/val or "
-    "PATH/test if PATH/train exists, else PATH is the training set; subfolders are classes); "
+    "PATH/test if PATH/train exists, else PATH is the training set; subfolders are classes), "
+    "'wds:DIR' or 'wds:/data/train-{000000..000146}.tar' (tar shards from contrastive-make-shards); "
     "any of them with ',fraction=0.01' for a stratified 1%% subset"
 )
 """One-line grammar for ``argparse`` help (``%%`` is argparse's escaped percent sign)."""
@@ -309,3 +313,25 @@ def _imagefolder(root, split, transform, strict, labels=None):
     if folder is None:
         raise ValueError(f"no {split!r} split under {Path(root).expanduser()}")
     return ImageFolderDataset(folder, transform, labels=labels, strict=strict)
+
+
+def _wds_splits(root: str | None, opts: dict, split: str) -> bool:
+    from contrastive.data.shards import resolve_shards
+
+    if root is None:
+        raise ValueError("data spec wds needs shards: wds:DIR or wds:/data/train-{000000..000146}.tar")
+    return split in ("train", "test") and (split == "train" or resolve_shards(root, split) is not None)
+
+
+@register_dataset("wds", "shards", keys=("decode",), splits=_wds_splits)
+def _wds(root, split, transform, strict, decode="auto"):
+    """Tar shards in the WebDataset layout, random access (contrastive.data.shards)."""
+    from contrastive.data.shards import ShardDataset, resolve_shards
+
+    if root is None:
+        raise ValueError("data spec wds needs shards: wds:DIR or wds:/data/train-{000000..000146}.tar")
+    found = resolve_shards(root, split)
+    if found is None:
+        raise ValueError(f"no {split!r} shards for wds:{root}")
+    paths, classes = found
+    return ShardDataset(paths, transform, classes=classes, strict=strict, decode=str(decode))
