@@ -12,7 +12,11 @@
 2. Evaluate the random-init encoder and the pretrained one with the linear probe (cached
    protocol) and the weighted kNN (k 200, t 0.1) on the held-out split; print a table.
 3. Write the training curves (``<run>/curves.png``) and a t-SNE map of the pretrained
-   embeddings (``<run>/embedding.png``); the figures also go to ``<run>/demo.json``.
+   embeddings (``<run>/embedding.png``); the figures also go to ``<run>/demo.json`` with what
+   they depend on besides the seed (library versions, thread count, CPU, git commit): the run is
+   seeded, but another torch / thread count / CPU sums floats in another order and 1,500 bf16
+   steps turn that into a few points of accuracy. ``--record FILE`` appends them to a
+   collection (the README quotes benchmarks/results/demo_figures.json).
 
     python tools/demo.py                       # shapes, about 3 minutes on 2 cores
     python tools/demo.py --data imagefolder:/path/to/folder --steps 1000
@@ -25,6 +29,7 @@ import importlib.util
 import json
 import logging
 import math
+import os
 import shutil
 import sys
 import time
@@ -82,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="split-BN groups, as the MoCo CIFAR demo (0 = plain BN)")
     p.add_argument("--mixed-precision", default="bf16", choices=("no", "bf16", "fp16"))
     p.add_argument("--keep", action="store_true", help="keep an existing output folder (resume)")
+    p.add_argument("--record", default=None, metavar="JSON",
+                   help="also append this run's figures to JSON's 'runs' (the README's figures: "
+                   "benchmarks/results/demo_figures.json)")
     args, recipe_extra = p.parse_known_args(argv)
     from contrastive.engine import run, setup_logging
     from contrastive.eval.checkpoint import load_encoder
@@ -150,11 +158,87 @@ def main(argv: list[str] | None = None) -> int:
         f"curves: {curves}   embedding map: {emb}",
     ]
     print("\n".join(lines))
-    summary = {"data": args.data, "steps": result.step, "train_seconds": round(train_s, 1),
-               "eval_seconds": round(eval_s, 1),
-               "results": {k: {"linear_top1": v["linear_top1"], "knn_top1": v["knn_top1"]} for k, v in figures.items()}}
+    summary = summarise(args.data, result.step, train_s, eval_s, figures)
     (out / "demo.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if args.record:
+        record(summary, Path(args.record))
     return 0
+
+
+def record(summary: dict, path: Path) -> None:
+    """Append a demo.json summary to the ``runs`` of a collection file (created if missing)."""
+    collection = json.loads(path.read_text()) if path.exists() else {"format": DEMO_FORMAT, "runs": []}
+    collection["runs"].append(summary)
+    path.write_text(json.dumps(collection, indent=2) + "\n")
+
+
+DEMO_FORMAT = 1  # version of demo.json: bump when a key changes meaning
+FIGURE_KEYS = ("linear_top1", "knn_top1")
+
+
+def summarise(data: str, steps: int, train_s: float, eval_s: float, figures: dict) -> dict:
+    """What ``<run>/demo.json`` holds: the figures (percent, 2 decimals) per encoder row, and the
+    environment they depend on. benchmarks/results/demo_figures.json collects such files."""
+    return {
+        "format": DEMO_FORMAT,
+        "data": data,
+        "steps": steps,
+        "train_seconds": round(train_s, 1),
+        "eval_seconds": round(eval_s, 1),
+        "results": {row: {k: round(float(v[k]), 2) for k in FIGURE_KEYS} for row, v in figures.items()},
+        "environment": environment(),
+    }
+
+
+def environment() -> dict:
+    """What the demo's figures depend on besides its seed: library versions, the thread count
+    (float sums are reduced in a different order with another count), the CPU / GPU."""
+    import platform
+
+    import numpy
+
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "machine": platform.machine(),
+        "cpu": _cpu_name(),
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "git_commit": _git_commit(),
+    }
+    for name in ("faiss", "PIL", "sklearn"):
+        try:
+            env[name] = __import__(name).__version__
+        except (ImportError, AttributeError):
+            env[name] = None
+    return env
+
+
+def _git_commit() -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() or None
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
 
 
 def cli(argv: list[str] | None = None) -> int:

@@ -46,9 +46,50 @@ CIFAR_SOURCES: dict[str, tuple[str, str, str, list[str], list[str], str, str, st
 }
 
 
+# What the official batches hold: a dict of lists, bytes/str and one uint8 numpy array. Pickle
+# can call any importable function while loading, so only the globals that rebuild a numpy
+# array (protocols 2-5, numpy 1.x and 2.x module names) are admitted; nothing else is imported.
+_ALLOWED_GLOBALS = frozenset({
+    ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.numeric", "_frombuffer"),
+    ("numpy._core.numeric", "_frombuffer"),
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
+})
+
+
+def _latin1_bytes(text: str, encoding: str = "latin1") -> bytes:
+    """``_codecs.encode`` as protocol-2 pickles written by Python 3 use it for ``bytes``."""
+    if encoding not in ("latin1", "latin-1") or not isinstance(text, str):
+        raise pickle.UnpicklingError(f"refusing _codecs.encode(..., {encoding!r})")
+    return text.encode("latin1")
+
+
+class _BatchUnpickler(pickle.Unpickler):
+    """An unpickler that builds only plain containers, strings/bytes and numpy arrays."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _ALLOWED_GLOBALS:
+            return super().find_class(module, name)
+        if (module, name) == ("_codecs", "encode"):
+            return _latin1_bytes
+        raise pickle.UnpicklingError(f"refusing {module}.{name}")
+
+
 def _unpickle(path: Path) -> dict:
-    with open(path, "rb") as f:
-        d = pickle.load(f, encoding="bytes")
+    """Read an official CIFAR python batch without running code from it."""
+    try:
+        with open(path, "rb") as f:
+            d = _BatchUnpickler(f, encoding="bytes").load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path} is not an official CIFAR python batch ({e}); it was not "
+                         "loaded (only dicts, lists, strings and numpy arrays are read). "
+                         "Replace it with the file from the official archive") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{path} is not an official CIFAR python batch (it holds a "
+                         f"{type(d).__name__}, not a dict); replace it with the file from the "
+                         "official archive")
     return {k.decode() if isinstance(k, bytes) else k: v for k, v in d.items()}
 
 

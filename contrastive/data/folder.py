@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from contrastive.data.base import UNLABELLED, LabelledDataset
-from contrastive.data.io import IMAGE_EXTENSIONS, CorruptImageError, is_image_file, load_rgb
+from contrastive.data.io import (
+    IMAGE_EXTENSIONS,
+    CorruptImageError,
+    check_image,
+    is_image_file,
+    load_rgb,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +40,19 @@ def _subdirs(root: Path) -> list[Path]:
         (Path(e.path) for e in os.scandir(root) if e.is_dir() and not e.name.startswith(".")),
         key=lambda p: p.name,
     )
+
+
+_CHECK_THREADS = 8  # file checks wait on storage more than on the CPU: a few threads overlap them
+_CHECK_CHUNK = 256
+
+
+def _checked(paths: list[Path]) -> Iterator[tuple[int, str | None]]:
+    """``(index, check_image(path))`` for every path, in order, checked a chunk at a time by a
+    few threads; stop iterating to stop checking."""
+    with ThreadPoolExecutor(max_workers=min(_CHECK_THREADS, os.cpu_count() or 1)) as pool:
+        for start in range(0, len(paths), _CHECK_CHUNK):
+            chunk = paths[start : start + _CHECK_CHUNK]
+            yield from enumerate(pool.map(check_image, chunk), start)
 
 
 def resolve_folder_split(root: str | os.PathLike, split: str) -> Path | None:
@@ -65,8 +86,12 @@ class ImageFolderDataset(LabelledDataset):
 
     Unreadable images: with ``strict=False`` (default) a corrupt file is logged once (naming
     it), counted in :attr:`num_skipped` (across loader workers) and replaced by the next
-    readable image (with that image's label); ``strict=True`` raises
-    :class:`~contrastive.data.io.CorruptImageError`.
+    readable image (with that image's label). ``strict=True`` checks every file up front
+    (:func:`~contrastive.data.io.check_image`: header and end marker, a full decode only for
+    suspects) and raises :class:`~contrastive.data.io.CorruptImageError` naming the first bad
+    one, before any training starts; a file that passes the check but fails to decode later
+    still raises when met. In both modes the files are checked up front until one is readable:
+    a folder of nothing but unreadable files fails at once, naming the folder.
 
     Raises ``FileNotFoundError`` for a missing folder and ``ValueError`` naming the folder when
     it holds no image.
@@ -121,6 +146,42 @@ class ImageFolderDataset(LabelledDataset):
         self.strict = strict
         # one byte per file, in shared memory so that loader workers see each other's findings
         self._bad = torch.zeros(len(paths), dtype=torch.uint8).share_memory_()
+        self._check_files()
+
+    def _check_files(self) -> None:
+        """strict: every file, failing on the first bad one; else until one file is readable."""
+        t0 = time.perf_counter()
+        first_problem = None
+        checks = _checked(self.paths) if self.strict else ((j, check_image(p)) for j, p in enumerate(self.paths))
+        for j, problem in checks:
+            if problem is None:
+                if not self.strict:
+                    return
+                continue
+            if self.strict:
+                raise CorruptImageError(
+                    f"{problem} (file {j + 1} of {len(self)} under {self.root}; strict mode (--strict-data) checks "
+                    "every file before training: replace or delete it, or leave strict mode off to "
+                    "skip unreadable files)"
+                )
+            first_problem = first_problem or problem
+            self._mark_bad(j)
+        if not self.strict:
+            raise CorruptImageError(
+                f"no readable image under {self.root}: all {len(self)} image files are unreadable "
+                f"(first: {first_problem})"
+            )
+        seconds = time.perf_counter() - t0
+        logger.info("strict mode: checked all %d image files under %s in %.1f s, all readable",
+                    len(self), self.root, seconds)
+
+    def _mark_bad(self, j: int) -> None:
+        if not self._bad[j]:
+            self._bad[j] = 1
+            logger.warning(
+                "skipping unreadable image %s (%d skipped so far; strict=True makes this "
+                "an error)", self.paths[j], self.num_skipped,
+            )
 
     def load(self, index: int) -> Any:
         return load_rgb(self.paths[index])
@@ -148,12 +209,7 @@ class ImageFolderDataset(LabelledDataset):
             except CorruptImageError:
                 if self.strict:
                     raise
-                if not self._bad[j]:
-                    self._bad[j] = 1
-                    logger.warning(
-                        "skipping unreadable image %s (%d skipped so far; strict=True makes this "
-                        "an error)", self.paths[j], self.num_skipped,
-                    )
+                self._mark_bad(j)
                 continue
             if self.transform is not None:
                 img = self.transform(img)

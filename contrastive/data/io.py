@@ -1,4 +1,4 @@
-"""Image files -> RGB PIL images, whatever their mode or orientation."""
+"""Image files -> RGB PIL images, whatever their mode or orientation; a fast check for unreadable files."""
 
 from __future__ import annotations
 
@@ -70,3 +70,37 @@ def load_rgb(path: str | os.PathLike, background: tuple[int, int, int] = (255, 2
             return to_rgb(im, background)
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
         raise CorruptImageError(f"cannot read image {Path(path)}: {type(e).__name__}: {e}") from e
+
+
+def _ends_with_jpeg_eoi(path: str | os.PathLike) -> bool:
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() < 2:
+            return False
+        f.seek(-2, os.SEEK_END)
+        return f.read(2) == b"\xff\xd9"
+
+
+def check_image(path: str | os.PathLike) -> str | None:
+    """None when ``path`` is readable by :func:`load_rgb`, else the reason (naming the file).
+
+    Fast for good files: PIL parses the header and ``verify()`` checks what it can without
+    decoding (PNG: every chunk's CRC, so a truncated PNG is caught), and a JPEG must end with its
+    end-of-image marker (a truncated JPEG does not). Only a file failing that is decoded in full,
+    and only a failed decode reports it: a file that loads is never reported. A JPEG with a
+    complete header and end marker but corrupt data in between passes, and is met when loaded.
+    """
+    try:
+        with Image.open(path) as im:
+            fmt = im.format
+            im.verify()
+        suspect = fmt == "JPEG" and not _ends_with_jpeg_eoi(path)
+    except Exception:  # any parse failure only makes the file a suspect; the full decode decides
+        suspect = True
+    if not suspect:
+        return None
+    try:
+        load_rgb(path)
+    except CorruptImageError as e:
+        return str(e)
+    return None

@@ -1,25 +1,34 @@
-"""Checkpoints: ``accelerate.save_state`` written atomically, checked before and after loading.
+"""Checkpoints: written atomically in formats that cannot run code, checked before and after loading.
 
 Layout (``<output_dir>/checkpoints/``)::
 
-    step_00001000/           a complete checkpoint (it has meta.json)
-        model.safetensors    the whole method: query + key encoders, heads, queue (no "module."
-                             prefix, whatever the number of processes)
-        optimizer.bin, scaler.pt (fp16), random_states_<rank>.pkl, custom_checkpoint_0.pkl
-        meta.json            step, epoch, data position, config, model signature, fingerprints
-    .tmp-step_00002000/      a save in progress (ignored, removed at the next start)
+    step_00001000/             a complete checkpoint (it has meta.json)
+        model.safetensors      the whole method: query + key encoders, heads, queue (no "module."
+                               prefix, whatever the number of processes)
+        optimizer.bin          the optimiser's state dict (torch file, tensors and numbers only)
+        scaler.pt              the fp16 gradient scaler (when there is one)
+        random_states_<r>.pt   process r's torch/CUDA, ``random`` and numpy generator states
+        meta.json              step, epoch, data position, config, model signature,
+                               fingerprints, and every file's size and SHA-256 (written last)
+    .tmp-step_00002000/        a save in progress
 
-A save writes into ``.tmp-step_*``, flushes the files, writes ``meta.json`` last and renames the
-folder: a crash mid-save leaves the previous checkpoints untouched. Only then are checkpoints
-beyond ``keep_last`` deleted.
+Nothing is unpickled when loading (:mod:`contrastive.engine.safe_state`): safetensors, JSON,
+and ``torch.load(weights_only=True)``; every file is checked against the sizes and hashes in
+``meta.json`` before it is parsed.
+
+A save writes into ``.tmp-step_*`` (each file written then fsynced), writes ``meta.json`` last,
+renames the folder and fsyncs its parent; only then are checkpoints beyond ``keep_last`` renamed
+to ``.trash-*`` and deleted. A re-save of a step that exists renames the old copy to
+``.tmp-old-step_*`` first. At the next start :meth:`CheckpointManager.cleanup_partial` promotes
+any temporary folder whose files all verify (newest copy first) and removes the rest, so a kill
+at any point of a save leaves the newest complete checkpoint loadable.
 
 Before loading, :func:`check_compatible` compares the checkpoint's model signature (method class,
 every state-dict key with shape and dtype) and run-defining config fields with the new run and
 raises :class:`IncompatibleCheckpointError` naming the differences. After loading,
 :meth:`CheckpointManager.verify` recomputes SHA-256 fingerprints of the model, the optimiser and
 every process's RNG states (torch, CUDA, ``random``, numpy) and compares them with those taken at
-save time: accelerate only logs when it cannot restore RNG states, a resume that is not exact
-raises :class:`ResumeMismatchError`.
+save time: a resume that is not exact raises :class:`ResumeMismatchError`.
 """
 
 from __future__ import annotations
@@ -39,7 +48,24 @@ import numpy as np
 import torch
 from torch import nn
 
+from contrastive.engine.run_folder import RunFolderError, existing_run_files, os_error_message
+from contrastive.engine.safe_state import (
+    CheckpointFileError,
+    file_entry,
+    load_safetensors_bytes,
+    load_torch_bytes,
+    read_json,
+    read_verified,
+    rng_state,
+    safetensors_bytes,
+    set_rng_state,
+    torch_bytes,
+    verify_files,
+)
+
 __all__ = [
+    "CheckpointFileError",
+    "RunFolderError",
     "IncompatibleCheckpointError",
     "ResumeMismatchError",
     "TrainState",
@@ -51,13 +77,18 @@ __all__ = [
     "tensor_digest",
     "rng_digest",
     "OPERATIONAL_FIELDS",
+    "read_meta",
+    "iter_checkpoints",
 ]
 
 logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 META = "meta.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 1: accelerate's save_state (pickled custom state), not read any more
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.bin"
+SCALER_FILE = "scaler.pt"
 
 #: Config fields that may change between a run and its resume (they do not change the maths).
 OPERATIONAL_FIELDS = frozenset({
@@ -65,7 +96,7 @@ OPERATIONAL_FIELDS = frozenset({
     "keep_last", "log_every", "progress", "report_to", "allow_config_change", "strict_data",
     "knn_every", "knn_at_start", "knn_max_train", "knn_max_test", "knn_k", "knn_t",
     "knn_feature", "compile", "channels_last", "batched_augment", "cpu", "on_nonfinite",
-    "mixed_precision", "ddp_find_unused_parameters",
+    "mixed_precision", "ddp_find_unused_parameters", "stop_if_orphaned",
 })
 
 
@@ -139,7 +170,7 @@ def model_signature(model: nn.Module) -> dict[str, Any]:
 
 
 class TrainState:
-    """Loop position + fingerprints, saved by ``accelerator.register_for_checkpointing``.
+    """Loop position + fingerprints, saved in ``meta.json`` by :class:`CheckpointManager`.
 
     ``micro_in_epoch`` counts the micro-batches of the current epoch already consumed (what a
     resume skips); ``fingerprints`` is filled by :class:`CheckpointManager` just before a save.
@@ -191,7 +222,16 @@ def resolve_resume(resume: str, output_dir: str | Path) -> Path | None:
     if not resume:
         return None
     if resume == "auto":
-        return find_latest(Path(output_dir) / "checkpoints")
+        latest = find_latest(Path(output_dir) / "checkpoints")
+        if latest is None:
+            found = existing_run_files(Path(output_dir))
+            if found:
+                raise RunFolderError(
+                    f"--resume auto: {output_dir} holds a run ({', '.join(found[:4])}) but no "
+                    "complete checkpoint to continue from; refusing to start over it. To start "
+                    f"again, delete {Path(output_dir) / 'checkpoints'} and "
+                    f"{Path(output_dir) / 'encoder.pt'}, or pass another --output-dir")
+        return latest
     path = Path(resume)
     if (path / META).is_file():
         return path
@@ -204,8 +244,12 @@ def resolve_resume(resume: str, output_dir: str | Path) -> Path | None:
 
 
 def read_meta(path: str | Path) -> dict[str, Any]:
-    with open(Path(path) / META) as fh:
-        return json.load(fh)
+    """A checkpoint's ``meta.json`` (JSON only), or :class:`CheckpointFileError` naming it."""
+    meta = read_json(Path(path) / META)
+    if not isinstance(meta, dict):
+        raise CheckpointFileError(f"{Path(path) / META} is not a JSON object: the checkpoint is "
+                                  "damaged or was altered")
+    return meta
 
 
 def check_compatible(meta: dict[str, Any], signature: dict[str, Any], config: dict[str, Any], *,
@@ -221,7 +265,8 @@ def check_compatible(meta: dict[str, Any], signature: dict[str, Any], config: di
     if meta.get("format") != FORMAT_VERSION:
         raise IncompatibleCheckpointError(
             f"checkpoint{where} has format {meta.get('format')!r}, this version reads "
-            f"{FORMAT_VERSION}")
+            f"{FORMAT_VERSION} (format 1 held pickled state, which is never loaded): resume it "
+            "with the version that wrote it, or start a new --output-dir")
     old = meta["signature"]
     if old["digest"] != signature["digest"]:
         problems = []
@@ -267,21 +312,93 @@ def check_compatible(meta: dict[str, Any], signature: dict[str, Any], config: di
 # manager
 
 
-def _fsync_tree(path: Path) -> None:
-    for p in path.rglob("*"):
-        if p.is_file():
-            with open(p, "rb") as fh:
-                os.fsync(fh.fileno())
+# file-system steps of a save: module functions, so that a test can fail each one in turn
+
+
+def _mkdir(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+
+
+def _write(path: Path, data: bytes) -> None:
+    with open(path, "wb") as fh:
+        fh.write(data)
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file, or a folder's entries (the renames in it), to the disk."""
+    if os.name == "nt" and path.is_dir():
+        return  # Windows cannot open folders; NTFS journals renames
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _replace(src: Path, dst: Path) -> None:
+    os.replace(src, dst)
+
+
+def _rmtree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+_TMP_DIR = re.compile(r"^\.tmp-(old-)?(step_\d+)$")
+
+
+def recover_partial(root: str | Path) -> list[Path]:
+    """Tidy ``root`` after an interrupted save; return the checkpoints recovered.
+
+    A ``.tmp-step_N`` / ``.tmp-old-step_N`` folder whose files all match its ``meta.json``
+    (size and SHA-256, see :func:`~contrastive.engine.safe_state.verify_files`) becomes
+    ``step_N`` when that does not exist (the new copy preferred); one without ``meta.json`` is
+    an unfinished write and is removed, as are ``.trash-*`` folders (pruned checkpoints). A
+    temporary folder whose ``meta.json`` lists files that do not match was damaged after the
+    save: it is kept, with a warning, for the user to inspect.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    recovered = []
+    groups: dict[str, list[Path]] = {}
+    for p in sorted(root.iterdir()):
+        m = _TMP_DIR.match(p.name)
+        if p.name.startswith(".trash-"):
+            _rmtree(p)
+        elif m and p.is_dir():
+            groups.setdefault(m.group(2), []).append(p)
+        elif p.name.startswith(".tmp-"):
+            logger.warning("removing %s (left by an interrupted save)", p)
+            _rmtree(p) if p.is_dir() else p.unlink()
+    for name, candidates in sorted(groups.items()):
+        candidates.sort(key=lambda p: p.name.startswith(".tmp-old-"))  # the newest copy first
+        final = root / name
+        for cand in candidates:
+            complete = (cand / META).is_file()
+            if not final.exists() and complete and verify_files(cand):
+                _replace(cand, final)
+                _fsync(root)
+                recovered.append(final)
+                logger.warning("recovered the complete checkpoint %s from %s (a save was "
+                               "interrupted after writing it)", final, cand.name)
+            elif complete and not verify_files(cand):
+                logger.warning("keeping %s: its files do not match its meta.json (damaged after "
+                               "the save); inspect or delete it", cand)
+            else:
+                logger.warning("removing %s (left by an interrupted save; %s)", cand,
+                               f"{final.name} is complete" if final.exists() else "incomplete")
+                _rmtree(cand)
+    return recovered
 
 
 class CheckpointManager:
-    """Atomic ``save_state`` / verified ``load_state`` for one run.
+    """Atomic, code-free saves and verified loads of a run's whole training state.
 
     Args:
         accelerator: the run's ``Accelerator`` (model and optimiser already prepared).
         model: the prepared model (its unwrapped module is what gets saved, without wrappers).
         optimizer: the prepared optimiser.
-        state: the :class:`TrainState` (registered for checkpointing here).
+        state: the :class:`TrainState` (saved in ``meta.json``).
         root: ``<output_dir>/checkpoints``.
         keep_last: complete checkpoints kept after each save.
         meta: extra JSON-able content for ``meta.json`` (config, signature, recipe).
@@ -297,33 +414,12 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.meta = dict(meta or {})
         self.last_saved_step: int | None = None
-        accelerator.register_for_checkpointing(state)
-        accelerator.register_save_state_pre_hook(self._save_hook)
-        accelerator.register_load_state_pre_hook(self._load_hook)
-
-    # accelerate hooks: store the unwrapped module's state so that checkpoints do not depend on
-    # the DDP wrapper (a 2-process checkpoint has no "module." prefix and loads in 1 process).
-    def _save_hook(self, models: list, weights: list, output_dir: str) -> None:
-        for i, m in enumerate(models):
-            weights[i] = self.accelerator.unwrap_model(m).state_dict()
-
-    def _load_hook(self, models: list, input_dir: str) -> None:
-        from safetensors.torch import load_file
-
-        for i, m in enumerate(models):
-            name = "model.safetensors" if i == 0 else f"model_{i}.safetensors"
-            file = Path(input_dir) / name
-            if not file.is_file():
-                raise FileNotFoundError(f"checkpoint {input_dir} has no {name}")
-            self.accelerator.unwrap_model(m).load_state_dict(load_file(str(file)), strict=True)
-        models.clear()  # loaded here; accelerate must not load them again
 
     def cleanup_partial(self) -> None:
-        """Remove ``.tmp-*`` folders left by a save that crashed (main process)."""
-        if self.accelerator.is_main_process and self.root.is_dir():
-            for p in self.root.glob(".tmp-*"):
-                logger.warning("removing incomplete checkpoint %s (a save was interrupted)", p)
-                shutil.rmtree(p, ignore_errors=True)
+        """Recover or remove what an interrupted save left (main process; see
+        :func:`recover_partial`)."""
+        if self.accelerator.is_main_process:
+            recover_partial(self.root)
         self.accelerator.wait_for_everyone()
 
     def _fingerprints(self) -> dict[str, Any]:
@@ -338,44 +434,96 @@ class CheckpointManager:
             "rng": [r["rng"] for r in per_rank],
         }
 
+    def _gather(self, item: Any) -> list[Any]:
+        if self.accelerator.num_processes == 1:
+            return [item]
+        from accelerate.utils import gather_object
+
+        return gather_object([item])
+
+    @staticmethod
+    def _write_file(folder: Path, name: str, data: bytes) -> dict[str, Any]:
+        _write(folder / name, data)
+        _fsync(folder / name)
+        return {name: file_entry(data)}
+
     def save(self) -> Path:
-        """Write a checkpoint of the current state; return its folder."""
+        """Write a checkpoint of the current state; return its folder.
+
+        Raises :class:`RunFolderError` (on every process) when the disk refuses a write (full,
+        read-only): the earlier checkpoints are left as they were.
+        """
         acc = self.accelerator
         step = self.state.step
-        final = self.root / f"step_{step:08d}"
-        tmp = self.root / f".tmp-step_{step:08d}"
-        if acc.is_main_process:
-            self.root.mkdir(parents=True, exist_ok=True)
-            if tmp.exists():
-                shutil.rmtree(tmp)
-        acc.wait_for_everyone()
+        name = f"step_{step:08d}"
+        final, tmp, old = self.root / name, self.root / f".tmp-{name}", self.root / f".tmp-old-{name}"
         self.state.fingerprints = self._fingerprints()
-        acc.save_state(str(tmp))
-        acc.wait_for_everyone()
+        error = ""
         if acc.is_main_process:
-            meta = {
-                **self.meta,
-                "format": FORMAT_VERSION,
-                "step": step,
-                "epoch": self.state.epoch,
-                "micro_in_epoch": self.state.micro_in_epoch,
-                "images_seen": self.state.images_seen,
-                "world_size": acc.num_processes,
-                "fingerprints": self.state.fingerprints,
-            }
-            _fsync_tree(tmp)
-            part = tmp / (META + ".part")
-            part.write_text(json.dumps(meta, indent=1, sort_keys=True))
-            os.replace(part, tmp / META)
-            if final.exists():
-                old = self.root / f".tmp-old-step_{step:08d}"
-                os.replace(final, old)
-                os.replace(tmp, final)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(tmp, final)
-            self._prune()
-        acc.wait_for_everyone()
+            try:
+                _mkdir(self.root)
+                if tmp.exists():
+                    _rmtree(tmp)
+                _mkdir(tmp)
+            except OSError as e:
+                error = os_error_message(e, tmp)
+        errors = self._gather(error)  # also the barrier: tmp exists for every process
+        files: dict[str, Any] = {}
+        if not any(errors):
+            try:  # every process its own random generators
+                files = self._write_file(tmp, f"random_states_{acc.process_index}.pt",
+                                         torch_bytes(rng_state()))
+            except OSError as e:
+                error = os_error_message(e, tmp)
+            gathered = self._gather((files, error))
+            files = {k: v for f, _ in gathered for k, v in f.items()}
+            errors = [e for _, e in gathered]
+        if acc.is_main_process and not any(errors):
+            try:
+                module = acc.unwrap_model(self.model)
+                files.update(self._write_file(tmp, MODEL_FILE,
+                                              safetensors_bytes(module.state_dict())))
+                files.update(self._write_file(tmp, OPTIMIZER_FILE,
+                                              torch_bytes(self.optimizer.state_dict())))
+                scaler = getattr(acc, "scaler", None)
+                if scaler is not None:
+                    files.update(self._write_file(tmp, SCALER_FILE,
+                                                  torch_bytes(scaler.state_dict())))
+                meta = {
+                    **self.meta,
+                    "format": FORMAT_VERSION,
+                    "step": step,
+                    "epoch": self.state.epoch,
+                    "micro_in_epoch": self.state.micro_in_epoch,
+                    "images_seen": self.state.images_seen,
+                    "world_size": acc.num_processes,
+                    "accelerator_step": int(getattr(acc, "step", 0)),
+                    "fingerprints": self.state.fingerprints,
+                    "files": files,
+                }
+                part = tmp / (META + ".part")
+                self._write_file(tmp, part.name,
+                                 json.dumps(meta, indent=1, sort_keys=True).encode())
+                _replace(part, tmp / META)
+                _fsync(tmp)
+                if final.exists():  # a re-save: keep the old copy until the new one is in place
+                    _replace(final, old)
+                    _replace(tmp, final)
+                    _fsync(self.root)
+                    _rmtree(old)
+                else:
+                    _replace(tmp, final)
+                    _fsync(self.root)
+                self._prune()
+            except OSError as e:
+                error = os_error_message(e, tmp)
+        errors = self._gather(error)
+        if any(errors):
+            if acc.is_main_process:
+                _rmtree(tmp)  # frees the space; a complete copy left as .tmp-old-* is recovered
+            raise RunFolderError(f"checkpoint of step {step} not saved: "
+                                 f"{next(e for e in errors if e)}; the earlier checkpoints in "
+                                 f"{self.root} are intact (--resume auto continues from them)")
         self.last_saved_step = step
         logger.info("checkpoint saved: %s", final)
         return final
@@ -383,11 +531,59 @@ class CheckpointManager:
     def _prune(self) -> None:
         complete = _complete_steps(self.root)
         for _, path in complete[:-self.keep_last]:
-            shutil.rmtree(path, ignore_errors=True)
+            trash = self.root / f".trash-{path.name}"
+            _replace(path, trash)  # atomic: never a half-deleted folder that looks complete
+            _rmtree(trash)
 
     def load(self, path: str | Path) -> None:
-        """``accelerator.load_state(path)`` then :meth:`verify`."""
-        self.accelerator.load_state(str(path))
+        """Load a checkpoint (every file checked, nothing unpickled), then :meth:`verify`.
+
+        Raises :class:`CheckpointFileError` naming the first file that is missing, does not
+        match ``meta.json``, or is not in its safe format.
+        """
+        acc = self.accelerator
+        path = Path(path)
+        meta = read_meta(path)
+        files = meta.get("files")
+        if not isinstance(files, dict):
+            raise CheckpointFileError(f"{path / META} lists no files: the checkpoint is damaged "
+                                      "or was altered")
+        module = acc.unwrap_model(self.model)
+        weights = load_safetensors_bytes(read_verified(path, MODEL_FILE, files),
+                                         path / MODEL_FILE)
+        try:
+            module.load_state_dict(weights, strict=True)
+        except RuntimeError as e:
+            raise CheckpointFileError(f"{path / MODEL_FILE} does not fit the model "
+                                      f"({str(e).splitlines()[0][:200]})") from None
+        opt_state = load_torch_bytes(read_verified(path, OPTIMIZER_FILE, files),
+                                     path / OPTIMIZER_FILE)
+        try:
+            self.optimizer.load_state_dict(opt_state)
+        except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as e:
+            raise CheckpointFileError(f"{path / OPTIMIZER_FILE} does not fit the optimiser "
+                                      f"({type(e).__name__}: {e})") from None
+        scaler = getattr(acc, "scaler", None)
+        if scaler is not None:
+            if SCALER_FILE in files:
+                scaler.load_state_dict(load_torch_bytes(read_verified(path, SCALER_FILE, files),
+                                                        path / SCALER_FILE))
+            else:
+                logger.warning("%s has no gradient scaler state: the fp16 loss scale restarts",
+                               path)
+        rng_name = f"random_states_{acc.process_index}.pt"
+        if rng_name in files:
+            set_rng_state(load_torch_bytes(read_verified(path, rng_name, files), path / rng_name),
+                          path / rng_name)
+        else:
+            logger.warning("%s has no random generator states for process %d (saved by %s "
+                           "processes)", path, acc.process_index, meta.get("world_size"))
+        try:
+            self.state.load_state_dict(meta)
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointFileError(f"{path / META} lacks the loop position ({e})") from None
+        if hasattr(acc, "step"):
+            acc.step = int(meta.get("accelerator_step", 0))
         self.verify(path)
 
     def verify(self, path: str | Path = "") -> None:
@@ -406,8 +602,7 @@ class CheckpointManager:
                 problems.append("optimizer state")
         rngs = saved.get("rng", [])
         if rank < len(rngs) and rng_digest() != rngs[rank]:
-            problems.append(f"random number generator states of process {rank} (accelerate "
-                            "could not restore them)")
+            problems.append(f"random number generator states of process {rank}")
         if self.accelerator.num_processes > 1:
             from accelerate.utils import gather_object
 

@@ -91,6 +91,10 @@ class TrainConfig:
         choices=("", "no", "bf16", "fp16"),
     )
     cpu: bool = help_field(False, "train on the CPU even when a GPU is visible")
+    float64: bool = help_field(
+        False, "train in float64 (model, inputs, optimiser state): several times slower; for "
+        "numerical checks such as 2 processes against 1, where float32 rounding of sums taken "
+        "in another order would otherwise hide or fake a difference")
     batched_augment: str = help_field(
         "auto", "where the colour/blur/flip/normalise part of the augmentation runs: 'on' = "
         "batched on the training device (workers only decode + crop to uint8), 'off' = per "
@@ -110,7 +114,7 @@ class TrainConfig:
         False, "DDP find_unused_parameters (needed when some trainable parameters get no grad)")
 
     # --- optimiser and schedules ----------------------------------------------------------
-    optimizer: str = help_field("sgd", "sgd | adamw | lars (timm's LARS)",
+    optimizer: str = help_field("sgd", "sgd | adamw | lars (LARS as the official MoCo v3 code)",
                                 choices=("sgd", "adamw", "lars"))
     lr: float = help_field(0.03, "learning rate; absolute or per 256 images: see --lr-scaling")
     lr_scaling: str = help_field(
@@ -159,6 +163,12 @@ class TrainConfig:
         False, "resume even when run-defining fields (lr, batch size, data...) differ from the "
         "checkpoint's config (the model must still match)"
     )
+    stop_if_orphaned: str = help_field(
+        "auto", "save a checkpoint and stop (exit 75) when the process that started this one "
+        "(the launcher) exits, instead of training on as an orphan: on | off | auto = on under "
+        "accelerate launch and torchrun (a plain 'python recipe.py' started from a shell may "
+        "outlive that shell, e.g. with nohup)", choices=("auto", "on", "off"),
+    )
 
     # --- online kNN monitor ---------------------------------------------------------------
     knn_every: int = help_field(0, "weighted-kNN top-1 on the held-out labelled split every N "
@@ -200,6 +210,9 @@ class TrainConfig:
                              "--resume auto to continue from the newest checkpoint in "
                              "--output-dir")
         self.encoder_options()  # a bad --encoder-kwargs JSON fails here
+        if self.float64 and self.mixed_precision in ("bf16", "fp16"):
+            raise ValueError(f"--float64 with --mixed-precision {self.mixed_precision}: pick one "
+                             "(--float64 is for numerical checks, mixed precision for speed)")
         if not self.data:
             raise ValueError("--data is required (e.g. --data shapes, --data cifar10, "
                              "--data /path/to/imagenet)")

@@ -22,6 +22,8 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.data import DataLoader, Subset
 
+from contrastive.engine.loader import ignore_stop_signals, start_workers
+
 __all__ = ["weighted_knn_top1", "extract_sharded", "KNNMonitor"]
 
 logger = logging.getLogger(__name__)
@@ -64,10 +66,11 @@ def extract_sharded(encode: Callable[[Tensor], Tensor], dataset: Any, indices: l
     per = -(-len(indices) // world)
     loader = DataLoader(Subset(dataset, mine), batch_size=batch_size, shuffle=False,
                         num_workers=num_workers, collate_fn=_collate,
-                        generator=torch.Generator())  # never draw from the global generator
+                        generator=torch.Generator(),  # never draw from the global generator
+                        worker_init_fn=ignore_stop_signals)  # see loader.py: stop signals
     feats, labels = [], []
     device = accelerator.device
-    for x, y in loader:
+    for x, y in start_workers(loader):
         x = x.to(device, non_blocking=True)
         if channels_last:
             x = x.contiguous(memory_format=torch.channels_last)

@@ -1,4 +1,5 @@
-"""Optimisers: SGD, AdamW (torch) and LARS (timm), with the papers' parameter groups.
+"""Optimisers: SGD, AdamW (torch) and LARS (ours, the official MoCo v3 update), with the papers'
+parameter groups.
 
 Biases and normalisation parameters (every parameter with ``ndim <= 1``) are excluded from LARS
 adaptation always (SimCLR, MoCo v3's ``moco/optimizer.py``: "if not normalization gamma/beta or
@@ -18,11 +19,12 @@ same ``ndim`` rule into a decaying/LARS-adapted part and a norm/bias part.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 from torch import nn
 
-__all__ = ["param_groups", "build_optimizer", "set_lr", "drop_frozen_grads"]
+__all__ = ["param_groups", "build_optimizer", "set_lr", "drop_frozen_grads", "LARS"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,18 +94,65 @@ def drop_frozen_grads(optimizer: torch.optim.Optimizer, step: int) -> None:
         if g.get("frozen_steps", 0) > step:
             for p in g["params"]:
                 p.grad = None
+class LARS(torch.optim.Optimizer):
+    """SGD with momentum and LARS's layer-wise trust ratio (You et al. 2017, arXiv 1708.03888).
+
+    Per parameter ``w`` with gradient ``g``, in a group with ``lars_adapt`` (weights):
+    ``d = (g + wd w) * eta |w| / |g + wd w|`` (ratio 1 when either norm is 0); in other groups
+    ``d = g + wd w``. Then ``mu = momentum mu + d`` and ``w -= lr mu`` (``w -= lr (d + momentum
+    mu)`` with Nesterov).
+
+    The ratio's denominator follows the authors' code, the official MoCo v3
+    (``moco/optimizer.py``: ``update_norm = |dp + wd p|``) and SimCLR (``lars_optimizer.py``,
+    weight decay added to the gradient before its norm), not the paper's Algorithm 1 nor timm's
+    ``Lars``, which divide by ``|g| + wd |w|`` (+ eps): the two differ by about ``wd |w| / |g|``
+    relative, which float32 tests could not tell apart.
+    """
+
+    def __init__(self, params: Any, lr: float, *, momentum: float = 0.9,
+                 weight_decay: float = 0.0, trust_coeff: float = 0.001,
+                 nesterov: bool = False) -> None:
+        if lr < 0 or momentum < 0 or weight_decay < 0 or trust_coeff <= 0:
+            raise ValueError(f"LARS: lr, momentum, weight_decay must be >= 0 and trust_coeff > 0,"
+                             f" got {lr}, {momentum}, {weight_decay}, {trust_coeff}")
+        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                        trust_coeff=trust_coeff, nesterov=nesterov, lars_adapt=True)
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:  # noqa: D102 (torch's signature)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is None:
+                    continue
+                d = p.grad.add(p, alpha=g["weight_decay"]) if g["weight_decay"] else p.grad
+                if g["lars_adapt"]:
+                    w_norm, d_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(d)
+                    ratio = torch.where((w_norm > 0) & (d_norm > 0),
+                                        g["trust_coeff"] * w_norm / d_norm,
+                                        torch.ones_like(w_norm))
+                    d = d * ratio  # on the device: no host sync
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p)
+                mu = state["momentum_buffer"]
+                mu.mul_(g["momentum"]).add_(d)
+                p.add_(d.add(mu, alpha=g["momentum"]) if g["nesterov"] else mu, alpha=-g["lr"])
+        return loss
 
 
 def build_optimizer(model: nn.Module, name: str, *, lr: float, weight_decay: float,
                     momentum: float = 0.9, nesterov: bool = False,
                     betas: tuple[float, float] = (0.9, 0.999), trust_coeff: float = 0.001,
                     exclude_from_wd: bool = True) -> torch.optim.Optimizer:
-    """``sgd`` (torch SGD), ``adamw`` (torch AdamW) or ``lars`` (``timm.optim.Lars``).
+    """``sgd`` (torch SGD), ``adamw`` (torch AdamW) or ``lars`` (:class:`LARS`).
 
-    For LARS the decay group adapts (``always_adapt=True``, so it adapts even at weight decay
-    0) and the no-decay group does not (timm adapts a group only when its weight decay is
-    non-zero or ``always_adapt``): trust ratio ``eta * |w| / |g + wd * w|`` as in LARS (You et al.
-    2017) and the official MoCo v3 / SimCLR code.
+    For LARS the decay group adapts (even at weight decay 0) and the no-decay group (biases,
+    norm parameters) does not, as the official MoCo v3 / SimCLR code.
     """
     groups = param_groups(model, weight_decay, exclude_from_wd=exclude_from_wd)
     name = name.lower()
@@ -117,16 +166,6 @@ def build_optimizer(model: nn.Module, name: str, *, lr: float, weight_decay: flo
             g.pop("lars_adapt")
         return torch.optim.AdamW(groups, lr=lr, betas=betas, weight_decay=weight_decay)
     if name == "lars":
-        from timm.optim import Lars
-
-        for g in groups:
-            adapt = g.pop("lars_adapt")
-            g["always_adapt"] = adapt
-            if not adapt and g["weight_decay"] != 0:
-                # timm adapts every group with weight decay != 0: keep norm/bias params out of
-                # the adaptation by decaying them by hand is not possible, so say it plainly.
-                raise ValueError("LARS with weight decay on biases/norm parameters would also "
-                                 "LARS-adapt them; use exclude_from_wd=True with LARS")
-        return Lars(groups, lr=lr, momentum=momentum, weight_decay=weight_decay,
+        return LARS(groups, lr=lr, momentum=momentum, weight_decay=weight_decay,
                     trust_coeff=trust_coeff, nesterov=nesterov)
     raise ValueError(f"optimizer must be 'sgd', 'adamw' or 'lars', got {name!r}")

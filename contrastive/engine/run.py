@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
@@ -12,9 +13,13 @@ from typing import Any
 from torch import nn
 
 from contrastive.engine.config import TrainConfig, parse_config
+from contrastive.engine.run_folder import RunFolderError, os_error_message
 from contrastive.engine.trainer import TrainResult, train
 
 __all__ = ["run", "setup_logging"]
+
+# a full disk, a read-only folder: the user's to fix, reported in one line (exit status 1)
+_DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 
 
 def setup_logging(level: int = logging.INFO) -> None:
@@ -35,10 +40,27 @@ def run(config_cls: type[TrainConfig], build_method: Callable[[Any], nn.Module],
     is recorded in ``config.json`` and checkpoints (a checkpoint of another recipe is refused).
     Bad input (unknown flag, impossible value) exits with status 2 before anything is built;
     errors found while setting up (missing data, incompatible checkpoint) raise before the first
-    training step.
+    training step. A run stopped by SIGTERM / SIGINT or by its launcher's exit saves a
+    checkpoint and exits with status 75 (:data:`~contrastive.engine.run_state.EXIT_STOPPED`,
+    "resumable"); ``run_state.json`` in the output folder says the same for launchers that
+    turn every non-zero status into 1.
     """
     name = name or Path(sys.argv[0]).stem or "run"
     cfg = parse_config(config_cls, argv, prog=f"{name}.py")
     setup_logging()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return train(cfg, build_method, build_pipeline, recipe=name)
+    try:
+        result = train(cfg, build_method, build_pipeline, recipe=name)
+    except RunFolderError as e:  # the folder or a checkpoint file: one line, no traceback
+        raise SystemExit(f"{name}: error: {e}") from None
+    except OSError as e:
+        if e.errno not in _DISK_ERRNOS:
+            raise
+        path = Path(e.filename) if e.filename else Path(cfg.output_dir or ".")
+        raise SystemExit(f"{name}: error: {os_error_message(e, path)}") from None
+    if result.exit_code:
+        logging.getLogger(__name__).warning(
+            "stopped (%s) at step %d with a checkpoint: continue with --resume auto "
+            "(exit status %d)", result.stop_reason, result.step, result.exit_code)
+        raise SystemExit(result.exit_code)
+    return result

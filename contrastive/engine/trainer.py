@@ -13,8 +13,11 @@
    groups still frozen, clip, step; logs ``metrics.jsonl`` every
    ``log_every`` steps (every 0-d tensor the method returns, as a window mean), checkpoints every
    ``save_every_steps`` steps and at epoch ends, runs the kNN monitor every ``knn_every``
-   epochs, and stops cleanly on SIGTERM/SIGINT, ``max_steps`` or the last epoch;
-5. writes ``encoder.pt`` (query backbone, ``{"encoder": name, "state_dict": ...}``).
+   epochs, and stops cleanly on SIGTERM/SIGINT, its launcher's exit, ``max_steps`` or the
+   last epoch (a resume with nothing left to train changes nothing);
+5. writes ``encoder.pt`` (query backbone, ``{"encoder": name, "state_dict": ...}``) and
+   ``run_state.json`` (running / stopped / completed / failed, see
+   :mod:`contrastive.engine.run_state`).
 
 Everything random is a function of ``cfg.seed`` and the position in the run, so a resumed run
 continues exactly as the uninterrupted one (see :mod:`contrastive.engine.loader`).
@@ -43,14 +46,22 @@ from contrastive.engine.checkpoint import (
     CheckpointManager,
     TrainState,
     check_compatible,
+    find_latest,
     model_signature,
     read_meta,
     resolve_resume,
 )
 from contrastive.engine.config import TrainConfig, config_to_dict
-from contrastive.engine.loader import GlobalBatchSampler, build_train_loader, step_generator
+from contrastive.engine.loader import (
+    GlobalBatchSampler,
+    build_train_loader,
+    start_workers,
+    step_generator,
+)
 from contrastive.engine.monitor import KNNMonitor
 from contrastive.engine.optim import build_optimizer, drop_frozen_grads, set_lr
+from contrastive.engine.run_folder import check_output_dir, truncate_metrics
+from contrastive.engine.run_state import EXIT_STOPPED, read_run_state, write_run_state
 from contrastive.engine.schedules import lr_at, scaled_lr
 
 __all__ = ["train", "TrainResult", "NonFiniteLossError", "make_accelerator", "save_encoder"]
@@ -67,7 +78,7 @@ class TrainResult:
     """What a run left behind."""
 
     output_dir: Path
-    status: str  # "completed", "max_steps" or "interrupted"
+    status: str  # "completed", "max_steps" or "interrupted" (by a signal or the launcher's exit)
     step: int
     epoch: int
     encoder_path: Path | None = None
@@ -75,6 +86,13 @@ class TrainResult:
     knn_top1: float | None = None
     knn_history: list[tuple[int, float]] = field(default_factory=list)
     last_metrics: dict[str, Any] = field(default_factory=dict)
+    steps_trained: int = 0  # optimiser steps this call took (0: a resume with nothing to do)
+    stop_reason: str | None = None  # "SIGTERM", "SIGINT", "launcher exited (...)"
+
+    @property
+    def exit_code(self) -> int:
+        """The process exit status for this result: 75 (stopped, resumable) or 0."""
+        return EXIT_STOPPED if self.status == "interrupted" else 0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -150,10 +168,8 @@ class _Metrics:
             return
         if resume_step is None:
             self.path.write_text("")
-        elif self.path.exists():  # drop lines written after the checkpoint we resume from
-            kept = [ln for ln in self.path.read_text().splitlines()
-                    if ln.strip() and json.loads(ln).get("step", 0) <= resume_step]
-            self.path.write_text("".join(ln + "\n" for ln in kept))
+        else:  # drop lines written after the checkpoint we resume from (and a torn last line)
+            truncate_metrics(self.path, resume_step)
 
     def write(self, record: dict[str, Any]) -> None:
         if self.enabled:
@@ -161,31 +177,88 @@ class _Metrics:
                 fh.write(json.dumps(record) + "\n")
 
 
-class _StopSignal:
-    """SIGTERM / SIGINT set a flag; the loop saves a checkpoint and exits at the next step.
-    A second signal restores the default handler (a second Ctrl-C kills)."""
+class _StopRequests:
+    """Why the run should stop early: a signal or the launcher's exit (``reason``, else None).
 
-    def __init__(self) -> None:
-        self.received: str | None = None
+    SIGTERM / SIGINT only set the reason; the loop saves a checkpoint after the current step and
+    the run exits with status 75. Repeated SIGTERMs are ignored (Slurm signals every process of
+    a job step and torchrun forwards the same signal again; a scheduler's SIGKILL follows
+    anyway); a second SIGINT (Ctrl-C twice) stops at once, without saving. A signal the process
+    was started ignoring (``nohup``, background jobs) stays ignored.
+
+    ``watch_parent``: :meth:`check` also reports the exit of the process that started this one
+    (its parent pid changes when it is re-parented). One ``os.getppid()`` call per check: no
+    host sync, no I/O.
+    """
+
+    def __init__(self, watch_parent: bool) -> None:
+        self.reason: str | None = None
+        self._parent = os.getppid() if watch_parent else None
         self._old: dict[int, Any] = {}
 
-    def __enter__(self) -> _StopSignal:
+    def __enter__(self) -> _StopRequests:
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
+                if signal.getsignal(sig) is signal.SIG_IGN:
+                    continue
                 self._old[sig] = signal.signal(sig, self._handle)
             except ValueError:  # not the main thread: leave signals alone
                 pass
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
-        self.received = signal.Signals(signum).name
-        logger.warning("received %s: saving a checkpoint after this step, then exiting "
-                       "(send it again to stop immediately)", self.received)
-        signal.signal(signum, self._old.get(signum, signal.SIG_DFL))
+        name = signal.Signals(signum).name
+        if self.reason is None:
+            self.reason = name
+            logger.warning("received %s: saving a checkpoint after this step, then exiting "
+                           "(%s)", name, "press Ctrl-C again to stop immediately, without "
+                           "saving" if signum == signal.SIGINT else "further SIGTERMs are "
+                           "ignored; SIGKILL stops immediately")
+        if signum == signal.SIGINT:  # the next one stops immediately
+            signal.signal(signum, self._old.get(signum, signal.default_int_handler))
+
+    def check(self) -> str | None:
+        """The reason to stop, if any (also polls the parent process when watched)."""
+        if self.reason is None and self._parent is not None and os.getppid() != self._parent:
+            self.reason = f"launcher exited (parent pid {self._parent})"
+            logger.warning("%s: saving a checkpoint after this step, then exiting",
+                           self.reason)
+        return self.reason
 
     def __exit__(self, *exc: Any) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
+
+
+def _watch_parent(setting: str) -> bool:
+    """``--stop-if-orphaned``: auto = on when accelerate launch or torchrun started us."""
+    if setting == "auto":
+        return any(k in os.environ for k in ("TORCHELASTIC_RUN_ID", "ACCELERATE_USE_CPU"))
+    return setting == "on"
+
+
+def _rel(path: Path | None, out: Path) -> str | None:
+    if path is None:
+        return None
+    try:
+        return str(Path(path).relative_to(out))
+    except ValueError:
+        return str(path)
+
+
+def _record_failure(out: Path, exc: BaseException) -> None:
+    """``run_state.json`` = failed, with the error and the newest complete checkpoint."""
+    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
+    error = text[0][:500] if text else type(exc).__name__
+    if isinstance(exc, KeyboardInterrupt):
+        error = "KeyboardInterrupt: stopped without saving (a second SIGINT)"
+    try:
+        latest = find_latest(out / "checkpoints")
+        step = read_meta(latest).get("step") if latest is not None else None
+        write_run_state(out, "failed", step=step, error=error, resumable=latest is not None,
+                        checkpoint=_rel(latest, out))
+    except Exception as e:  # noqa: BLE001 - the failure itself may be a full or read-only disk
+        logger.warning("could not record the failure in %s: %s", out / "run_state.json", e)
 
 
 def _resolve_batched(cfg: TrainConfig, device: torch.device) -> bool:
@@ -199,8 +272,12 @@ def _feature_fn(module: nn.Module, which: str) -> Callable[[torch.Tensor], torch
         head = getattr(module, "head", None) or getattr(module, "projector", None)
         if head is None:
             raise ValueError(f"--knn-feature head: {type(module).__name__} has no head/projector")
-        return lambda x: head(module.encoder(x))
-    return module.encoder
+        encode = lambda x: head(module.encoder(x))  # noqa: E731
+    else:
+        encode = module.encoder
+    if any(p.dtype == torch.float64 for p in module.encoder.parameters()):  # --float64
+        return lambda x: encode(x.double())
+    return encode
 
 
 # ----------------------------------------------------------------------------------------------
@@ -217,23 +294,39 @@ def train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
     ``build_pipeline`` returns a :class:`contrastive.augment.Pipeline` (per-image ``__call__``
     and ``split()`` for the batched path). See the module docstring for the steps.
     """
-    from contrastive.data import get_dataset, has_split, num_classes
-
     cfg.validate()
     out = Path(cfg.output_dir or os.path.join("runs", recipe))
+    check_output_dir(out)  # a file, read-only: one line, before anything is built
     _check_output_dir(out, cfg.resume)  # before any process writes anything
     accelerator = make_accelerator(cfg, out)
     is_main = accelerator.is_main_process
     if not is_main:  # nothing printed from other ranks
         logging.getLogger().setLevel(logging.ERROR)
-    world, rank, device = accelerator.num_processes, accelerator.process_index, accelerator.device
-    accum = cfg.grad_accum_steps
+    world, accum = accelerator.num_processes, cfg.grad_accum_steps
     if cfg.batch_size % (world * accum):
         raise ValueError(f"--batch-size {cfg.batch_size} must be divisible by processes x "
                          f"--grad-accum-steps = {world} x {accum}")
     accelerator.wait_for_everyone()
     if is_main:
         out.mkdir(parents=True, exist_ok=True)
+    try:  # from here on the folder is this run's: its run_state.json says how the run ended
+        with _StopRequests(_watch_parent(cfg.stop_if_orphaned)) as stop:
+            return _train(cfg, build_method, build_pipeline, recipe, out, accelerator, stop)
+    except BaseException as exc:
+        if is_main:
+            _record_failure(out, exc)
+        raise
+
+
+def _train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
+           build_pipeline: Callable[[TrainConfig], Any], recipe: str, out: Path,
+           accelerator: Any, stop: _StopRequests) -> TrainResult:
+    """The body of :func:`train` once the output folder and the accelerator exist."""
+    from contrastive.data import get_dataset, has_split, num_classes
+
+    is_main = accelerator.is_main_process
+    world, rank, device = accelerator.num_processes, accelerator.process_index, accelerator.device
+    accum = cfg.grad_accum_steps
 
     # ---- data ----------------------------------------------------------------------------
     batched = _resolve_batched(cfg, device)
@@ -294,6 +387,8 @@ def train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
             method = nn.SyncBatchNorm.convert_sync_batchnorm(method)
         else:
             logger.warning("--sync-bn ignored: SyncBatchNorm needs GPU processes")
+    if cfg.float64:
+        method = method.double()  # inputs follow in the step and the kNN monitor
     if cfg.channels_last:
         method = method.to(memory_format=torch.channels_last)
         from contrastive.nn.norm import SplitBatchNorm2d
@@ -333,6 +428,9 @@ def train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
         ckpt.load(resume_path)
         logger.info("resumed from %s at step %d (epoch %d, micro-batch %d)", resume_path,
                     state.step, state.epoch, state.micro_in_epoch)
+        if state.step >= last_step or state.epoch >= cfg.epochs:
+            return _nothing_to_do(cfg, state, last_step, total_steps, out, resume_path,
+                                  accelerator, module, pipeline, recipe)
     else:  # a fresh run: give each process its own random stream from here on
         set_seed(cfg.seed, device_specific=True)
 
@@ -356,7 +454,12 @@ def train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
         accelerator.init_trackers(recipe, config={k: v for k, v in config_dict.items()
                                                   if isinstance(v, (int, float, str, bool))})
 
-    result = TrainResult(output_dir=out, status="completed", step=state.step, epoch=state.epoch)
+    result = TrainResult(output_dir=out, status="completed", step=state.step, epoch=state.epoch,
+                         checkpoint=resume_path)
+    start_step = state.step
+    if is_main:
+        write_run_state(out, "running", step=state.step, last_step=last_step,
+                        checkpoint=_rel(resume_path, out))
 
     def run_knn(tag: str) -> None:
         model.eval()
@@ -380,9 +483,12 @@ def train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
         return path
 
     def finish(status: str) -> TrainResult:
-        if ckpt.last_saved_step != state.step:
+        saved = ckpt.last_saved_step if ckpt.last_saved_step is not None else (
+            start_step if resume_path is not None else None)
+        if saved != state.step:
             save()
         result.status, result.step, result.epoch = status, state.step, state.epoch
+        result.steps_trained = state.step - start_step
         if is_main:
             extra = {"encoder_kwargs": cfg.encoder_options()} if cfg.encoder_options() else {}
             # evaluation normalises with the pretraining statistics (read back by contrastive.eval)
@@ -393,6 +499,14 @@ def train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
                 method=type(module).__name__, image_size=cfg.image_size, **extra)
             logger.info("%s at step %d: encoder weights in %s", status, state.step,
                         result.encoder_path)
+            if status == "interrupted":
+                write_run_state(out, "stopped", step=state.step, last_step=last_step,
+                                reason=result.stop_reason, resumable=True,
+                                checkpoint=_rel(result.checkpoint, out), exit_code=EXIT_STOPPED)
+            else:
+                write_run_state(out, "completed", step=state.step, last_step=last_step,
+                                reason="max_steps" if status == "max_steps" else "epochs",
+                                encoder=_rel(result.encoder_path, out), exit_code=0)
         accelerator.wait_for_everyone()
         if cfg.report_to != "none":
             accelerator.end_training()
@@ -433,14 +547,18 @@ def train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
                 f"{out / 'checkpoints'}; resume with --resume auto and a lower --lr, or pass "
                 "--on-nonfinite skip to skip such steps")
 
-    with _StopSignal() as stop, (progress or contextlib.nullcontext()):
+    if _any_true(stop.check() is not None, accelerator):  # a signal during the set-up
+        status = "interrupted"
+    with progress or contextlib.nullcontext():
         while state.epoch < cfg.epochs and status == "completed":
             epoch = state.epoch
             sampler.set_epoch(epoch)
             skip = state.micro_in_epoch
             batches = accelerator.skip_first_batches(loader, skip) if skip else loader
             t_wait = time.perf_counter()
-            for micro, (views, labels, indices) in enumerate(batches, start=skip):
+            # workers start with SIGTERM/SIGINT held back, then ignore them (see loader.py)
+            for micro, (views, labels, indices) in enumerate(start_workers(batches),
+                                                             start=skip):
                 wait_time += time.perf_counter() - t_wait
                 views = [v.to(device, non_blocking=True) for v in views]
                 if device_fn is not None:
@@ -448,6 +566,8 @@ def train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
                         device, cfg.seed, state.step, micro % accum, rank))
                 if cfg.channels_last:
                     views = [v.contiguous(memory_format=torch.channels_last) for v in views]
+                if cfg.float64:
+                    views = [v.double() for v in views]
                 lr = lr_at(state.step, steps_per_epoch=steps_per_epoch, epochs=cfg.epochs,
                            peak=peak_lr, schedule=cfg.lr_schedule,
                            warmup_epochs=cfg.warmup_epochs, min_lr=cfg.min_lr,
@@ -523,7 +643,7 @@ def train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
                     save()
                 # one process: the flag itself; several: agree every 10 steps (a collective)
                 if world == 1 or log_now or state.step % 10 == 0:
-                    if _any_true(stop.received is not None, accelerator):
+                    if _any_true(stop.check() is not None, accelerator):
                         check_finite(first_bad)
                         status = "interrupted"
                         break
@@ -548,7 +668,57 @@ def train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
     if monitor is not None and status != "interrupted" and \
             (not result.knn_history or result.knn_history[-1][0] != state.step):
         run_knn("end")
+    if status == "interrupted":
+        result.stop_reason = stop.reason or "a signal on another process"
     return finish(status)
+
+
+def _nothing_to_do(cfg: TrainConfig, state: TrainState, last_step: int, total_steps: int,
+                   out: Path, resume_path: Path, accelerator: Any, module: nn.Module,
+                   pipeline: Any, recipe: str) -> TrainResult:
+    """A resume of a run that already reached ``--max-steps`` or its last epoch (a requeued job).
+
+    Trains nothing and rewrites nothing (checkpoints, metrics.jsonl, config.json, encoder.pt);
+    only a missing ``encoder.pt`` or ``run_state.json`` that does not say "completed" at this
+    step (a run killed between its last checkpoint and its end) is written.
+    """
+    is_main = accelerator.is_main_process
+    done_all = state.step >= total_steps or state.epoch >= cfg.epochs
+    reason = "epochs" if done_all else "max_steps"
+    if done_all:
+        logger.info("nothing to train: the run in %s reached its last epoch (step %d); nothing "
+                    "was changed", out, state.step)
+    else:
+        logger.info("nothing to train: the run in %s is at step %d and --max-steps is %d; "
+                    "nothing was changed. Pass a larger --max-steps to continue it", out,
+                    state.step, cfg.max_steps)
+    result = TrainResult(output_dir=out, status="completed" if done_all else "max_steps",
+                         step=state.step, epoch=state.epoch, checkpoint=resume_path)
+    encoder_path = out / "encoder.pt"
+    if is_main:
+        if _encoder_step(encoder_path) != state.step:
+            extra = {"encoder_kwargs": cfg.encoder_options()} if cfg.encoder_options() else {}
+            extra.update({k: [float(v) for v in getattr(pipeline, k)] for k in ("mean", "std")
+                          if hasattr(pipeline, k)})
+            save_encoder(encoder_path, module.encoder, cfg.encoder, recipe=recipe,
+                         step=state.step, method=type(module).__name__,
+                         image_size=cfg.image_size, **extra)
+            logger.info("wrote the missing %s (step %d)", encoder_path, state.step)
+        previous = read_run_state(out) or {}
+        if previous.get("state") != "completed" or previous.get("step") != state.step:
+            write_run_state(out, "completed", step=state.step, last_step=last_step,
+                            reason=reason, encoder=_rel(encoder_path, out), exit_code=0)
+    result.encoder_path = encoder_path
+    accelerator.wait_for_everyone()
+    return result
+
+
+def _encoder_step(path: Path) -> int | None:
+    """The ``step`` recorded in an ``encoder.pt`` (None if absent or unreadable)."""
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["step"])
+    except Exception:  # noqa: BLE001 - any unreadable file is rewritten
+        return None
 
 
 def _all_true(flag: torch.Tensor, accelerator: Any) -> bool:

@@ -23,6 +23,7 @@ under that prefix to be a head (``fc``, ``head``, ``classifier``, projector, pre
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import re
@@ -77,6 +78,7 @@ class RawCheckpoint:
     config: dict[str, Any] | None = None
     recorded_encoder: str | None = None  # what the checkpoint itself says (before --encoder)
     meta: dict[str, Any] = field(default_factory=dict)  # plain extras of encoder.pt (step, recipe ...)
+    files: list[dict[str, str]] = field(default_factory=list)  # every file read: path, sha256 of its bytes
 
 
 @dataclass
@@ -104,6 +106,7 @@ class LoadedEncoder:
     ignored: list[str] = field(default_factory=list)
     config: dict[str, Any] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    files: list[dict[str, str]] = field(default_factory=list)
 
     def setting(self, key: str) -> Any:
         """A value recorded with the weights (encoder.pt extras first, then the run's config)."""
@@ -118,11 +121,15 @@ class LoadedEncoder:
         return None
 
     def describe(self) -> dict[str, Any]:
+        """Provenance for result files: ``sha256`` of the weights file, and ``files``: the path and
+        sha256 of every file read (weights, and the run's config.json when it was consulted),
+        hashed from the very bytes that were loaded."""
         return {
             "path": str(self.path) if self.path else None,
             "kind": self.kind,
             "encoder": self.name,
             "sha256": self.sha256,
+            "files": [dict(f) for f in self.files],
         }
 
 
@@ -138,13 +145,16 @@ def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
 # Reading
 
 
-def _load_file(path: Path) -> Any:
+def _load_file(path: Path) -> tuple[Any, str]:
+    """The file's contents and the sha256 of the bytes they were read from (one read)."""
+    data = path.read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
     if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
+        from safetensors.torch import load
 
-        return load_file(str(path), device="cpu")
+        return load(data), sha
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True), sha
     except Exception as e:  # pickle with code in it, or not a torch file
         raise ValueError(
             f"cannot read checkpoint {path} with torch.load(weights_only=True): {e}. Only "
@@ -152,15 +162,19 @@ def _load_file(path: Path) -> Any:
         ) from e
 
 
-def _find_config(start: Path, levels: int = 3) -> tuple[dict[str, Any] | None, Path | None]:
+def _find_config(start: Path, levels: int = 3) -> tuple[dict[str, Any] | None, list[dict[str, str]]]:
+    """The run's config.json at or above ``start``, and [its path and sha256] (empty if none)."""
     for folder in [start, *list(start.parents)[:levels]]:
         cfg = folder / "config.json"
         if cfg.is_file():
+            data = cfg.read_bytes()
             try:
-                return json.loads(cfg.read_text()), folder
-            except json.JSONDecodeError as e:
+                config = json.loads(data)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 log.warning("ignoring unreadable %s: %s", cfg, e)
-    return None, None
+                continue
+            return config, [{"path": str(cfg), "sha256": hashlib.sha256(data).hexdigest()}]
+    return None, []
 
 
 def _find_str(config: Any, key: str) -> str | None:
@@ -231,18 +245,18 @@ def read_checkpoint(checkpoint: str | Path, *, encoder: str | None = None) -> Ra
     path = resolve_checkpoint_path(path)
     if path.is_dir():  # accelerate save_state folder
         weights = next(path / f for f in _WEIGHT_FILES if (path / f).is_file())
-        state = _load_file(weights)
-        config, _ = _find_config(path)
+        state, sha = _load_file(weights)
+        config, config_files = _find_config(path)
         recorded = _find_str(config, "encoder") if config else None
         return RawCheckpoint(_tensors_only(state, weights), encoder or recorded, "accelerate", weights,
-                             file_sha256(weights), config, recorded)
-    obj = _load_file(path)
-    sha = file_sha256(path)
-    config, _ = _find_config(path.parent, levels=1)
+                             sha, config, recorded, files=[{"path": str(weights), "sha256": sha}, *config_files])
+    obj, sha = _load_file(path)
+    config, config_files = _find_config(path.parent, levels=1)
+    files = [{"path": str(path), "sha256": sha}, *config_files]
     if isinstance(obj, Mapping) and isinstance(obj.get("encoder"), str) and isinstance(obj.get("state_dict"), Mapping):
         meta = {k: v for k, v in obj.items() if k not in ("state_dict", "encoder")}
         return RawCheckpoint(_tensors_only(obj["state_dict"], path), encoder or obj["encoder"], "encoder.pt",
-                             path, sha, config, obj["encoder"], meta)
+                             path, sha, config, obj["encoder"], meta, files)
     if isinstance(obj, Mapping):
         state = obj
         for key in ("state_dict", "model", "module"):
@@ -265,7 +279,7 @@ def read_checkpoint(checkpoint: str | Path, *, encoder: str | None = None) -> Ra
                     f"{path}: arch {arch!r} has no known encoder (MoCo v3's vit_small has 12 heads, "
                     "timm's 6): pass --encoder NAME"
                 )
-        return RawCheckpoint(state, encoder or recorded, kind, path, sha, config, recorded)
+        return RawCheckpoint(state, encoder or recorded, kind, path, sha, config, recorded, files=files)
     raise ValueError(f"{path}: expected a dict of tensors, got {type(obj).__name__}")
 
 
@@ -435,4 +449,4 @@ def load_encoder(
     if result.unused_heads:
         log.info("ignored %d head tensors of %s: %s", len(result.unused_heads), raw.path, result.unused_heads[:6])
     return LoadedEncoder(model.eval(), raw.encoder_name, raw.kind, raw.path, raw.sha256, ignored, raw.config,
-                         raw.meta)
+                         raw.meta, raw.files)

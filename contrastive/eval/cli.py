@@ -65,6 +65,16 @@ def _norm_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--std", type=float, nargs=3, default=None, help="normalisation std (as --mean)")
 
 
+def _label_fraction(text: str) -> float:
+    from contrastive.eval.runner import check_label_fraction
+
+    try:
+        return check_label_fraction(float(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e) if "label fraction" in str(e) else
+                                          f"label fraction must be a number in (0, 1]; got {text!r}") from e
+
+
 def _accelerator(args: argparse.Namespace):
     from accelerate import Accelerator
 
@@ -109,8 +119,11 @@ def linear_eval_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=None, help="default 100 (both protocols)")
     p.add_argument("--lr", type=float, default=None,
                    help="standard: default 30; cached: fixes the lr instead of the sweep")
-    p.add_argument("--label-fraction", type=float, default=1.0,
-                   help="low-shot: train on this class-balanced fraction of the labels (e.g. 0.01)")
+    p.add_argument("--label-fraction", type=_label_fraction, default=1.0,
+                   help="low-shot: train on this class-balanced fraction of the labels, 0 < F <= 1 "
+                   "(e.g. 0.01); when too few labelled rows remain to hold out 100 for the lr / wd "
+                   "sweep, it cross-validates on them, and below 20 rows (or 2 per class) it uses "
+                   "the fixed lr 0.1, wd 1e-3 (the result JSON says which)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     _setup_logging()
@@ -133,7 +146,9 @@ def knn_eval_main(argv: Sequence[str] | None = None) -> int:
         "training images vote with weight exp(similarity / temperature); exact faiss search.",
     )
     _common(p)
-    p.add_argument("--k", type=int, default=200)
+    p.add_argument("--k", type=int, default=200,
+                   help="neighbours; clamped to the number of training images (the result JSON "
+                   "records the k used and the k asked for)")
     p.add_argument("--temperature", type=float, default=0.1)
     p.add_argument("--store", choices=("float32", "float16"), default="float32",
                    help="float16 halves the index memory (faiss IndexScalarQuantizer; approximate)")

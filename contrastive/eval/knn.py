@@ -251,7 +251,13 @@ def knn_accuracy(
     store: str = "float32",
     chunk_size: int = 4096,
 ) -> dict[str, float]:
-    """Weighted-kNN top-1 and top-5 accuracy (percent) of ``queries`` against the bank."""
+    """Weighted-kNN top-1 and top-5 accuracy (percent) of ``queries`` against the bank.
+
+    A bank of one class scores 100 % on queries of that class and means nothing: this building
+    block (also the training monitor's) warns; :func:`contrastive.eval.runner.knn_eval` refuses.
+    """
+    if bank_labels.numel() and int(bank_labels.unique().numel()) < 2:
+        log.warning("kNN on a bank of one class (%d rows): its accuracy means nothing", bank_labels.numel())
     knn = WeightedKNN(
         bank, bank_labels, num_classes=num_classes, backend=backend, store=store, chunk_size=chunk_size
     )

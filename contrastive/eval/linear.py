@@ -9,8 +9,21 @@ weight decay 0, batch 256, 100 epochs, lr x0.1 at epochs 60 and 80, on augmented
 Cached protocol (ours, for speed): features of centre crops are extracted once; a linear head on
 standardised features, ``y = W (f - mu) / sigma + b``, is trained by SGD (momentum 0.9, cosine lr,
 cross-entropy) for every (lr, weight decay) pair of a small grid at once (one matmul for all
-heads). The pair is chosen on a held-out part of the TRAINING set (``val_fraction``), never on the
-evaluation split, and the chosen head is then retrained on the whole training set.
+heads). The pair is chosen on the TRAINING set, never on the evaluation split, and the chosen head
+is then retrained on all training rows. How it is chosen depends on how many labelled rows there
+are (:func:`fit_linear_cached` records which, in ``CachedProbeResult.selection``):
+
+- ``"held-out"``: a held-out ``val_fraction`` (10 %) of the rows, when that is at least
+  ``MIN_VAL_ROWS`` (100) rows: one accuracy point is then at most 1 % of the held-out part;
+- ``"cross-validation"``: otherwise, stratified ``CV_FOLDS``-fold (5, fewer when a class has
+  fewer rows) cross-validation on all rows, when there are at least ``MIN_CV_ROWS`` (20) rows and
+  every class has at least 2 (so that each fold's training part holds every class);
+- ``"fallback"``: otherwise (e.g. one label per class) no estimate is worth having: the fixed
+  ``FALLBACK_LR`` / ``FALLBACK_WD`` (0.1, 1e-3; the grid values nearest to them), with a warning;
+- ``"given"``: the grid has one pair (``--lr`` with one weight decay).
+
+A probe needs at least two classes: with one, every head scores 100 % and the number means nothing,
+so :func:`check_classes` refuses.
 
 Safety as in MoCo v3's linear evaluation: :func:`snapshot_state` / :func:`assert_unchanged` check
 that the backbone is bit-identical after training.
@@ -37,6 +50,7 @@ __all__ = [
     "LinearHead",
     "CachedProbeResult",
     "check_labels",
+    "check_classes",
     "label_fraction_indices",
     "fit_linear_cached",
     "train_linear_standard",
@@ -49,6 +63,10 @@ __all__ = [
 
 DEFAULT_LRS: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0)
 DEFAULT_WEIGHT_DECAYS: tuple[float, ...] = (0.0, 1e-4, 1e-3, 1e-2)
+MIN_VAL_ROWS = 100  # a held-out split smaller than this: cross-validation instead
+CV_FOLDS = 5
+MIN_CV_ROWS = 20  # fewer labelled rows than this: the fixed fallback pair
+FALLBACK_LR, FALLBACK_WD = 0.1, 1e-3  # not tuned per data set; used only when nothing can be measured
 
 
 def check_labels(labels: Tensor, num_classes: int | None, what: str) -> int:
@@ -72,6 +90,21 @@ def check_labels(labels: Tensor, num_classes: int | None, what: str) -> int:
             "training data lacks, or the head is too small"
         )
     return num_classes
+
+
+def check_classes(labels: Tensor, what: str) -> int:
+    """Refuse labels (N,) with fewer than two distinct classes; return the number present.
+
+    A classifier trained on one class predicts it everywhere: top-1 is 100 % on an evaluation
+    split of that class and means nothing, so the probes refuse instead of printing it.
+    """
+    present = int(labels.unique().numel()) if labels.numel() else 0
+    if present < 2:
+        raise ValueError(
+            f"{what}: {present} class{'es' if present != 1 else ''} present; a linear probe or kNN "
+            "needs labelled data of at least 2 classes (one subfolder per class) to mean anything"
+        )
+    return present
 
 
 def label_fraction_indices(labels: Tensor, fraction: float, seed: int = 0) -> Tensor:
@@ -108,12 +141,21 @@ class LinearHead(nn.Module):
 
 @dataclass
 class CachedProbeResult:
-    """The chosen head and the sweep that chose it (val top-1 per (lr, wd) on the train split)."""
+    """The chosen head and how (lr, wd) were chosen.
+
+    ``selection``: "held-out", "cross-validation", "fallback" or "given" (module docstring);
+    ``sweep``: top-1 per (lr, wd) on the held-out rows or pooled over the folds (empty for
+    "fallback" / "given"); ``val_rows``: rows scored per pair; ``folds``: 0 unless
+    cross-validation.
+    """
 
     head: LinearHead
     lr: float
     weight_decay: float
     sweep: list[dict[str, float]] = field(default_factory=list)
+    selection: str = "given"
+    val_rows: int = 0
+    folds: int = 0
 
 
 def _train_heads(
@@ -204,6 +246,7 @@ def fit_linear_cached(
     val_fraction: float = 0.1,
     momentum: float = 0.9,
     seed: int = 0,
+    min_val_rows: int = MIN_VAL_ROWS,
 ) -> CachedProbeResult:
     """Fit a linear head on cached features, choosing (lr, wd) on a split of the training set.
 
@@ -213,12 +256,16 @@ def fit_linear_cached(
         num_classes: C; default max(labels) + 1.
         epochs, batch_size, momentum: SGD settings (cosine lr to 0 over all steps).
         lrs, weight_decays: the grid; every pair is trained (all in one batched matmul).
-        val_fraction: share of the training rows held out to pick the pair. With one grid point,
-            or when the held-out part would be empty, no split is made.
-        seed: seeds the split and the minibatch order.
+        val_fraction: share of the training rows held out to pick the pair, when that is at least
+            ``min_val_rows`` rows; else cross-validation or the fallback pair (module docstring).
+        seed: seeds the split, the folds and the minibatch order.
+        min_val_rows: the smallest held-out split used (``MIN_VAL_ROWS``).
 
     Returns:
         :class:`CachedProbeResult` with the head retrained on all N rows with the chosen pair.
+
+    Raises:
+        ValueError: mismatched shapes, bad labels, fewer than two classes, an empty grid.
     """
     if features.ndim != 2 or features.shape[0] != labels.shape[0]:
         raise ValueError(
@@ -230,37 +277,49 @@ def fit_linear_cached(
         raise ValueError(f"epochs and batch_size must be >= 1, got {epochs} and {batch_size}")
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    check_classes(labels, "training labels")
     x = features.float()
     y = labels.long().to(x.device)
     grid = [(float(lr), float(wd)) for lr in lrs for wd in weight_decays]
     if not grid:
         raise ValueError("the (lr, weight decay) grid is empty; give at least one of each")
-    n_val = int(round(val_fraction * x.shape[0]))
+    train = {"num_classes": num_classes, "epochs": epochs, "batch_size": batch_size,
+             "momentum": momentum, "seed": seed}
+    n = x.shape[0]
+    n_val = int(round(val_fraction * n))
+    counts = torch.bincount(y.cpu(), minlength=num_classes)
+    smallest = int(counts[counts > 0].min())
     sweep: list[dict[str, float]] = []
-    best = grid[0]
-    if len(grid) > 1 and 0 < n_val < x.shape[0]:
-        perm = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(seed)).to(x.device)
-        val_idx, tr_idx = perm[:n_val], perm[n_val:]
-        mean, std = _standardise(x[tr_idx])
-        w, b = _train_heads(
-            (x[tr_idx] - mean) / std,
-            y[tr_idx],
-            num_classes,
-            torch.tensor([g[0] for g in grid]),
-            torch.tensor([g[1] for g in grid]),
-            epochs=epochs,
-            batch_size=batch_size,
-            momentum=momentum,
-            seed=seed,
+    val_rows, folds = 0, 0
+    if len(grid) == 1:
+        selection, best = "given", grid[0]
+    elif min_val_rows <= n_val < n:
+        selection, val_rows = "held-out", n_val
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).to(x.device)
+        correct = _grid_correct(x, y, perm[n_val:], perm[:n_val], grid, **train)
+        accs = (correct * (100.0 / n_val)).tolist()
+    elif n >= MIN_CV_ROWS and smallest >= 2:
+        selection, val_rows, folds = "cross-validation", n, min(CV_FOLDS, smallest)
+        fold = _stratified_folds(y.cpu(), folds, seed).to(x.device)
+        correct = sum(
+            _grid_correct(x, y, (fold != f).nonzero().flatten(), (fold == f).nonzero().flatten(), grid, **train)
+            for f in range(folds)
         )
-        logits = torch.einsum("nd,hdc->hnc", (x[val_idx] - mean) / std, w) + b[:, None, :]
-        val_acc = (logits.argmax(dim=2) == y[val_idx]).float().mean(dim=1) * 100.0
-        for (lr, wd), acc in zip(grid, val_acc.tolist()):
-            sweep.append({"lr": lr, "weight_decay": wd, "val_top1": acc})
-        best = grid[int(val_acc.argmax())]  # first best: the grid order breaks ties
-        log.info("linear probe sweep on %d held-out training rows: best lr=%g wd=%g", n_val, *best)
-    elif len(grid) > 1:
-        log.warning("too few training rows to hold out a split; using lr=%g wd=%g", *best)
+        accs = (correct * (100.0 / n)).tolist()
+    else:
+        selection = "fallback"
+        best = (_nearest(lrs, FALLBACK_LR), _nearest(weight_decays, FALLBACK_WD))
+        log.warning(
+            "linear probe: too few labelled rows to choose lr / weight decay (%d rows, smallest "
+            "class %d; cross-validation needs >= %d rows and >= 2 per class): using the fixed "
+            "fallback lr=%g wd=%g", n, smallest, MIN_CV_ROWS, *best,
+        )
+    if selection in ("held-out", "cross-validation"):
+        sweep = [{"lr": lr, "weight_decay": wd, "val_top1": acc} for (lr, wd), acc in zip(grid, accs)]
+        best = grid[max(range(len(grid)), key=lambda i: (accs[i], -i))]  # first best: grid order breaks ties
+        how = f"{folds}-fold cross-validation over" if folds else "held-out split of"
+        log.info("linear probe: lr / weight decay chosen by %s %d labelled training rows: lr=%g wd=%g",
+                 how, val_rows, *best)
     mean, std = _standardise(x)
     w, b = _train_heads(
         (x - mean) / std,
@@ -277,7 +336,37 @@ def fit_linear_cached(
     with torch.no_grad():
         head.linear.weight.copy_(w[0].T)
         head.linear.bias.copy_(b[0])
-    return CachedProbeResult(head=head, lr=best[0], weight_decay=best[1], sweep=sweep)
+    return CachedProbeResult(head=head, lr=best[0], weight_decay=best[1], sweep=sweep, selection=selection,
+                             val_rows=val_rows, folds=folds)
+
+
+def _grid_correct(x: Tensor, y: Tensor, tr_idx: Tensor, val_idx: Tensor, grid: list[tuple[float, float]],
+                  *, num_classes: int, epochs: int, batch_size: int, momentum: float, seed: int) -> Tensor:
+    """Correct predictions on ``val_idx`` (H,) of one head per grid pair trained on ``tr_idx``
+    (features standardised with the training rows' statistics)."""
+    mean, std = _standardise(x[tr_idx])
+    w, b = _train_heads((x[tr_idx] - mean) / std, y[tr_idx], num_classes,
+                        torch.tensor([g[0] for g in grid]), torch.tensor([g[1] for g in grid]),
+                        epochs=epochs, batch_size=batch_size, momentum=momentum, seed=seed)
+    logits = torch.einsum("nd,hdc->hnc", (x[val_idx] - mean) / std, w) + b[:, None, :]
+    return (logits.argmax(dim=2) == y[val_idx]).sum(dim=1).cpu().double()
+
+
+def _stratified_folds(y: Tensor, folds: int, seed: int) -> Tensor:
+    """Fold number (N,) of every row: each class's rows, shuffled, dealt round-robin, so every
+    fold holds floor or ceil(n_c / folds) rows of class c."""
+    gen = torch.Generator().manual_seed(seed)
+    fold = torch.empty_like(y)
+    for c in y.unique().tolist():
+        members = (y == c).nonzero().flatten()
+        members = members[torch.randperm(members.numel(), generator=gen)]
+        fold[members] = torch.arange(members.numel()) % folds
+    return fold
+
+
+def _nearest(values: Sequence[float], target: float) -> float:
+    """The first of ``values`` closest to ``target``."""
+    return float(min(values, key=lambda v: abs(float(v) - target)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,6 +438,8 @@ def train_linear_standard(
         raise ValueError("num_features: the encoder has no .num_features; pass num_features=D")
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
+    if num_classes < 2:
+        raise ValueError(f"num_classes={num_classes}: a linear probe needs at least 2 classes to mean anything")
     device = torch.device(accelerator.device if accelerator is not None else (device or "cpu"))
     encoder.to(device).eval()
     for p in encoder.parameters():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,6 +25,7 @@ from contrastive.eval.linear import (
     DEFAULT_LRS,
     DEFAULT_WEIGHT_DECAYS,
     assert_unchanged,
+    check_classes,
     check_labels,
     evaluate_head,
     evaluate_standard,
@@ -44,6 +46,7 @@ __all__ = [
     "encode_split",
     "linear_eval",
     "knn_eval",
+    "check_label_fraction",
 ]
 
 PROTOCOLS = ("cached", "standard")
@@ -74,10 +77,25 @@ def linear_train_transform(image_size: int, mean: Norm = None, std: Norm = None)
                     name="linear-train", **_norm(mean, std))
 
 
-def load_split(data: str, split: str, transform: Any) -> Dataset:
-    """``get_dataset(data, split, transform)``, with clear errors for a missing or empty split."""
-    from contrastive.data import get_dataset, has_split
+def check_label_fraction(fraction: float) -> float:
+    """``fraction`` if 0 < fraction <= 1, else ValueError naming the accepted range (checked
+    before any data is read or encoded)."""
+    if not (isinstance(fraction, (int, float)) and 0.0 < float(fraction) <= 1.0):
+        raise ValueError(
+            f"label fraction must be in (0, 1] (e.g. 0.01 for 1 % of the labels, 1 for all); got {fraction!r}"
+        )
+    return float(fraction)
 
+
+def load_split(data: str, split: str, transform: Any) -> Dataset:
+    """``get_dataset(data, split, transform)``, with clear errors for a missing path or a missing
+    or empty split."""
+    from contrastive.data import get_dataset, has_split
+    from contrastive.data.spec import parse_spec
+
+    spec = parse_spec(data)
+    if spec.name == "imagefolder" and spec.root is not None and not Path(spec.root).expanduser().exists():
+        raise FileNotFoundError(f"--data {data!r}: the path {Path(spec.root).expanduser()} does not exist")
     if not has_split(data, split):
         raise ValueError(
             f"--data {data!r} has no {split!r} split; evaluation needs a labelled train split "
@@ -142,6 +160,25 @@ def encode_split(
                             autocast_dtype=_autocast(accelerator), progress=True)
 
 
+def _class_names(ds: Dataset) -> list[str] | None:
+    seen = 0
+    while ds is not None and seen < 16:
+        classes = getattr(ds, "classes", None)
+        if classes:
+            return [str(c) for c in classes]
+        ds = getattr(ds, "dataset", None)
+        seen += 1
+    return None
+
+
+def rows_per_class(ds: Dataset, labels: Tensor) -> dict[str, int]:
+    """Labelled rows per class, keyed by class name (the class index when the data set has no
+    names), for the result files: what a probe was actually trained on."""
+    names = _class_names(ds)
+    counts = torch.bincount(labels.long().cpu()).tolist() if labels.numel() else []
+    return {(names[c] if names and c < len(names) else str(c)): n for c, n in enumerate(counts) if n}
+
+
 def _subset(ds: Dataset, labels: Tensor, fraction: float, seed: int) -> tuple[Dataset, Tensor]:
     if fraction >= 1.0:
         return ds, labels
@@ -173,13 +210,19 @@ def linear_eval(
 
     ``mean`` / ``std``: the normalisation of the pretraining pipeline (default ImageNet's).
     ``protocol="cached"``: centre-crop features once, (lr, wd) sweep on a held-out 10 % of the
-    training set, 100 epochs by default. ``"standard"``: the MoCo protocol (augmented crops every
+    training set (cross-validation, or a fixed pair, when too few labelled rows remain: see
+    :mod:`contrastive.eval.linear`), 100 epochs by default. ``label_fraction`` must lie in (0, 1]
+    and fewer than two classes are refused, both before any feature is extracted. ``"standard"``: the MoCo protocol (augmented crops every
     epoch, SGD lr 30 (``lr``), momentum 0.9, wd 0, lr x0.1 at 60 % and 80 % of 100 epochs).
 
-    Returns the result dict written by ``contrastive-linear-eval`` (``top1``, ``top5``, settings).
+    Returns the result dict written by ``contrastive-linear-eval``: ``top1``, ``top5``,
+    ``settings`` (including the lr / wd used and ``lr_wd_selection``: how they were chosen),
+    ``train_per_class`` (labelled rows per class), ``checkpoint`` (with the sha256 of every file
+    read), ``sweep``.
     """
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol {protocol!r} is not one of {PROTOCOLS}")
+    label_fraction = check_label_fraction(label_fraction)
     t0 = time.perf_counter()
     main = accelerator is None or accelerator.is_main_process
     test_ds = load_split(data, "test", eval_transform(image_size, mean, std))
@@ -191,6 +234,8 @@ def linear_eval(
         labels = dataset_labels(train_ds)
         n_classes = _num_classes(train_ds, labels)
         train_ds, labels = _subset(train_ds, labels, label_fraction, seed)
+        check_classes(labels, f"training labels of --data {data!r}")
+        per_class = rows_per_class(train_ds, labels)
         before = snapshot_state(loaded.encoder)
         xtr, ytr = encode_split(loaded, train_ds, batch_size=batch_size, num_workers=num_workers,
                                 accelerator=accelerator, device=device)
@@ -203,6 +248,7 @@ def linear_eval(
                                 lrs=(lr,) if lr is not None else lrs, weight_decays=weight_decays, seed=seed)
         acc = evaluate_head(res.head, xte, yte)
         settings |= {"epochs": epochs, "lr": res.lr, "weight_decay": res.weight_decay,
+                     "lr_wd_selection": res.selection, "selection_rows": res.val_rows, "cv_folds": res.folds,
                      "optimizer": "SGD momentum 0.9, cosine lr", "features": "standardised",
                      "sweep_lrs": list(lrs) if lr is None else [lr], "sweep_weight_decays": list(weight_decays),
                      "val_fraction": 0.1}
@@ -215,7 +261,10 @@ def linear_eval(
         test_labels = dataset_labels(test_ds)
         check_labels(test_labels, n_classes, f"evaluation labels of --data {data!r}")
         train_ds, labels = _subset(train_ds, labels, label_fraction, seed)
+        check_classes(labels, f"training labels of --data {data!r}")
+        per_class = rows_per_class(train_ds, labels)
         epochs = 100 if epochs is None else epochs
+        lr_selection = "given" if lr is not None else "default (MoCo: 30)"
         lr = 30.0 if lr is None else lr
         loader = _loader(train_ds, batch_size, shuffle=True, num_workers=num_workers, seed=seed,
                          accelerator=accelerator)
@@ -227,7 +276,7 @@ def linear_eval(
                               accelerator=accelerator)
         acc = evaluate_standard(encoder, head, test_loader, accelerator=accelerator, device=device,
                                 autocast_dtype=_autocast(accelerator))
-        settings |= {"epochs": epochs, "lr": lr, "momentum": 0.9, "weight_decay": 0.0,
+        settings |= {"epochs": epochs, "lr": lr, "lr_wd_selection": lr_selection, "momentum": 0.9, "weight_decay": 0.0,
                      "lr_steps": [round(0.6 * epochs), round(0.8 * epochs)], "gamma": 0.1,
                      "train_augmentation": "RandomResizedCrop(0.08-1) + flip", "backbone": "frozen, eval mode"}
         n_train = labels.numel()
@@ -240,6 +289,7 @@ def linear_eval(
         "data": data,
         "num_classes": n_classes,
         "num_train": n_train,
+        "train_per_class": per_class,
         "num_test": len(test_ds),
         "seconds": round(time.perf_counter() - t0, 2),
         **extra,
@@ -261,11 +311,20 @@ def knn_eval(
     accelerator: Any | None = None,
     device: str | None = None,
 ) -> dict[str, Any]:
-    """Weighted-kNN top-1 / top-5: bank = train split, queries = evaluation split (centre crops)."""
+    """Weighted-kNN top-1 / top-5: bank = train split, queries = evaluation split (centre crops).
+
+    ``k`` is clamped to the bank size; the result records the k used (``settings.k``) and the
+    one asked for (``settings.k_requested``).
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
     t0 = time.perf_counter()
     transform = eval_transform(image_size, mean, std)
     train_ds = load_split(data, "train", transform)
     test_ds = load_split(data, "test", transform)
+    bank_labels = dataset_labels(train_ds)
+    check_labels(bank_labels, None, f"training labels of --data {data!r}")
+    check_classes(bank_labels, f"training labels of --data {data!r}")
     xtr, ytr = encode_split(loaded, train_ds, batch_size=batch_size, num_workers=num_workers,
                             accelerator=accelerator, device=device)
     xte, yte = encode_split(loaded, test_ds, batch_size=batch_size, num_workers=num_workers,
@@ -275,12 +334,15 @@ def knn_eval(
     n_classes = num_classes(train_ds)
     n_classes = check_labels(ytr, n_classes, f"training labels of --data {data!r}")
     check_labels(yte, n_classes, f"evaluation labels of --data {data!r}")
-    acc = knn_accuracy(xtr, ytr, xte, yte, k=k, temperature=temperature, num_classes=n_classes, store=store)
+    k_used = min(k, xtr.shape[0])
+    if k_used < k:
+        log.warning("k=%d is larger than the bank (%d training images): using k=%d", k, xtr.shape[0], k_used)
+    acc = knn_accuracy(xtr, ytr, xte, yte, k=k_used, temperature=temperature, num_classes=n_classes, store=store)
     return {
         "top1": acc["top1"],
         "top5": acc["top5"],
         "protocol": "knn",
-        "settings": {"k": k, "temperature": temperature, "image_size": image_size, "store": store,
+        "settings": {"k": k_used, "k_requested": k, "temperature": temperature, "image_size": image_size, "store": store,
                      **_norm(mean, std),
                      "features": "L2-normalised", "index": "faiss IndexFlatIP" if store == "float32"
                      else "faiss IndexScalarQuantizer fp16 (approximate)"},
@@ -288,6 +350,7 @@ def knn_eval(
         "data": data,
         "num_classes": n_classes,
         "num_train": xtr.shape[0],
+        "train_per_class": rows_per_class(train_ds, ytr),
         "num_test": xte.shape[0],
         "seconds": round(time.perf_counter() - t0, 2),
     }

@@ -9,14 +9,21 @@ Use by name (the registry) or by class / function::
     from contrastive.losses import functional as LF
     loss = LF.ntxent(z1, z2, temperature=0.5)
 
-Registered names: ``infonce``, ``ntxent``, ``cosnce``, ``supcon``, ``dcl``, ``kd`` (see
-``list_losses()``). Add yours with ``@register_loss("name")``. Inputs may be half precision: the
-softmax maths runs in float32 and the result is float32.
+Registered names: ``infonce``, ``ntxent``, ``cosnce``, ``supcon``, ``dcl``, ``kd``, ``byol``,
+``simsiam``, ``barlow_twins``, ``vicreg``, ``swav``, ``dino``, ``dim`` (see ``list_losses()``). Add yours with
+``@register_loss("name")``. Inputs may be half precision: the maths runs in float32 and the
+result is float32.
+
+Batch-level losses (``barlow_twins``, ``vicreg``; ``loss_class(name).batch_level`` is True) are
+statistics of the whole batch: pass the GLOBAL batch (gathered with gradient) and
+``reduction="mean"`` only (see :mod:`contrastive.losses.decorrelation`).
 """
 
 from __future__ import annotations
 
-from . import functional
+from . import clustering, decorrelation, functional, mutual_info, regression
+from .clustering import DINOLoss, SwAVLoss
+from .decorrelation import BarlowTwinsLoss, VICRegLoss
 from .modules import (
     BaseLoss,
     CosNCELoss,
@@ -26,20 +33,33 @@ from .modules import (
     NTXentLoss,
     SupConLoss,
 )
+from .mutual_info import DIMLoss
 from .registry import UnknownLossError, get_loss, list_losses, loss_class, register_loss
+from .regression import BYOLLoss, SimSiamLoss
 
 __all__ = [
+    "BYOLLoss",
+    "BarlowTwinsLoss",
     "BaseLoss",
+    "DIMLoss",
+    "DINOLoss",
     "CosNCELoss",
     "DCLLoss",
     "InfoNCELoss",
     "KDLoss",
     "NTXentLoss",
+    "SimSiamLoss",
+    "SwAVLoss",
     "SupConLoss",
     "UnknownLossError",
+    "VICRegLoss",
+    "clustering",
+    "decorrelation",
     "functional",
     "get_loss",
     "list_losses",
     "loss_class",
+    "mutual_info",
     "register_loss",
+    "regression",
 ]

@@ -26,9 +26,12 @@ class BaseLoss(nn.Module):
     Class attributes:
         scale_invariant: True when the loss L2-normalises its inputs by default, so multiplying
             every floating-point input by a positive number leaves it unchanged.
+        batch_level: True for a statistic of the whole batch (Barlow Twins, VICReg): no
+            per-sample values, ``reduction="mean"`` only, invariant to permuting the samples.
     """
 
     scale_invariant: ClassVar[bool] = True
+    batch_level: ClassVar[bool] = False
 
     def __init__(self, *, reduction: str = "mean") -> None:
         super().__init__()

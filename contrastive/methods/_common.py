@@ -10,12 +10,22 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["unit", "queue_metrics", "in_batch_metrics"]
+__all__ = ["unit", "wide", "queue_metrics", "in_batch_metrics"]
+
+
+def wide(x: Tensor) -> Tensor:
+    """``x`` in float32 when it is in a narrower float type; float64 stays float64.
+
+    The losses follow the same rule (float32 maths under bf16/fp16, float64 kept), so a method
+    run in float64 computes in float64 throughout: that is how the tests compare several
+    training steps with the formula written plainly, free of float32 rounding.
+    """
+    return x if x.dtype == torch.float64 else x.float()
 
 
 def unit(x: Tensor) -> Tensor:
-    """L2-normalise rows in float32 (also under autocast), (N, D) -> (N, D)."""
-    return F.normalize(x.float(), dim=1)
+    """L2-normalise rows in float32 or wider (also under autocast), (N, D) -> (N, D)."""
+    return F.normalize(wide(x), dim=1)
 
 
 def _metrics(pos: Tensor, neg_max: Tensor, neg_sum: Tensor, neg_count: Tensor | int) -> dict:
@@ -45,8 +55,8 @@ def queue_metrics(q: Tensor, k: Tensor, queue: Tensor) -> dict[str, Tensor]:
     ``neg_sim``: mean cosine similarity to the positive / to the negatives. On the device, no
     host sync.
     """
-    pos = (q.float() * k.float()).sum(dim=1)
-    neg = q.float() @ queue.float().T  # N x K
+    pos = (wide(q) * wide(k)).sum(dim=1)
+    neg = wide(q) @ wide(queue).T  # N x K
     return _metrics(pos, neg.max(dim=1).values, neg.sum(), neg.numel())
 
 
@@ -60,7 +70,7 @@ def in_batch_metrics(
     positive, ``candidates[self_col[a]]`` the anchor itself (excluded); every other candidate
     is a negative.
     """
-    sim = anchors.float() @ candidates.float().T  # A x C
+    sim = wide(anchors) @ wide(candidates).T  # A x C
     rows = torch.arange(sim.shape[0], device=sim.device)
     pos = sim[rows, pos_col]
     neg_mask = torch.ones_like(sim, dtype=torch.bool)

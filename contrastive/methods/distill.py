@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from contrastive.losses import get_loss
-from contrastive.methods._common import in_batch_metrics, queue_metrics, unit
+from contrastive.methods._common import in_batch_metrics, queue_metrics, unit, wide
 from contrastive.methods.base import Method, Schedule, read, views_of
 from contrastive.methods.distill_layers import (
     armed_taps,
@@ -307,7 +307,7 @@ class Distiller(Method):
             if ctx["hard"]:
                 labels = ctx["labels"]
                 known = labels >= 0
-                ce = F.cross_entropy(logits.float(), labels.clamp(min=0), reduction="none")
+                ce = F.cross_entropy(wide(logits), labels.clamp(min=0), reduction="none")
                 parts["hard"] = (ce * known).sum() / known.sum().clamp(min=1)
                 loss = loss + gamma * parts["hard"]
         if self._stem_tap is not None:
@@ -349,7 +349,7 @@ class Distiller(Method):
                 if loss1.requires_grad and emb.requires_grad:
                     (g,) = torch.autograd.grad(loss1, emb, allow_unused=True)
                 del parts1
-            g = torch.zeros_like(emb, dtype=torch.float32) if g is None else g.detach().float()
+            g = wide(torch.zeros_like(emb)) if g is None else wide(g.detach())
             # per-sample unit gradient: emb'_i = emb_i + eps * g_i / ||g_i||_2
             norm = g.flatten(1).norm(dim=1).clamp(min=1e-12)
             delta = g * (self.perturb_scale / norm).view(-1, *[1] * (g.dim() - 1))

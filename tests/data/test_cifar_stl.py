@@ -137,3 +137,58 @@ def test_stl10_splits_and_orientation(tmp_path):
     assert len(both) == 7 and both.targets[:3] == [0, 9, 4]
     assert np.array_equal(np.asarray(both[5][0]), arrays["unlabeled"][2])
     assert len(get_dataset(f"stl10:{root}", split="test")) == 2
+
+
+class _Plant:
+    """Unpickling this creates ``path`` (a stand-in for any code a crafted file would run)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.path!r}, 'w').close()",))
+
+
+@pytest.mark.parametrize("name", ["data_batch_3", "batches.meta"])
+def test_cifar_batch_with_code_is_refused_without_running_it(tmp_path, name):
+    folder = tmp_path / "cifar-10-batches-py"
+    _cifar_tree(folder)
+    marker = tmp_path / "marker"
+    payload = pickle.dumps({b"data": _Plant(marker), b"labels": [0],
+                            b"label_names": [_Plant(marker)]}, protocol=2)
+    pickle.loads(payload)  # positive control: a plain unpickler runs it
+    assert marker.exists()
+    marker.unlink()
+    (folder / name).write_bytes(payload)
+    with pytest.raises(ValueError, match=rf"{name} is not an official CIFAR python batch "
+                                         r"\(refusing (__builtin__|builtins).exec\)"):
+        get_dataset(f"cifar10:{tmp_path}", split="train")
+    assert not marker.exists()
+
+
+def test_cifar_batch_that_is_not_a_dict_is_refused(tmp_path):
+    folder = tmp_path / "cifar-100-python"
+    _cifar_tree(folder, "cifar100")
+    (folder / "test").write_bytes(pickle.dumps([1, 2, 3]))
+    with pytest.raises(ValueError, match=r"test is not an official CIFAR python batch \(it holds "
+                                         "a list"):
+        get_dataset(f"cifar100:{tmp_path}", split="test")
+
+
+@pytest.mark.parametrize("protocol, numpy1", [(2, True), (2, False), (4, False), (5, False)])
+def test_cifar_batches_in_every_pickle_form_load(tmp_path, protocol, numpy1):
+    """The official files are protocol-2 pickles naming numpy 1.x modules; batches re-saved by
+    numpy 2 (numpy._core, protocol 5's _frombuffer) load too."""
+    folder = tmp_path / "cifar-10-batches-py"
+    data, labels = _cifar_tree(folder)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]:
+        d = pickle.loads((folder / name).read_bytes())
+        d[b"filenames"] = [b"a.png", b"b.png"]
+        blob = pickle.dumps(d, protocol=protocol)
+        if numpy1:
+            assert b"numpy._core.multiarray" in blob or name == "batches.meta"
+            blob = blob.replace(b"numpy._core.multiarray", b"numpy.core.multiarray")
+        (folder / name).write_bytes(blob)
+    ds = get_dataset(f"cifar10:{tmp_path}", split="train")
+    assert ds.targets == labels[:10] and ds.classes[2] == "c2"
+    assert np.array_equal(np.asarray(ds[7][0]), data[7].reshape(3, 32, 32).transpose(1, 2, 0))

@@ -15,6 +15,7 @@ from contrastive.data import (
     build_loader,
     get_dataset,
     has_split,
+    load_rgb,
     num_classes,
     resolve_folder_split,
 )
@@ -104,11 +105,42 @@ def test_corrupt_files_are_named_skipped_once_and_counted(with_corrupt, caplog):
     assert "1.jpg" in warnings[0].getMessage() and "3.png" in warnings[1].getMessage()
 
 
-def test_strict_makes_a_corrupt_file_an_error(with_corrupt):
-    ds = get_dataset(str(with_corrupt), strict=True)
-    assert ds[0][1] == 0
-    with pytest.raises(CorruptImageError, match="1.jpg"):
-        ds[1]
+def test_strict_fails_up_front_on_the_first_bad_file(with_corrupt):
+    # not on first use mid-epoch: building the data set (before any training) checks every file
+    with pytest.raises(CorruptImageError, match=r"1\.jpg.*file 2 of 4.*--strict-data"):
+        get_dataset(str(with_corrupt), strict=True)
+
+
+def _truncated_jpeg(path: Path) -> Path:
+    _img(path, size=(64, 64))
+    noise = torch.randint(0, 255, (64, 64, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    Image.fromarray(noise.numpy()).save(path, quality=95)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])  # header intact, second half of the scan missing
+    return path
+
+
+def test_strict_check_finds_truncated_files_and_never_rejects_a_readable_one(tmp_path):
+    from contrastive.data.io import check_image
+
+    root = tmp_path / "data"
+    _img(root / "a" / "0.jpg")
+    padded = _img(root / "a" / "1.jpg")
+    padded.write_bytes(padded.read_bytes() + b"\x00" * 16)  # bytes after the end marker: still readable
+    _img(root / "b" / "2.png")
+    assert len(ImageFolderDataset(root, strict=True)) == 3
+    truncated = _truncated_jpeg(root / "b" / "3.jpg")
+    with pytest.raises(CorruptImageError, match="3.jpg"):
+        load_rgb(truncated)  # really unreadable: the check agrees with the loader
+    with pytest.raises(CorruptImageError, match="3.jpg"):
+        ImageFolderDataset(root, strict=True)
+    png = root / "b" / "4.png"
+    noise = torch.randint(0, 255, (64, 64, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    Image.fromarray(noise.numpy()).save(png)
+    png.write_bytes(png.read_bytes()[:6000])  # a PNG cut inside its image data
+    with pytest.raises(CorruptImageError):
+        load_rgb(png)
+    assert "4.png" in check_image(png) and check_image(padded) is None
 
 
 def test_skips_are_counted_across_loader_workers(with_corrupt):
@@ -119,11 +151,21 @@ def test_skips_are_counted_across_loader_workers(with_corrupt):
     assert ds.num_skipped == 2  # the workers' findings reach the main process
 
 
-def test_all_unreadable_raises(tmp_path):
-    (tmp_path / "x.jpg").write_bytes(b"nope")
-    ds = ImageFolderDataset(tmp_path)
-    with pytest.raises(CorruptImageError, match="all unreadable"):
-        ds[0]
+@pytest.mark.parametrize("strict", [False, True])
+def test_an_all_corrupt_folder_fails_at_once_naming_it(tmp_path, strict):
+    root = tmp_path / "broken_set"
+    for i in range(3):
+        (root / "c" / f"{i}.jpg").parent.mkdir(parents=True, exist_ok=True)
+        (root / "c" / f"{i}.jpg").write_bytes(b"nope")
+    _truncated_jpeg(root / "d" / "3.jpg")
+    with pytest.raises(CorruptImageError, match="broken_set") as e:
+        get_dataset(str(root), strict=strict)
+    assert ("all 4 image files are unreadable" in str(e.value)) != strict
+
+
+def test_a_few_bad_files_are_still_skipped_without_strict(with_corrupt):
+    ds = get_dataset(str(with_corrupt))  # the first file is readable: no up-front failure
+    assert len(ds) == 4 and ds.num_skipped == 0
 
 
 def test_split_rule(tmp_path):
@@ -149,3 +191,15 @@ def test_split_rule(tmp_path):
     _img(cifar_like / "test" / "cat" / "b.jpg")
     assert [p.name for p in get_dataset(str(cifar_like), "test").paths] == ["b.jpg"]
     assert has_split(f"folder:{cifar_like}", "test")
+
+
+def test_training_with_strict_data_fails_before_the_model_is_built(with_corrupt, tmp_path, fresh_accelerate):
+    from contrastive.augment import get_pipeline
+    from contrastive.engine import TrainConfig, train
+
+    cfg = TrainConfig(data=str(with_corrupt), encoder="small_cnn", image_size=16, batch_size=2, epochs=1,
+                      num_workers=0, progress=False, mixed_precision="no", strict_data=True, knn_every=0,
+                      output_dir=str(tmp_path / "run"))
+    with pytest.raises(CorruptImageError, match="1.jpg"):
+        train(cfg, lambda c: pytest.fail("training started"), lambda c: get_pipeline("mocov2", image_size=16),
+              recipe="strict-check")

@@ -4,6 +4,8 @@ Run as ``python dist_worker.py RANK WORLD INIT_FILE OUT_DIR``. Rank 0 first runs
 in one process on the whole batch (2B); then both ranks run the same steps on their half with
 gloo + DistributedDataParallel(find_unused_parameters=True), and save what they saw.
 Step 0 is stage 1 (the student head is unused), step 1 stage 2 (KD + CE use it).
+Everything runs in float64, so the two runs differ only by float64 rounding of sums taken in
+other orders (the all-reduce, the batch means), which the test bounds tightly.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def build() -> Distiller:
     torch.manual_seed(0)
     teacher_head = nn.Linear(8, 3)
     return Distiller(Tiny((5, 7, 8)), Tiny((5, 6)), teacher_head=teacher_head, switch_step=1,
-                     perturb=True)
+                     perturb=True).double()
 
 
 def run(model, method, x, y, rank_rows):
@@ -67,7 +69,7 @@ def run(model, method, x, y, rank_rows):
 def main() -> None:
     rank, world, init_file, out_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     torch.manual_seed(1)
-    x = torch.randn(STEPS, world * B, 3, 8, 8)
+    x = torch.randn(STEPS, world * B, 3, 8, 8, dtype=torch.float64)
     y = torch.randint(0, 3, (STEPS, world * B))
     result = {}
     if rank == 0:

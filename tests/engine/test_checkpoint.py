@@ -85,28 +85,59 @@ def test_save_layout_pruning_and_exact_reload(accelerator, tmp_path):
 
 
 def test_rng_not_restored_fails_loudly(accelerator, tmp_path):
+    from contrastive.engine.checkpoint import CheckpointFileError
+
     model, opt, state, ckpt = _setup(accelerator, tmp_path / "checkpoints")
     _train_step(model, opt)
     state.step = 1
     path = ckpt.save()
-    (path / "random_states_0.pkl").unlink()  # accelerate only logs that it cannot load them
+    (path / "random_states_0.pt").unlink()  # listed in meta.json: refused, naming the file
+    with pytest.raises(CheckpointFileError, match=r"random_states_0.pt is missing"):
+        ckpt.load(path)
+    meta = json.loads((path / "meta.json").read_text())
+    del meta["files"]["random_states_0.pt"]  # not listed: loads, but the stream differs
+    (path / "meta.json").write_text(json.dumps(meta))
     torch.rand(10)
     with pytest.raises(ResumeMismatchError, match="random number generator"):
         ckpt.load(path)
 
 
+def test_files_are_safe_formats_listed_with_hashes(accelerator, tmp_path):
+    """Nothing in a checkpoint needs pickle: safetensors, JSON, and torch files that load with
+    weights_only=True; meta.json lists every other file with its size and SHA-256."""
+    import hashlib
+
+    model, opt, state, ckpt = _setup(accelerator, tmp_path / "checkpoints")
+    _train_step(model, opt)
+    state.step = 1
+    path = ckpt.save()
+    names = sorted(p.name for p in path.iterdir())
+    assert names == ["meta.json", "model.safetensors", "optimizer.bin", "random_states_0.pt"]
+    files = read_meta(path)["files"]
+    assert sorted(files) == [n for n in names if n != "meta.json"]
+    for name, entry in files.items():
+        data = (path / name).read_bytes()
+        assert entry == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    for name in ("optimizer.bin", "random_states_0.pt"):
+        torch.load(path / name, weights_only=True)  # no pickled objects, no numpy arrays
+
+
 def test_crash_during_save_keeps_previous_checkpoint(accelerator, tmp_path, monkeypatch):
+    from contrastive.engine import checkpoint as ck
+
     root = tmp_path / "checkpoints"
     model, opt, state, ckpt = _setup(accelerator, root)
     state.step = 1
     good = ckpt.save()
+    real_write = ck._write
 
-    def crash(output_dir, **kw):  # dies half-way through writing
-        (tmp_path / "checkpoints" / ".tmp-step_00000002").mkdir()
-        (tmp_path / "checkpoints" / ".tmp-step_00000002" / "model.safetensors").write_text("x")
-        raise KeyboardInterrupt
+    def crash(path, data):  # dies half-way through writing the model
+        if path.name == "model.safetensors":
+            real_write(path, data[: len(data) // 2])
+            raise KeyboardInterrupt
+        real_write(path, data)
 
-    monkeypatch.setattr(accelerator, "save_state", crash)
+    monkeypatch.setattr(ck, "_write", crash)
     state.step = 2
     with pytest.raises(KeyboardInterrupt):
         ckpt.save()
@@ -144,3 +175,21 @@ def test_resolve_resume(tmp_path):
     assert resolve_resume(str(ck), tmp_path) == ck
     with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
         resolve_resume(str(tmp_path / "checkpoints" / "step_00000020"), tmp_path)
+
+
+def test_altered_file_is_refused_naming_it(accelerator, tmp_path):
+    """A file changed after the save (bit rot, a truncated copy, a swap) no longer matches the
+    size/SHA-256 in meta.json: refused before it is parsed, in one line naming it."""
+    from contrastive.engine.checkpoint import CheckpointFileError
+
+    model, opt, state, ckpt = _setup(accelerator, tmp_path / "checkpoints")
+    _train_step(model, opt)
+    state.step = 1
+    path = ckpt.save()
+    data = bytearray((path / "optimizer.bin").read_bytes())
+    data[-30] ^= 1
+    (path / "optimizer.bin").write_bytes(bytes(data))
+    with pytest.raises(CheckpointFileError) as e:
+        ckpt.load(path)
+    assert "optimizer.bin does not match the size/SHA-256" in str(e.value)
+    assert "\n" not in str(e.value)

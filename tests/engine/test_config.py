@@ -63,6 +63,7 @@ def test_unknown_flag_names_closest_field(capsys):
     (["--resume", "/no/such/ckpt"], "--resume auto"),
     (["--optimizer", "adam"], "invalid choice"),
     (["--symmetric", "maybe"], "expected true/false"),
+    (["--float64", "--mixed-precision", "bf16"], "pick one"),
 ])
 def test_bad_values_exit_with_a_message(capsys, argv, words):
     with pytest.raises(SystemExit) as exc:

@@ -53,13 +53,17 @@ def _reference_lars_step(p, grad, buf, lr, wd, momentum, eta, adapt):
 
 @pytest.mark.parametrize("wd", [1e-6, 0.0])
 def test_lars_two_steps_match_reference(wd):
-    net = _net()
+    # float64: LARS's norms and the reference's sum in other orders; in float64 the two steps
+    # agree to ~1e-15 relative, so rtol 1e-10 holds anywhere and catches a wrong trust ratio,
+    # decay or momentum (> 1e-4). In float32 the old rtol 1e-5 / atol 1e-7 sat near the noise.
+    net = _net().double()
     opt = build_optimizer(net, "lars", lr=0.3, weight_decay=wd, momentum=0.9, trust_coeff=0.001)
     params = {n: p.detach().clone() for n, p in net.named_parameters()}
     bufs: dict[str, torch.Tensor | None] = {n: None for n in params}
     gen = torch.Generator().manual_seed(1)
     for _ in range(2):
-        grads = {n: torch.randn(p.shape, generator=gen) for n, p in net.named_parameters()}
+        grads = {n: torch.randn(p.shape, generator=gen, dtype=torch.float64)
+                 for n, p in net.named_parameters()}
         for n, p in net.named_parameters():
             p.grad = grads[n].clone()
         opt.step()
@@ -68,7 +72,25 @@ def test_lars_two_steps_match_reference(wd):
             params[n], bufs[n] = _reference_lars_step(params[n], grads[n], bufs[n], 0.3,
                                                       wd if adapt else 0.0, 0.9, 0.001, adapt)
     for n, p in net.named_parameters():
-        torch.testing.assert_close(p.detach(), params[n], rtol=1e-5, atol=1e-7, msg=n)
+        assert p.dtype == torch.float64
+        torch.testing.assert_close(p.detach(), params[n], rtol=1e-10, atol=1e-13, msg=n)
+
+
+def test_lars_decays_biases_without_adapting_them_when_asked():
+    # exclude_from_wd=False (as the official MoCo v1/v2 recipes decay every parameter): biases
+    # and norm parameters take plain decayed SGD, w - lr (g + wd w), never the trust ratio
+    net = _net().double()
+    opt = build_optimizer(net, "lars", lr=0.3, weight_decay=0.1, momentum=0.9,
+                          exclude_from_wd=False)
+    bias = net[3].bias
+    before = bias.detach().clone()
+    bias.grad = torch.full_like(bias, 0.5)
+    for p in net.parameters():
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    opt.step()
+    torch.testing.assert_close(bias.detach(), before - 0.3 * (0.5 + 0.1 * before),
+                               rtol=1e-12, atol=1e-14)
 
 
 def test_adamw_and_errors():
@@ -77,8 +99,8 @@ def test_adamw_and_errors():
     assert isinstance(opt, torch.optim.AdamW) and opt.defaults["betas"] == (0.9, 0.95)
     with pytest.raises(ValueError, match="optimizer must be"):
         build_optimizer(net, "adam", lr=1e-3, weight_decay=0.0)
-    with pytest.raises(ValueError, match="exclude_from_wd"):
-        build_optimizer(net, "lars", lr=1.0, weight_decay=1e-6, exclude_from_wd=False)
+    with pytest.raises(ValueError, match="trust_coeff"):
+        build_optimizer(net, "lars", lr=1.0, weight_decay=0.0, trust_coeff=0.0)
     frozen = nn.Linear(2, 2).requires_grad_(False)
     with pytest.raises(ValueError, match="no trainable parameters"):
         build_optimizer(frozen, "sgd", lr=0.1, weight_decay=0.0)

@@ -1,17 +1,21 @@
-"""The training loop in-process with a toy method: non-finite losses, accumulation, outputs."""
+"""The training loop in-process with a toy method: non-finite losses, accumulation, outputs,
+stop signals, run_state.json, and resumes that have nothing left to train."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
+import os
+import signal
 
 import pytest
 import torch
 from torch import nn
 
-from contrastive.engine import NonFiniteLossError, TrainConfig, train
+from contrastive.engine import NonFiniteLossError, TrainConfig, run, train
 from contrastive.methods import Method, ParamGroup
 
 
@@ -29,6 +33,8 @@ class _Cfg(TrainConfig):
     save_every_epochs: int = 0
     log_every: int = 1
     nan_at: int = -1  # the step whose loss is NaN
+    signal_at: int = -1  # the optimiser step (0-based) whose forward sends ``signals``
+    signals: str = ""  # e.g. "SIGTERM,SIGTERM"
 
 
 class _Toy(Method):
@@ -41,13 +47,15 @@ class _Toy(Method):
     uses_in_batch_negatives = True
     needs = ("views", "labels", "indices")
 
-    def __init__(self, nan_at: int, frozen_steps: int = 0) -> None:
+    def __init__(self, nan_at: int, signal_at: int = -1, signals: str = "",
+                 frozen_steps: int = 0) -> None:
         super().__init__()
         from contrastive.nn import create_encoder
 
         self.encoder = create_encoder("small_cnn")
         self.proj = nn.Linear(256, 4)
         self.nan_at, self.calls, self.frozen_steps = nan_at, 0, frozen_steps
+        self.signal_at, self.signals = signal_at, [s for s in signals.split(",") if s]
         self.seen: list[dict] = []
 
     def schedules(self):
@@ -63,6 +71,12 @@ class _Toy(Method):
         loss = (a - b).pow(2).sum(1).mean() + (self.proj(a) - self.proj(b)).pow(2).mean()
         if self.calls == self.nan_at:
             loss = loss * float("nan")
+        if int(batch["step_seen"]) == self.signal_at:
+            for i, name in enumerate(self.signals):
+                sig = getattr(signal, name)
+                if i and sig == signal.SIGTERM and signal.getsignal(sig) == signal.SIG_DFL:
+                    raise AssertionError("a repeated SIGTERM would kill the process")
+                os.kill(os.getpid(), sig)
         call_index = torch.tensor(self.calls)  # a method-specific scalar: logged like the others
         self.calls += 1
         self.seen.append({"labels": batch["labels"].clone(), "indices": batch["indices"].clone(),
@@ -77,9 +91,17 @@ def _pipeline(cfg):
     return get_pipeline("mocov2", image_size=cfg.image_size)
 
 
+def _build(cfg):
+    return _Toy(cfg.nan_at, cfg.signal_at, cfg.signals)
+
+
 def _train(tmp_path, **kw):
     cfg = _Cfg(output_dir=str(tmp_path / "run"), **kw)
-    return train(cfg, lambda c: _Toy(c.nan_at), _pipeline, recipe="toy")
+    return train(cfg, _build, _pipeline, recipe="toy")
+
+
+def _run_state(tmp_path):
+    return json.loads((tmp_path / "run" / "run_state.json").read_text())
 
 
 def test_nonfinite_loss_stops_naming_the_step_and_keeps_good_checkpoint(tmp_path,
@@ -90,6 +112,9 @@ def test_nonfinite_loss_stops_naming_the_step_and_keeps_good_checkpoint(tmp_path
     names = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
     assert names == ["step_00000002"]  # nothing written from the broken weights
     assert not (tmp_path / "run" / "encoder.pt").exists()
+    state = _run_state(tmp_path)  # what a scheduler reads (the launcher only says "1")
+    assert state["state"] == "failed" and "non-finite loss" in state["error"]
+    assert state["step"] == 2 and state["checkpoint"] == "checkpoints/step_00000002"
 
 
 def test_nonfinite_loss_skip_continues(tmp_path, fresh_accelerate, caplog):
@@ -184,3 +209,66 @@ def test_a_frozen_parameter_group_does_not_move_for_its_steps(tmp_path, fresh_ac
     # optimiser steps 0 and 1 drop its gradients (no weight decay, no momentum either), step 2
     # updates it
     assert torch.equal(w[0], w[1]) and torch.equal(w[1], w[2]) and not torch.equal(w[2], w[3])
+
+
+def test_sigterm_saves_then_exits_75_with_run_state_and_resume_completes(tmp_path,
+                                                                           fresh_accelerate):
+    """A stop signal, repeated (Slurm signals every process and a launcher forwards a copy):
+    the run saves after the current step, run() exits with 75 (stopped, resumable), and
+    run_state.json says so; the resume then completes with exit status 0."""
+    argv = ["--output-dir", str(tmp_path / "run"), "--signal-at", "2", "--signals",
+            "SIGTERM,SIGTERM"]
+    with pytest.raises(SystemExit) as stopped:
+        run(_Cfg, _build, _pipeline, argv=argv, name="toy")
+    assert stopped.value.code == 75
+    state = _run_state(tmp_path)
+    assert state["state"] == "stopped" and state["reason"] == "SIGTERM"
+    assert state["step"] == 3 and state["exit_code"] == 75 and state["resumable"] is True
+    assert state["checkpoint"] == "checkpoints/step_00000003"
+    assert (tmp_path / "run" / state["checkpoint"] / "meta.json").is_file()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored
+
+    result = run(_Cfg, _build, _pipeline, argv=[*argv, "--resume", "auto"], name="toy")
+    assert result.status == "completed" and result.step == 8 and result.steps_trained == 5
+    state = _run_state(tmp_path)
+    assert state["state"] == "completed" and state["step"] == 8 and state["exit_code"] == 0
+
+
+def test_second_sigint_stops_at_once_and_is_recorded(tmp_path, fresh_accelerate):
+    with pytest.raises(KeyboardInterrupt):
+        _train(tmp_path, signal_at=2, signals="SIGINT,SIGINT")
+    state = _run_state(tmp_path)
+    assert state["state"] == "failed" and "second SIGINT" in state["error"]
+    assert state["checkpoint"] == "checkpoints/step_00000002"  # the last periodic one
+
+
+def _snapshot(run_dir):
+    """Every file's modification time and content hash."""
+    return {str(p.relative_to(run_dir)): (p.stat().st_mtime_ns,
+                                          hashlib.sha256(p.read_bytes()).hexdigest())
+            for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def test_resume_with_nothing_left_to_train_changes_nothing(tmp_path, fresh_accelerate, caplog):
+    """A requeued job whose run already reached --max-steps, or its last epoch, trains nothing
+    and rewrites nothing (before: one more step, a new checkpoint, encoder.pt moved, duplicate
+    kNN / metrics records each time); a larger --max-steps continues."""
+    caplog.set_level(logging.INFO)
+    run_dir = tmp_path / "run"
+    _train(tmp_path, max_steps=3)
+    for max_steps, epochs_done in ((3, False), (5, False), (0, True)):
+        before = _snapshot(run_dir)
+        caplog.clear()
+        result = _train(tmp_path, max_steps=max_steps, resume="auto")
+        if max_steps == 5:  # a larger --max-steps continues: 2 more steps, each logged once
+            assert result.step == 5 and result.steps_trained == 2
+            steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text()
+                     .splitlines()]
+            assert steps == [1, 2, 3, 4, 5]
+            _train(tmp_path, resume="auto")  # to the last epoch (8 steps)
+            continue
+        assert _snapshot(run_dir) == before
+        assert result.steps_trained == 0 and "nothing to train" in caplog.text
+        assert ("reached its last epoch" in caplog.text) == epochs_done
+        state = _run_state(tmp_path)
+        assert state["state"] == "completed" and state["step"] == result.step

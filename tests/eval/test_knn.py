@@ -98,6 +98,14 @@ def test_accuracy_on_separable_clusters():
     assert acc == {"top1": 100.0, "top5": 100.0}
 
 
+def test_a_one_class_bank_is_flagged(clusters, caplog):
+    bank, bank_labels, queries, _, c = clusters
+    one = bank_labels == 0
+    with caplog.at_level("WARNING", logger="contrastive.eval.knn"):
+        acc = knn_accuracy(bank[one], bank_labels[one], queries[:5], torch.zeros(5, dtype=torch.long), k=5)
+    assert acc["top1"] == 100.0 and "bank of one class" in caplog.text  # the number alone would mislead
+
+
 def test_k_larger_than_bank_is_clipped(clusters):
     bank, bank_labels, queries, _, c = clusters
     got = knn_predict(bank[:10], bank_labels[:10], queries, k=200, num_classes=c)

@@ -47,20 +47,26 @@ def test_sweep_picks_the_best_held_out_pair():
     common = torch.randn(400, generator=g) * 3
     x = torch.stack([2.0 * y - 1 + common + 0.3 * torch.randn(400, generator=g),
                      common + 0.3 * torch.randn(400, generator=g)], 1)
-    res = fit_linear_cached(x, y, epochs=5, batch_size=16, lrs=(1e-6, 0.5), weight_decays=(0.0,))
-    assert res.lr == 0.5
+    res = fit_linear_cached(x, y, epochs=5, batch_size=16, lrs=(1e-6, 0.5), weight_decays=(0.0,),
+                            val_fraction=0.25)
+    assert res.selection == "held-out" and res.val_rows == 100 and res.lr == 0.5
     accs = {s["lr"]: s["val_top1"] for s in res.sweep}
     assert accs[0.5] > accs[1e-6] + 10
 
 
 def test_batched_heads_equal_separate_sgd():
-    """Each head of the batched trainer follows torch.optim.SGD on its own (same batches)."""
+    """Each head of the batched trainer follows torch.optim.SGD on its own (same batches).
+
+    In float64: 12 SGD steps of two implementations that sum in other orders differ by ~1e-15
+    relative in float64 (they reached 1e-6 in float32, near the old atol 1e-5); rtol 1e-9 keeps
+    a wide margin and still catches a wrong momentum, decay or lr schedule (> 1e-3)."""
     g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(50, 4, generator=g), torch.randint(0, 3, (50,), generator=g)
+    x = torch.randn(50, 4, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (50,), generator=g)
     lrs, wds = torch.tensor([0.1, 0.5]), torch.tensor([0.0, 0.01])
     w, b = _train_heads(x, y, 3, lrs, wds, epochs=3, batch_size=16, momentum=0.9, seed=7)
     for h in range(2):
-        lin = nn.Linear(4, 3)
+        lin = nn.Linear(4, 3, dtype=torch.float64)
         nn.init.zeros_(lin.weight)
         nn.init.zeros_(lin.bias)
         opt = torch.optim.SGD(
@@ -79,8 +85,9 @@ def test_batched_heads_equal_separate_sgd():
                 loss.backward()
                 opt.step()
                 sched.step()
-        assert torch.allclose(w[h].T, lin.weight, atol=1e-5)
-        assert torch.allclose(b[h], lin.bias, atol=1e-5)
+        assert w.dtype == torch.float64
+        torch.testing.assert_close(w[h].T, lin.weight.detach(), rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(b[h], lin.bias.detach(), rtol=1e-9, atol=1e-12)
 
 
 def test_label_fraction_is_class_balanced():
@@ -105,6 +112,51 @@ def test_cached_bad_input():
     res = fit_linear_cached(x, y, epochs=1)
     with pytest.raises(ValueError, match="num_classes=5"):
         evaluate_head(res.head, x, y + 5)
+
+
+def test_one_class_is_refused():
+    x, y = separable(num_classes=2)
+    one = y == 0
+    with pytest.raises(ValueError, match="1 class present.*at least 2 classes"):
+        fit_linear_cached(x[one], y[one])
+    with pytest.raises(ValueError, match="1 class present"):
+        fit_linear_cached(x[one], y[one], num_classes=2)  # a bigger head does not help
+    with pytest.raises(ValueError, match="at least 2 classes"):
+        train_linear_standard(TinyEncoder(), [], num_classes=1, epochs=1)
+
+
+def test_lr_wd_selection_follows_the_labelled_rows(caplog):
+    """held-out split when it has >= 100 rows; else k-fold CV; else the fixed fallback, logged."""
+    from contrastive.eval.linear import FALLBACK_LR, FALLBACK_WD
+    x, y = separable(n_per_class=250, num_classes=4)  # 1000 rows: 100 held out
+    res = fit_linear_cached(x, y, epochs=2, batch_size=64)
+    assert (res.selection, res.val_rows, res.folds, len(res.sweep)) == ("held-out", 100, 0, 20)
+    x, y = separable(n_per_class=10, num_classes=4)  # 40 rows: 4 would be held out
+    res = fit_linear_cached(x, y, epochs=2, batch_size=16)
+    assert (res.selection, res.val_rows, res.folds, len(res.sweep)) == ("cross-validation", 40, 5, 20)
+    # pooled over the folds: every row is scored once, so each accuracy is a multiple of 100 / 40
+    assert all(abs(s["val_top1"] * 40 / 100 - round(s["val_top1"] * 40 / 100)) < 1e-9 for s in res.sweep)
+    with caplog.at_level("WARNING", logger="contrastive.eval.linear"):
+        res = fit_linear_cached(x[::10], y[::10], epochs=2)  # one row per class
+    assert (res.selection, res.sweep, res.lr, res.weight_decay) == ("fallback", [], FALLBACK_LR, FALLBACK_WD)
+    assert "fallback" in caplog.text and "too few labelled rows" in caplog.text
+    res = fit_linear_cached(x[::10], y[::10], epochs=2, lrs=(0.02, 0.5), weight_decays=(1e-2, 2e-3))
+    assert (res.lr, res.weight_decay) == (0.02, 2e-3)  # the grid values nearest the fallback pair
+    res = fit_linear_cached(x, y, epochs=2, lrs=(0.3,), weight_decays=(0.0,))
+    assert (res.selection, res.lr) == ("given", 0.3)
+
+
+def test_cross_validation_folds_are_stratified():
+    from contrastive.eval.linear import _stratified_folds
+
+    y = torch.tensor([0] * 7 + [1] * 3 + [2] * 12)
+    fold = _stratified_folds(y, 3, seed=0)
+    for c in range(3):
+        per_fold = torch.bincount(fold[y == c], minlength=3)
+        assert per_fold.max() - per_fold.min() <= 1  # floor or ceil(n_c / 3) rows of class c
+    # a class with as many rows as folds appears once in every fold, so every training part has it
+    res = fit_linear_cached(*separable(n_per_class=3, num_classes=7), epochs=1)
+    assert (res.selection, res.folds) == ("cross-validation", 3)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -50,9 +50,19 @@ def test_returns_finite_float32_scalar_with_gradients(name):
             assert x.grad is not None and torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
 
 
+def batch_level(name: str) -> bool:
+    return loss_class(name).batch_level
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_reductions_agree(name):
     inputs = example(name)
+    if batch_level(name):  # a statistic of the whole batch: "mean" only, the others refused
+        assert get_loss(name)(*inputs).shape == ()
+        for other in ("sum", "none"):
+            with pytest.raises(ValueError, match="batch-level"):
+                get_loss(name, reduction=other)
+        return
     per_sample = get_loss(name, reduction="none")(*inputs)
     assert per_sample.shape[0] == N and per_sample.dtype == torch.float32
     torch.testing.assert_close(get_loss(name, reduction="mean")(*inputs), per_sample.mean())
@@ -63,7 +73,7 @@ def test_reductions_agree(name):
 def test_gradcheck_float64(name):
     inputs = map_floats(example(name, torch.float64), lambda x: x.detach().requires_grad_())
     floats = [x for x in inputs if x.is_floating_point()]
-    loss_fn = get_loss(name, reduction="none")
+    loss_fn = get_loss(name, reduction="mean" if batch_level(name) else "none")
 
     def f(*grads_in: torch.Tensor) -> torch.Tensor:
         it = iter(grads_in)
@@ -88,9 +98,12 @@ def test_scale_invariance_when_normalising(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_permutation_equivariance(name):
     inputs = example(name)
-    loss_fn = get_loss(name, reduction="none")
     perm = torch.tensor([3, 0, 5, 1, 4, 2])
     permuted = tuple(x[perm] for x in inputs)
+    if batch_level(name):  # invariant: the batch statistics do not depend on the order
+        torch.testing.assert_close(get_loss(name)(*permuted), get_loss(name)(*inputs))
+        return
+    loss_fn = get_loss(name, reduction="none")
     torch.testing.assert_close(loss_fn(*permuted), loss_fn(*inputs)[perm], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(get_loss(name)(*permuted), get_loss(name)(*inputs))
 

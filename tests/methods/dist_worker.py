@@ -4,6 +4,8 @@ Run as ``python dist_worker.py RANK WORLD INIT_FILE OUT_DIR``. Rank 0 first comp
 one-process references on the whole batch (before the process group exists, so every helper
 is in its one-process mode); then both ranks run the same steps on their half of the batch
 with gloo + DistributedDataParallel, and each saves what it saw to OUT_DIR/rank{R}.pt.
+Everything trains in float64, so that 2 x B and 1 x 2B differ only by float64 rounding (the
+all-reduce and the batch sums add in other orders), which the tests bound tightly.
 """
 
 from __future__ import annotations
@@ -47,18 +49,20 @@ NAMES = ("simclr", "mocov3", "moco", "simclr_multicrop", "mocov3_multicrop")
 def build(name: str) -> nn.Module:
     torch.manual_seed(0)
     if name.startswith("simclr"):  # BN everywhere, compared in eval mode
-        return SimCLR(Tiny(bn=True), dim=6, mlp_hidden=8, temperature=0.5).eval()
+        return SimCLR(Tiny(bn=True), dim=6, mlp_hidden=8, temperature=0.5).double().eval()
     if name.startswith("mocov3"):
-        return MoCoV3(Tiny(bn=True), dim=6, mlp_hidden=8, temperature=0.3).eval()
+        return MoCoV3(Tiny(bn=True), dim=6, mlp_hidden=8, temperature=0.3).double().eval()
     # MoCo without any BN, in train mode: shuffle BN runs (gather, permute, unshuffle)
-    return MoCo(Tiny(bn=False), version=2, dim=6, mlp_hidden=8, queue_size=12, momentum=0.8)
+    return MoCo(Tiny(bn=False), version=2, dim=6, mlp_hidden=8, queue_size=12,
+                momentum=0.8).double()
 
 
 def batches(world: int, multicrop: bool = False):
     """2 views of 8 px (multi-crop: plus 2 local views of 4 px) per step."""
     g = torch.Generator().manual_seed(123)
     sizes = (8, 8, 4, 4) if multicrop else (8, 8)
-    return [[torch.randn(world * B, 3, s, s, generator=g) for s in sizes] for _ in range(STEPS)]
+    return [[torch.randn(world * B, 3, s, s, generator=g, dtype=torch.float64) for s in sizes]
+            for _ in range(STEPS)]
 
 
 def train(name: str, rank: int, world: int) -> dict:

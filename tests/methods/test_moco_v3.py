@@ -1,5 +1,10 @@
 """MoCo v3 equals its formula written plainly: predictor on the query branch, EMA of backbone +
-projector, loss = 2 tau [CE(q1 k2^T / tau) + CE(q2 k1^T / tau)] (a sum)."""
+projector, loss = 2 tau [CE(q1 k2^T / tau) + CE(q2 k1^T / tau)] (a sum).
+
+Several optimiser steps are compared in float64 (see ``STEP_TOL``): in float32 the method and
+the plain formula sum in different orders, and those roundings (1e-7 relative per operation)
+grow through the steps to differences that depend on the machine and the thread count.
+"""
 
 from __future__ import annotations
 
@@ -13,11 +18,17 @@ from torch import nn
 from contrastive.methods import MoCoV3
 from contrastive.nn import cosine_momentum
 
+# float64 rounding is 1.1e-16 per operation; a step here chains ~1e3 operations and three steps
+# with lr 0.3 amplify differences at most ~10x, so honest reorderings stay below ~1e-12 relative.
+# rtol 1e-9 leaves a 1000x margin above that and is 1e6 below the smallest real defect (a wrong
+# momentum, temperature or missing term changes values by > 1e-3).
+STEP_TOL = dict(rtol=1e-9, atol=1e-12)
+
 
 def test_moco_v3_matches_plain_formula_over_steps(tiny, views):
     torch.manual_seed(0)
     tau, lr, total = 0.5, 0.3, 3
-    method = MoCoV3(tiny(), dim=8, mlp_hidden=16, temperature=tau)
+    method = MoCoV3(tiny(), dim=8, mlp_hidden=16, temperature=tau).double()
     base = nn.Sequential(copy.deepcopy(method.encoder), copy.deepcopy(method.projector))
     predictor = copy.deepcopy(method.predictor)
     momentum_net = copy.deepcopy(base)
@@ -33,7 +44,7 @@ def test_moco_v3_matches_plain_formula_over_steps(tiny, views):
 
     for step in range(total):
         m = cosine_momentum(step, total, 0.9)
-        x1, x2 = views(5, seed=step)
+        x1, x2 = (v.double() for v in views(5, seed=step))
         out = method({"views": [x1, x2], "momentum": m})
         opt.zero_grad()
         out["loss"].backward()
@@ -50,13 +61,14 @@ def test_moco_v3_matches_plain_formula_over_steps(tiny, views):
         loss.backward()
         opt_ref.step()
 
-        torch.testing.assert_close(out["loss"].detach(), loss.detach(), rtol=1e-5, atol=1e-6)
+        assert out["loss"].dtype == torch.float64  # computed in float64 throughout
+        torch.testing.assert_close(out["loss"].detach(), loss.detach(), **STEP_TOL)
         acc = torch.cat([logits1.argmax(1), logits2.argmax(1)]) == torch.arange(5).repeat(2)
         torch.testing.assert_close(out["pos_acc"], acc.float().mean() * 100)
         diag = torch.cat([logits1.diag(), logits2.diag()]) * tau
-        torch.testing.assert_close(out["pos_sim"], diag.mean().detach(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(out["pos_sim"], diag.mean().detach(), **STEP_TOL)
     for a, b in zip([p for p in method.parameters() if p.requires_grad], ref_params):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(a, b, **STEP_TOL)
 
 
 def test_heads_and_defaults_follow_the_paper(tiny, tiny_patch):

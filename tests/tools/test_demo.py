@@ -12,29 +12,101 @@ pytest.importorskip("matplotlib")
 pytest.importorskip("sklearn")
 
 ROOT = Path(__file__).resolve().parents[2]
+RECORDED = ROOT / "benchmarks" / "results" / "demo_figures.json"
+
+
+def _demo():
+    spec = importlib.util.spec_from_file_location("demo_tool", ROOT / "tools" / "demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    return demo
+
+
+def check_demo_json(summary: dict) -> None:
+    """The format of ``<run>/demo.json`` (and of each recorded run)."""
+    assert summary["format"] == 1
+    assert isinstance(summary["data"], str) and isinstance(summary["steps"], int)
+    assert summary["results"], "no figures"
+    for row, figures in summary["results"].items():
+        assert isinstance(row, str) and set(figures) == {"linear_top1", "knn_top1"}
+        for value in figures.values():
+            assert isinstance(value, float) and 0.0 <= value <= 100.0 and round(value, 2) == value
+    env = summary["environment"]
+    for key in ("python", "torch", "numpy", "torch_threads", "OMP_NUM_THREADS", "cpu", "device", "git_commit"):
+        assert key in env, f"environment lacks {key!r}"
+    assert isinstance(env["torch_threads"], int) and env["torch_threads"] >= 1
+
+
+def test_demo_json_records_figures_and_what_they_depend_on(tmp_path):
+    import torch
+
+    demo = _demo()
+    figures = {"random init": {"linear_top1": 37.49999761581421, "knn_top1": 18.299999833106995, "linear": {}},
+               "MoCo, 4 steps": {"linear_top1": 40.0, "knn_top1": 20.123456, "knn": {}}}
+    summary = json.loads(json.dumps(demo.summarise("shapes:n=8", 4, 1.23, 4.56, figures)))
+    check_demo_json(summary)
+    assert summary["results"]["random init"] == {"linear_top1": 37.5, "knn_top1": 18.3}
+    assert summary["environment"]["torch"] == torch.__version__
+    assert summary["environment"]["torch_threads"] == torch.get_num_threads()
+    demo.record(summary, tmp_path / "runs.json")
+    demo.record(summary, tmp_path / "runs.json")
+    assert json.loads((tmp_path / "runs.json").read_text())["runs"] == [summary, summary]
+
+
+def _span(values: list[float]) -> str:
+    lo, hi = min(values), max(values)
+    return f"{lo:.1f} %" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}-{hi:.1f} %"
+
+
+def test_readme_quotes_the_recorded_demo_figures():
+    """README's `make demo` table is the range of the figures in benchmarks/results/demo_figures.json
+    (recorded runs, and figures observed without their environment), and names the versions and
+    thread counts of the recorded runs."""
+    recorded = json.loads(RECORDED.read_text())
+    runs = recorded["runs"]
+    assert len(runs) >= 2, "record at least two runs (python tools/demo.py --record ...)"
+    for run in runs:
+        check_demo_json(run)
+    rows = list(runs[0]["results"])
+    assert all(list(run["results"]) == rows for run in runs), "the runs have different encoder rows"
+    seen = [run["results"] for run in runs]
+    for observed in recorded.get("observed", []):
+        assert observed["source"] and set(observed["results"]) <= set(rows)
+        seen.append(observed["results"])
+    readme = (ROOT / "README.md").read_text()
+    for row in rows:
+        line = "| {} | {} | {} |".format(row, *(_span([r[row][key] for r in seen if row in r])
+                                               for key in ("linear_top1", "knn_top1")))
+        assert line in readme, f"README should quote the recorded figures: {line}"
+    trained = rows[-1]  # the pretrained encoder's row: the headline figures elsewhere too
+    for doc in ("benchmarks/results/eval.md", "benchmarks/RESULTS.md"):
+        text = (ROOT / doc).read_text()
+        for key in ("linear_top1", "knn_top1"):
+            span = _span([r[trained][key] for r in seen if trained in r])
+            assert span in text, f"{doc} should quote {span} for {trained} {key}"
+    for torch_version in {run["environment"]["torch"].split("+")[0] for run in runs}:
+        assert f"torch {torch_version}" in readme
+    threads = sorted({run["environment"]["torch_threads"] for run in runs})
+    assert f"{' and '.join(map(str, threads))} thread" in readme
+    assert "the same figures on every run" not in readme
 
 
 @pytest.mark.slow
 def test_demo_runs_and_writes_its_figures(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("demo_tool", ROOT / "tools" / "demo.py")
-    demo = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(demo)
+    demo = _demo()
     out = tmp_path / "demo"
     assert demo.main(["--data", "shapes:n=256,n_test=64", "--steps", "4", "--batch-size", "64",
                       "--probe-epochs", "2", "--workers", "0", "--output-dir", str(out)]) == 0
     summary = json.loads((out / "demo.json").read_text())
     assert summary["steps"] == 4 and len(summary["results"]) == 2
-    for row in summary["results"].values():
-        assert 0.0 <= row["linear_top1"] <= 100.0 and 0.0 <= row["knn_top1"] <= 100.0
+    check_demo_json(summary)
     for png in ("curves.png", "embedding.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
     assert "linear top-1" in capsys.readouterr().out
 
 
 def test_demo_names_the_data_problem_in_one_line(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("demo_tool", ROOT / "tools" / "demo.py")
-    demo = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(demo)
+    demo = _demo()
     assert demo.cli(["--data", "nosuchdata", "--output-dir", str(tmp_path / "demo")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("demo: error:") and "nosuchdata" in err and "Traceback" not in err

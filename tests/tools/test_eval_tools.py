@@ -148,3 +148,88 @@ def test_tools_are_thin_wrappers(colour_data, encoder_pt, tmp_path, monkeypatch,
         with pytest.raises(SystemExit) as exit_:
             module.main()
         assert exit_.value.code == 0 and f"usage: {prog}" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------
+# Numbers that cannot mislead (issue 13)
+
+
+def test_one_class_is_refused_before_any_feature_is_extracted(tmp_path, encoder_pt, monkeypatch):
+    from contrastive.eval import runner
+
+    data = make_imagefolder(tmp_path / "one", {"train": 4, "val": 2}, colours={"red": COLOURS["red"]})
+    monkeypatch.setattr(runner, "encode_split", lambda *a, **k: pytest.fail("features were extracted"))
+    for main in (linear_eval_main, knn_eval_main):
+        with pytest.raises(ValueError, match="1 class present.*at least 2 classes"):
+            main(["--checkpoint", str(encoder_pt), "--data", str(data), *COMMON])
+    with pytest.raises(ValueError, match="at least 2 classes"):
+        linear_eval_main(["--checkpoint", str(encoder_pt), "--data", str(data), "--protocol", "standard",
+                          "--epochs", "1", *COMMON])
+
+
+@pytest.mark.parametrize("fraction", ["2", "0", "-0.5", "nan", "x"])
+def test_label_fraction_outside_0_1_is_refused_up_front(fraction, colour_data, encoder_pt, monkeypatch, capsys):
+    from contrastive.eval import runner
+
+    monkeypatch.setattr(runner, "load_split", lambda *a, **k: pytest.fail("data was read"))
+    with pytest.raises(SystemExit) as exit_:
+        linear_eval_main(["--checkpoint", str(encoder_pt), "--data", str(colour_data),
+                          "--label-fraction", fraction, *COMMON])
+    assert exit_.value.code == 2 and "label fraction must be" in capsys.readouterr().err
+    if fraction != "x":  # the API checks before reading any data too
+        with pytest.raises(ValueError, match=r"label fraction must be in \(0, 1\]"):
+            runner.linear_eval(None, str(colour_data), label_fraction=float(fraction))
+
+
+def test_too_few_labels_use_the_documented_fallback(colour_data, encoder_pt, tmp_path, caplog):
+    out = tmp_path / "few.json"
+    with caplog.at_level("WARNING"):
+        linear_eval_main(["--checkpoint", str(encoder_pt), "--data", str(colour_data), "--label-fraction",
+                          "0.05", "--epochs", "2", "--output", str(out), *COMMON])
+    res = json.loads(out.read_text())
+    assert res["train_per_class"] == {"blue": 1, "green": 1, "red": 1} and res["num_train"] == 3
+    assert res["settings"]["lr_wd_selection"] == "fallback" and res["sweep"] == []
+    assert (res["settings"]["lr"], res["settings"]["weight_decay"]) == (0.1, 1e-3)
+    assert "fixed fallback lr=0.1 wd=0.001" in caplog.text
+    out = tmp_path / "cv.json"  # 36 rows would hold out 4: cross-validation on all 36 instead
+    linear_eval_main(["--checkpoint", str(encoder_pt), "--data", str(colour_data), "--epochs", "2",
+                      "--output", str(out), *COMMON])
+    settings = json.loads(out.read_text())["settings"]
+    assert (settings["lr_wd_selection"], settings["selection_rows"], settings["cv_folds"]) == ("cross-validation", 36, 5)
+
+
+def test_results_record_what_was_used(colour_data, tmp_path):
+    import hashlib
+
+    from contrastive.nn import create_encoder
+
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.manual_seed(0)
+    torch.save({"encoder": "small_cnn", "state_dict": create_encoder("small_cnn").state_dict()}, run / "encoder.pt")
+    (run / "config.json").write_text(json.dumps({"encoder": "small_cnn", "image_size": 16}))
+    out = tmp_path / "knn.json"
+    assert knn_eval_main(["--checkpoint", str(run), "--data", str(colour_data), "--k", "5000",
+                          "--output", str(out), *COMMON]) == 0
+    res = json.loads(out.read_text())
+    assert (res["settings"]["k"], res["settings"]["k_requested"]) == (36, 5000)  # clamped to the bank
+    assert res["train_per_class"] == {"blue": 12, "green": 12, "red": 12}
+    files = {Path(f["path"]).name: f["sha256"] for f in res["checkpoint"]["files"]}
+    assert files == {name: hashlib.sha256((run / name).read_bytes()).hexdigest()
+                     for name in ("encoder.pt", "config.json")}
+    assert res["checkpoint"]["sha256"] == files["encoder.pt"]
+    out = tmp_path / "linear.json"
+    linear_eval_main(["--checkpoint", str(run), "--data", str(colour_data), "--epochs", "2",
+                      "--output", str(out), *COMMON])
+    res = json.loads(out.read_text())
+    assert res["train_per_class"] == {"blue": 12, "green": 12, "red": 12}
+    chosen = (res["settings"]["lr"], res["settings"]["weight_decay"])
+    best = max(res["sweep"], key=lambda s: s["val_top1"])["val_top1"]
+    assert chosen in {(s["lr"], s["weight_decay"]) for s in res["sweep"] if s["val_top1"] == best}
+
+
+def test_a_missing_data_path_is_named(encoder_pt, tmp_path):
+    missing = tmp_path / "nonexistent"
+    for main in (linear_eval_main, knn_eval_main):
+        with pytest.raises(FileNotFoundError, match=f"{missing} does not exist"):
+            main(["--checkpoint", str(encoder_pt), "--data", str(missing), *COMMON])
