@@ -10,7 +10,8 @@ the paper's hyper-parameters (a :class:`TrainConfig` subclass) plus one call::
 - :mod:`~contrastive.engine.optim`: SGD / AdamW / LARS with bias and norm parameters excluded;
 - :mod:`~contrastive.engine.schedules`: lr schedules as plain functions of the step;
 - :mod:`~contrastive.engine.loader`: deterministic, resumable data order and augmentation seeds;
-- :mod:`~contrastive.engine.checkpoint`: atomic ``save_state``, compatibility and exactness checks;
+- :mod:`~contrastive.engine.checkpoint`: atomic checkpoints in safe formats (safetensors,
+  ``weights_only`` torch files, JSON with each file's hash), compatibility and exactness checks;
 - :mod:`~contrastive.engine.monitor`: the online weighted-kNN monitor;
 - :mod:`~contrastive.engine.trainer`: the loop.
 """

@@ -4,7 +4,7 @@ Accepted ``checkpoint`` arguments (see :func:`read_checkpoint`):
 
 - our ``encoder.pt``: ``{"encoder": "<create_encoder name>", "state_dict": backbone weights}``;
 - a run folder (holds ``encoder.pt``, else its newest ``checkpoints/<name>`` folder);
-- a checkpoint folder written by ``accelerate``'s ``save_state`` (``model.safetensors`` or
+- a training checkpoint folder (``checkpoints/step_N``: ``model.safetensors``, or an older
   ``pytorch_model.bin``; the encoder name comes from the run's ``config.json`` above it);
 - an official MoCo v1/v2 checkpoint (``state_dict`` with ``module.encoder_q.*`` keys and ``arch``),
   or MoCo v3 (``module.base_encoder.*``); any other file holding a plain state dict;
@@ -243,7 +243,7 @@ def read_checkpoint(checkpoint: str | Path, *, encoder: str | None = None) -> Ra
             "folder, an official MoCo .pth.tar, 'timm:<model>' / 'torchvision:<model>', or 'random'"
         )
     path = resolve_checkpoint_path(path)
-    if path.is_dir():  # accelerate save_state folder
+    if path.is_dir():  # a training checkpoint folder (checkpoints/step_N)
         weights = next(path / f for f in _WEIGHT_FILES if (path / f).is_file())
         state, sha = _load_file(weights)
         config, config_files = _find_config(path)

@@ -20,7 +20,7 @@ __all__ = ["linear_eval_main", "knn_eval_main", "export_main", "plot_main"]
 log = logging.getLogger("contrastive.eval")
 
 _CHECKPOINT_HELP = (
-    "encoder.pt, run folder, checkpoint folder (accelerate save_state), official MoCo / MoCo v3 "
+    "encoder.pt, run folder, checkpoint folder (checkpoints/step_N), official MoCo / MoCo v3 "
     "checkpoint, 'timm:<model>' / 'torchvision:<model>' (its own pretrained weights), or 'random' "
     "(random init of --encoder: the baseline)"
 )

@@ -86,7 +86,7 @@ def test_gradcheck_float64(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_scale_invariance_when_normalising(name):
     if not loss_class(name).scale_invariant:
-        pytest.skip(f"{name} does not normalise its inputs")
+        pytest.skip(f"{name} is not scale invariant (no normalisation, or an eps in it)")
     inputs = example(name)
     loss_fn = get_loss(name, reduction="none")
     expected = loss_fn(*inputs)
