@@ -188,7 +188,8 @@ class _StopRequests:
     SIGTERM / SIGINT only set the reason; the loop saves a checkpoint after the current step and
     the run exits with status 75. Repeated SIGTERMs are ignored (Slurm signals every process of
     a job step and torchrun forwards the same signal again; a scheduler's SIGKILL follows
-    anyway); a second SIGINT (Ctrl-C twice) stops at once, without saving. A signal the process
+    anyway), also after the loop, until the process exits with 75; a second SIGINT (Ctrl-C
+    twice) stops at once, without saving. A signal the process
     was started ignoring (``nohup``, background jobs) stays ignored.
 
     ``watch_parent``: :meth:`check` also reports the exit of the process that started this one
@@ -232,7 +233,17 @@ class _StopRequests:
 
     def __exit__(self, *exc: Any) -> None:
         for sig, old in self._old.items():
+            if sig == signal.SIGTERM and self.reason is not None and old is signal.SIG_DFL:
+                # the run is stopping: a late copy of the SIGTERM (Slurm signals every process,
+                # a launcher forwards another) must not kill it before it exits with 75. A
+                # Python handler, not SIG_IGN, so that processes started later do not inherit it
+                signal.signal(sig, _ignore_late_sigterm)
+                continue
             signal.signal(sig, old)
+
+
+def _ignore_late_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM after a stop was requested: the run has saved and is exiting; ignore it."""
 
 
 def _watch_parent(setting: str) -> bool:

@@ -191,7 +191,14 @@ def test_sigterm_saves_then_exits_75_with_run_state_and_resume_completes(tmp_pat
     assert state["step"] == 3 and state["exit_code"] == 75 and state["resumable"] is True
     assert state["checkpoint"] == "checkpoints/step_00000003"
     assert (tmp_path / "run" / state["checkpoint"] / "meta.json").is_file()
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers restored
+    # a late copy of the SIGTERM (after the loop, before the exit) must not kill the run: the
+    # handler left behind ignores it, and is a Python handler (SIG_IGN would be inherited)
+    late = signal.getsignal(signal.SIGTERM)
+    assert late not in (signal.SIG_DFL, signal.SIG_IGN)
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)  # ignored: this test goes on
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     result = run(_Cfg, _build, _pipeline, argv=[*argv, "--resume", "auto"], name="toy")
     assert result.status == "completed" and result.step == 8 and result.steps_trained == 5
