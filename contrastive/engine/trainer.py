@@ -238,12 +238,40 @@ class _StopRequests:
                 # a launcher forwards another) must not kill it before it exits with 75. A
                 # Python handler, not SIG_IGN, so that processes started later do not inherit it
                 signal.signal(sig, _ignore_late_sigterm)
+                _ignore_sigterm_at_exit.register()
                 continue
             signal.signal(sig, old)
 
 
 def _ignore_late_sigterm(signum: int, frame: Any) -> None:
     """SIGTERM after a stop was requested: the run has saved and is exiting; ignore it."""
+
+
+class _IgnoreSigtermAtExit:
+    """At interpreter exit CPython puts every signal with a Python handler back to the default
+    action, which would let a late SIGTERM kill a stopped run during its last milliseconds
+    (exit -15 instead of 75). SIG_IGN survives that reset: switch to it at exit, when the
+    late-SIGTERM handler is still the one in place (so an embedding process that restored its
+    own handler is left alone)."""
+
+    registered = False
+
+    def register(self) -> None:
+        if not self.registered:
+            import atexit
+
+            atexit.register(self)
+            self.registered = True
+
+    def __call__(self) -> None:
+        try:
+            if signal.getsignal(signal.SIGTERM) is _ignore_late_sigterm:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        except (ValueError, OSError):  # not the main thread, or no signals here
+            pass
+
+
+_ignore_sigterm_at_exit = _IgnoreSigtermAtExit()
 
 
 def _watch_parent(setting: str) -> bool:
