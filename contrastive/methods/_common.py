@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["unit", "wide", "embedding_std", "queue_metrics", "in_batch_metrics"]
+__all__ = ["unit", "wide", "queue_metrics", "in_batch_metrics"]
 
 
 def wide(x: Tensor) -> Tensor:
@@ -27,14 +27,6 @@ def unit(x: Tensor) -> Tensor:
     """L2-normalise rows in float32 or wider (also under autocast), (N, D) -> (N, D)."""
     return F.normalize(wide(x), dim=1)
 
-
-def embedding_std(z: Tensor) -> Tensor:
-    """Spread of the unit embeddings over the batch, the collapse monitor of SimSiam (Chen & He
-    2021, Fig. 2): the per-dimension std of ``z / |z|`` averaged over dimensions, times
-    sqrt(D), so that about 1 means spread as on a sphere and 0 means collapse. (N, D) -> ()."""
-    with torch.no_grad():
-        u = F.normalize(z.detach().float(), dim=1)
-        return u.std(dim=0).mean() * (u.shape[1] ** 0.5)
 
 
 def _metrics(pos: Tensor, neg_max: Tensor, neg_sum: Tensor, neg_count: Tensor | int) -> dict:

@@ -25,7 +25,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from contrastive.losses import get_loss
-from contrastive.methods._common import embedding_std, unit
+from contrastive.methods._common import unit
 from contrastive.methods.base import Method, views_of
 from contrastive.methods.registry import register_method
 from contrastive.nn import build_mlp, convert_to_sync_bn, resolve_encoder
@@ -75,4 +75,4 @@ class BarlowTwins(Method):
         z1, z2 = self.projector(self.encoder(x1)), self.projector(self.encoder(x2))
         a, b = (gather_with_grad(z1), gather_with_grad(z2)) if world_size() > 1 else (z1, z2)
         loss = self.scale * self.criterion(a, b)
-        return {"loss": loss, "z_std": embedding_std(z1), "embeddings": unit(z1).detach()}
+        return {"loss": loss, "embeddings": unit(z1).detach()}

@@ -29,7 +29,6 @@ import torch
 from torch import Tensor, nn
 
 from contrastive.losses import get_loss
-from contrastive.methods._common import embedding_std
 from contrastive.methods.base import Method, views_of
 from contrastive.methods.registry import register_method
 from contrastive.nn import resolve_encoder, stage_features
@@ -109,4 +108,4 @@ class DeepInfoMax(Method):
         if world_size() > 1:
             lo, g = gather_with_grad(lo), gather_with_grad(g)
         loss = self.criterion(g, lo)
-        return {"loss": loss, "z_std": embedding_std(glob), "embeddings": glob.detach()}
+        return {"loss": loss, "embeddings": glob.detach()}

@@ -34,7 +34,6 @@ from torch import Tensor, nn
 from torch.nn.utils.parametrizations import weight_norm
 
 from contrastive.losses.clustering import dino, dino_center
-from contrastive.methods._common import embedding_std
 from contrastive.methods.base import Method, ParamGroup, Schedule, read, views_of
 from contrastive.methods.registry import register_method
 from contrastive.nn import MomentumEncoder, build_mlp, cosine_momentum, resolve_encoder
@@ -168,5 +167,4 @@ class DINO(Method):
             probs = F.softmax((teacher[:, 0] - self.center) / tau_t, dim=1)
             entropy = -(probs * probs.clamp_min(1e-12).log()).sum(1).mean()  # collapse monitor
             self.center.copy_(dino_center(self.center, teacher, momentum=self.center_momentum))
-        return {"loss": loss, "teacher_entropy": entropy, "z_std": embedding_std(feats[0]),
-                "embeddings": F.normalize(feats[0].detach(), dim=1)}
+        return {"loss": loss, "teacher_entropy": entropy, "embeddings": F.normalize(feats[0].detach(), dim=1)}

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from contrastive.losses import get_loss
-from contrastive.methods._common import embedding_std, in_batch_metrics, unit
+from contrastive.methods._common import in_batch_metrics, unit
 from contrastive.methods.base import Method, views_of
 from contrastive.methods.registry import register_method
 from contrastive.nn import KeyQueue, build_mlp, convert_to_sync_bn, resolve_encoder
@@ -98,4 +98,4 @@ class NNCLR(Method):
         pos_col = torch.arange(n, device=z1.device) + offset
         metrics = in_batch_metrics(nn1, p2_all.detach(), pos_col)
         return {"loss": loss, **metrics, "nn_match": (nn1 * z1.detach()).sum(1).mean(),
-                "z_std": embedding_std(z1), "embeddings": z1.detach()}
+                "embeddings": z1.detach()}

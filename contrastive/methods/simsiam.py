@@ -14,7 +14,7 @@ affine (the code's ``BatchNorm1d(dim, affine=False)``, bias-free Linears before 
 ``Linear(512, no bias)-BN-ReLU-Linear(dim)``; the predictor's learning rate FIXED at the base
 lr (the code's ``fix_lr``: "predictor with a constant lr", paper Sec. 4.2 and Table 1), a
 parameter group of the contract. ``stop_gradient=False`` removes the stop-gradient: the method
-then collapses (paper Fig. 2), visible in the ``z_std`` metric; kept for that negative control.
+then collapses (paper Fig. 2), visible in the engine's ``embedding_std`` metric; kept for that negative control.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from contrastive.losses import get_loss
-from contrastive.methods._common import embedding_std, unit
+from contrastive.methods._common import unit
 from contrastive.methods.base import Method, ParamGroup, views_of
 from contrastive.methods.registry import register_method
 from contrastive.nn import build_mlp, convert_to_sync_bn, resolve_encoder
@@ -86,5 +86,4 @@ class SimSiam(Method):
         p1, p2 = self.predictor(z1), self.predictor(z2)
         t1, t2 = (z1.detach(), z2.detach()) if self.stop_gradient else (z1, z2)
         loss = self.criterion(p1, t2) / 2 + self.criterion(p2, t1) / 2
-        return {"loss": loss, "pos_sim": -loss.detach(), "z_std": embedding_std(z1),
-                "embeddings": unit(z1).detach()}
+        return {"loss": loss, "pos_sim": -loss.detach(), "embeddings": unit(z1).detach()}

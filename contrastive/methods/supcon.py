@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from contrastive.losses import get_loss
-from contrastive.methods._common import embedding_std, unit
+from contrastive.methods._common import unit
 from contrastive.methods.base import Method, read, views_of
 from contrastive.methods.registry import register_method
 from contrastive.nn import build_mlp, convert_to_sync_bn, resolve_encoder
@@ -82,4 +82,4 @@ class SupCon(Method):
         else:
             z_all, y_all = z, labels
         loss = self.factor * self.criterion(z_all, y_all)
-        return {"loss": loss, "z_std": embedding_std(z[:, 0]), "embeddings": z[:, 0].detach()}
+        return {"loss": loss, "embeddings": z[:, 0].detach()}

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from contrastive.losses.clustering import swav, swav_codes
-from contrastive.methods._common import embedding_std, unit
+from contrastive.methods._common import unit
 from contrastive.methods.base import Method, ParamGroup, views_of
 from contrastive.methods.registry import register_method
 from contrastive.nn import KeyQueue, build_mlp, convert_to_sync_bn, resolve_encoder
@@ -111,5 +111,4 @@ class SwAV(Method):
         with torch.no_grad():
             top = codes[:, 0].argmax(dim=1)
             used = torch.zeros(scores.shape[2], device=top.device).index_fill_(0, top, 1.0).sum()
-        return {"loss": loss, "prototypes_used": used, "z_std": embedding_std(zs[0]),
-                "embeddings": zs[0].detach()}
+        return {"loss": loss, "prototypes_used": used, "embeddings": zs[0].detach()}

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from contrastive.losses import get_loss
 from contrastive.losses.decorrelation import vicreg_terms
-from contrastive.methods._common import embedding_std, unit
+from contrastive.methods._common import unit
 from contrastive.methods.base import Method, views_of
 from contrastive.methods.registry import register_method
 from contrastive.nn import build_mlp, convert_to_sync_bn, resolve_encoder
@@ -74,4 +74,4 @@ class VICReg(Method):
         loss = self.criterion(a, b)
         inv, var, cov = vicreg_terms(a.detach(), b.detach(), eps=self.criterion.eps)
         return {"loss": loss, "invariance": inv, "variance": var, "covariance": cov,
-                "z_std": embedding_std(z1), "embeddings": unit(z1).detach()}
+                "embeddings": unit(z1).detach()}
