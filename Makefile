@@ -16,6 +16,7 @@ install: $(VENV)/.installed
 
 lint: install
 	$(PY) -m ruff check contrastive recipes tools tests benchmarks
+	$(PY) -m mypy  # the package; settings in setup.cfg [mypy]
 
 test: install
 	$(PY) -m pytest

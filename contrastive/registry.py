@@ -135,7 +135,7 @@ class Registry(Generic[T]):
 
     def copy(self) -> Registry[T]:
         """A shallow copy (tests swap it in to register without leaking)."""
-        new = Registry(self.kind, normalize=self.normalize, error=self.error)
+        new: Registry[T] = Registry(self.kind, normalize=self.normalize, error=self.error)
         new._entries, new._aliases = dict(self._entries), dict(self._aliases)
         return new
 

@@ -9,6 +9,7 @@ default that depends on the size is ``None`` in the signature and resolved as do
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from contrastive.augment.config import IMAGENET_MEAN, IMAGENET_STD, ViewConfig
 from contrastive.augment.pipeline import Pipeline
@@ -245,13 +246,13 @@ def multicrop(
     if isinstance(num_local, bool) or not isinstance(num_local, int) or num_local < 0:
         raise ValueError(f"num_local must be an int >= 0; got {num_local!r}")
     blur = (0.0 if small else 0.5) if blur_p is None else blur_p
-    common = dict(
+    common = ViewConfig(  # what every crop shares; size and scale set below
         brightness=0.8 * s, contrast=0.8 * s, saturation=0.8 * s, hue=min(0.5, 0.2 * s),
         jitter_p=jitter_p, jitter_order=jitter_order, grayscale_p=grayscale_p, blur_p=blur,
         blur_sigma=blur_sigma, flip_p=flip_p,
     )
-    glob = ViewConfig(size=image_size, scale=global_scale, **common)
-    loc = ViewConfig(size=int(local_size), scale=local_scale, **common)
+    glob = replace(common, size=image_size, scale=global_scale)
+    loc = replace(common, size=int(local_size), scale=local_scale)
     return Pipeline([glob] * _num_views(num_global) + [loc] * num_local, mean, std)
 
 
@@ -278,13 +279,12 @@ def dino(
         local_size = max(8, round(image_size * 96 / 224))
     if isinstance(num_local, bool) or not isinstance(num_local, int) or num_local < 0:
         raise ValueError(f"num_local must be an int >= 0; got {num_local!r}")
-    common = dict(brightness=0.4, contrast=0.4, saturation=0.2, hue=0.1, jitter_p=0.8,
-                  grayscale_p=0.2, blur_sigma=blur_sigma, flip_p=0.5)
+    common = ViewConfig(brightness=0.4, contrast=0.4, saturation=0.2, hue=0.1, jitter_p=0.8,
+                        grayscale_p=0.2, blur_sigma=blur_sigma, flip_p=0.5)  # + size, scale, blur
     blur = (lambda p: 0.0) if small else (lambda p: p)  # noqa: E731
-    g1 = ViewConfig(size=image_size, scale=global_scale, blur_p=blur(1.0), **common)
-    g2 = ViewConfig(size=image_size, scale=global_scale, blur_p=blur(0.1), solarize_p=0.2,
-                    **common)
-    loc = ViewConfig(size=int(local_size), scale=local_scale, blur_p=blur(0.5), **common)
+    g1 = replace(common, size=image_size, scale=global_scale, blur_p=blur(1.0))
+    g2 = replace(common, size=image_size, scale=global_scale, blur_p=blur(0.1), solarize_p=0.2)
+    loc = replace(common, size=int(local_size), scale=local_scale, blur_p=blur(0.5))
     return Pipeline([g1, g2] + [loc] * num_local, mean, std)
 
 

@@ -11,7 +11,7 @@ Spec strings (``--data``): see :mod:`contrastive.data.spec` (``shapes``, ``synth
 ``key=value`` such as ``fraction=0.01``).
 """
 
-from contrastive.data.base import UNLABELLED, LabelledDataset
+from contrastive.data.base import UNLABELLED, LabelledDataset, dataset_len
 from contrastive.data.cifar import CIFARDataset, STL10Dataset, default_root
 from contrastive.data.decode import EncodedImage
 from contrastive.data.download import DownloadError, download, extract_tar
@@ -63,6 +63,7 @@ __all__ = [
     "UNLABELLED",
     "UnknownDatasetError",
     "build_loader",
+    "dataset_len",
     "default_num_workers",
     "default_root",
     "download",

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Sized
 from typing import Any
 
 from torch.utils.data import Dataset
 
 UNLABELLED = -1
+
+
+def dataset_len(dataset: Dataset) -> int:
+    """``len(dataset)`` of a map-style data set (``Dataset`` itself does not declare
+    ``__len__``); one without it raises a ``TypeError`` that says so."""
+    if not isinstance(dataset, Sized):
+        raise TypeError(f"{type(dataset).__name__} has no len(): a map-style data set with "
+                        "__len__ and __getitem__ is needed")
+    return len(dataset)
 
 
 class LabelledDataset(Dataset):

@@ -225,14 +225,15 @@ def num_classes(dataset: Dataset) -> int | None:
     """Number of classes of a data set (None when unlabelled or unknown); sees through subsets
     and wrappers with a ``dataset`` attribute."""
     seen = 0
-    while dataset is not None and seen < 16:
-        n = getattr(dataset, "num_classes", None)
+    node: object = dataset  # then the wrapped data sets, which may be any object
+    while node is not None and seen < 16:
+        n = getattr(node, "num_classes", None)
         if isinstance(n, int):
             return n
-        classes = getattr(dataset, "classes", None)
+        classes = getattr(node, "classes", None)
         if classes:
             return len(classes)
-        dataset = getattr(dataset, "dataset", None)
+        node = getattr(node, "dataset", None)
         seen += 1
     return None
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from contrastive.data.base import UNLABELLED
+from contrastive.data.base import UNLABELLED, dataset_len
 
 
 class SubsetDataset(Dataset):
@@ -33,7 +33,8 @@ class SubsetDataset(Dataset):
 
     @transform.setter
     def transform(self, value: Any) -> None:
-        self.dataset.transform = value
+        # setattr: the parent may be any data set (torch's Dataset declares no transform)
+        setattr(self.dataset, "transform", value)  # noqa: B010
 
     def __getattr__(self, name: str) -> Any:
         # classes, num_classes, num_skipped, ... come from the parent
@@ -54,7 +55,7 @@ def subset_fraction(dataset: Dataset, fraction: float, seed: int = 0) -> SubsetD
     fraction = float(fraction)
     if not 0.0 < fraction <= 1.0:
         raise ValueError(f"fraction must be in (0, 1]; got {fraction}")
-    n = len(dataset)
+    n = dataset_len(dataset)
     rng = np.random.default_rng(seed)
     targets = getattr(dataset, "targets", None)
     if targets is None or all(int(t) == UNLABELLED for t in targets):
@@ -62,10 +63,10 @@ def subset_fraction(dataset: Dataset, fraction: float, seed: int = 0) -> SubsetD
         chosen = rng.choice(n, size=k, replace=False)
     else:
         t = np.asarray([int(v) for v in targets])
-        chosen = []
+        per_class = []
         for c in np.unique(t):
             members = np.flatnonzero(t == c)
             k = min(len(members), max(1, round(fraction * len(members))))
-            chosen.append(rng.choice(members, size=k, replace=False))
-        chosen = np.concatenate(chosen)
+            per_class.append(rng.choice(members, size=k, replace=False))
+        chosen = np.concatenate(per_class)
     return SubsetDataset(dataset, sorted(chosen.tolist()))

@@ -232,13 +232,15 @@ def plot_main(argv: Sequence[str] | None = None) -> int:
         import torch
         from torch.utils.data import Subset
 
+        from contrastive.data import dataset_len
         from contrastive.eval.runner import encode_split, eval_transform, load_split
 
         args.checkpoint = checkpoint
         loaded, size, norm = _load(args)
         ds = load_split(args.data, args.split, eval_transform(size, **norm))
-        if len(ds) > args.max_samples:  # class-balanced-ish: an even spread over the split
-            idx = torch.linspace(0, len(ds) - 1, args.max_samples).long().unique().tolist()
+        n = dataset_len(ds)
+        if n > args.max_samples:  # class-balanced-ish: an even spread over the split
+            idx = torch.linspace(0, n - 1, args.max_samples).long().unique().tolist()
             ds = Subset(ds, idx)
         feats, labels = encode_split(loaded, ds, num_workers=args.num_workers)
         base = ds.dataset if isinstance(ds, Subset) else ds

@@ -129,6 +129,9 @@ def label_fraction_indices(labels: Tensor, fraction: float, seed: int = 0) -> Te
 class LinearHead(nn.Module):
     """``logits = linear((f - mean) / std)``: the cached-protocol classifier, shape (N, D) -> (N, C)."""
 
+    mean: Tensor  # buffer (D,)
+    std: Tensor  # buffer (D,)
+
     def __init__(self, mean: Tensor, std: Tensor, num_classes: int) -> None:
         super().__init__()
         self.register_buffer("mean", mean.clone().float())
@@ -283,8 +286,11 @@ def fit_linear_cached(
     grid = [(float(lr), float(wd)) for lr in lrs for wd in weight_decays]
     if not grid:
         raise ValueError("the (lr, weight decay) grid is empty; give at least one of each")
-    train = {"num_classes": num_classes, "epochs": epochs, "batch_size": batch_size,
-             "momentum": momentum, "seed": seed}
+
+    def correct_on(tr_idx: Tensor, val_idx: Tensor) -> Tensor:
+        return _grid_correct(x, y, tr_idx, val_idx, grid, num_classes=num_classes, epochs=epochs,
+                             batch_size=batch_size, momentum=momentum, seed=seed)
+
     n = x.shape[0]
     n_val = int(round(val_fraction * n))
     counts = torch.bincount(y.cpu(), minlength=num_classes)
@@ -296,15 +302,14 @@ def fit_linear_cached(
     elif min_val_rows <= n_val < n:
         selection, val_rows = "held-out", n_val
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).to(x.device)
-        correct = _grid_correct(x, y, perm[n_val:], perm[:n_val], grid, **train)
+        correct = correct_on(perm[n_val:], perm[:n_val])
         accs = (correct * (100.0 / n_val)).tolist()
     elif n >= MIN_CV_ROWS and smallest >= 2:
         selection, val_rows, folds = "cross-validation", n, min(CV_FOLDS, smallest)
         fold = _stratified_folds(y.cpu(), folds, seed).to(x.device)
-        correct = sum(
-            _grid_correct(x, y, (fold != f).nonzero().flatten(), (fold == f).nonzero().flatten(), grid, **train)
-            for f in range(folds)
-        )
+        per_fold = [correct_on((fold != f).nonzero().flatten(), (fold == f).nonzero().flatten())
+                    for f in range(folds)]
+        correct = torch.stack(per_fold).sum(dim=0)  # float64 counts: exact in any order
         accs = (correct * (100.0 / n)).tolist()
     else:
         selection = "fallback"

@@ -120,8 +120,9 @@ def vicreg_terms(z1: Tensor, z2: Tensor, *, eps: float = 1e-4,
         n, d = a.shape
         invariance = (a - b).pow(2).mean()
         a, b = a - a.mean(dim=0), b - b.mean(dim=0)
-        variance = sum(torch.relu(1 - torch.sqrt(x.var(dim=0) + eps)).mean() for x in (a, b)) / 2
-        covariance = sum(_off_diagonal(x.T @ x / (n - 1)).pow(2).sum() / d for x in (a, b))
+        va, vb = (torch.relu(1 - torch.sqrt(x.var(dim=0) + eps)).mean() for x in (a, b))
+        ca, cb = (_off_diagonal(x.T @ x / (n - 1)).pow(2).sum() / d for x in (a, b))
+        variance, covariance = (va + vb) / 2, ca + cb
         return invariance, variance, covariance
 
 

@@ -74,7 +74,8 @@ def register_loss(name: str, *aliases: str, override: bool = False) -> Callable[
             raise ValueError(
                 f"register_loss({name!r}) must decorate a class or callable, got {factory!r}"
             )
-        return register(factory)
+        register(factory)  # returns factory itself; the decorated object keeps its own type
+        return factory
 
     return decorator
 

@@ -8,9 +8,20 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
-__all__ = ["unit", "wide", "queue_metrics", "in_batch_metrics"]
+__all__ = ["unit", "wide", "width", "queue_metrics", "in_batch_metrics"]
+
+
+def width(encoder: nn.Module) -> int:
+    """The encoder's output width, its int ``num_features`` (the encoder contract of
+    :func:`contrastive.nn.resolve_encoder`, which checks it; checked again here because
+    ``nn.Module`` attributes are untyped)."""
+    n = getattr(encoder, "num_features", None)
+    if not isinstance(n, int):
+        raise TypeError(f"encoder {type(encoder).__name__} must have an int attribute "
+                        f"`num_features` (its output width), got {n!r}")
+    return n
 
 
 def wide(x: Tensor) -> Tensor:

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from contrastive.losses import get_loss
-from contrastive.methods._common import unit
+from contrastive.methods._common import unit, width
 from contrastive.methods.base import Method, Schedule, read, views_of
 from contrastive.methods.registry import register_method
 from contrastive.nn import (
@@ -57,7 +57,7 @@ class BYOL(Method):
     """
 
     needs = ("views",)
-    presets: dict[str, dict[str, Any]] = {
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
         "resnet50": dict(encoder="torchvision:resnet50", dim=256, mlp_hidden=4096, momentum=0.996),
         # solo-learn scripts/pretrain/cifar/byol.yaml: 4096 -> 256, tau 0.99 -> 1.0
         "cifar": dict(encoder="cifar_resnet18", dim=256, mlp_hidden=4096, momentum=0.99),
@@ -71,8 +71,8 @@ class BYOL(Method):
             raise ValueError(f"BYOL: momentum must be in [0, 1], got {momentum}")
         self.base_momentum = momentum
         self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
-        self.projector = build_mlp(self.encoder.num_features, mlp_hidden, dim, 2)
-        self.predictor = build_mlp(dim, mlp_hidden, dim, 2)
+        self.projector: nn.Module = build_mlp(width(self.encoder), mlp_hidden, dim, 2)
+        self.predictor: nn.Module = build_mlp(dim, mlp_hidden, dim, 2)
         if sync_bn:
             self.encoder, self.projector, self.predictor = (
                 convert_to_sync_bn(m) for m in (self.encoder, self.projector, self.predictor))

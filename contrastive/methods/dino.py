@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from torch.nn.utils.parametrizations import weight_norm
 
 from contrastive.losses.clustering import dino, dino_center
+from contrastive.methods._common import width
 from contrastive.methods.base import Method, ParamGroup, Schedule, read, views_of
 from contrastive.methods.registry import register_method
 from contrastive.nn import MomentumEncoder, build_mlp, cosine_momentum, resolve_encoder
@@ -93,8 +94,9 @@ class DINO(Method):
         encoder_kwargs: keyword arguments for ``create_encoder``.
     """
 
+    center: Tensor  # buffer (out_dim,): the running mean of the teacher outputs
     needs = ("views",)
-    presets: dict[str, dict[str, Any]] = {
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
         # ViT-S/16 with the code's defaults (main_dino.py): 65536 prototypes, m0 0.996,
         # teacher temperature 0.04 without warm-up, norm_last_layer
         "vit_small": dict(encoder="timm:vit_small_patch16_224", out_dim=65536, momentum=0.996,
@@ -122,7 +124,7 @@ class DINO(Method):
             raise ValueError("DINO: give both weight_decay and weight_decay_end (the cosine "
                              "schedule), or neither")
         self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
-        self.head = DINOHead(self.encoder.num_features, out_dim, hidden_dim, bottleneck_dim,
+        self.head = DINOHead(width(self.encoder), out_dim, hidden_dim, bottleneck_dim,
                              head_layers, use_bn, norm_last_layer)
         self.teacher = MomentumEncoder(nn.Sequential(self.encoder, self.head))
         self.register_buffer("center", torch.zeros(out_dim))
@@ -131,7 +133,8 @@ class DINO(Method):
         self.teacher_temperatures = (
             teacher_temperature if warmup_teacher_temperature is None
             else warmup_teacher_temperature, teacher_temperature, warmup_teacher_steps)
-        self.weight_decays = (weight_decay, weight_decay_end)
+        self.weight_decays = (None if weight_decay is None or weight_decay_end is None
+                              else (weight_decay, weight_decay_end))  # both or neither (above)
         self.freeze_last_layer_steps = freeze_last_layer_steps
 
     def schedules(self) -> dict[str, Schedule]:
@@ -141,7 +144,7 @@ class DINO(Method):
             "teacher_temperature": functools.partial(_teacher_temperature, start=start,
                                                      end=end, warmup=warmup),
         }
-        if self.weight_decays[0] is not None:
+        if self.weight_decays is not None:
             out["weight_decay"] = functools.partial(_cosine_value, start=self.weight_decays[0],
                                                     end=self.weight_decays[1])
         return out

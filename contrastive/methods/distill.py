@@ -49,14 +49,15 @@ distilled with COS-NCE alone reaches 62.6 % linear-probe top-1 against 19.7 % at
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from contrastive.losses import get_loss
-from contrastive.methods._common import in_batch_metrics, queue_metrics, unit, wide
+from contrastive.methods._common import in_batch_metrics, queue_metrics, unit, wide, width
 from contrastive.methods.base import Method, Schedule, read, views_of
 from contrastive.methods.distill_layers import (
     armed_taps,
@@ -75,6 +76,17 @@ from contrastive.nn.distributed import gather, rank, world_size
 __all__ = ["Distiller", "default_layers", "default_stem", "split_classifier", "uniform_layer_map"]
 
 Weights = tuple[float, float, float]
+
+
+@dataclass
+class _Targets:
+    """The teacher's side of a step, shared by both student passes."""
+
+    weights: Weights  # (alpha, beta, gamma) of the step's stage
+    t: list[Tensor]  # unit teacher features per used teacher layer, (N, D_j)
+    neg: list[Tensor | None]  # their negatives (see Distiller._negatives)
+    soft: Tensor | None  # teacher logits when the KD soft loss is on
+    hard: Tensor | None  # labels (N,) when the CE hard loss is on
 
 
 @register_method("distill")
@@ -178,7 +190,8 @@ class Distiller(Method):
         self.student_layers, self.teacher_layers = s_names, [t_names[j] for j in self.teacher_ids]
         # the stem hook first: a layer tap on the same module then sees the perturbed output
         self.stem = (stem or default_stem(self.encoder)) if perturb else None
-        self._stem_tap = attach_taps(self.encoder, [self.stem], token_pool)[0] if perturb else None
+        self._stem_tap = (attach_taps(self.encoder, [self.stem], token_pool)[0]
+                          if self.stem is not None else None)
         self._s_taps = attach_taps(self.encoder, s_names, token_pool)
         self._t_taps = attach_taps(self.teacher, self.teacher_layers, token_pool)
 
@@ -191,14 +204,15 @@ class Distiller(Method):
                 f"num_classes={num_classes} differs from the teacher head's {n_logits} classes"
             )
         n_cls = n_logits or num_classes
-        self.head = nn.Linear(self.encoder.num_features, n_cls) if n_cls else None
+        self.head = nn.Linear(width(self.encoder), n_cls) if n_cls else None
         self.queues = nn.ModuleList(KeyQueue(d, queue_size) for d in t_dims) if queue_size else None
         self.uses_in_batch_negatives = not queue_size
 
         self.use_labels = self.head is not None if use_labels is None else bool(use_labels)
         self.needs = ("views", "labels") if self.use_labels else ("views",)
 
-        self.stage_weights = tuple(tuple(float(v) for v in w) for w in stage_weights)
+        w1, w2 = ((float(a), float(b), float(c)) for a, b, c in stage_weights)
+        self.stage_weights = (w1, w2)
         self.stage1_fraction, self.switch_step = stage1_fraction, switch_step
         self.temperature, self.perturb, self.perturb_scale = temperature, perturb, perturb_scale
         self.cosnce = get_loss("cosnce", normalize=False)  # inputs are made unit here
@@ -271,10 +285,10 @@ class Distiller(Method):
         """Per teacher layer: None (the other rows of the batch), the queue (K, D), or with
         several processes every process's rows but the sample's own, (N, world * N - 1, D)."""
         if self.queues is not None:
-            return [q.keys for q in self.queues]
+            return [q.keys for q in self._queue_list()]
         if world_size() == 1:
             return [None] * len(feats)
-        out = []
+        out: list[Tensor | None] = []
         for f in feats:
             n, d = f.shape
             f_all = unit(gather(f))  # M x D, rank 0's rows first
@@ -285,34 +299,37 @@ class Distiller(Method):
             out.append(rows.as_strided((n, m - 1, d), (d, d, 1), (own + 1) * d))
         return out
 
+    def _queue_list(self) -> list[KeyQueue]:
+        """``self.queues`` (an untyped ``nn.ModuleList``, built of KeyQueues in __init__)."""
+        return [cast(KeyQueue, q) for q in self.queues] if self.queues is not None else []
+
     def _student_pass(
-        self, x: Tensor, ctx: dict[str, Any], delta: Tensor | None = None
+        self, x: Tensor, ctx: _Targets, delta: Tensor | None = None
     ) -> tuple[Tensor, dict[str, Tensor]]:
         taps = self._s_taps + ([self._stem_tap] if self._stem_tap is not None else [])
         adds = {len(taps) - 1: delta} if delta is not None else None
         with armed_taps(taps, adds):
             pooled = self.encoder(x)
-        alpha, beta, gamma = ctx["weights"]
+        alpha, beta, gamma = ctx.weights
         feats = [unit(proj(t.take())) for proj, t in zip(self.projections, self._s_taps)]
         layers = torch.stack(
-            [self.cosnce(s, ctx["t"][j], ctx["neg"][j]) for s, j in zip(feats, self.layer_map)]
+            [self.cosnce(s, ctx.t[j], ctx.neg[j]) for s, j in zip(feats, self.layer_map)]
         )
         parts = {"cosnce": layers.mean(), "layers": layers, "last": feats[-1]}
         loss = alpha * parts["cosnce"]
-        if ctx["soft"] or ctx["hard"]:
+        if self.head is not None and (ctx.soft is not None or ctx.hard is not None):
             logits = self.head(pooled)
-            if ctx["soft"]:
-                parts["soft"] = self.kd(logits, ctx["t_logits"])
+            if ctx.soft is not None:
+                parts["soft"] = self.kd(logits, ctx.soft)
                 loss = loss + beta * parts["soft"]
-            if ctx["hard"]:
-                labels = ctx["labels"]
+            if ctx.hard is not None:
+                labels = ctx.hard
                 known = labels >= 0
                 ce = F.cross_entropy(wide(logits), labels.clamp(min=0), reduction="none")
                 parts["hard"] = (ce * known).sum() / known.sum().clamp(min=1)
                 loss = loss + gamma * parts["hard"]
         if self._stem_tap is not None:
-            parts["emb"] = self._stem_tap.raw
-            self._stem_tap.take()
+            parts["emb"] = self._stem_tap.take_raw()
         return loss, parts
 
     def forward(self, batch: Mapping[str, Any]) -> dict[str, Tensor]:
@@ -330,15 +347,13 @@ class Distiller(Method):
         has_head = self.head is not None
         if labels is not None and labels.shape != x.shape[:1]:
             raise ValueError(f"labels must be ({x.shape[0]},), got {tuple(labels.shape)}")
-        ctx = {
-            "weights": weights,
-            "t": t_feats,
-            "neg": self._negatives(t_feats),
-            "t_logits": t_logits,
-            "labels": labels,
-            "soft": has_head and weights[1] != 0 and t_logits is not None,
-            "hard": has_head and weights[2] != 0 and labels is not None,
-        }
+        ctx = _Targets(
+            weights=weights,
+            t=t_feats,
+            neg=self._negatives(t_feats),
+            soft=t_logits if has_head and weights[1] != 0 else None,
+            hard=labels if has_head and weights[2] != 0 else None,
+        )
         train_step = self.training and torch.is_grad_enabled()
         out: dict[str, Tensor] = {}
         if self.perturb and train_step:
@@ -357,11 +372,10 @@ class Distiller(Method):
             loss, parts = self._student_pass(x, ctx, delta=delta)
         else:
             loss, parts = self._student_pass(x, ctx)
-        if self.queues is not None:
-            for q, f in zip(self.queues, t_feats):
-                q.enqueue(f)
+        for q, f in zip(self._queue_list(), t_feats):
+            q.enqueue(f)
         out.update(
-            self._metrics(parts, t_feats[self.layer_map[-1]], ctx["neg"][self.layer_map[-1]])
+            self._metrics(parts, t_feats[self.layer_map[-1]], ctx.neg[self.layer_map[-1]])
         )
         out.update(
             loss=loss,

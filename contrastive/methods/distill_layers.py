@@ -67,15 +67,16 @@ def split_classifier(model: nn.Module) -> tuple[nn.Module, nn.Module | None]:
     ``nn.Identity`` (right when it is the model's last operation: ResNet ``fc``, ViT ``heads``).
     The backbone gets ``num_features`` (the classifier's input width).
     """
-    if callable(getattr(model, "get_classifier", None)) and callable(
-        getattr(model, "reset_classifier", None)
-    ):
-        head = model.get_classifier()
+    get_classifier = getattr(model, "get_classifier", None)
+    reset_classifier = getattr(model, "reset_classifier", None)
+    if callable(get_classifier) and callable(reset_classifier):
+        head = get_classifier()
         if not isinstance(head, nn.Linear):
             return model, None
         head = copy.deepcopy(head)
-        model.reset_classifier(0)
-        model.num_features = head.in_features
+        reset_classifier(0)
+        # setattr: an int attribute (nn.Module.__setattr__ is typed for tensors and modules)
+        setattr(model, "num_features", head.in_features)  # noqa: B010
         return model, head
     linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     if not linears:
@@ -83,7 +84,7 @@ def split_classifier(model: nn.Module) -> tuple[nn.Module, nn.Module | None]:
     path, head = linears[-1]
     parent = model.get_submodule(path.rpartition(".")[0]) if "." in path else model
     setattr(parent, path.rpartition(".")[2], nn.Identity())
-    model.num_features = head.in_features
+    setattr(model, "num_features", head.in_features)  # noqa: B010 (as above)
     return model, head
 
 
@@ -115,7 +116,18 @@ class Tap:
     def take(self) -> Tensor:
         """The pooled output, releasing the references the hook kept."""
         out, self.out, self.raw = self.out, None, None
-        return out
+        return self._recorded(out)
+
+    def take_raw(self) -> Tensor:
+        """The output before pooling (with the perturbation added), releasing the references."""
+        raw, self.out, self.raw = self.raw, None, None
+        return self._recorded(raw)
+
+    def _recorded(self, x: Tensor | None) -> Tensor:
+        if x is None:
+            raise RuntimeError(f"layer {self.name!r}: no output recorded; read a tap once, "
+                               "after a forward inside armed_taps")
+        return x
 
     def _pool(self, x: Tensor) -> Tensor:
         if x.dim() == 4:  # N C H W -> global average pool

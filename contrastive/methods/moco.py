@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from contrastive.losses import get_loss
-from contrastive.methods._common import queue_metrics, unit
+from contrastive.methods._common import queue_metrics, unit, width
 from contrastive.methods.base import Method, Schedule, read, views_of
 from contrastive.methods.registry import register_method
 from contrastive.nn import (
@@ -71,7 +71,7 @@ class MoCo(Method):
     """
 
     uses_in_batch_negatives = False
-    presets: dict[str, dict[str, Any]] = {
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
         # He et al. 2020: ResNet-50, K 65536, m 0.999, tau 0.07, 128-d linear head.
         "v1": dict(
             encoder="torchvision:resnet50",
@@ -148,7 +148,7 @@ class MoCo(Method):
         if sync_bn:
             self.encoder = convert_to_sync_bn(self.encoder)
         kind = "linear" if version == 1 else "mocov2"
-        self.head = build_head(kind, self.encoder.num_features, mlp_hidden, dim)
+        self.head = build_head(kind, width(self.encoder), mlp_hidden, dim)
         self.key_net = MomentumEncoder(nn.Sequential(self.encoder, self.head))
         self.queue = KeyQueue(
             dim, queue_size, store_labels=queue_labels, normalize=False
@@ -196,7 +196,7 @@ class MoCo(Method):
             other = queue_metrics(q2, k1, queue)
             metrics = {name: (v + other[name]) / 2 for name, v in metrics.items()}
 
-        keys = torch.cat([k1, k2]) if self.symmetric else k2
+        keys = k2 if k1 is None else torch.cat([k1, k2])  # k1 is None unless symmetric
         if labels is not None and self.symmetric:
             labels = torch.cat([labels, labels])
         self.queue.enqueue(keys, labels)

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from contrastive.losses import get_loss
-from contrastive.methods._common import in_batch_metrics, unit
+from contrastive.methods._common import in_batch_metrics, unit, width
 from contrastive.methods.base import Method, Schedule, read, views_of
 from contrastive.methods.registry import register_method
 from contrastive.nn import (
@@ -72,7 +72,7 @@ class MoCoV3(Method):
 
     needs = ("views",)
     uses_in_batch_negatives = True
-    presets: dict[str, dict[str, Any]] = {
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
         # Paper + CONFIG.md: ResNet-50, tau 1.0, 2-layer projector 2048-4096-256 (the code),
         # predictor 256-4096-256, m0 0.99 (0.996 for 1000 epochs), LARS lr 0.3 x bs/256.
         "resnet50": dict(
@@ -151,9 +151,9 @@ class MoCoV3(Method):
                 p.requires_grad_(False)
 
         suffix = "_vit" if self.vit else ""
-        nf = self.encoder.num_features
-        self.projector = build_head("mocov3_projector" + suffix, nf, mlp_hidden, dim)
-        self.predictor = build_head("mocov3_predictor" + suffix, dim, mlp_hidden, dim)
+        nf = width(self.encoder)
+        self.projector: nn.Module = build_head("mocov3_projector" + suffix, nf, mlp_hidden, dim)
+        self.predictor: nn.Module = build_head("mocov3_predictor" + suffix, dim, mlp_hidden, dim)
         if sync_bn:
             self.encoder = convert_to_sync_bn(self.encoder)
             self.projector = convert_to_sync_bn(self.projector)

@@ -22,13 +22,13 @@ set 98,304, temperature 0.1.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from contrastive.losses import get_loss
-from contrastive.methods._common import in_batch_metrics, unit
+from contrastive.methods._common import in_batch_metrics, unit, width
 from contrastive.methods.base import Method, views_of
 from contrastive.methods.registry import register_method
 from contrastive.nn import KeyQueue, build_mlp, convert_to_sync_bn, resolve_encoder
@@ -52,7 +52,7 @@ class NNCLR(Method):
 
     needs = ("views",)
     uses_in_batch_negatives = True
-    presets: dict[str, dict[str, Any]] = {
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
         "resnet50": dict(encoder="torchvision:resnet50", dim=256, proj_hidden=2048,
                          pred_hidden=4096, support_size=98304, temperature=0.1),
         # solo-learn scripts/pretrain/cifar/nnclr.yaml: 2048 -> 256, predictor 4096,
@@ -67,8 +67,8 @@ class NNCLR(Method):
                  encoder_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
-        self.projector = build_mlp(self.encoder.num_features, proj_hidden, dim, 3, last_bn=True)
-        self.predictor = build_mlp(dim, pred_hidden, dim, 2)
+        self.projector: nn.Module = build_mlp(width(self.encoder), proj_hidden, dim, 3, last_bn=True)
+        self.predictor: nn.Module = build_mlp(dim, pred_hidden, dim, 2)
         if sync_bn:
             self.encoder, self.projector, self.predictor = (
                 convert_to_sync_bn(m) for m in (self.encoder, self.projector, self.predictor))

@@ -15,13 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from torch import nn
-
+from contrastive.methods.base import Method
 from contrastive.registry import Registry, RegistryKeyError
 
 __all__ = ["UnknownMethodError", "get_method", "list_methods", "method_class", "register_method"]
 
-T = TypeVar("T", bound=Callable[..., nn.Module])
+T = TypeVar("T", bound=type[Method])
 
 
 class UnknownMethodError(RegistryKeyError):
@@ -32,16 +31,22 @@ def _normalize(name: str) -> str:
     return name.strip().lower().replace("_", "").replace("-", "")
 
 
-_REGISTRY: Registry[Callable[..., nn.Module]] = Registry(
+_REGISTRY: Registry[type[Method]] = Registry(
     "method", normalize=_normalize, error=UnknownMethodError)
 
 
 def register_method(name: str, *aliases: str, override: bool = False) -> Callable[[T], T]:
     """Class decorator registering a method (a :class:`~contrastive.methods.Method`) by name."""
-    return _REGISTRY.register(name, *aliases, override=override)
+    register = _REGISTRY.register(name, *aliases, override=override)
+
+    def decorator(cls: T) -> T:
+        register(cls)  # returns cls itself; the decorated class keeps its own type
+        return cls
+
+    return decorator
 
 
-def method_class(name: str) -> Callable[..., nn.Module]:
+def method_class(name: str) -> type[Method]:
     """The class registered as ``name`` (raises :class:`UnknownMethodError`)."""
     return _REGISTRY.get(name)
 
@@ -51,7 +56,7 @@ def list_methods() -> list[str]:
     return _REGISTRY.names()
 
 
-def get_method(name: str, **kwargs: Any) -> nn.Module:
+def get_method(name: str, **kwargs: Any) -> Method:
     """Build a method by name; ``preset="v2"`` etc. selects one of its ``presets``."""
     cls = method_class(name)
     preset = kwargs.pop("preset", None)

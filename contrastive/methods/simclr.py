@@ -26,13 +26,13 @@ NT-Xent (computed by the ``loss`` as before).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from contrastive.losses import get_loss
-from contrastive.methods._common import in_batch_metrics, unit
+from contrastive.methods._common import in_batch_metrics, unit, width
 from contrastive.methods.base import Method, views_of
 from contrastive.methods.registry import register_method
 from contrastive.nn import build_mlp, convert_to_sync_bn, resolve_encoder
@@ -63,7 +63,7 @@ class SimCLR(Method):
 
     needs = ("views",)
     uses_in_batch_negatives = True
-    presets: dict[str, dict[str, Any]] = {
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
         # ImageNet: ResNet-50, 2048-2048-128 head, tau 0.1, LARS, batch 4096.
         "imagenet": dict(encoder="torchvision:resnet50", dim=128, temperature=0.1),
         # CIFAR-10 (paper appendix B.9): ResNet-50 with 3x3 stem and no max-pool, tau 0.5.
@@ -84,8 +84,8 @@ class SimCLR(Method):
     ) -> None:
         super().__init__()
         self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
-        nf = self.encoder.num_features
-        self.head = build_mlp(
+        nf = width(self.encoder)
+        self.head: nn.Module = build_mlp(
             nf, mlp_hidden or nf, dim, num_layers, hidden_bn=True, last_bn=last_bn
         )
         if sync_bn:

@@ -20,12 +20,12 @@ then collapses (paper Fig. 2), visible in the engine's ``embedding_std`` metric;
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
 from contrastive.losses import get_loss
-from contrastive.methods._common import unit
+from contrastive.methods._common import unit, width
 from contrastive.methods.base import Method, ParamGroup, views_of
 from contrastive.methods.registry import register_method
 from contrastive.nn import build_mlp, convert_to_sync_bn, resolve_encoder
@@ -51,7 +51,7 @@ class SimSiam(Method):
     """
 
     needs = ("views",)
-    presets: dict[str, dict[str, Any]] = {
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
         "resnet50": dict(encoder="torchvision:resnet50", dim=2048, pred_hidden=512),
         # solo-learn scripts/pretrain/cifar/simsiam.yaml: 2048 -> 2048, predictor 512, with the
         # 2-layer projector of the paper's CIFAR setup (Appendix D)
@@ -65,9 +65,9 @@ class SimSiam(Method):
                  sync_bn: bool = False, encoder_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
-        nf = self.encoder.num_features
-        self.projector = build_mlp(nf, proj_hidden or nf, dim, proj_layers, last_bn=True)
-        self.predictor = build_mlp(dim, pred_hidden, dim, 2)
+        nf = width(self.encoder)
+        self.projector: nn.Module = build_mlp(nf, proj_hidden or nf, dim, proj_layers, last_bn=True)
+        self.predictor: nn.Module = build_mlp(dim, pred_hidden, dim, 2)
         if sync_bn:
             self.encoder, self.projector, self.predictor = (
                 convert_to_sync_bn(m) for m in (self.encoder, self.projector, self.predictor))

@@ -20,13 +20,13 @@ class labels for every image (``batch["labels"]``; -1, unknown, is refused).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from contrastive.losses import get_loss
-from contrastive.methods._common import unit
+from contrastive.methods._common import unit, width
 from contrastive.methods.base import Method, read, views_of
 from contrastive.methods.registry import register_method
 from contrastive.nn import build_mlp, convert_to_sync_bn, resolve_encoder
@@ -50,7 +50,7 @@ class SupCon(Method):
 
     needs = ("views", "labels")
     uses_in_batch_negatives = True
-    presets: dict[str, dict[str, Any]] = {
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
         # paper Sec. 4 / code README: ResNet-50, batch 6144 (1024 on CIFAR), tau 0.1
         "resnet50": dict(encoder="torchvision:resnet50", dim=128, temperature=0.1),
         # solo-learn scripts/pretrain/cifar/supcon.yaml: 2048 -> 256, temperature 0.2
@@ -63,8 +63,8 @@ class SupCon(Method):
                  encoder_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
-        nf = self.encoder.num_features
-        self.head = build_mlp(nf, mlp_hidden or nf, dim, 2, hidden_bn=False)
+        nf = width(self.encoder)
+        self.head: nn.Module = build_mlp(nf, mlp_hidden or nf, dim, 2, hidden_bn=False)
         if sync_bn:
             self.encoder, self.head = (convert_to_sync_bn(m) for m in (self.encoder, self.head))
         self.factor = 1.0 if base_temperature is None else temperature / base_temperature

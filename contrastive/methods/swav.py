@@ -23,14 +23,14 @@ include every process's queue). The queue starts filling at once (the code start
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from contrastive.losses.clustering import swav, swav_codes
-from contrastive.methods._common import unit
+from contrastive.methods._common import unit, width
 from contrastive.methods.base import Method, ParamGroup, views_of
 from contrastive.methods.registry import register_method
 from contrastive.nn import KeyQueue, build_mlp, convert_to_sync_bn, resolve_encoder
@@ -54,8 +54,9 @@ class SwAV(Method):
         encoder_kwargs: keyword arguments for ``create_encoder``.
     """
 
+    queue_rows: Tensor  # buffer (): how many rows the queue holds, capped at its size
     needs = ("views",)
-    presets: dict[str, dict[str, Any]] = {
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
         "resnet50": dict(encoder="torchvision:resnet50", dim=128, mlp_hidden=2048,
                          num_prototypes=3000, temperature=0.1),
         # solo-learn scripts/pretrain/cifar/swav.yaml: 2048 -> 128, 3000 prototypes, tau 0.1,
@@ -71,7 +72,7 @@ class SwAV(Method):
                  encoder_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
-        self.projector = build_mlp(self.encoder.num_features, mlp_hidden, dim, 2)
+        self.projector: nn.Module = build_mlp(width(self.encoder), mlp_hidden, dim, 2)
         if sync_bn:
             self.encoder, self.projector = (convert_to_sync_bn(m)
                                             for m in (self.encoder, self.projector))
@@ -85,7 +86,7 @@ class SwAV(Method):
     def param_groups(self) -> list[ParamGroup]:
         if not self.freeze_prototypes_steps:
             return []
-        return [ParamGroup("prototypes", [self.prototypes.weight],
+        return [ParamGroup("prototypes", list(self.prototypes.parameters()),  # the weight (no bias)
                            frozen_steps=self.freeze_prototypes_steps)]
 
     def forward(self, batch: Mapping[str, Any]) -> dict[str, Tensor]:

@@ -20,13 +20,13 @@ ReLU between, the code's ``--mlp 8192-8192-8192``), weights (25, 25, 1).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar, cast
 
 from torch import Tensor, nn
 
 from contrastive.losses import get_loss
-from contrastive.losses.decorrelation import vicreg_terms
-from contrastive.methods._common import unit
+from contrastive.losses.decorrelation import VICRegLoss, vicreg_terms
+from contrastive.methods._common import unit, width
 from contrastive.methods.base import Method, views_of
 from contrastive.methods.registry import register_method
 from contrastive.nn import build_mlp, convert_to_sync_bn, resolve_encoder
@@ -48,7 +48,7 @@ class VICReg(Method):
     """
 
     needs = ("views",)
-    presets: dict[str, dict[str, Any]] = {
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
         "resnet50": dict(encoder="torchvision:resnet50", dim=8192, mlp_hidden=8192),
         # solo-learn scripts/pretrain/cifar/vicreg.yaml: 2048-2048-2048, weights 25 / 25 / 1
         "cifar": dict(encoder="cifar_resnet18", dim=2048, mlp_hidden=2048),
@@ -60,7 +60,7 @@ class VICReg(Method):
                  encoder_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
-        self.projector = build_mlp(self.encoder.num_features, mlp_hidden, dim, proj_layers)
+        self.projector: nn.Module = build_mlp(width(self.encoder), mlp_hidden, dim, proj_layers)
         if sync_bn:
             self.encoder, self.projector = (convert_to_sync_bn(m)
                                             for m in (self.encoder, self.projector))
@@ -72,6 +72,7 @@ class VICReg(Method):
         z1, z2 = self.projector(self.encoder(x1)), self.projector(self.encoder(x2))
         a, b = (gather_with_grad(z1), gather_with_grad(z2)) if world_size() > 1 else (z1, z2)
         loss = self.criterion(a, b)
-        inv, var, cov = vicreg_terms(a.detach(), b.detach(), eps=self.criterion.eps)
+        eps = cast(VICRegLoss, self.criterion).eps  # get_loss("vicreg") builds a VICRegLoss
+        inv, var, cov = vicreg_terms(a.detach(), b.detach(), eps=eps)
         return {"loss": loss, "invariance": inv, "variance": var, "covariance": cov,
                 "embeddings": unit(z1).detach()}

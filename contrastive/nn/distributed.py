@@ -20,6 +20,8 @@ All helpers require equal per-process batch sizes (use ``drop_last=True`` in the
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -70,12 +72,12 @@ def gather(tensor: Tensor) -> Tensor:
 
 class _GatherWithGrad(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, tensor: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, tensor: Tensor) -> Tensor:
         ctx.rows = tensor.shape[0]
         return _all_gather_cat(tensor)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
         # Every process holds d(its own loss)/d(all rows); this process's rows need the sum
         # over processes. reduce_scatter does exactly that on NCCL; gloo lacks it.
         grad = grad.contiguous()

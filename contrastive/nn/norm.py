@@ -9,6 +9,8 @@ groups that are normalised independently, as if each group ran on its own GPU.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -28,7 +30,7 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
     Shape: (N, C, H, W) -> (N, C, H, W); N must be divisible by ``num_splits``.
     """
 
-    def __init__(self, num_features: int, num_splits: int, **kwargs) -> None:
+    def __init__(self, num_features: int, num_splits: int, **kwargs: Any) -> None:
         super().__init__(num_features, **kwargs)
         if num_splits < 1:
             raise ValueError(f"num_splits must be >= 1, got {num_splits}")
@@ -46,28 +48,24 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
                 f"SplitBatchNorm2d: batch size {n} is not divisible by num_splits={s}; "
                 "use a batch size that is a multiple of num_splits (drop_last=True)"
             )
-        if self.track_running_stats:
-            self.num_batches_tracked.add_(1)
-            mean = self.running_mean.repeat(s)
-            var = self.running_var.repeat(s)
-        else:
-            mean = var = None
+        momentum = self.momentum
+        if momentum is None:  # checked in __init__, unless set to None since
+            raise ValueError("SplitBatchNorm2d needs a float momentum (got momentum=None)")
+        groups = x.contiguous().view(n // s, c * s, h, w)
         weight = self.weight.repeat(s) if self.weight is not None else None
         bias = self.bias.repeat(s) if self.bias is not None else None
-        y = F.batch_norm(
-            x.contiguous().view(n // s, c * s, h, w),
-            mean,
-            var,
-            weight,
-            bias,
-            True,
-            self.momentum,
-            self.eps,
-        )
-        if mean is not None:
-            with torch.no_grad():
-                self.running_mean.copy_(mean.view(s, c).mean(0))
-                self.running_var.copy_(var.view(s, c).mean(0))
+        if not self.track_running_stats:
+            y = F.batch_norm(groups, None, None, weight, bias, True, momentum, self.eps)
+            return y.view(n, c, h, w)
+        # BatchNorm registers these buffers exactly when track_running_stats is set
+        assert self.running_mean is not None and self.running_var is not None
+        assert self.num_batches_tracked is not None
+        self.num_batches_tracked.add_(1)
+        mean, var = self.running_mean.repeat(s), self.running_var.repeat(s)
+        y = F.batch_norm(groups, mean, var, weight, bias, True, momentum, self.eps)
+        with torch.no_grad():
+            self.running_mean.copy_(mean.view(s, c).mean(0))
+            self.running_var.copy_(var.view(s, c).mean(0))
         return y.view(n, c, h, w)
 
     def extra_repr(self) -> str:

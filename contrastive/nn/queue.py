@@ -42,7 +42,13 @@ class KeyQueue(nn.Module):
     Buffers: ``queue`` (K, D) float32, ``ptr`` () int64, ``key_labels`` (K,) int64 if stored.
     """
 
-    def __init__(self, dim: int, size: int, store_labels: bool = False, normalize: bool = True):
+    queue: Tensor
+    ptr: Tensor
+    key_labels: Tensor
+    _steps: Tensor
+
+    def __init__(self, dim: int, size: int, store_labels: bool = False,
+                 normalize: bool = True) -> None:
         super().__init__()
         if dim < 1 or size < 1:
             raise ValueError(f"KeyQueue needs dim >= 1 and size >= 1, got dim={dim} size={size}")

@@ -127,3 +127,17 @@ def test_register_a_custom_dataset():
 
     assert len(get_dataset("test_only_tiny:k=2")) == 3
     assert not has_split("test_only_tiny", "test")
+
+
+def test_dataset_len_needs_a_map_style_data_set():
+    from torch.utils.data import IterableDataset
+
+    from contrastive.data import dataset_len
+
+    class Stream(IterableDataset):
+        def __iter__(self):
+            return iter(range(3))
+
+    assert dataset_len(get_dataset("shapes:n=20,size=8", split="train")) == 20
+    with pytest.raises(TypeError, match="Stream has no len\\(\\): a map-style data set"):
+        dataset_len(Stream())

@@ -416,3 +416,17 @@ def test_errors_name_the_argument() -> None:
         shared.blocks[1] = shared.blocks[0] = nn.Sequential(nn.Conv2d(4, 4, 1), nn.ReLU())
         shared.num_features = 4
         Distiller(Tiny((5, 7, 8)), shared, perturb=False, student_layers=["blocks.0"])
+
+
+def test_tap_read_once_after_an_armed_forward() -> None:
+    """A tap holds one forward's output: a second read, or a read without an armed forward, is
+    a clear error naming the layer (not a None that fails later)."""
+    d = make(perturb=True, stem="blocks.0")
+    tap, stem = d._s_taps[0], d._stem_tap
+    assert stem is not None
+    with distill_mod.armed_taps([tap, stem]):
+        d.encoder(torch.randn(2, 3, 8, 8))
+    assert tap.take().shape == (2, 5) and stem.take_raw().shape == (2, 5, 8, 8)
+    for read in (tap.take, stem.take_raw, stem.take):
+        with pytest.raises(RuntimeError, match="layer 'blocks.0': no output recorded"):
+            read()

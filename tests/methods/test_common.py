@@ -90,3 +90,14 @@ def test_views_are_checked(tiny, views):
         moco(moco.make_batch([views(4)[0], views(4, size=8)[0]]))
     with pytest.raises(TypeError, match="mapping of named inputs"):
         method(views(4))  # the old positional list
+
+
+def test_width_reads_the_encoder_contract(tiny):
+    from torch import nn
+
+    from contrastive.methods._common import width
+
+    enc = tiny()
+    assert width(enc) == enc.num_features
+    with pytest.raises(TypeError, match="int attribute `num_features`"):
+        width(nn.Linear(2, 3))

@@ -72,3 +72,18 @@ def test_convert_to_split_bn_replaces_every_bn2d_and_keeps_state():
 def test_convert_to_sync_bn():
     net = convert_to_sync_bn(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)))
     assert isinstance(net[1], nn.SyncBatchNorm)
+
+
+def test_split_bn_without_running_stats_and_momentum_none():
+    """track_running_stats=False: batch statistics per group, no buffers to update; a momentum
+    set to None after construction is a clear error, not a failure inside batch_norm."""
+    torch.manual_seed(0)
+    bn = SplitBatchNorm2d(3, num_splits=2, track_running_stats=False)
+    bn.weight.data.uniform_(0.5, 2.0)
+    x = torch.randn(6, 3, 4, 4) * 2 - 1
+    ref, _, _ = _manual_split_bn(x, bn.weight.detach(), bn.bias.detach(), 2, bn.eps)
+    torch.testing.assert_close(bn(x), ref, rtol=1e-5, atol=1e-5)
+    assert bn.running_mean is None and bn.num_batches_tracked is None
+    bn.momentum = None
+    with pytest.raises(ValueError, match="float momentum"):
+        bn(x)
