@@ -194,11 +194,13 @@ def export_main(argv: Sequence[str] | None = None) -> int:
 
 
 def plot_main(argv: Sequence[str] | None = None) -> int:
-    """``contrastive-plot``: training curves of a run, and optionally a t-SNE map of embeddings."""
+    """``contrastive-plot``: training curves of a run, and optionally a 2-D map of embeddings
+    (t-SNE, UMAP or PCA)."""
     p = argparse.ArgumentParser(
         prog="contrastive-plot",
         description="Training curves (every numeric series of metrics.jsonl against the step) to a "
-        "PNG, and with --data a 2-D t-SNE map of the encoder's embeddings coloured by class.",
+        "PNG, and with --data a 2-D map (t-SNE, UMAP or PCA) of the encoder's embeddings coloured "
+        "by class.",
     )
     p.add_argument("run", nargs="?", default=None, help="run folder (holds metrics.jsonl)")
     p.add_argument("--run", dest="run_opt", default=None, help="run folder (same as the positional)")
@@ -209,7 +211,9 @@ def plot_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--encoder", default=None, help="encoder name, if the checkpoint does not record it")
     p.add_argument("--split", default="test", choices=("train", "test"))
     p.add_argument("--max-samples", type=int, default=2000)
-    p.add_argument("--method", choices=("tsne", "pca"), default="tsne")
+    p.add_argument("--method", choices=("tsne", "umap", "pca"), default="tsne",
+                   help='the 2-D map (umap needs the extra: pip install -e ".[umap]")')
+    p.add_argument("--seed", type=int, default=0, help="seed of the t-SNE / UMAP map")
     p.add_argument("--embedding-out", default=None, help="map PNG (default: <run>/embedding.png)")
     p.add_argument("--image-size", type=int, default=None)
     _norm_flags(p)
@@ -221,6 +225,11 @@ def plot_main(argv: Sequence[str] | None = None) -> int:
         p.error("give a run folder (curves) and/or --data with --checkpoint (embedding map)")
     from contrastive.eval import plot
 
+    if args.data is not None and args.method == "umap":
+        try:  # before any work: one line that says what to install
+            plot.require_umap()
+        except ImportError as e:
+            p.exit(2, f"{p.prog}: error: {e}\n")
     if run is not None:
         keys = args.keys.split(",") if args.keys else None
         out = plot.plot_curves(run, args.out or Path(run) / "curves.png", keys=keys)
@@ -247,6 +256,7 @@ def plot_main(argv: Sequence[str] | None = None) -> int:
         names = getattr(base, "classes", None)
         emb_out = args.embedding_out or (Path(run) / "embedding.png" if run else Path("embedding.png"))
         title = f"{args.method.upper()} of {len(labels)} {args.split} embeddings ({loaded.name})"
-        out = plot.plot_embedding(feats, labels, emb_out, class_names=names, method=args.method, title=title)
+        out = plot.plot_embedding(feats, labels, emb_out, class_names=names, method=args.method,
+                                  title=title, seed=args.seed)
         _emit(f"wrote {out}")
     return 0

@@ -1,13 +1,20 @@
 """Pictures of a run: training curves from ``metrics.jsonl`` and a 2-D map of embeddings.
 
-Needs matplotlib (and scikit-learn for the t-SNE map): ``pip install matplotlib scikit-learn``.
-Figures are written with the non-interactive Agg back-end (no display needed).
+Uses matplotlib and scikit-learn (dependencies of the package); the UMAP map needs the optional
+extra: ``pip install -e ".[umap]"`` (umap-learn). Figures are written with the non-interactive
+Agg back-end (no display needed).
 
 - :func:`plot_curves`: one panel per logged quantity (loss, lr, kNN accuracy, positive-pair
   accuracy, ...) against the optimiser step; records without a value for a quantity are skipped,
   so sparse entries (a kNN monitor every few epochs) plot as their own points.
-- :func:`plot_embedding`: t-SNE (van der Maaten & Hinton, JMLR 2008; scikit-learn's
-  implementation, PCA initialisation) of L2-normalised features, one colour per class.
+- :func:`plot_embedding`: a 2-D map of L2-normalised features, one colour per class: t-SNE
+  (van der Maaten & Hinton, JMLR 2008; scikit-learn's implementation, PCA initialisation),
+  UMAP (McInnes, Healy & Melville, arXiv:1802.03426, 2018; umap-learn) or PCA.
+
+Seeds: PCA is exact (no randomness). t-SNE and UMAP take ``seed``; with it umap-learn runs
+single-threaded and gives the same map for the same input, seed, versions and machine (its own
+random generator and float32 numba code: nothing is promised across umap-learn / numba versions
+or platforms).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +32,11 @@ from torch import Tensor
 
 log = logging.getLogger(__name__)
 
-__all__ = ["read_metrics", "plot_curves", "embed_2d", "plot_embedding"]
+__all__ = ["MAP_METHODS", "read_metrics", "plot_curves", "embed_2d", "plot_embedding", "require_umap"]
+
+MAP_METHODS = ("tsne", "umap", "pca")
+"""The 2-D maps :func:`embed_2d` draws."""
+UMAP_INSTALL = 'pip install -e ".[umap]"'
 
 # Panels first in this order, then any other numeric series; never these as y values.
 _PREFERRED = ("loss", "lr", "knn_top1", "knn", "pos_acc", "embedding_std", "pos_sim", "neg_sim")
@@ -32,7 +44,7 @@ _X_KEYS = ("step", "global_step", "iteration")
 _SKIP = {"step", "global_step", "iteration", "epoch", "time", "timestamp", "wall", "elapsed", "rank"}
 
 
-def _use_agg():
+def _use_agg() -> Any:
     try:
         import matplotlib
     except ImportError as e:
@@ -135,8 +147,26 @@ def plot_curves(run: str | Path, out: str | Path, *, keys: Sequence[str] | None 
     return out
 
 
-def embed_2d(features: Tensor, *, method: str = "tsne", seed: int = 0, perplexity: float = 30.0) -> Tensor:
-    """2-D coordinates (N, 2) of L2-normalised features (N, D): ``"tsne"`` or ``"pca"``."""
+def require_umap() -> Any:
+    """The ``umap`` module, or an ``ImportError`` of one line that names the install command."""
+    try:
+        import umap
+    except ImportError as e:
+        raise ImportError(f"the UMAP map needs umap-learn: {UMAP_INSTALL}") from e
+    return umap
+
+
+def embed_2d(features: Tensor, *, method: str = "tsne", seed: int = 0, perplexity: float = 30.0,
+             n_neighbors: int = 15, min_dist: float = 0.1) -> Tensor:
+    """2-D coordinates (N, 2) of L2-normalised features (N, D), float32.
+
+    ``method``: ``"tsne"`` (``perplexity``, capped at (N - 1) / 3), ``"umap"`` (``n_neighbors``,
+    capped at N - 1, and ``min_dist``: umap-learn's defaults 15 and 0.1; euclidean distance
+    between unit rows, i.e. ordered as the cosine) or ``"pca"``. ``seed``: see the module
+    docstring for what it guarantees.
+    """
+    if method not in MAP_METHODS:
+        raise ValueError(f"method {method!r} is not one of {MAP_METHODS}")
     x = torch.nn.functional.normalize(features.float(), dim=1)
     if x.shape[0] < 3:
         raise ValueError(f"need at least 3 samples for a 2-D map, got {x.shape[0]}")
@@ -144,8 +174,8 @@ def embed_2d(features: Tensor, *, method: str = "tsne", seed: int = 0, perplexit
         x = x - x.mean(dim=0)
         _, _, v = torch.pca_lowrank(x, q=min(2, x.shape[1]), center=False)
         return x @ v[:, :2]
-    if method != "tsne":
-        raise ValueError(f"method {method!r} is not 'tsne' or 'pca'")
+    if method == "umap":
+        return _umap(x, seed=seed, n_neighbors=n_neighbors, min_dist=min_dist)
     try:
         from sklearn.manifold import TSNE
     except ImportError as e:
@@ -153,6 +183,18 @@ def embed_2d(features: Tensor, *, method: str = "tsne", seed: int = 0, perplexit
     tsne = TSNE(n_components=2, perplexity=min(perplexity, (x.shape[0] - 1) / 3), init="pca",
                 random_state=seed)
     return torch.from_numpy(tsne.fit_transform(x.numpy().astype("float64"))).float()
+
+
+def _umap(x: Tensor, *, seed: int, n_neighbors: int, min_dist: float) -> Tensor:
+    umap = require_umap()
+    if n_neighbors < 2:
+        raise ValueError(f"n_neighbors must be >= 2, got {n_neighbors}")
+    reducer = umap.UMAP(n_components=2, n_neighbors=min(n_neighbors, x.shape[0] - 1),
+                        min_dist=min_dist, metric="euclidean", random_state=seed)
+    with warnings.catch_warnings():  # the seed makes it single-threaded: that is the point
+        warnings.filterwarnings("ignore", message="n_jobs value", category=UserWarning)
+        xy = reducer.fit_transform(x.numpy())
+    return torch.as_tensor(xy, dtype=torch.float32)
 
 
 def plot_embedding(
