@@ -17,9 +17,10 @@ Setups (``--setup``):
   ``lightly.loss.NTXentLoss(memory_bank_size=4096)``, ``lightly.models.utils.update_momentum``,
   ``lightly.transforms.MoCoV2Transform(input_size=32, gaussian_blur=0.0)`` on torchvision's
   ImageFolder, SGD lr 0.06. FLOPs per image: 4 forward passes (query forward + backward = 3,
-  key forward 1) x 2 x 0.556 GMAC (REFERENCES.md).
+  key forward 1) x 2 x 0.556 GMAC (the convolutions of the CIFAR ResNet-18 at 32 px, counted).
 - ``moco_r50`` (GPU): ``recipes/moco_r50.py`` (ResNet-50, 224 px, 2-layer head, K 65536) on the
-  same JPEGs (upsampled by the crop); 4 x 2 x 4.09 GMAC per image. Compares the per-image and
+  same JPEGs (upsampled by the crop); 4 x 2 x 4.09 GMAC per image (torchvision's model table:
+  its "GFLOPS" are multiply-adds). Compares the per-image and
   the batched augmentation paths (``--batched-augment off|on``): the input pipeline decides.
 
 Data: the shared CIFAR-10 JPEG copy (``../shared/data/cifar10-jpeg.tar``), unpacked once to
@@ -52,7 +53,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_TAR = ROOT.parent / "shared" / "data" / "cifar10-jpeg.tar"
-GMAC = {"moco_cifar": 0.556, "moco_r50": 4.09}  # forward multiply-adds per image (REFERENCES.md)
+GMAC = {"moco_cifar": 0.556, "moco_r50": 4.09}  # forward multiply-adds per image (see above)
 PASSES = 4  # query forward + backward (3) + key forward (1)
 LOG = 10  # both implementations sync and record (mean loss, wall time) every LOG steps
 

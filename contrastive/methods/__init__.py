@@ -14,7 +14,8 @@ The contract (every method; the training engine relies on nothing else)
   and ``batch["indices"]`` (N,) the images' data-set indices, two separate keys. Text and
   image-text methods read their own keys through the same mapping. The result holds ``loss``
   (scalar with grad) and cheap metrics: every 0-d tensor is logged (``pos_acc``, ``pos_sim``,
-  ``neg_sim`` ...), ``embeddings`` (detached (N, D)) feeds the collapse monitor; all on the
+  ``neg_sim`` ...); from ``embeddings`` (detached (N, D)) the engine logs ``embedding_std``, the
+  mean per-dimension std of the unit rows (near 0 when the embeddings collapse); all on the
   device, no host sync.
 - ``needs``: the batch keys a method reads besides its schedules (``("views",)``,
   ``("views", "labels")`` ...). The engine provides exactly those (an unknown need is an error
@@ -30,8 +31,13 @@ The contract (every method; the training engine relies on nothing else)
   fixed learning rate, or frozen for the first N steps; the engine builds the optimiser
   (SGD, LARS as the official MoCo v3 code, AdamW) and applies the lr schedule from them.
   Momentum (key) encoders have ``requires_grad=False`` and never enter the optimiser.
-- ``method.encoder``: the backbone that gets exported; ``uses_in_batch_negatives`` (gradient
-  accumulation changes the negatives when True); ``presets`` / ``from_preset(name, **kw)``.
+- ``method.encoder``: the backbone. The engine saves it as ``encoder.pt`` and the kNN monitor
+  encodes with it; ``--knn-feature head`` uses ``head`` (else ``projector``) on top of it.
+- ``uses_in_batch_negatives`` (class attribute, default False): the engine warns that gradient
+  accumulation shrinks the negatives of such a method (each micro-batch contrasts only itself).
+
+Beside the contract, for users: ``presets`` / ``from_preset(name, **kw)`` hold a paper's settings
+(``get_method(name, preset=...)`` reads them; the engine does not).
 
 By hand, ``method.make_batch(views, step=s, total_steps=T, labels=...)`` builds what the loop
 passes. Adding a method is one file: subclass :class:`Method`, decorate it with

@@ -1,4 +1,5 @@
-"""Every loss against its formula (REFERENCES.md), written out with plain Python loops and floats.
+"""Every loss against its paper's formula (as each function's docstring in contrastive.losses
+states it, with the paper), written out with plain Python loops and floats.
 
 The references below never call contrastive.losses: they rebuild each formula term by term from
 Python lists, so a bug shared by the implementation and the test is unlikely.
@@ -206,7 +207,8 @@ def test_ntxent_single_pair_has_zero_loss():
 
 
 def ref_cosnce(s, t, negs):
-    """negs[i] = list of the K negatives of sample i; the 2K form of REFERENCES.md."""
+    """negs[i] = list of the K negatives of sample i; the 2K form of LRC-BERT's COS-NCE (Fu et
+    al., AAAI 2021, arXiv:2012.07335) given in contrastive.losses.functional.cosnce."""
     out = []
     for si, ti, ni in zip(s, t, negs):
         g = lambda a, b: 1 - cos(a, b)  # noqa: E731
