@@ -26,7 +26,7 @@ paper reports as secondary for the local objective.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -76,7 +76,7 @@ class DeepInfoMax(Method):
     """
 
     needs = ("views",)
-    presets: dict[str, dict[str, Any]] = {
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
         "cifar": dict(encoder="dcgan32", mi_units=2048, estimator="infonce"),
         "stl10": dict(encoder="alexnet64", mi_units=2048, estimator="infonce"),
     }
