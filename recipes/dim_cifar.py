@@ -16,7 +16,7 @@ arXiv 1808.06670, sec. 4 and appendix A) with the details of the authors' code (
 - 1000 epochs (the code's ``epochs=1000``; its README reports 71-72 % for this setup from the
   classifiers it trains alongside, "for monitoring purposes only").
 - Views: NO augmentation (the paper augments STL-10 only): one view per image, the whole 32-px
-  image normalised (the ``eval`` pipeline). Not included: the prior-matching term and global
+  image normalised (the ``eval`` pipeline); ``--crop-min`` below 1 adds random resized crops. Not included: the prior-matching term and global
   DIM (the paper's DIM(L) rows use neither).
 
 The paper's CIFAR-10 evaluation trains classifiers on the conv, fc and 64-d features (Table 1);
@@ -62,6 +62,9 @@ class DIMCifar(TrainConfig):
     weight_decay: float = help_field(0.0, "none in the code")
     betas: tuple[float, float] = help_field((0.5, 0.999), "cortex's Adam betas")
     knn_every: int = 10
+    crop_min: float = help_field(
+        1.0, "minimum area fraction of the view's random resized crop: 1.0 = the whole image, "
+        "no augmentation (the paper); below 1, crops of [crop_min, 1] of the area, resized")
 
     mi_units: int = help_field(2048, "units of the MI networks (models/dim.py LocalDIM)")
     estimator: str = help_field("infonce", "MI estimator: infonce (the paper's best DIM(L)) or "
@@ -77,6 +80,9 @@ class DIMCifar(TrainConfig):
             raise ValueError(f"--mi-units must be positive, got {self.mi_units}")
         if self.batch_size < 2:
             raise ValueError("--batch-size must be >= 2: DIM's negatives are the other images")
+        if not 0.0 < self.crop_min <= 1.0:
+            raise ValueError(f"--crop-min must be in (0, 1] (a fraction of the image area), got "
+                             f"{self.crop_min}")
 
 
 def build_method(cfg: DIMCifar):
@@ -88,9 +94,12 @@ def build_method(cfg: DIMCifar):
 
 
 def build_pipeline(cfg: DIMCifar):
-    from contrastive.augment import get_pipeline
+    from contrastive.augment import Pipeline, ViewConfig, get_pipeline
 
-    # no augmentation: one view, the whole image, normalised
+    if cfg.crop_min < 1.0:  # not the paper: one random resized crop per image
+        return Pipeline([ViewConfig(size=cfg.image_size, scale=(cfg.crop_min, 1.0))],
+                        name="dim_crop")
+    # the paper: no augmentation, one view, the whole image, normalised
     return get_pipeline("eval", image_size=cfg.image_size, crop_pct=1.0)
 
 

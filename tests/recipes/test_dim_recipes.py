@@ -119,6 +119,9 @@ def test_cifar_view_is_the_whole_image(rx):
     worker, device = pipe.split()
     crops = worker(img)
     assert len(crops) == 1 and torch.equal(crops[0], img)  # no crop, no resize
+    _, cropped = _config(rx, "dim_cifar", ["--data", "shapes", "--crop-min", "0.5"])
+    (view,) = mod.build_pipeline(cropped).views  # not the paper: crops on request
+    assert view.crop == "random" and view.scale == (0.5, 1.0) and view.flip_p == 0.0
 
 
 def test_stl_views_are_unresized_windows_with_flips(rx):
@@ -155,6 +158,7 @@ def test_stl_views_are_unresized_windows_with_flips(rx):
     ("dim_cifar", ["--local-stage", "second"], "--local-stage must be 'auto' or an int"),
     ("dim_cifar", ["--batch-size", "1"], "negatives are the other images"),
     ("dim_stl", ["--image-size", "128"], "windows of the source images"),
+    ("dim_cifar", ["--crop-min", "0"], "--crop-min must be in (0, 1]"),
     ("dim_cifar", ["--estimator", "mine"], "invalid choice"),
 ])
 def test_bad_values_exit_2(name, argv, words, rx, capsys):
