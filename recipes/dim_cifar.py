@@ -8,16 +8,17 @@ arXiv 1808.06670, sec. 4 and appendix A) with the details of the authors' code (
   conv (``local_task_idx=(1, -1)``);
 - MI networks: ``MI1x1ConvNet`` on both sides with ``mi_units`` 2048 (``models/dim.py``
   ``LocalDIM``; the older ``scripts/deep_infomax.py`` had 1024 and an MLP on the global side);
-- estimator InfoNCE (the paper's best local-DIM rows in Table 1; ``--estimator jsd`` is the code's
-  default ``measure='JSD'``), negatives from the whole global batch;
+- estimator InfoNCE (the paper's comparison of estimators: infoNCE gives the best downstream
+  classification, JSD is more stable; ``--estimator jsd`` is the code's default
+  ``measure='JSD'``), negatives from the whole global batch;
 - Adam, lr 1e-4 constant, batch 64 (``models/controller.py`` defaults ``learning_rate=1e-4``,
   ``batch_size=64``), betas (0.5, 0.999) (cortex's Adam default, ``cortex/_lib/optimizer.py``),
   no weight decay: ``--optimizer adamw --weight-decay 0`` is exactly Adam;
 - 1000 epochs (the code's ``epochs=1000``; its README reports 71-72 % for this setup from the
   classifiers it trains alongside, "for monitoring purposes only").
 - Views: NO augmentation (the paper augments STL-10 only): one view per image, the whole 32-px
-  image normalised (the ``eval`` pipeline); ``--crop-min`` below 1 adds random resized crops. Not included: the prior-matching term and global
-  DIM (the paper's DIM(L) rows use neither).
+  image normalised (the ``eval`` pipeline); ``--crop-min`` below 1 adds random resized crops.
+- Not included: the prior-matching term and global DIM (the paper's DIM(L) rows use neither).
 
 The paper's CIFAR-10 evaluation trains classifiers on the conv, fc and 64-d features (Table 1);
 our kNN monitor uses the encoder output (the 64-d feature).
