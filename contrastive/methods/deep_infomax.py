@@ -13,9 +13,12 @@ One step (single view, no augmentation needed)::
 
 ``mi_local`` / ``mi_global`` are the code's ``MI1x1ConvNet``: ``Conv1x1-BN-ReLU-Conv1x1`` plus a
 1x1 linear shortcut initialised near the identity, then LayerNorm over the U = 2048 units (the
-code's ``mi_units``). Negatives are the other images of the GLOBAL batch (features gathered with
-gradient; every process computes the loss of the whole batch). The global feature is the mean
-of the last stage, which is what our CNN encoders return (checked in the tests). Not included:
+code's ``mi_units``; ``models/dim.py``'s ``LocalDIM`` default, which we follow: the older
+``scripts/deep_infomax.py`` used 1024 and an MLP for the global side). Negatives are the other
+images of the GLOBAL batch (features gathered with gradient; every process computes the loss of
+the whole batch). The global feature is the last stage: its spatial mean for a map (what our
+CNN encoders return, checked in the tests), the vector itself for the paper's encoders
+(``dcgan32``, ``dcgan64``, ``alexnet64``: the 64-d output; :mod:`contrastive.nn.dim_encoders`). Not included:
 the prior-matching term (gamma, an adversarial discriminator) and global DIM (alpha), which the
 paper reports as secondary for the local objective.
 """
@@ -23,7 +26,7 @@ paper reports as secondary for the local objective.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -63,8 +66,9 @@ class DeepInfoMax(Method):
 
     Args:
         encoder: backbone name or module with ``num_features`` (``self.encoder``).
-        local_stage: which stage gives the local features (-2: the one before the last; the
-            code's 32 x 32 encoder uses its second conv, an 8 x 8 map).
+        local_stage: which stage gives the local features; None (default): the encoder's own
+            ``local_stage`` attribute where it has one (the code's ``local_task_idx``:
+            ``dcgan32`` 1, ``dcgan64`` 2, ``alexnet64`` 2), else -2 (the stage before the last).
         mi_units: U (2048).
         estimator: ``"jsd"`` (the code's default, ``measure='JSD', mode='fd'``) or
             ``"infonce"`` (the paper's ``DIM(L)`` with NCE).
@@ -72,16 +76,18 @@ class DeepInfoMax(Method):
     """
 
     needs = ("views",)
-    presets: dict[str, dict[str, Any]] = {
-        "cifar": dict(encoder="cifar_resnet18", local_stage=-2, mi_units=2048, estimator="jsd"),
-        "stl10": dict(encoder="cifar_resnet18", local_stage=-2, mi_units=2048, estimator="jsd"),
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "cifar": dict(encoder="dcgan32", mi_units=2048, estimator="infonce"),
+        "stl10": dict(encoder="alexnet64", mi_units=2048, estimator="infonce"),
     }
 
-    def __init__(self, encoder: str | nn.Module = "cifar_resnet18", local_stage: int = -2,
+    def __init__(self, encoder: str | nn.Module = "cifar_resnet18", local_stage: int | None = None,
                  mi_units: int = 2048, estimator: str = "jsd",
                  encoder_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
+        if local_stage is None:
+            local_stage = int(getattr(self.encoder, "local_stage", -2))
         with torch.no_grad():
             was = self.encoder.training
             stages = stage_features(self.encoder.eval(), torch.zeros(2, 3, 32, 32))

@@ -9,7 +9,9 @@ Names:
   (the classifier) is replaced by ``nn.Identity``; keyword arguments go to
   ``torchvision.models.get_model``.
 - registered names: ``"cifar_resnet18"``, ``"cifar_resnet50"`` (3x3 stem, no max-pool),
-  ``"small_cnn"`` (~0.4M parameters), and your own via :func:`register_encoder`.
+  ``"small_cnn"`` (~0.4M parameters), ``"dcgan32"``, ``"dcgan64"``, ``"alexnet64"`` (Deep
+  InfoMax's encoders, 64-d output, :mod:`contrastive.nn.dim_encoders`), and your own via
+  :func:`register_encoder`.
 - text (the ``text`` extra): ``"hf:<folder>"``, a local Hugging Face checkpoint folder with its
   weights (offline, no remote code, safetensors or ``weights_only`` pickles), and ``"bert"``,
   a BERT with random weights from sizes (``num_layers``, ``hidden_size``, ``num_heads``, ...)
@@ -260,6 +262,33 @@ def small_cnn(pretrained: bool = False, **kwargs: Any) -> nn.Module:
 
     _no_pretrained("small_cnn", pretrained)
     return SmallCNN(**kwargs)
+
+
+@register_encoder("dcgan32")
+def dcgan32(pretrained: bool = False, **kwargs: Any) -> nn.Module:
+    """Deep InfoMax's CIFAR encoder (convs 64-128-256, fc 1024, 64-d out); local stage 1."""
+    from contrastive.nn.dim_encoders import DCGANEncoder
+
+    _no_pretrained("dcgan32", pretrained)
+    return DCGANEncoder(**{"widths": (64, 128, 256), "local_stage": 1, **kwargs})
+
+
+@register_encoder("dcgan64")
+def dcgan64(pretrained: bool = False, **kwargs: Any) -> nn.Module:
+    """The 64-px variant (convs 64-128-256-512, fc 1024, 64-d out); local stage 2."""
+    from contrastive.nn.dim_encoders import DCGANEncoder
+
+    _no_pretrained("dcgan64", pretrained)
+    return DCGANEncoder(**{"widths": (64, 128, 256, 512), "local_stage": 2, **kwargs})
+
+
+@register_encoder("alexnet64")
+def alexnet64(pretrained: bool = False, **kwargs: Any) -> nn.Module:
+    """Deep InfoMax's STL-10 encoder (5 convs, 2 fc 4096, 64-d out, 64 px); local stage 2."""
+    from contrastive.nn.dim_encoders import AlexNetEncoder
+
+    _no_pretrained("alexnet64", pretrained)
+    return AlexNetEncoder(**kwargs)
 
 
 @register_encoder("bert")
