@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -82,7 +82,7 @@ class SimCSE(Method):
 
     needs = ("input_ids", "attention_mask")
     uses_in_batch_negatives = True
-    presets: dict[str, dict[str, Any]] = {
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
         # official: train.py --pooler_type cls --mlp_only_train --temp 0.05 (BERT: batch 64, lr 3e-5)
         "unsup": dict(pooling="cls", mlp_only_train=True, temperature=0.05),
         # official: --pooler_type cls --temp 0.05, MLP kept at test (batch 512, lr 5e-5, 3 epochs)
@@ -106,30 +106,32 @@ class SimCSE(Method):
                              f"[CLS]); got pooling={pooling!r}")
         if not temperature > 0:
             raise ValueError(f"SimCSE: temperature must be > 0, got {temperature!r}")
-        self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
-        if not callable(getattr(self.encoder, "encode", None)) or not hasattr(self.encoder, "model"):
+        enc: Any = resolve_encoder(encoder, **(encoder_kwargs or {}))
+        if not callable(getattr(enc, "encode", None)) or not hasattr(enc, "model"):
             raise TypeError(f"SimCSE needs a text encoder (contrastive.text.TextEncoder, e.g. "
-                            f"'bert' or 'hf:FOLDER'), got {type(self.encoder).__name__}")
-        model = self.encoder.model
-        if getattr(model, "pooler", None) is not None:
-            model.pooler = None  # as BertModel(add_pooling_layer=False) in BertForCL
-        self.encoder.pooling = "mean" if pooling == "avg" else "cls"
+                            f"'bert' or 'hf:FOLDER'), got {type(enc).__name__}")
+        if getattr(enc.model, "pooler", None) is not None:
+            enc.model.pooler = None  # as BertModel(add_pooling_layer=False) in BertForCL
+        enc.pooling = "mean" if pooling == "avg" else "cls"
+        self.encoder = enc
         self.pooling = pooling
         self.mlp_only_train = mlp_only_train
         self.temperature = temperature
-        h = int(self.encoder.num_features)
-        self.mlp: nn.Module | None = None
+        h = int(enc.num_features)
+        self.mlp: nn.Sequential | None = None
         if pooling == "cls":
-            self.mlp = nn.Sequential(nn.Linear(h, h), nn.Tanh())
-            std = float(getattr(model.config, "initializer_range", 0.02))
-            nn.init.normal_(self.mlp[0].weight, std=std)  # as HF's _init_weights for Linear
-            nn.init.zeros_(self.mlp[0].bias)
+            dense = nn.Linear(h, h)
+            std = float(getattr(enc.model.config, "initializer_range", 0.02))
+            nn.init.normal_(dense.weight, std=std)  # as HF's _init_weights for Linear
+            nn.init.zeros_(dense.bias)
+            self.mlp = nn.Sequential(dense, nn.Tanh())
         self.criterion = get_loss(loss, temperature=temperature, normalize=False)
 
     # -- embeddings ------------------------------------------------------------------------------
     def _pooled(self, input_ids: Tensor, attention_mask: Tensor,
                 token_type_ids: Tensor | None, use_mlp: bool) -> Tensor:
-        out = self.encoder.encode(input_ids, attention_mask, token_type_ids)
+        encoder: Any = self.encoder
+        out = encoder.encode(input_ids, attention_mask, token_type_ids)
         h = out.pooled  # [CLS] or masked mean, set in __init__
         if use_mlp and self.mlp is not None:
             h = self.mlp(h)
@@ -146,19 +148,20 @@ class SimCSE(Method):
         call in eval mode (no dropout). Not normalised: cosine similarity is taken by the user."""
         return self._pooled(input_ids, attention_mask, token_type_ids, self.mlp_at_test)
 
-    def sentence_encoder(self) -> nn.Module:
+    def sentence_encoder(self) -> Any:
         """A copy of the encoder whose pooled output is :meth:`embed`'s (for export / STS).
 
         With the MLP kept at test, it becomes the model's pooler (dense + tanh on [CLS], the
         structure of BERT's pooler, as ``simcse_to_huggingface.py``) and ``pooling="pooler"``.
         """
-        enc = copy.deepcopy(self.encoder)
-        if self.mlp_at_test:
+        enc: Any = copy.deepcopy(self.encoder)
+        if self.mlp is not None and not self.mlp_only_train:
             from transformers.models.bert.modeling_bert import BertPooler
 
-            weight = self.mlp[0].weight  # type: ignore[index]
-            pooler = BertPooler(enc.model.config).to(device=weight.device, dtype=weight.dtype)
-            pooler.dense.load_state_dict(self.mlp[0].state_dict())  # type: ignore[index]
+            dense: Any = self.mlp[0]
+            pooler = BertPooler(enc.model.config).to(device=dense.weight.device,
+                                                     dtype=dense.weight.dtype)
+            pooler.dense.load_state_dict(dense.state_dict())
             enc.model.pooler = pooler
             enc.pooling = "pooler"
         return enc

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -161,8 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     tokenizer = load_tokenizer(args.tokenizer or args.model, max_length=args.max_length)
     a, b, gold = _load_pairs(args.data, args.split, args.n, args.seed)
     result = evaluate_sts(encoder, tokenizer, a, b, gold, batch_size=args.batch_size)
-    print(json.dumps({"data": args.data, "split": args.split, "pooling": encoder.pooling,
-                      **result}))
+    # the command's result on stdout (its output, not a log line: logs go to stderr)
+    sys.stdout.write(json.dumps({"data": args.data, "split": args.split,
+                                 "pooling": encoder.pooling, **result}) + "\n")
     return 0
 
 
