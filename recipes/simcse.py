@@ -58,7 +58,7 @@ from contrastive.text.batches import (
     read_simcse_csv,
 )
 from contrastive.text.simcse import SimCSE
-from contrastive.text.sts import SIMCSE_CONFIG, _load_pairs, evaluate_sts
+from contrastive.text.sts import SIMCSE_CONFIG, evaluate_sts, load_sts_pairs
 
 log = logging.getLogger("simcse")
 
@@ -192,7 +192,7 @@ def train(cfg: SimCSEConfig) -> dict[str, Any]:
     data = training_data(cfg)
     tokenizer = build_tokenizer(cfg, data)
     method = build_method(cfg, tokenizer.vocab_size).to(cfg.device)
-    pairs = None if cfg.eval == "none" else _load_pairs(cfg.eval, cfg.eval_split, cfg.n_eval,
+    pairs = None if cfg.eval == "none" else load_sts_pairs(cfg.eval, cfg.eval_split, cfg.n_eval,
                                                         cfg.data_seed)
 
     def evaluate() -> float:

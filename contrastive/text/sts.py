@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["SIMCSE_CONFIG", "embed_texts", "evaluate_sts", "main", "sts_correlation"]
+__all__ = ["SIMCSE_CONFIG", "embed_texts", "evaluate_sts", "load_sts_pairs", "main",
+           "sts_correlation"]
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +111,10 @@ def evaluate_sts(model: nn.Module, tokenizer: Any, text_a: Sequence[str], text_b
     return sts_correlation(emb_a, emb_b, scores)
 
 
-def _load_pairs(data: str, split: str, n: int, seed: int) -> tuple[list[str], list[str], np.ndarray]:
+def load_sts_pairs(data: str, split: str = "dev", n: int = 2000, seed: int = 0
+                   ) -> tuple[list[str], list[str], np.ndarray]:
+    """(text_a, text_b, gold scores) of ``"generated"`` (``n`` pairs of the test stream, seed
+    ``seed``) or of GLUE STS-B (``data`` = its folder or one of its TSV files, ``split``)."""
     if data == "generated":
         from contrastive.text.generated import generate_sts
 
@@ -160,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         pooling = json.loads(config.read_text(encoding="utf-8")).get("pooling")
     encoder = load_text_encoder(args.model, pooling=pooling or "auto").to(args.device)
     tokenizer = load_tokenizer(args.tokenizer or args.model, max_length=args.max_length)
-    a, b, gold = _load_pairs(args.data, args.split, args.n, args.seed)
+    a, b, gold = load_sts_pairs(args.data, args.split, args.n, args.seed)
     result = evaluate_sts(encoder, tokenizer, a, b, gold, batch_size=args.batch_size)
     # the command's result on stdout (its output, not a log line: logs go to stderr)
     sys.stdout.write(json.dumps({"data": args.data, "split": args.split,
