@@ -4,7 +4,8 @@
 ``Distiller`` (COS-NCE contrastive distillation of a frozen teacher into a student, LRC-BERT);
 the two-view family without (or with other) negatives: ``BYOL``, ``SimSiam``, ``SupCon``,
 ``NNCLR``, ``BarlowTwins``, ``VICReg``; multi-crop clustering and self-distillation: ``SwAV``,
-``DINO``; mutual information: ``DeepInfoMax``.
+``DINO``; mutual information: ``DeepInfoMax``; sentence embeddings: ``SimCSE``
+(:mod:`contrastive.text.simcse`, registered as ``"simcse"``).
 
 The contract (every method; the training engine relies on nothing else)
 -----------------------------------------------------------------------
@@ -68,6 +69,7 @@ from contrastive.methods.simsiam import SimSiam
 from contrastive.methods.supcon import SupCon
 from contrastive.methods.swav import SwAV
 from contrastive.methods.vicreg import VICReg
+from contrastive.text import simcse as _simcse  # noqa: E402, F401  (registers "simcse")
 
 __all__ = [
     "BATCH_KEYS",

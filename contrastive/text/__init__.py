@@ -19,6 +19,13 @@ reading / metrics and the generated task need neither.
 - Tokenizers (:mod:`contrastive.text.tokenizer`): :func:`train_wordpiece`,
   :func:`load_tokenizer` (a saved ``tokenizer.json`` or a BERT ``vocab.txt``),
   :class:`TextTokenizer` (batch of tensors for the encoders).
+- Text batches (:mod:`contrastive.text.batches`): :class:`SentenceGroups` (examples of 1-3
+  sentences), :class:`GroupCollate` (``input_ids`` / ``attention_mask`` / ``token_type_ids``
+  (B, S, T)), readers of SimCSE's files :func:`read_simcse_csv`, :func:`read_sentence_file`.
+- SimCSE (:mod:`contrastive.text.simcse`): :class:`SimCSE`, the method ``"simcse"``
+  (unsupervised and supervised contrastive sentence embeddings).
+- STS evaluation (:mod:`contrastive.text.sts`): :func:`evaluate_sts`, :func:`sts_correlation`
+  (Spearman of cosine similarities), the ``contrastive-sts-eval`` command.
 """
 
 from __future__ import annotations
@@ -44,6 +51,14 @@ _LAZY: dict[str, str] = {
     "generate_sentiment": "contrastive.text.generated",
     "generate_sts": "contrastive.text.generated",
     "text_corpus": "contrastive.text.generated",
+    "GroupCollate": "contrastive.text.batches",
+    "SentenceGroups": "contrastive.text.batches",
+    "nli_groups": "contrastive.text.batches",
+    "read_sentence_file": "contrastive.text.batches",
+    "read_simcse_csv": "contrastive.text.batches",
+    "SimCSE": "contrastive.text.simcse",
+    "evaluate_sts": "contrastive.text.sts",
+    "sts_correlation": "contrastive.text.sts",
     "TextTokenizer": "contrastive.text.tokenizer",
     "train_wordpiece": "contrastive.text.tokenizer",
     "load_tokenizer": "contrastive.text.tokenizer",
