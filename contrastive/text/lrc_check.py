@@ -8,6 +8,8 @@
    method), ``no_two_stage`` (1:1:3 from the first step), ``no_perturb`` and ``mse`` (MSE
    instead of COS-NCE on the intermediate layers): the paper's ablations (its Table 4);
 
+and ``perturb_width_scaled`` (not in the paper: eps = sqrt(32 / 312), the paper's eps = 1
+relative to a 312-wide embedding, for our 32-wide student);
 every student with the same optimiser steps, batch, learning rate and initial encoder weights, and
 returns each model's dev accuracy. The sizes are small CPU stand-ins for the paper's 12 x 768
 teacher and 4 x 312 student (3 : 1 in layers, 4 : 1 in width here).
@@ -38,6 +40,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "no_two_stage": {"stage_weights": ((1.0, 1.0, 3.0), (1.0, 1.0, 3.0))},
     "no_perturb": {"perturb": False},
     "mse": {"intermediate": "mse"},
+    # not in the paper: eps scaled to this student's width, sqrt(32 / 312) = 0.32, so that the
+    # perturbation has the size relative to the embeddings that eps = 1 has for a 312-wide one
+    "perturb_width_scaled": {"perturb_scale": (32 / 312) ** 0.5},
 }
 
 
