@@ -72,6 +72,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tok = load_tokenizer(args.tokenizer or args.teacher, args.max_length)
     torch.manual_seed(args.seed)
     student = build_encoder(args, args.student, tok.vocab_size)
+    if student.config.vocab_size < tok.vocab_size:
+        raise ValueError(f"the student's vocabulary ({student.config.vocab_size}) is smaller than "
+                         f"the teacher's tokenizer ({tok.vocab_size}): teacher and student read "
+                         "the same token ids; use a student with the teacher's vocabulary")
     stages = ((1.0, 1.0, 3.0),) * 2 if args.no_two_stage else ((1.0, 0.0, 0.0), (1.0, 1.0, 3.0))
     method = LRCBert(teacher, student, representation=args.representation,
                      intermediate=args.intermediate, stage_weights=stages,
