@@ -26,7 +26,9 @@ BERT-gang choice, ``"cls"``) or a masked mean (``"mean"``) throws the intermedia
 token-level structure away; zeroed padding makes it exact under any amount of padding (zero
 entries change neither dot products nor norms), so batches padded to different lengths, or
 processes padding to a common length, give the same loss. ``W_i`` is a learned linear map
-(no bias) from the student's width to the teacher's, applied per token.
+(no bias: the paper's W; BERT-gang's adaptive layers have one) from the student's width to the
+teacher's, applied per token. The layer losses are averaged over the M student layers (as in
+the image Distiller), so alpha weighs the intermediate term the same whatever M.
 
 Negatives: the teacher representations of the other samples of the batch (K = N - 1; the
 paper: batch 16, K = 15). With several processes every process's teacher representations are
