@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--stage1-fraction", type=float, default=0.8)
     p.add_argument("--no-two-stage", action="store_true", help="alpha:beta:gamma = 1:1:3 always")
     p.add_argument("--no-perturb", action="store_true", help="no gradient perturbation")
+    p.add_argument("--perturb-scale", type=float, default=1.0,
+                   help="norm eps of the perturbation (paper: 1, for 312-wide students; see "
+                   "benchmarks/RESULTS.md for narrower ones)")
     p.add_argument("--temperature", type=float, default=1.1)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -80,7 +83,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     method = LRCBert(teacher, student, representation=args.representation,
                      intermediate=args.intermediate, stage_weights=stages,
                      stage1_fraction=args.stage1_fraction, temperature=args.temperature,
-                     perturb=not args.no_perturb).to(args.device)
+                     perturb=not args.no_perturb, perturb_scale=args.perturb_scale
+                     ).to(args.device)
     out = Path(args.output_dir)
     train_text(method, task.train, tok.collate, train_config(args), out, resume=args.resume,
                on_log=lambda r: print(json.dumps(r), flush=True))

@@ -6,10 +6,10 @@
 2. a student of ``STUDENT`` size with cross-entropy alone (the baseline);
 3. students distilled from the teacher by LRC-BERT, one per variant: ``lrc`` (the paper's
    method), ``no_two_stage`` (1:1:3 from the first step), ``no_perturb`` and ``mse`` (MSE
-   instead of COS-NCE on the intermediate layers): the paper's ablations (its Table 4);
+   instead of COS-NCE on the intermediate layers): the paper's ablations (its Table 4), and
+   ``perturb_width_scaled`` (not in the paper: eps = sqrt(32 / 312), the size the paper's eps = 1
+   has relative to a 312-wide embedding, for our 32-wide student);
 
-and ``perturb_width_scaled`` (not in the paper: eps = sqrt(32 / 312), the paper's eps = 1
-relative to a 312-wide embedding, for our 32-wide student);
 every student with the same optimiser steps, batch, learning rate and initial encoder weights, and
 returns each model's dev accuracy. The sizes are small CPU stand-ins for the paper's 12 x 768
 teacher and 4 x 312 student (3 : 1 in layers, 4 : 1 in width here).

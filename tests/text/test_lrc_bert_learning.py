@@ -7,7 +7,8 @@ Slow (``-m slow``, ~10 CPU minutes per seed): the protocol of benchmarks/RESULTS
 section, contrastive.text.lrc_check) for seeds 0, 1, 2: the teacher beats the CE-only student on
 every seed; the paper's claim that the LRC-BERT student beats that CE-only student at the same
 steps did NOT hold here (negative result, figures in RESULTS.md): kept as a strict xfail so a
-change that makes it hold is noticed; without gradient perturbation it holds.
+change that makes it hold is noticed; without gradient perturbation, or with its norm scaled to
+the student's width, it holds on every seed.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ def test_cosnce_aligns_student_layers_on_held_out_sentences() -> None:
 def three_seeds():
     from contrastive.text.lrc_check import learning_check
 
-    return [learning_check(seed, variants=("lrc", "no_perturb")) for seed in (0, 1, 2)]
+    variants = ("lrc", "no_perturb", "perturb_width_scaled")
+    return [learning_check(seed, variants=variants) for seed in (0, 1, 2)]
 
 
 @pytest.mark.slow
@@ -68,10 +70,11 @@ def test_teacher_beats_ce_only_student(three_seeds) -> None:
 
 
 @pytest.mark.slow
-def test_lrc_without_perturbation_beats_ce_only_student(three_seeds) -> None:
-    lrc = statistics.mean(r["no_perturb"] for r in three_seeds)
-    ce = statistics.mean(r["ce_student"] for r in three_seeds)
-    assert lrc > ce, three_seeds
+@pytest.mark.parametrize("variant", ["no_perturb", "perturb_width_scaled"])
+def test_lrc_variant_beats_ce_only_student(three_seeds, variant: str) -> None:
+    """Measured: 93.4 (no perturbation), 91.7 (eps scaled to the width) vs 83.2 (means)."""
+    for r in three_seeds:
+        assert r[variant] > r["ce_student"], r
 
 
 @pytest.mark.slow
