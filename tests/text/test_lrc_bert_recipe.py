@@ -82,3 +82,30 @@ def test_resume_continues_exactly(tmp_path: Path) -> None:
                                                          "rng.pt"}
     lines = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(ln)["step"] for ln in lines] == [1, 2, 3, 4, 5, 6]
+
+
+def test_regression_and_glue_tsv_paths(tmp_path: Path) -> None:
+    """STS-like regression (MSE, Pearson / Spearman) and a GLUE task read from official TSVs."""
+    tiny = ["--layers", "1", "--hidden", "8", "--heads", "2", "--steps", "3", "--batch-size", "4",
+            "--lr", "1e-3", "--device", "cpu", "--log-every", "3"]
+    sts = _recipe("bert_finetune").main(["--task", "generated-sts", "--n-train", "16", "--n-dev",
+                                         "8", *tiny, "--output-dir", str(tmp_path / "t")])
+    assert set(sts["dev"]) == {"pearson", "spearman", "score"}
+    assert load_classifier(tmp_path / "t" / "model")[0].regression
+    lrc = _recipe("lrc_bert").main(["--task", "generated-sts", "--n-train", "16", "--n-dev", "8",
+                                    "--teacher", str(tmp_path / "t" / "model"), *tiny,
+                                    "--output-dir", str(tmp_path / "s")])
+    assert set(lrc["dev"]) == {"pearson", "spearman", "score"}
+    glue = tmp_path / "glue_data" / "SST-2"
+    glue.mkdir(parents=True)
+    rows = ["sentence\tlabel"] + [f"the film was {w} \t{y}" for w, y in
+                                  [("great", 1), ("awful", 0), ("dull", 0), ("moving", 1)] * 2]
+    for split in ("train", "dev"):
+        (glue / f"{split}.tsv").write_text("\n".join(rows) + "\n")
+    generated_tokenizer().save(tmp_path / "tok")
+    res = _recipe("bert_finetune").main(["--task", "sst2", "--glue-dir", str(tmp_path / "glue_data"),
+                                         "--tokenizer", str(tmp_path / "tok"), *tiny,
+                                         "--output-dir", str(tmp_path / "g")])
+    assert res["task"] == "sst2" and set(res["dev"]) == {"accuracy", "score"}
+    with pytest.raises(ValueError, match="--glue-dir"):
+        _recipe("bert_finetune").main(["--task", "sst2", *tiny, "--output-dir", str(tmp_path / "x")])
