@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ("nn", "augment", "decode", "train", "eval", "distill", "simcse")
+ORDER = ("nn", "augment", "decode", "train", "eval", "distill", "simcse", "lrc_bert")
 
 
 def demote(markdown: str) -> str:

@@ -26,6 +26,11 @@ reading / metrics and the generated task need neither.
   (unsupervised and supervised contrastive sentence embeddings).
 - STS evaluation (:mod:`contrastive.text.sts`): :func:`evaluate_sts`, :func:`sts_correlation`
   (Spearman of cosine similarities), the ``contrastive-sts-eval`` command.
+- LRC-BERT (:mod:`contrastive.text.lrc_bert`): :class:`LRCBert` (COS-NCE distillation of a
+  fine-tuned teacher, Fu et al. 2021); :class:`TextClassifier` (encoder + prediction layer, the
+  teacher), :func:`evaluate`, :func:`save_classifier` / :func:`load_classifier`
+  (:mod:`contrastive.text.finetune`); :func:`train_text` (:mod:`contrastive.text.loop`, the
+  text recipes' resumable loop); :func:`load_task` (generated or GLUE task).
 """
 
 from __future__ import annotations
@@ -62,6 +67,14 @@ _LAZY: dict[str, str] = {
     "TextTokenizer": "contrastive.text.tokenizer",
     "train_wordpiece": "contrastive.text.tokenizer",
     "load_tokenizer": "contrastive.text.tokenizer",
+    "LRCBert": "contrastive.text.lrc_bert",
+    "TextClassifier": "contrastive.text.finetune",
+    "evaluate": "contrastive.text.finetune",
+    "load_classifier": "contrastive.text.finetune",
+    "save_classifier": "contrastive.text.finetune",
+    "TextTrainConfig": "contrastive.text.loop",
+    "train_text": "contrastive.text.loop",
+    "load_task": "contrastive.text.tasks",
 }
 
 __all__ = sorted(_LAZY)

@@ -1,0 +1,162 @@
+"""Fine-tuning an encoder on a sentence (pair) task: the LRC-BERT teacher, and the CE-only baseline.
+
+:class:`TextClassifier` is a :class:`~contrastive.methods.base.Method`: a :class:`TextEncoder`
+plus a prediction layer (dropout, then a linear map of the pooled output to ``num_labels``
+logits, or to one score for a regression task such as STS-B), trained with cross-entropy
+(MSE for regression), as BERT is fine-tuned on GLUE (Devlin et al. 2019, section 4.1).
+
+A fine-tuned classifier is saved as a folder that loads without running code
+(:func:`save_classifier` / :func:`load_classifier`): ``model.safetensors`` (all weights),
+``classifier.json`` (sizes, labels, the encoder's ``transformers`` config) and
+``tokenizer.json`` (plain JSON, when a tokenizer is given).
+
+:func:`evaluate` scores any model with a ``predict(batch) -> logits`` on a data set with the
+official GLUE metric of its task (:func:`contrastive.text.glue.glue_metrics`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from contrastive.methods._common import wide
+from contrastive.methods.base import Method, read
+from contrastive.text.encoders import TextEncoder
+
+__all__ = [
+    "TEXT_KEYS",
+    "TextClassifier",
+    "evaluate",
+    "load_classifier",
+    "save_classifier",
+    "task_loss",
+]
+
+TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels")
+"""The batch a text method reads (what :meth:`TextTokenizer.collate` produces)."""
+
+CLASSIFIER_FILE, WEIGHTS_FILE = "classifier.json", "model.safetensors"
+
+
+def task_loss(logits: Tensor, labels: Tensor, regression: bool) -> Tensor:
+    """Cross-entropy of (N, C) logits against (N,) class ids, or MSE of (N, 1) scores."""
+    if regression:
+        return F.mse_loss(wide(logits).squeeze(-1), labels.to(wide(logits).dtype))
+    return F.cross_entropy(wide(logits), labels.long())
+
+
+def encoder_inputs(batch: Mapping[str, Any], method: str) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``input_ids`` (B, T), ``attention_mask`` (B, T) and ``token_type_ids`` (or None)."""
+    ids = read(batch, "input_ids", method)
+    if not isinstance(ids, Tensor) or ids.dim() != 2:
+        raise ValueError(f"{method}: batch['input_ids'] must be a (batch, tokens) tensor of token "
+                         f"ids (TextTokenizer.collate makes it), got {getattr(ids, 'shape', ids)}")
+    mask = batch.get("attention_mask")
+    return ids, torch.ones_like(ids) if mask is None else mask, batch.get("token_type_ids")
+
+
+class TextClassifier(Method):
+    """A text encoder with a prediction layer, trained on labels (the teacher / CE baseline).
+
+    Args:
+        encoder: a :class:`~contrastive.text.encoders.TextEncoder`.
+        num_labels: classes, or 1 with ``regression=True``.
+        regression: MSE on a score (STS-B) instead of cross-entropy.
+        dropout: on the pooled output before the linear layer (BERT: 0.1).
+
+    ``forward(batch)``: ``input_ids``, ``attention_mask``, ``token_type_ids`` (optional) and
+    ``labels``; returns ``loss``, ``accuracy`` (classification) and ``logits`` (detached).
+    """
+
+    needs = TEXT_KEYS
+
+    def __init__(self, encoder: TextEncoder, num_labels: int, *, regression: bool = False,
+                 dropout: float = 0.1) -> None:
+        super().__init__()
+        if num_labels < 1 or (regression and num_labels != 1):
+            raise ValueError(f"TextClassifier: num_labels must be >= 1 (1 for regression), got "
+                             f"{num_labels}")
+        self.encoder: TextEncoder = encoder
+        self.num_labels, self.regression = int(num_labels), bool(regression)
+        self.dropout: nn.Module = nn.Dropout(dropout)
+        self.head: nn.Linear = nn.Linear(encoder.num_features, num_labels)
+
+    def predict(self, batch: Mapping[str, Any]) -> Tensor:
+        """Logits (B, C), or scores (B, 1) for regression."""
+        ids, mask, types = encoder_inputs(batch, type(self).__name__)
+        return self.head(self.dropout(self.encoder.encode(ids, mask, types).pooled))
+
+    def forward(self, batch: Mapping[str, Any]) -> dict[str, Tensor]:
+        logits = self.predict(batch)
+        labels = read(batch, "labels", type(self).__name__)
+        out = {"loss": task_loss(logits, labels, self.regression), "logits": logits.detach()}
+        if not self.regression:
+            out["accuracy"] = (logits.detach().argmax(1) == labels).float().mean() * 100.0
+        return out
+
+
+def save_classifier(folder: str | Path, model: TextClassifier, tokenizer: Any = None,
+                    **info: Any) -> Path:
+    """Write ``model.safetensors``, ``classifier.json`` (+ ``tokenizer.json``) into ``folder``."""
+    from safetensors.torch import save_file
+
+    path = Path(folder)
+    path.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(path / WEIGHTS_FILE))
+    meta = {"num_labels": model.num_labels, "regression": model.regression,
+            "pooling": model.encoder.pooling, "encoder_config": model.encoder.config.to_dict(),
+            **info}
+    (path / CLASSIFIER_FILE).write_text(json.dumps(meta, indent=1))
+    if tokenizer is not None:
+        tokenizer.save(path)
+    return path
+
+
+def load_classifier(folder: str | Path) -> tuple[TextClassifier, dict[str, Any]]:
+    """A classifier saved by :func:`save_classifier` (safetensors + JSON: no code runs)."""
+    from safetensors.torch import load_file
+
+    from contrastive.text._deps import require
+
+    path = Path(folder)
+    if not (path / CLASSIFIER_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
+        raise FileNotFoundError(f"load_classifier: {path} lacks {CLASSIFIER_FILE} or "
+                                f"{WEIGHTS_FILE}; make a teacher with recipes/bert_finetune.py")
+    meta = json.loads((path / CLASSIFIER_FILE).read_text(encoding="utf-8"))
+    transformers = require("transformers", "text encoders")
+    cfg = dict(meta["encoder_config"])
+    config = transformers.AutoConfig.for_model(cfg.pop("model_type", "bert"), **cfg)
+    encoder = TextEncoder(transformers.AutoModel.from_config(config), pooling=meta["pooling"])
+    model = TextClassifier(encoder, meta["num_labels"], regression=meta["regression"])
+    model.load_state_dict(load_file(str(path / WEIGHTS_FILE)))
+    return model, meta
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, dataset: Any, tokenizer: Any, task: str, *,
+             batch_size: int = 64) -> dict[str, float]:
+    """The official metric of ``task`` (a GLUE name: ``sst2``, ``mnli``, ``stsb``, ...) of
+    ``model.predict`` on ``dataset`` (items ``{"text_a", ["text_b"], "label"}``), eval mode."""
+    from contrastive.text.glue import glue_metrics
+
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    preds, golds = [], []
+    try:
+        for start in range(0, len(dataset), batch_size):
+            items = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
+            batch = {k: v.to(device) for k, v in tokenizer.collate(items).items()}
+            preds.append(getattr(model, "predict")(batch).float().cpu())  # noqa: B009
+            golds.append(batch["labels"].cpu())
+    finally:
+        model.train(was_training)
+    return glue_metrics(task, torch.cat(preds).numpy(), np.asarray(torch.cat(golds).numpy()))

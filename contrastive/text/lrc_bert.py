@@ -1,0 +1,325 @@
+"""LRC-BERT: latent-representation contrastive distillation of a fine-tuned BERT (text).
+
+Fu et al., "LRC-BERT: Latent-representation Contrastive Knowledge Distillation for Natural
+Language Understanding", AAAI 2021 (arXiv 2012.07335). The authors published no code that we
+could find; we checked the public reimplementation in ProFatXuanAll/BERT-gang
+(``fine_tune/util/train_LRC.py``: per-layer linear "adaptive layers" student -> 768, COS-NCE
+on the [CLS] row, teacher features of other inputs as negatives, a contrast-only first stage).
+
+One step (:meth:`LRCBert.forward`) on a batch of token ids::
+
+    H^T_j = teacher layer j (x)                    frozen fine-tuned teacher, no grad
+    H^S_i = student layer i (x), i = 1..M          mapped to teacher layer phi(i) (uniform map)
+    L_i   = COS-NCE(r(H^S_i W_i), r(H^T_phi(i)), negatives)       registry "cosnce"
+    L     = alpha * mean_i L_i + beta * KD(z^S, z^T, t=1.1) + gamma * CE(z^S, y)
+    (alpha, beta, gamma) = (1, 0, 0) for the first 80 % of optimiser steps, then (1, 1, 3)
+
+with regression tasks (STS-B) using MSE for both the soft loss (to the teacher's score) and
+the hard loss (to the label).
+
+Representation r (the paper says "the output of the intermediate layer", a tokens x hidden
+matrix, and compares it by angle): by default ``"tokens"``, the whole matrix with padded
+positions set to zero, flattened to one (T * d) vector, so g = 1 - cos is the angle between the
+two layer outputs as matrices (the Frobenius inner product). Why: it keeps every token, as
+TinyBERT's hidden-state loss does for the same 4 x 312 student, while a [CLS] row (the
+BERT-gang choice, ``"cls"``) or a masked mean (``"mean"``) throws the intermediate layers'
+token-level structure away; zeroed padding makes it exact under any amount of padding (zero
+entries change neither dot products nor norms), so batches padded to different lengths, or
+processes padding to a common length, give the same loss. ``W_i`` is a learned linear map
+(no bias: the paper's W; BERT-gang's adaptive layers have one) from the student's width to the
+teacher's, applied per token. The layer losses are averaged over the M student layers (as in
+the image Distiller), so alpha weighs the intermediate term the same whatever M.
+
+Negatives: the teacher representations of the other samples of the batch (K = N - 1; the
+paper: batch 16, K = 15). With several processes every process's teacher representations are
+gathered (padded to the longest sequence of all processes first) and a sample's negatives are
+the global batch minus itself, K = world * N - 1. The negatives come from the frozen teacher,
+so no gradient flows through them (gathered with or without gradient is the same).
+
+Gradient perturbation (``perturb=True``): pass 1 computes L and g = dL/d emb at the student's
+embedding-layer output emb (B, T, H); pass 2 reruns the student with emb' = emb + eps * g_i /
+||g_i||_2 (per sample over all its tokens and hidden units, g detached; eps = 1); the loss of
+pass 2 is returned and trained on. The teacher runs once per step.
+
+Two stages: the ``"stage"`` schedule of :meth:`LRCBert.schedules` (1, then 2 from
+``round(0.8 * total_steps)``); the schedule functions are those of the image
+:class:`~contrastive.methods.distill.Distiller`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from contrastive.losses import get_loss
+from contrastive.methods._common import in_batch_metrics, unit, wide
+from contrastive.methods.base import Method, Schedule, read
+from contrastive.methods.distill import Distiller
+from contrastive.methods.distill_layers import uniform_layer_map
+from contrastive.nn.distributed import gather, rank, world_size
+from contrastive.text.encoders import TextEncoder
+from contrastive.text.finetune import TEXT_KEYS, TextClassifier, encoder_inputs, task_loss
+
+__all__ = ["REPRESENTATIONS", "LRCBert", "layer_representation", "unit_gradient"]
+
+REPRESENTATIONS = ("tokens", "mean", "cls")
+Weights = tuple[float, float, float]
+
+
+def layer_representation(h: Tensor, mask: Tensor, how: str = "tokens", length: int | None = None
+                         ) -> Tensor:
+    """One vector per sample from a layer output h (B, T, D) and its attention mask (B, T).
+
+    ``"tokens"``: padded positions zeroed, padded with zero tokens to ``length`` (default T),
+    flattened: (B, length * D). ``"mean"``: masked mean over real tokens (B, D). ``"cls"``: the
+    first token (B, D). See the module docstring for the choice.
+    """
+    if how == "cls":
+        return h[:, 0]
+    m = mask.to(h.dtype).unsqueeze(-1)
+    if how == "mean":
+        return (h * m).sum(1) / m.sum(1).clamp(min=1.0)
+    if how != "tokens":
+        raise ValueError(f"representation must be one of {REPRESENTATIONS}, got {how!r}")
+    h = h * m
+    if length is not None and length > h.shape[1]:
+        h = F.pad(h, (0, 0, 0, length - h.shape[1]))
+    return h.flatten(1)
+
+
+def unit_gradient(g: Tensor, scale: float = 1.0) -> Tensor:
+    """``scale * g_i / ||g_i||_2`` per sample i, the norm over all of its other dimensions."""
+    norm = g.flatten(1).norm(dim=1).clamp(min=1e-12)
+    return g * (scale / norm).view(-1, *[1] * (g.dim() - 1))
+
+
+class LRCBert(Method):
+    """LRC-BERT distillation of a fine-tuned ``teacher`` into a ``student`` encoder.
+
+    Args:
+        teacher: a fine-tuned :class:`~contrastive.text.finetune.TextClassifier` (frozen here:
+            eval mode, ``requires_grad=False``); its prediction layer gives the soft targets.
+        student: a :class:`~contrastive.text.encoders.TextEncoder` (``self.encoder``); a new
+            prediction layer ``head`` is built for it (the teacher's number of labels).
+        layer_map: teacher layer (0-based) for each student layer; default the paper's uniform
+            map (4 of 12: layers 3, 6, 9, 12).
+        representation: ``"tokens"`` (default), ``"mean"`` or ``"cls"``: see the module.
+        intermediate: ``"cosnce"`` (the paper) or ``"mse"`` (the ablation: mean squared error
+            between W H^S and H^T over real tokens).
+        stage_weights, stage1_fraction, switch_step: the two stages (``(1,0,0), (1,1,3)``, 0.8).
+        temperature: of the soft loss (1.1).
+        perturb, perturb_scale: gradient perturbation and its norm eps (1.0).
+
+    ``forward(batch)``: ``input_ids``, ``attention_mask``, ``token_type_ids`` (optional),
+    ``labels`` (N,) and ``stage`` (the schedule). Returns ``loss`` and detached metrics:
+    ``loss_intermediate``, ``intermediate_layers`` (M,), ``loss_soft`` / ``loss_hard``
+    (stage 2), ``loss_pass1`` (with perturbation), ``stage``, ``pos_acc`` / ``pos_sim`` /
+    ``neg_sim`` (deepest layer), ``accuracy`` (classification) and ``embeddings``.
+    """
+
+    needs = TEXT_KEYS
+    uses_in_batch_negatives = True
+
+    # the stage schedule of the image Distiller, reused (same attributes, same semantics)
+    def switch_at(self, total_steps: int) -> int:
+        """The first optimiser step of stage 2 in a run of ``total_steps``."""
+        return Distiller.switch_at(self, total_steps)  # type: ignore[arg-type]
+
+    def stage_at(self, step: int, total_steps: int) -> int:
+        """1 before :meth:`switch_at`, 2 from it on."""
+        return Distiller.stage_at(self, step, total_steps)  # type: ignore[arg-type]
+
+    def weights_at(self, stage: int) -> Weights:
+        """(alpha, beta, gamma) of stage 1 or 2."""
+        return Distiller.weights_at(self, stage)  # type: ignore[arg-type]
+
+    def __init__(
+        self,
+        teacher: TextClassifier,
+        student: TextEncoder,
+        *,
+        layer_map: Sequence[int] | None = None,
+        representation: str = "tokens",
+        intermediate: str = "cosnce",
+        stage_weights: tuple[Weights, Weights] = ((1.0, 0.0, 0.0), (1.0, 1.0, 3.0)),
+        stage1_fraction: float = 0.8,
+        switch_step: int | None = None,
+        temperature: float = 1.1,
+        perturb: bool = True,
+        perturb_scale: float = 1.0,
+    ) -> None:
+        super().__init__()
+        if representation not in REPRESENTATIONS:
+            raise ValueError(f"representation must be one of {REPRESENTATIONS}, got "
+                             f"{representation!r}")
+        if intermediate not in ("cosnce", "mse"):
+            raise ValueError(f"intermediate must be 'cosnce' or 'mse', got {intermediate!r}")
+        if len(stage_weights) != 2 or any(len(w) != 3 or min(w) < 0 for w in stage_weights):
+            raise ValueError(f"stage_weights must be two (alpha, beta, gamma) triples of weights "
+                             f">= 0, got {stage_weights!r}")
+        if not 0.0 <= stage1_fraction <= 1.0 or perturb_scale < 0 or temperature <= 0:
+            raise ValueError(f"need 0 <= stage1_fraction <= 1, perturb_scale >= 0, temperature "
+                             f"> 0; got {stage1_fraction}, {perturb_scale}, {temperature}")
+        for name, m in (("teacher", teacher), ("teacher.encoder", getattr(teacher, "encoder", None)),
+                        ("student", student)):
+            if m is None or not callable(getattr(m, "encode" if name != "teacher" else "predict",
+                                                 None)):
+                raise TypeError(f"LRCBert: {name} must be a TextClassifier (teacher) / TextEncoder "
+                                f"(student), got {type(m).__name__}")
+        self.teacher: TextClassifier = teacher.requires_grad_(False).eval()
+        self.encoder: TextEncoder = student
+        n_s, n_t = student.num_layers, teacher.encoder.num_layers
+        phi = list(layer_map) if layer_map is not None else uniform_layer_map(n_s, n_t)
+        if len(phi) != n_s or not all(0 <= j < n_t for j in phi):
+            raise ValueError(f"layer_map must give a teacher layer in 0..{n_t - 1} for each of "
+                             f"the {n_s} student layers, got {phi}")
+        self.layer_map = phi
+        self.projections = nn.ModuleList(
+            nn.Linear(student.hidden_size, teacher.encoder.hidden_size, bias=False)
+            for _ in range(n_s))
+        self.regression = bool(teacher.regression)
+        self.head = nn.Linear(student.hidden_size, teacher.num_labels)
+        self.representation, self.intermediate = representation, intermediate
+        self.stage_weights = tuple(tuple(float(v) for v in w) for w in stage_weights)
+        self.stage1_fraction, self.switch_step = stage1_fraction, switch_step
+        self.temperature, self.perturb, self.perturb_scale = temperature, perturb, perturb_scale
+        self.cosnce = get_loss("cosnce", normalize=False)  # inputs are made unit here
+        self.kd = get_loss("kd", temperature=temperature)
+
+    def train(self, mode: bool = True) -> LRCBert:
+        """Train mode for the student; the teacher stays in eval mode."""
+        super().train(mode)
+        self.teacher.eval()
+        return self
+
+    def schedules(self) -> dict[str, Schedule]:
+        """``stage``: 1, then 2 from :meth:`switch_at` on (LRC-BERT's two training stages)."""
+        return {"stage": self.stage_at}
+
+    @property
+    def needs_find_unused_parameters(self) -> bool:
+        """Stage 1 (beta = gamma = 0) leaves the student's prediction layer unused (DDP)."""
+        return any(w[1] == w[2] == 0 for w in self.stage_weights)
+
+    def predict(self, batch: Mapping[str, Any]) -> Tensor:
+        """The student's logits (B, C) (scores (B, 1) for regression)."""
+        ids, mask, types = encoder_inputs(batch, "LRCBert")
+        return self.head(self.encoder.encode(ids, mask, types).pooled)
+
+    # -- pieces ----------------------------------------------------------------------------
+    def _length(self, mask: Tensor) -> int:
+        """Common sequence length of all processes (``"tokens"`` representations)."""
+        t = mask.shape[1]
+        if self.representation != "tokens" or world_size() == 1:
+            return t
+        n = torch.tensor([t], device=mask.device)
+        dist.all_reduce(n, op=dist.ReduceOp.MAX)
+        return int(n.item())
+
+    @torch.no_grad()
+    def _teacher(self, ids: Tensor, mask: Tensor, types: Tensor | None, length: int
+                 ) -> tuple[list[Tensor], list[Tensor], Tensor]:
+        out = self.teacher.encoder.encode(ids, mask, types)
+        logits = self.teacher.head(self.teacher.dropout(out.pooled))
+        raw = [out.hidden_states[j] for j in self.layer_map]
+        reps = [unit(layer_representation(h, mask, self.representation, length)) for h in raw]
+        return reps, raw, logits
+
+    def _negatives(self, reps: list[Tensor]) -> list[Tensor | None]:
+        """None (the other rows of the batch) in one process; with several, (N, world*N - 1, D):
+        every process's rows but the sample's own (a strided view of the gathered rows)."""
+        if world_size() == 1:
+            return [None] * len(reps)
+        out: list[Tensor | None] = []
+        for f in reps:
+            n, d = f.shape
+            rows = gather(f)  # teacher features: no gradient to carry
+            m, own = rows.shape[0], n * rank()
+            both = torch.cat([rows, rows])
+            out.append(both.as_strided((n, m - 1, d), (d, d, 1), (own + 1) * d))
+        return out
+
+    def _intermediate(self, s_raw: list[Tensor], ctx: dict[str, Any]) -> Tensor:
+        mask, length = ctx["mask"], ctx["length"]
+        losses = []
+        for i, (h, proj) in enumerate(zip(s_raw, self.projections)):
+            p = proj(h)
+            if self.intermediate == "mse":
+                m = mask.to(p.dtype).unsqueeze(-1)
+                diff = (wide(p) - wide(ctx["t_raw"][i])) * m
+                losses.append(diff.pow(2).sum() / (m.sum() * p.shape[-1]).clamp(min=1.0))
+            else:
+                s = unit(layer_representation(p, mask, self.representation, length))
+                losses.append(self.cosnce(s, ctx["t"][i], ctx["neg"][i]))
+                if i == len(s_raw) - 1:
+                    ctx["last"] = s
+        return torch.stack(losses)
+
+    def _student_pass(self, ctx: dict[str, Any], delta: Tensor | None = None
+                      ) -> tuple[Tensor, dict[str, Tensor]]:
+        out = self.encoder.encode(ctx["ids"], ctx["mask"], ctx["types"], embedding_delta=delta)
+        alpha, beta, gamma = ctx["weights"]
+        layers = self._intermediate(list(out.hidden_states), ctx)
+        parts: dict[str, Tensor] = {"intermediate": layers.mean(), "layers": layers,
+                                    "emb": out.embeddings}
+        loss = alpha * parts["intermediate"]
+        if beta or gamma:
+            logits = self.head(out.pooled)
+            parts["logits"] = logits
+            if beta:
+                if self.regression:
+                    parts["soft"] = F.mse_loss(wide(logits), wide(ctx["t_logits"]))
+                else:
+                    parts["soft"] = self.kd(logits, ctx["t_logits"])
+                loss = loss + beta * parts["soft"]
+            if gamma:
+                parts["hard"] = task_loss(logits, ctx["labels"], self.regression)
+                loss = loss + gamma * parts["hard"]
+        return loss, parts
+
+    def forward(self, batch: Mapping[str, Any]) -> dict[str, Tensor]:
+        ids, mask, types = encoder_inputs(batch, "LRCBert")
+        stage = int(read(batch, "stage", "LRCBert"))
+        labels = read(batch, "labels", "LRCBert")
+        if labels.shape != ids.shape[:1]:
+            raise ValueError(f"LRCBert: labels must be ({ids.shape[0]},), got "
+                             f"{tuple(labels.shape)}")
+        length = self._length(mask)
+        t_reps, t_raw, t_logits = self._teacher(ids, mask, types, length)
+        ctx: dict[str, Any] = {
+            "ids": ids, "mask": mask, "types": types, "labels": labels, "length": length,
+            "weights": self.weights_at(stage), "t": t_reps, "t_raw": t_raw,
+            "neg": self._negatives(t_reps), "t_logits": t_logits,
+        }
+        result: dict[str, Tensor] = {}
+        delta = None
+        if self.perturb and self.training and torch.is_grad_enabled():
+            loss1, parts1 = self._student_pass(ctx)
+            emb = parts1["emb"]
+            (g,) = torch.autograd.grad(loss1, emb, allow_unused=True)
+            g = torch.zeros_like(emb) if g is None else g.detach()
+            delta = unit_gradient(g, self.perturb_scale)
+            result["loss_pass1"] = loss1.detach()
+            del parts1, loss1
+        loss, parts = self._student_pass(ctx, delta)
+        result.update(loss=loss, stage=torch.tensor(float(stage), device=loss.device),
+                      loss_intermediate=parts["intermediate"].detach(),
+                      intermediate_layers=parts["layers"].detach())
+        for k in ("soft", "hard"):
+            if k in parts:
+                result[f"loss_{k}"] = parts[k].detach()
+        if "logits" in parts and not self.regression:
+            result["accuracy"] = (parts["logits"].detach().argmax(1) == labels).float().mean() * 100
+        if "last" in ctx:
+            s = ctx["last"].detach()
+            t = t_reps[-1]
+            neg = ctx["neg"][-1]
+            if neg is None:
+                result.update(in_batch_metrics(s, t, torch.arange(s.shape[0], device=s.device)))
+            result["embeddings"] = s
+        return result

@@ -1,0 +1,74 @@
+"""Text tasks for the fine-tuning and distillation recipes: the generated task or a GLUE task.
+
+:func:`load_task` returns a :class:`TextTask`: train and dev sets (items ``{"text_a",
+["text_b"], "label"}``), the GLUE task whose official metric scores it, the number of labels
+and whether it is a regression. The generated tasks (:mod:`contrastive.text.generated`) are
+``generated`` (binary sentiment, scored like SST-2), ``generated-nli`` (premise / hypothesis,
+three classes, like MNLI) and ``generated-sts`` (scores 0-5, like STS-B); their dev set is the
+generated ``test`` split (an independent stream). GLUE tasks read the official TSV files from
+``glue_dir`` (MNLI's dev set is ``dev_matched``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["GENERATED_TASKS", "TextTask", "load_task", "generated_tokenizer"]
+
+GENERATED_TASKS = {"generated": "sst2", "generated-nli": "mnli", "generated-sts": "stsb"}
+
+
+@dataclass
+class TextTask:
+    """A task's data and how it is scored (see the module docstring)."""
+
+    name: str
+    train: Any
+    dev: Any
+    metric_task: str
+    num_labels: int
+    regression: bool
+
+
+def load_task(name: str, glue_dir: str | Path | None = None, *, n_train: int = 4000,
+              n_dev: int = 1000, seed: int = 0) -> TextTask:
+    """The task ``name`` (a generated task, or a GLUE task read from ``glue_dir``).
+
+    ``n_train`` / ``n_dev``: sizes of a generated task (ignored for GLUE); ``seed``: its stream.
+    """
+    from contrastive.text import generated as gen
+
+    key = name.lower()
+    if key in GENERATED_TASKS:
+        if key == "generated":
+            train, dev = (gen.generate_sentiment(n, seed, s) for n, s in ((n_train, "train"),
+                                                                          (n_dev, "test")))
+        elif key == "generated-nli":  # 3 pairs per quadruple
+            train = gen.generate_nli(max(1, n_train // 3), seed, "train").pairs()
+            dev = gen.generate_nli(max(1, n_dev // 3), seed, "test").pairs()
+        else:
+            train, dev = gen.generate_sts(n_train, seed, "train"), gen.generate_sts(n_dev, seed, "test")
+        return TextTask(key, train, dev, GENERATED_TASKS[key], train.num_labels,
+                        not train.label_names)
+    from contrastive.text.glue import _task, load_glue
+
+    if glue_dir is None:
+        raise ValueError(f"task {name!r} is a GLUE task: pass --glue-dir /path/to/glue_data "
+                         f"(the folder holding {_task(name).folder}/), or use one of "
+                         f"{sorted(GENERATED_TASKS)}")
+    task = _task(name)
+    dev_split = "dev_matched" if task.name == "mnli" else "dev"
+    return TextTask(task.name, load_glue(task.name, glue_dir, "train"),
+                    load_glue(task.name, glue_dir, dev_split), task.name, task.num_labels,
+                    task.is_regression)
+
+
+def generated_tokenizer(vocab_size: int = 400, max_length: int = 64, n: int = 2000,
+                        seed: int = 0) -> Any:
+    """The deterministic WordPiece tokenizer of the generated tasks (trained on their corpus)."""
+    from contrastive.text.generated import text_corpus
+    from contrastive.text.tokenizer import train_wordpiece
+
+    return train_wordpiece(text_corpus(n, seed), vocab_size=vocab_size, max_length=max_length)
