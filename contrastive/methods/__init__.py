@@ -4,7 +4,8 @@
 ``Distiller`` (COS-NCE contrastive distillation of a frozen teacher into a student, LRC-BERT);
 the two-view family without (or with other) negatives: ``BYOL``, ``SimSiam``, ``SupCon``,
 ``NNCLR``, ``BarlowTwins``, ``VICReg``; multi-crop clustering and self-distillation: ``SwAV``,
-``DINO``; mutual information: ``DeepInfoMax``.
+``DINO``; mutual information: ``DeepInfoMax``; image-text: ``CLIP`` (reads ``input_ids`` and
+``attention_mask`` besides the image).
 
 The contract (every method; the training engine relies on nothing else)
 -----------------------------------------------------------------------
@@ -44,6 +45,7 @@ from __future__ import annotations
 from contrastive.methods.barlow_twins import BarlowTwins
 from contrastive.methods.base import BATCH_KEYS, Method, ParamGroup, Schedule
 from contrastive.methods.byol import BYOL
+from contrastive.methods.clip import CLIP
 from contrastive.methods.deep_infomax import DeepInfoMax
 from contrastive.methods.dino import DINO
 from contrastive.methods.distill import Distiller
@@ -66,6 +68,7 @@ from contrastive.methods.vicreg import VICReg
 __all__ = [
     "BATCH_KEYS",
     "BYOL",
+    "CLIP",
     "BarlowTwins",
     "DINO",
     "DeepInfoMax",
