@@ -13,7 +13,7 @@ k most similar images.
 
 Everything here takes embeddings (rows need not be normalised); :func:`clip_embeddings` computes
 them from a model with ``encode_image`` / ``encode_text`` (:class:`~contrastive.methods.CLIP`).
-The console script ``contrastive-zeroshot`` (:func:`main`) evaluates a run of
+The console script ``contrastive-zeroshot`` (:func:`evaluate_run`) evaluates a run of
 ``recipes/clip_shapes.py`` (``clip.pt`` + ``tokenizer/``).
 """
 
@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ["DEFAULT_TEMPLATES", "zero_shot_classifier", "zero_shot_accuracy", "retrieval_recall",
-           "clip_embeddings", "load_clip_run", "save_clip_run", "main"]
+           "clip_embeddings", "evaluate_shapes", "evaluate_run", "load_clip_run", "save_clip_run",
+           "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -150,11 +151,17 @@ def load_clip_run(folder: str | Path) -> tuple[Any, Any, dict[str, Any]]:
     return model.eval(), tokenizer, config
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, float]:
+def main(argv: Sequence[str] | None = None) -> int:
+    """The console script ``contrastive-zeroshot`` (see :func:`evaluate_run`); exit status 0."""
+    evaluate_run(argv)
+    return 0
+
+
+def evaluate_run(argv: Sequence[str] | None = None) -> dict[str, float]:
     """``contrastive-zeroshot RUN [--n-test N] [--templates T ...] [--classes C ...]``: zero-shot
     top-1/top-5 and retrieval recall@1/5 on the held-out ``shapes`` split of the run's data
     settings (class names = the shape names); prints one JSON line."""
-    p = argparse.ArgumentParser(prog="contrastive-zeroshot", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="contrastive-zeroshot", description=evaluate_run.__doc__)
     p.add_argument("run", help="folder with clip.pt and tokenizer/ (recipes/clip_shapes.py)")
     p.add_argument("--n-test", type=int, default=1000, help="held-out images (default 1000)")
     p.add_argument("--templates", nargs="+", default=list(DEFAULT_TEMPLATES),
