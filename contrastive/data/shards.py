@@ -126,9 +126,9 @@ def build_shard_index(shard: str | os.PathLike) -> dict[str, Any]:
                         raise ValueError(f"{shard}: member {key}.{LABEL_KEY} holds {text!r}, not a "
                                          "class index (decimal text)") from None
                 info = group[image]
-                text = group.get(TEXT_KEY)
+                txt = group.get(TEXT_KEY)
                 samples.append([key, image, info.offset_data, info.size, label,
-                                text.offset_data if text else -1, text.size if text else -1])
+                                txt.offset_data if txt else -1, txt.size if txt else -1])
     except tarfile.ReadError as e:
         raise ValueError(f"{shard} is not a readable uncompressed tar file ({e}); shards must be "
                          "plain .tar (random access reads members at their offsets): write them "
@@ -428,7 +428,7 @@ class ShardDataset(LabelledDataset):
     def skipped_samples(self) -> list[str]:
         return [self.name(i) for i in self._bad.nonzero().flatten().tolist()]
 
-    def __getitem__(self, index: int) -> tuple[Any, int]:
+    def __getitem__(self, index: int) -> tuple[Any, ...]:
         n = len(self)
         if not -n <= index < n:
             raise IndexError(f"index {index} out of range for a data set of {n} items")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -177,7 +178,7 @@ def evaluate_run(argv: Sequence[str] | None = None) -> dict[str, float]:
         raise SystemExit(f"--classes: give {len(SHAPE_CLASSES)} names, got {len(classes)}")
     result = evaluate_shapes(model, tokenizer, classes, args.templates, n=args.n_test,
                              size=int(data["size"]), seed=int(data["seed"]))
-    print(json.dumps({k: round(v, 2) for k, v in result.items()}))
+    sys.stdout.write(json.dumps({k: round(v, 2) for k, v in result.items()}) + "\n")
     return result
 
 

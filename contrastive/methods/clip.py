@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor, nn
@@ -83,8 +83,8 @@ class CLIP(Method):
                              f"max_logit_scale; got {temperature}, {max_logit_scale}")
         self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
         self.text_encoder = resolve_encoder(text_encoder, **(text_kwargs or {}))
-        self.image_proj = nn.Linear(self.encoder.num_features, dim, bias=False)
-        self.text_proj = nn.Linear(self.text_encoder.num_features, dim, bias=False)
+        self.image_proj = nn.Linear(cast(int, self.encoder.num_features), dim, bias=False)
+        self.text_proj = nn.Linear(cast(int, self.text_encoder.num_features), dim, bias=False)
         self.logit_scale = nn.Parameter(torch.tensor(math.log(1.0 / temperature)))
         self.max_logit_scale = float(max_logit_scale)
 
