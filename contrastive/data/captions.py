@@ -21,6 +21,10 @@ Sources:
   shape_captions` (shape, colour, size and position as drawn; five phrasings per image).
 
 :func:`caption_tokenizer` trains a deterministic WordPiece tokenizer on captions (offline).
+
+``--data`` specs (the engine trains CLIP on them): ``shapes-captions[:n=..,size=..,seed=..,
+vocab_size=200,max_length=16]`` and ``captions:ROOT[,captions=FILE,vocab_size=..,max_length=..]``
+(training split only), each with a tokenizer trained on its training captions.
 """
 
 from __future__ import annotations
@@ -195,11 +199,7 @@ def caption_folder(root: str | os.PathLike, tokenizer: Any, captions: str | os.P
     ``captions.tsv`` / ``captions.jsonl`` in ``root``); images in the file's order."""
     root = Path(root)
     if captions is None:
-        found = [root / n for n in ("captions.tsv", "captions.jsonl") if (root / n).is_file()]
-        if len(found) != 1:
-            raise FileNotFoundError(f"{root}: expected one captions.tsv or captions.jsonl "
-                                    f"(found {len(found)}); pass the captions file")
-        captions = found[0]
+        captions = _find_captions(root)
     table = read_captions(captions)
     missing = [n for n in table if not (root / n).is_file()]
     if missing:
@@ -228,3 +228,47 @@ def shapes_captions(tokenizer: Any, n: int = 5000, size: int = 32, seed: int = 0
 
     images = ShapesDataset(n, size, seed, split, clutter, transform=transform)
     return ImageTextDataset(images, shape_captions(n, seed, split), tokenizer)
+
+
+# ---- --data specs (training with the engine) -----------------------------------------------------
+
+def _register_specs() -> None:
+    from contrastive.data.generated import shape_captions
+    from contrastive.data.spec import _generated_n, _no_root, register_dataset
+
+    @register_dataset("shapes-captions", keys=("n", "n_test", "size", "seed", "clutter",
+                                               "vocab_size", "max_length"))
+    def _shapes_captions(root: Any, split: str, transform: Any, strict: bool, n: int = 5000,
+                         n_test: int | None = None, size: int = 32, seed: int = 0,
+                         clutter: int = 0, vocab_size: int = 200,
+                         max_length: int = 16) -> ImageTextDataset:
+        """``shapes`` with five generated captions per image; the WordPiece tokenizer is trained
+        on the training split's captions (the same for both splits, deterministic)."""
+        _no_root("shapes-captions", root)
+        tok = caption_tokenizer(shape_captions(int(n), int(seed), "train"), int(vocab_size),
+                                int(max_length))
+        return shapes_captions(tok, _generated_n(split, n, n_test), int(size), int(seed), split,
+                               int(clutter), transform)
+
+    @register_dataset("captions", keys=("captions", "vocab_size", "max_length"),
+                      splits=("train",))
+    def _caption_folder(root: Any, split: str, transform: Any, strict: bool,
+                        captions: str | None = None, vocab_size: int = 1000,
+                        max_length: int = 32) -> ImageTextDataset:
+        """Images under ROOT with a captions.tsv / captions.jsonl (a tokenizer trained on it)."""
+        if root is None:
+            raise ValueError("data spec captions needs a folder: captions:/path/to/images")
+        table = read_captions(captions or _find_captions(Path(root)))
+        tok = caption_tokenizer(table.values(), int(vocab_size), int(max_length))
+        return caption_folder(root, tok, captions, transform)
+
+
+def _find_captions(root: Path) -> Path:
+    found = [root / n for n in ("captions.tsv", "captions.jsonl") if (root / n).is_file()]
+    if len(found) != 1:
+        raise FileNotFoundError(f"{root}: expected one captions.tsv or captions.jsonl "
+                                f"(found {len(found)}); pass the captions file")
+    return found[0]
+
+
+_register_specs()
