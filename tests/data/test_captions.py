@@ -193,3 +193,21 @@ def test_shards_without_text_or_with_bad_text_fail_clearly(tmp_path, tok):
     ds = shard_captions([_shard(tmp_path / "b.tar", bad_text=True)], tok)
     with pytest.raises(ValueError, match="not UTF-8"):
         ds[0]
+
+
+def test_data_specs_build_image_text_sets(tmp_path):
+    from contrastive.data import get_dataset, has_split
+
+    root = _folder(tmp_path)
+    (root / "captions.tsv").write_text("image\tcaption\nimg/0.png\ta red cat\nimg/1.png\ta dog\n"
+                                       "img/2.png\tone green emu\n")
+    ds = get_dataset(f"captions:{root},max_length=8")
+    assert isinstance(ds, ImageTextDataset) and len(ds) == 3 and not has_split(f"captions:{root}",
+                                                                                "test")
+    assert ds.tokenizer.decode(ds[2][2]["input_ids"].tolist()) == "one green emu"
+    assert ds[2][2]["input_ids"].shape == (8,)
+    train = get_dataset("shapes-captions:n=30,n_test=10,size=16")
+    test = get_dataset("shapes-captions:n=30,n_test=10,size=16", "test")
+    assert (len(train), len(test)) == (30, 10) and train.extra_keys == ("input_ids", "attention_mask")
+    assert train.tokenizer.tokenizer.get_vocab() == test.tokenizer.tokenizer.get_vocab()
+    assert test.captions_of(3) == shape_captions(4, split="test")[3]
