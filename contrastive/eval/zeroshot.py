@@ -3,7 +3,8 @@
 Radford et al. 2021 (CLIP), sec. 3.1.2 and 3.1.4: every class name goes through prompt
 templates ("a picture of a {}."), the text embeddings of one class are L2-normalised, averaged
 and normalised again (the "prompt ensembling" of sec. 3.1.4; open_clip
-``open_clip/zero_shot_classifier.py`` builds the classifier the same way), and an image is
+``open_clip/zero_shot_classifier.py`` builds the classifier the same way from the model's
+normalised text features), and an image is
 assigned the class whose embedding is nearest in cosine similarity.
 
 Retrieval (as the paper's Flickr30k / MSCOCO evaluation, Table 13): an image has several
