@@ -24,7 +24,8 @@ Sources:
 
 ``--data`` specs (the engine trains CLIP on them): ``shapes-captions[:n=..,size=..,seed=..,
 vocab_size=200,max_length=16]`` and ``captions:ROOT[,captions=FILE,vocab_size=..,max_length=..]``
-(training split only), each with a tokenizer trained on its training captions.
+(training split only), ``wds-captions:DIR[,tokenizer=FOLDER,...]`` (image-text shards), each
+with a tokenizer trained on its training captions.
 """
 
 from __future__ import annotations
@@ -261,6 +262,34 @@ def _register_specs() -> None:
         table = read_captions(captions or _find_captions(Path(root)))
         tok = caption_tokenizer(table.values(), int(vocab_size), int(max_length))
         return caption_folder(root, tok, captions, transform)
+
+
+    from contrastive.data.spec import _wds_splits
+
+    @register_dataset("wds-captions", keys=("decode", "vocab_size", "max_length", "tokenizer"),
+                      splits=_wds_splits)
+    def _wds_captions(root: Any, split: str, transform: Any, strict: bool, decode: str = "auto",
+                      vocab_size: int = 1000, max_length: int = 32,
+                      tokenizer: str | None = None) -> ImageTextDataset:
+        """Image-text shards (.jpg + .txt); the tokenizer is trained on the training shards'
+        captions (every .txt is read once) or read from ``tokenizer=FOLDER`` (tokenizer.json)."""
+        from contrastive.data.shards import ShardDataset, resolve_shards
+
+        found = resolve_shards(str(root), split) if root is not None else None
+        if found is None:
+            raise ValueError(f"no {split!r} shards for wds-captions:{root}")
+        ds = ShardDataset(found[0], transform, classes=found[1], strict=strict,
+                          decode=str(decode), with_text=True)
+        if tokenizer is not None:
+            from contrastive.text.tokenizer import load_tokenizer
+
+            tok = load_tokenizer(str(tokenizer), max_length=int(max_length))
+        else:
+            train = ds if split == "train" else ShardDataset(
+                resolve_shards(str(root), "train")[0], with_text=True)  # type: ignore[index]
+            tok = caption_tokenizer((train.captions(i) for i in range(len(train))),
+                                    int(vocab_size), int(max_length))
+        return ImageTextDataset(ds, None, tok)
 
 
 def _find_captions(root: Path) -> Path:

@@ -211,3 +211,15 @@ def test_data_specs_build_image_text_sets(tmp_path):
     assert (len(train), len(test)) == (30, 10) and train.extra_keys == ("input_ids", "attention_mask")
     assert train.tokenizer.tokenizer.get_vocab() == test.tokenizer.tokenizer.get_vocab()
     assert test.captions_of(3) == shape_captions(4, split="test")[3]
+
+
+def test_wds_captions_spec(tmp_path, tok):
+    from contrastive.data import get_dataset
+
+    _shard(tmp_path / "train-0.tar")
+    ds = get_dataset(f"wds-captions:{tmp_path}/train-0.tar,max_length=8")
+    assert len(ds) == 3 and ds.extra_keys == ("input_ids", "attention_mask")
+    assert ds.tokenizer.decode(ds[0][2]["input_ids"].tolist()) in ("cat one", "cat two")
+    tok.save(tmp_path / "tok")  # or a saved tokenizer
+    ds = get_dataset(f"wds-captions:{tmp_path}/train-0.tar,tokenizer={tmp_path / 'tok'}")
+    assert ds.tokenizer.vocab_size == tok.vocab_size
