@@ -22,6 +22,10 @@ One step::
   gradient, at the start of every ``forward``: each forward sees exactly the clamped value that
   the clamp after the previous step would have left (call it yourself after the last step if
   you read the parameter).
+- The loss is the registry's InfoNCE (:func:`contrastive.losses.functional.infonce`) called once
+  per direction, as its docstring prescribes for several processes. ``InfoNCELoss(
+  learnable_temperature=True)`` is not used: it clamps inside the graph (no gradient past 100,
+  the parameter may drift above), where open_clip clamps the parameter itself.
 - No weight decay on the scale, biases and norm parameters (open_clip ``main.py`` excludes
   ``p.ndim < 2``, ``bn``, ``ln``, ``bias`` and ``logit_scale``): :meth:`param_groups`.
 - Several processes: each process scores its N local images against the M gathered texts and
