@@ -12,6 +12,7 @@ Spec strings (``--data``): see :mod:`contrastive.data.spec` (``shapes``, ``synth
 """
 
 from contrastive.data.base import UNLABELLED, LabelledDataset, dataset_len
+from contrastive.data.captions import ImageTextDataset
 from contrastive.data.cifar import CIFARDataset, STL10Dataset, default_root
 from contrastive.data.decode import EncodedImage
 from contrastive.data.download import DownloadError, download, extract_tar
@@ -50,6 +51,7 @@ __all__ = [
     "EncodedImage",
     "IMAGE_EXTENSIONS",
     "ImageFolderDataset",
+    "ImageTextDataset",
     "LabelledDataset",
     "SHAPE_CLASSES",
     "SPEC_HELP",

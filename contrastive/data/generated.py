@@ -275,3 +275,73 @@ class SyntheticDataset(LabelledDataset):
 
     def __repr__(self) -> str:
         return f"SyntheticDataset(n={len(self)}, size={self.size}, seed={self.seed}, split={self.split!r})"
+
+
+# ---- captions: what was drawn, in words (CLIP on shapes) -------------------------------------
+
+COLOUR_NAMES: dict[str, tuple[float, float, float]] = {
+    "black": (0.0, 0.0, 0.0), "white": (1.0, 1.0, 1.0), "grey": (0.5, 0.5, 0.5),
+    "red": (0.9, 0.1, 0.1), "green": (0.1, 0.75, 0.1), "blue": (0.1, 0.2, 0.9),
+    "yellow": (0.95, 0.9, 0.1), "cyan": (0.1, 0.85, 0.9), "magenta": (0.9, 0.1, 0.85),
+    "orange": (0.95, 0.55, 0.1), "purple": (0.5, 0.15, 0.6), "brown": (0.5, 0.3, 0.1),
+}
+"""Named colours; an image's colour is the nearest name (RGB in [0, 1])."""
+SIZE_WORDS = ("small", "medium", "large")
+_ROWS, _COLS = ("top", "middle", "bottom"), ("left", "centre", "right")
+CAPTION_TEMPLATES: tuple[str, ...] = (
+    "a {size} {colour} {shape}",
+    "a {colour} {shape} on a {background} background",
+    "a picture of a {shape} in the {position}",
+    "{size} {shape}, {colour}, {position}",
+    "there is a {colour} {shape} at the {position}",
+)
+"""The phrasings of :func:`shape_captions`, one caption per template and image."""
+
+
+def _colour_name(rgb: Tensor) -> list[str]:
+    names = list(COLOUR_NAMES)
+    table = torch.tensor([COLOUR_NAMES[k] for k in names])
+    return [names[i] for i in torch.cdist(rgb, table).argmin(dim=1).tolist()]
+
+
+def _position(cx: float, cy: float) -> str:
+    row, col = _ROWS[min(int(cy * 3), 2)], _COLS[min(int(cx * 3), 2)]
+    if row == "middle":
+        return "centre" if col == "centre" else col
+    return row if col == "centre" else f"{row} {col}"
+
+
+def shape_attributes(n: int, seed: int = 0, split: str = "train", *,
+                     start: int = 0) -> list[dict[str, str]]:
+    """What image ``start + i`` of :func:`generate_shapes` shows (same seed and split): its
+    ``shape`` (class name), ``colour`` / ``background`` (nearest named colour of the drawn
+    foreground, after the visibility shift, and of the background), ``size`` (thirds of the
+    radius range) and ``position`` (thirds of the centre's range, e.g. "top left", "centre").
+
+    Reads the same parameter rows as the renderer; draws nothing and changes nothing.
+    """
+    if n < 0:
+        raise ValueError(f"shapes: need n >= 0; got n={n}")
+    params = _stream(seed, split, salt=0).random((start + n, _NCOL))[start:]
+    p = torch.from_numpy(params.astype(np.float32))
+    bg, fg = p[:, _BG:_BG + 3], p[:, _FG:_FG + 3]
+    close = (fg - bg).norm(dim=1, keepdim=True) < 0.45  # as render_shapes
+    fg = torch.where(close, (bg + 0.5).remainder(1.0), fg)
+    fg_names, bg_names = _colour_name(fg), _colour_name(bg)
+    out = []
+    for i in range(n):
+        out.append({
+            "shape": SHAPE_CLASSES[(start + i) % len(SHAPE_CLASSES)],
+            "colour": fg_names[i], "background": bg_names[i],
+            "size": SIZE_WORDS[min(int(float(p[i, _SCALE]) * 3), 2)],
+            "position": _position(float(p[i, _CX]), float(p[i, _CY])),
+        })
+    return out
+
+
+def shape_captions(n: int, seed: int = 0, split: str = "train", *, start: int = 0,
+                   templates: tuple[str, ...] = CAPTION_TEMPLATES) -> list[list[str]]:
+    """Several captions per image of :func:`generate_shapes` (one per template), e.g.
+    "a small red disc", "a picture of a disc in the top left"."""
+    return [[t.format(**a) for t in templates]
+            for a in shape_attributes(n, seed, split, start=start)]

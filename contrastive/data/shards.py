@@ -2,7 +2,8 @@
 
 Layout (what ``webdataset`` writes and reads): consecutive tar members sharing a key form one
 sample; the key is the member name up to the first dot of its base name, the rest is the
-extension: ``000000042.jpg`` + ``000000042.cls`` (class index as decimal text). Shards are
+extension: ``000000042.jpg`` + ``000000042.cls`` (class index as decimal text) + optionally
+``000000042.txt`` (a caption per line, UTF-8: image-text shards for CLIP). Shards are
 plain (uncompressed) tar files: random access reads a member at its byte offset.
 
 Why our own index rather than ``webdataset``'s iterable pipeline or its ``wids`` reader: the
@@ -14,7 +15,8 @@ from the tar headers with the standard ``tarfile`` module and cached beside each
 (``NAME.tar.idx.json``), gives exactly that with no new dependency. ``wids`` would give it too,
 but its default decoders unpickle ``.pyd``/``.pickle`` members and hand ``.pth`` to
 ``torch.load``; here only the members the toolkit uses are ever read (the image, the ``cls``
-label), everything else is skipped unread, so nothing in a shard can run code.
+label, the ``txt`` caption when asked), everything else is skipped unread, so nothing in a
+shard can run code.
 
 The shards written by :func:`contrastive.data.make_shards.write_shards` keep each source image's original bytes in the
 source order, so sample i of the shards is image i of the source: the same ``--seed`` gives
@@ -52,14 +54,16 @@ from contrastive.data.io import IMAGE_EXTENSIONS, CorruptImageError, to_rgb
 logger = logging.getLogger(__name__)
 
 __all__ = ["ShardDataset", "build_shard_index", "load_shard_index", "expand_shard_spec",
-           "resolve_shards", "IMAGE_KEYS", "LABEL_KEY"]
+           "resolve_shards", "IMAGE_KEYS", "LABEL_KEY", "TEXT_KEY"]
 
 IMAGE_KEYS: frozenset[str] = frozenset(e.lstrip(".") for e in IMAGE_EXTENSIONS)
 """Member extensions read as the image (lower case): jpg, jpeg, png, webp, ..."""
 LABEL_KEY = "cls"
 """The member holding the class index as decimal text (webdataset's convention)."""
+TEXT_KEY = "txt"
+"""The member holding the captions, one per line (UTF-8; webdataset's ``.txt``)."""
 INDEX_FORMAT = "contrastive-shard-index"
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # 2: the txt member's offset and size (an older cached index is rebuilt)
 _KEY_RE = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
 _MAX_OPEN = 64
 DECODE_MODES = ("auto", "pil", "full", "reduced", "fast")
@@ -79,8 +83,9 @@ def _index_path(shard: Path) -> Path:
 
 
 def build_shard_index(shard: str | os.PathLike) -> dict[str, Any]:
-    """Scan one tar's headers: one entry ``[key, image_ext, offset, size, label]`` per sample
-    that has an image member (label -1 without a ``cls`` member); samples without an image are
+    """Scan one tar's headers: one entry ``[key, image_ext, offset, size, label, text_offset,
+    text_size]`` per sample that has an image member (label -1 without a ``cls`` member, text
+    offset and size -1 without a ``txt`` member); samples without an image are
     listed under ``"no_image"``, other members only counted by extension under ``"ignored"``
     (never read). Only the small ``cls`` members are read."""
     shard = Path(shard)
@@ -106,7 +111,7 @@ def build_shard_index(shard: str | os.PathLike) -> dict[str, Any]:
                 group = members[key]
                 image = next((e for e in group if e in IMAGE_KEYS), None)
                 for e in group:
-                    if e != image and e != LABEL_KEY:
+                    if e not in (image, LABEL_KEY, TEXT_KEY):
                         ignored[e] = ignored.get(e, 0) + 1
                 if image is None:
                     no_image.append(key)
@@ -121,7 +126,9 @@ def build_shard_index(shard: str | os.PathLike) -> dict[str, Any]:
                         raise ValueError(f"{shard}: member {key}.{LABEL_KEY} holds {text!r}, not a "
                                          "class index (decimal text)") from None
                 info = group[image]
-                samples.append([key, image, info.offset_data, info.size, label])
+                txt = group.get(TEXT_KEY)
+                samples.append([key, image, info.offset_data, info.size, label,
+                                txt.offset_data if txt else -1, txt.size if txt else -1])
     except tarfile.ReadError as e:
         raise ValueError(f"{shard} is not a readable uncompressed tar file ({e}); shards must be "
                          "plain .tar (random access reads members at their offsets): write them "
@@ -258,6 +265,8 @@ class ShardDataset(LabelledDataset):
             ``"auto"`` (default): "reduced" when the transform takes encoded images (the
             pipelines of :mod:`contrastive.augment`), else "pil".
         cache_index: write each shard's index beside it (``NAME.tar.idx.json``).
+        with_text: items are ``(image, label, captions)``, the captions the lines of the
+            sample's ``.txt`` member (every sample must have one; see :meth:`captions`).
 
     Unreadable images (strict off): named once, counted in :attr:`num_skipped` (shared by the
     loader workers) and replaced by the next readable sample, as the folder data set does;
@@ -266,7 +275,7 @@ class ShardDataset(LabelledDataset):
 
     def __init__(self, shards: Sequence[str | os.PathLike], transform: Callable[[Any], Any] | None = None,
                  *, classes: Sequence[str] = (), strict: bool = False, decode: str = "auto",
-                 cache_index: bool = True) -> None:
+                 cache_index: bool = True, with_text: bool = False) -> None:
         if decode not in DECODE_MODES:
             raise ValueError(f"decode must be one of {', '.join(map(repr, DECODE_MODES))}; got {decode!r}")
         self.shards = [Path(s) for s in shards]
@@ -278,12 +287,14 @@ class ShardDataset(LabelledDataset):
         offsets: list[int] = []
         sizes: list[int] = []
         targets: list[int] = []
+        text_at: list[tuple[int, int]] = []
         missing: list[str] = []
         ignored: dict[str, int] = {}
         self.shard_sizes: list[int] = []
         for s, path in enumerate(self.shards):
             idx = load_shard_index(path, cache=cache_index)
-            for key, ext, off, size, label in idx["samples"]:
+            for key, ext, off, size, label, t_off, t_size in idx["samples"]:
+                text_at.append((t_off, t_size))
                 keys.append(key)
                 exts.append(ext)
                 shard_of.append(s)
@@ -319,6 +330,13 @@ class ShardDataset(LabelledDataset):
         self._shard = np.asarray(shard_of, dtype=np.int32)
         self._offset = np.asarray(offsets, dtype=np.int64)
         self._size = np.asarray(sizes, dtype=np.int64)
+        self._text = np.asarray(text_at, dtype=np.int64).reshape(-1, 2)
+        if with_text and (self._text[:, 0] < 0).any():
+            first = int(np.flatnonzero(self._text[:, 0] < 0)[0])
+            raise ValueError(f"{int((self._text[:, 0] < 0).sum())} sample(s) have no .{TEXT_KEY} "
+                             f"member (first: {self.name(first)}); image-text shards need a "
+                             "caption per image")
+        self.with_text = with_text
         self.num_missing = len(missing)
         self.strict = strict
         self.decode = decode
@@ -334,22 +352,41 @@ class ShardDataset(LabelledDataset):
         """``shard.tar:key.ext`` of sample ``index`` (for messages)."""
         return f"{self.shards[int(self._shard[index])]}:{self.keys[index]}.{self.exts[index]}"
 
-    def read_bytes(self, index: int) -> bytes:
-        """The encoded image of sample ``index``, as stored."""
+    def _fd(self, s: int) -> int:
+        """An open descriptor of shard ``s`` (per process, at most ``_MAX_OPEN`` at once)."""
         if os.getpid() != self._pid:  # a forked worker: never share the parent's file offsets
             self._fds, self._pid = {}, os.getpid()
-        s = int(self._shard[index])
         fd = self._fds.get(s)
         if fd is None:
             if len(self._fds) >= _MAX_OPEN:
                 os.close(self._fds.pop(next(iter(self._fds))))
             fd = self._fds[s] = os.open(self.shards[s], os.O_RDONLY)
+        return fd
+
+    def read_bytes(self, index: int) -> bytes:
+        """The encoded image of sample ``index``, as stored."""
         size = int(self._size[index])
-        data = os.pread(fd, size, int(self._offset[index]))
+        data = os.pread(self._fd(int(self._shard[index])), size, int(self._offset[index]))
         if len(data) != size:
             raise CorruptImageError(f"cannot read image {self.name(index)}: the shard ends early "
                                     f"({len(data)} of {size} bytes)")
         return data
+
+    def captions(self, index: int) -> list[str]:
+        """The non-empty lines of sample ``index``'s ``.txt`` member (UTF-8)."""
+        off, size = (int(v) for v in self._text[index])
+        if off < 0:
+            raise ValueError(f"sample {self.name(index)} has no .{TEXT_KEY} member")
+        data = os.pread(self._fd(int(self._shard[index])), size, off)
+        if len(data) != size:
+            raise ValueError(f"cannot read the .{TEXT_KEY} member of {self.name(index)}: the "
+                             "shard ends early")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"the .{TEXT_KEY} member of {self.name(index)} is not UTF-8 ({e})") \
+                from None
+        return [line.strip() for line in text.splitlines() if line.strip()]
 
     def _mode(self) -> str:
         if self.decode != "auto":
@@ -391,7 +428,7 @@ class ShardDataset(LabelledDataset):
     def skipped_samples(self) -> list[str]:
         return [self.name(i) for i in self._bad.nonzero().flatten().tolist()]
 
-    def __getitem__(self, index: int) -> tuple[Any, int]:
+    def __getitem__(self, index: int) -> tuple[Any, ...]:
         n = len(self)
         if not -n <= index < n:
             raise IndexError(f"index {index} out of range for a data set of {n} items")
@@ -414,6 +451,8 @@ class ShardDataset(LabelledDataset):
                 if state is not None:
                     torch.set_rng_state(state)
                 continue
+            if self.with_text:  # the text of the sample actually returned
+                return img, self.targets[j], self.captions(j)
             return img, self.targets[j]
         raise CorruptImageError(f"no readable image in {len(self.shards)} shard(s) ({n} samples, all unreadable)")
 

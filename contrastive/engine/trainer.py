@@ -52,6 +52,7 @@ from contrastive.engine.checkpoint import (
     resolve_resume,
 )
 from contrastive.engine.config import TrainConfig, config_to_dict
+from contrastive.engine.extras import add_extras, extra_keys, split_item
 from contrastive.engine.loader import (
     GlobalBatchSampler,
     build_train_loader,
@@ -420,7 +421,7 @@ def _train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
 
     set_seed(cfg.seed)
     method = build_method(cfg)
-    needs, schedules = _method_inputs(method)
+    needs, schedules = _method_inputs(method, extra_keys(train_set))
     signature = model_signature(method)
     if getattr(method, "uses_in_batch_negatives", False) and accum > 1:
         logger.warning("--grad-accum-steps %d with in-batch negatives: each micro-batch of %d "
@@ -601,8 +602,8 @@ def _train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
             batches = accelerator.skip_first_batches(loader, skip) if skip else loader
             t_wait = time.perf_counter()
             # workers start with SIGTERM/SIGINT held back, then ignore them (see loader.py)
-            for micro, (views, labels, indices) in enumerate(start_workers(batches),
-                                                             start=skip):
+            for micro, item in enumerate(start_workers(batches), start=skip):
+                views, labels, indices, fields = split_item(item)
                 wait_time += time.perf_counter() - t_wait
                 views = [v.to(device, non_blocking=True) for v in views]
                 if device_fn is not None:
@@ -628,6 +629,7 @@ def _train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
                     batch["labels"] = labels.to(device, non_blocking=True)
                 if "indices" in needs:
                     batch["indices"] = indices.to(device, non_blocking=True)
+                add_extras(batch, fields, needs, device)  # e.g. CLIP's input_ids
                 with accelerator.accumulate(model):
                     out_ = model(batch)
                     loss = out_["loss"]
@@ -775,18 +777,20 @@ def _all_true(flag: torch.Tensor, accelerator: Any) -> bool:
     return bool(v.item())
 
 
-def _method_inputs(method: nn.Module) -> tuple[tuple[str, ...], dict[str, Callable]]:
-    """The method's ``needs`` and ``schedules()``; a need the loader cannot provide (and no
-    schedule gives) is an error before anything trains."""
+def _method_inputs(method: nn.Module, extra: tuple[str, ...] = ()
+                   ) -> tuple[tuple[str, ...], dict[str, Callable]]:
+    """The method's ``needs`` and ``schedules()``; a need the loader cannot provide (nor the
+    data set's ``extra`` fields, nor a schedule) is an error before anything trains."""
     from contrastive.methods.base import BATCH_KEYS
 
     schedules = dict(method.schedules()) if hasattr(method, "schedules") else {}
     needs = tuple(getattr(method, "needs", ("views",)))
-    unknown = sorted(set(needs) - set(BATCH_KEYS) - set(schedules))
+    unknown = sorted(set(needs) - set(BATCH_KEYS) - set(schedules) - set(extra))
     if unknown:
         raise ValueError(f"{type(method).__name__} needs batch key(s) {unknown} that the image "
-                         f"training loop does not provide; it provides {sorted(BATCH_KEYS)} and "
-                         f"the method's schedules {sorted(schedules)}")
+                         f"training loop does not provide; it provides {sorted(BATCH_KEYS)}, "
+                         f"the data set's fields {sorted(extra)} and the method's schedules "
+                         f"{sorted(schedules)} (image-text methods need an image-text data set)")
     clash = sorted(set(schedules) & set(BATCH_KEYS))
     if clash:
         raise ValueError(f"{type(method).__name__}: schedule name(s) {clash} clash with the "

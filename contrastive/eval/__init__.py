@@ -11,6 +11,8 @@ Modules (names are resolved lazily, so ``import contrastive.eval.knn`` stays lig
 - :mod:`~contrastive.eval.export`: weights under timm / torchvision key names.
 - :mod:`~contrastive.eval.runner`: whole evaluations from a ``--data`` spec.
 - :mod:`~contrastive.eval.plot`: training curves and t-SNE maps (matplotlib, scikit-learn).
+- :mod:`~contrastive.eval.zeroshot`: CLIP zero-shot classification (prompt templates) and
+  image-text retrieval recall@k; ``contrastive-zeroshot``.
 - :mod:`~contrastive.eval.cli`: the ``contrastive-*`` command-line tools.
 """
 
@@ -39,6 +41,10 @@ _LAZY = {
     "knn_eval": "runner",
     "plot_curves": "plot",
     "plot_embedding": "plot",
+    "zero_shot_classifier": "zeroshot",
+    "zero_shot_accuracy": "zeroshot",
+    "retrieval_recall": "zeroshot",
+    "load_clip_run": "zeroshot",
 }
 
 __all__ = sorted(_LAZY)

@@ -4,7 +4,8 @@
 ``Distiller`` (COS-NCE contrastive distillation of a frozen teacher into a student, LRC-BERT);
 the two-view family without (or with other) negatives: ``BYOL``, ``SimSiam``, ``SupCon``,
 ``NNCLR``, ``BarlowTwins``, ``VICReg``; multi-crop clustering and self-distillation: ``SwAV``,
-``DINO``; mutual information: ``DeepInfoMax``; sentence embeddings: ``SimCSE``
+``DINO``; mutual information: ``DeepInfoMax``; image-text: ``CLIP`` (reads ``input_ids`` and
+``attention_mask`` besides the image); sentence embeddings: ``SimCSE``
 (:mod:`contrastive.text.simcse`, registered as ``"simcse"``).
 
 The contract (every method; the training engine relies on nothing else)
@@ -51,6 +52,7 @@ from __future__ import annotations
 from contrastive.methods.barlow_twins import BarlowTwins
 from contrastive.methods.base import BATCH_KEYS, Method, ParamGroup, Schedule
 from contrastive.methods.byol import BYOL
+from contrastive.methods.clip import CLIP
 from contrastive.methods.deep_infomax import DeepInfoMax
 from contrastive.methods.dino import DINO
 from contrastive.methods.distill import Distiller
@@ -74,6 +76,7 @@ from contrastive.text import simcse as _simcse  # noqa: E402, F401  (registers "
 __all__ = [
     "BATCH_KEYS",
     "BYOL",
+    "CLIP",
     "BarlowTwins",
     "DINO",
     "DeepInfoMax",

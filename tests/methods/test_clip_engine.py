@@ -1,0 +1,109 @@
+"""CLIP through the training engine: an image-text data set's per-sample fields (token ids)
+reach the method with the right sample, the logit scale stays clamped, and a method that needs
+fields the data set lacks fails before training."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from contrastive.data import get_dataset
+from contrastive.engine import TrainConfig, train
+from contrastive.engine.extras import split_item
+from contrastive.engine.loader import SeededDataset
+from contrastive.methods import CLIP
+
+pytest.importorskip("transformers")
+
+DATA = "shapes-captions:n=48,n_test=20,size=16,max_length=12"
+
+
+@dataclasses.dataclass
+class _Cfg(TrainConfig):
+    data: str = DATA
+    encoder: str = "small_cnn"
+    image_size: int = 16
+    batch_size: int = 16
+    epochs: int = 1
+    max_steps: int = 2
+    optimizer: str = "adamw"
+    lr: float = 1e-3
+    num_workers: int = 0
+    progress: bool = False
+    mixed_precision: str = "no"
+    save_every_steps: int = 0
+    save_every_epochs: int = 0
+    knn_every: int = 1
+    knn_k: int = 5
+    log_every: int = 1
+    batched_augment: str = "off"
+
+
+class _OneView:
+    """One view, scaled to [0, 1] (CLIP on shapes uses no augmentation)."""
+
+    mean = (0.0, 0.0, 0.0)
+    std = (1.0, 1.0, 1.0)
+
+    def __call__(self, img):
+        return [img.float() / 255]
+
+
+class _Recording(CLIP):
+    needs = CLIP.needs + ("indices",)
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.seen: list[dict] = []
+
+    def forward(self, batch):
+        self.seen.append({k: batch[k].clone() for k in ("input_ids", "attention_mask", "indices")}
+                         | {"scale": self.logit_scale.detach().clone()})
+        return super().forward(batch)
+
+
+def _build(cfg):
+    model = _Recording(encoder="small_cnn", dim=8, text_kwargs=dict(
+        num_layers=1, hidden_size=16, num_heads=2, vocab_size=200, max_position_embeddings=12))
+    with torch.no_grad():
+        model.logit_scale.fill_(6.0)
+    return model
+
+
+def test_the_engine_carries_each_samples_tokens(tmp_path, fresh_accelerate):
+    cfg = _Cfg(output_dir=str(tmp_path / "run"), seed=5)
+    seen: list = []
+
+    def build(c):
+        m = _build(c)
+        seen.append(m)
+        return m
+
+    result = train(cfg, build, lambda c: _OneView(), recipe="clip-test")
+    assert result.steps_trained == 2 and result.knn_top1 is not None
+    ref = SeededDataset(get_dataset(DATA, "train", transform=_OneView()), seed=5)
+    for step in seen[0].seen:
+        assert step["input_ids"].shape == (16, 12)
+        for row, index in enumerate(step["indices"].tolist()):
+            _, _, fields, _ = ref[(0, index)]  # epoch 0: this sample's caption draw
+            assert torch.equal(step["input_ids"][row], fields["input_ids"])
+            assert torch.equal(step["attention_mask"][row], fields["attention_mask"])
+    assert float(seen[0].seen[0]["scale"]) == pytest.approx(6.0)  # clamped inside forward
+    assert float(seen[0].logit_scale.detach()) <= torch.log(torch.tensor(100.0)).item() + 0.01
+
+
+def test_a_method_needing_fields_the_data_set_lacks_fails_before_training(tmp_path,
+                                                                          fresh_accelerate):
+    cfg = _Cfg(output_dir=str(tmp_path / "run"), data="shapes:n=48,size=16")
+    with pytest.raises(ValueError, match=r"input_ids.*image-text data set"):
+        train(cfg, _build, lambda c: _OneView(), recipe="clip-test")
+
+
+def test_split_item_keeps_old_batches_and_rejects_odd_ones():
+    v, y, i = [torch.zeros(2, 3, 4, 4)], torch.zeros(2), torch.arange(2)
+    assert split_item((v, y, i))[3] == {}
+    assert split_item((v, y, {"input_ids": i}, i))[3]["input_ids"] is i
+    with pytest.raises(ValueError, match="5 parts"):
+        split_item((v, y, i, i, i))
