@@ -22,6 +22,21 @@ Setups (``--setup``):
   same JPEGs (upsampled by the crop); 4 x 2 x 4.09 GMAC per image. Compares the per-image and
   the batched augmentation paths (``--batched-augment off|on``): the input pipeline decides.
 
+- Method steps (``--setup byol,simsiam,nnclr,barlow_twins,vicreg,swav,dino`` or ``methods``):
+  one training step of each method, ours (the method module, its CIFAR preset) against
+  lightly's implementation of the same method (``lightly.loss``, the heads of
+  ``lightly.models.modules``, ``update_momentum`` / ``cosine_schedule``, written as lightly's
+  examples), on the SAME model: our CIFAR ResNet-18 backbone for both, the same head widths
+  (BYOL 4096->256 + predictor; SimSiam 3-layer 2048 projector, 512 predictor; NNCLR 2048->256,
+  4096 predictor, 65,536-entry support set, tau 0.2; Barlow Twins and VICReg 2048-2048-2048;
+  SwAV 2048->128, 3000 prototypes, no queue; DINO 2048-2048-256 -> 4096, no BN). What is timed:
+  forward of both views (+ the momentum encoder and its update where the method has one), the
+  loss, backward and a torch SGD step (momentum 0.9), on the same PRE-MADE tensors (two batches
+  of N(0, 1) 32 px views, alternating): no data loading, no augmentation, so the figure is the
+  method's own cost. ms/step between step ``--warmup`` and the last; fresh subprocess per run,
+  configurations alternated, median over ``--repeats``; the 1-min load average before each
+  run is printed beside the figures (``--threads`` fixes torch's thread count).
+
 Data: the shared CIFAR-10 JPEG copy (``../shared/data/cifar10-jpeg.tar``), unpacked once to
 ``--cache``; the first ``--images`` files (equal per class) are linked into a folder that both
 implementations read.
@@ -34,6 +49,8 @@ Examples::
         --impls ours --precisions fp32,bf16 --batched-augment on
     python benchmarks/bench_train.py --device cuda --setup moco_r50 --batch-size 256 \\
         --impls ours --precisions bf16 --batched-augment off,on --workers 14
+    python benchmarks/bench_train.py --setup methods --batch-size 32 --steps 7 --warmup 2 \\
+        --repeats 3 --threads 1                          # method steps, ours vs lightly
 """
 
 from __future__ import annotations
@@ -436,8 +453,12 @@ def worker_step(args: argparse.Namespace) -> None:
     gen = torch.Generator().manual_seed(args.seed)
     batches = [_views(args, gen) for _ in range(2)]
     autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16")
+    prof = None
     with open(args.result, "w") as res:
         for i in range(args.steps):
+            if args.profile and i == args.warmup:
+                prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+                prof.__enter__()
             with autocast:
                 loss = step(batches[i % 2], i)
             loss.backward()
@@ -445,6 +466,11 @@ def worker_step(args: argparse.Namespace) -> None:
             opt.zero_grad(set_to_none=True)
             res.write(json.dumps({"step": i + 1, "loss": float(loss), "time": time.time()})
                       + "\n")
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        print(f"{args.worker} {args.setup} {args.precision}: steps {args.warmup + 1}-"
+              f"{args.steps}, by self CPU time")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.profile))
 
 
 # --------------------------------------------------------------------------------------------
@@ -512,6 +538,9 @@ def main() -> None:
     p.add_argument("--json", default="", help="write all figures here")
     p.add_argument("--threads", type=int, default=0, help="method steps: torch threads "
                    "(0: torch's default)")
+    p.add_argument("--profile", type=int, default=0, help="method steps, worker mode: print "
+                   "torch.profiler's top N operators of the timed steps (e.g. --worker ours "
+                   "--setup simsiam --result /tmp/r.jsonl --profile 20)")
     p.add_argument("--local-crops", type=int, default=0, help="method steps: extra 16 px views "
                    "(multi-crop; SwAV and DINO)")
     # worker mode

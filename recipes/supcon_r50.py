@@ -18,7 +18,10 @@ ours is the paper's (Sec. 3) MLP with one 2048 hidden layer to 128 on the raw fe
 code trains on AutoAugment (magnitude 1) with blur 0.5; our presets have no AutoAugment, so the
 SimCLR augmentation (the paper's ablation alternative) is used. The code also decays biases
 (``use_bias_weight_decay=True``); ``--exclude-from-wd false`` does the same here.
-(HobbitLong/SupContrast, the PyTorch code, gives CIFAR settings only: batch 1024, lr 0.5.)
+HobbitLong/SupContrast (the PyTorch code linked from the paper) gives CIFAR settings only
+(README: batch 1024, lr 0.5, cosine); its author's ImageNet runs used a MoCo-style momentum
+encoder with MoCo v2's settings (issue #120: queue 8192, temperature 0.07, batch 1024) and
+point to the paper otherwise, so this recipe follows the paper's TF code above.
 
     accelerate launch recipes/supcon_r50.py --data /path/to/imagenet --mixed-precision bf16
 """
