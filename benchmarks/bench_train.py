@@ -437,6 +437,82 @@ def build_lightly_step(setup: str, args: argparse.Namespace) -> tuple[Any, Any]:
     return model, step
 
 
+def interleaved_steps(args: argparse.Namespace) -> None:
+    """Ours and lightly's step of one method in ONE process, alternating step by step (A B A B
+    ...), so that both see the same load on a shared machine; prints each pair's times and the
+    median ratio over the pairs after ``--warmup``. Complements the fresh-subprocess runs."""
+    import torch
+
+    torch.manual_seed(args.seed)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    gen = torch.Generator().manual_seed(args.seed)
+    batches = [_views(args, gen) for _ in range(2)]
+    runs = []
+    for build in (build_ours_step, build_lightly_step):
+        model, step = build(args.setup, args)
+        model.train()
+        opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.05,
+                              momentum=0.9, weight_decay=1e-5)
+        runs.append((step, opt))
+    times: list[list[float]] = [[], []]
+    for i in range(args.steps):
+        for k, (step, opt) in enumerate(runs if i % 2 == 0 else runs[::-1]):
+            k = k if i % 2 == 0 else 1 - k
+            t = time.perf_counter()
+            loss = step(batches[i % 2], i)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            times[k].append(time.perf_counter() - t)
+    ratios = [b / a for a, b in zip(times[0][args.warmup:], times[1][args.warmup:])]
+    print(json.dumps({"setup": args.setup, "ours_ms": [round(1000 * x) for x in times[0]],
+                      "lightly_ms": [round(1000 * x) for x in times[1]],
+                      "median_lightly_over_ours": statistics.median(ratios),
+                      "load": os.getloadavg()[0]}))
+
+
+def count_ops(args: argparse.Namespace) -> None:
+    """Load-independent comparison of one step (after one warm-up step), ours vs lightly:
+    FLOPs of the matrix products and convolutions (torch.profiler ``with_flops``), the number
+    of aten operator calls, and the operators whose call counts differ. On a shared machine
+    where timings move by 20 % from step to step, this says whether ours does more work."""
+    import torch
+
+    torch.manual_seed(args.seed)
+    torch.set_num_threads(args.threads or 1)
+    gen = torch.Generator().manual_seed(args.seed)
+    batches = [_views(args, gen) for _ in range(2)]
+    counts = {}
+    for name, build in (("ours", build_ours_step), ("lightly", build_lightly_step)):
+        model, step = build(args.setup, args)
+        model.train()
+        opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.05,
+                              momentum=0.9, weight_decay=1e-5)
+        for i in range(2):
+            prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                          with_flops=True) if i else None
+            if prof is not None:
+                prof.__enter__()
+            loss = step(batches[i], i)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        prof.__exit__(None, None, None)
+        events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+        counts[name] = ({e.key: e.count for e in events},
+                        sum(e.flops for e in prof.key_averages()) / 1e9)
+    ours, lightly = counts["ours"], counts["lightly"]
+    diff = {k: (ours[0].get(k, 0), lightly[0].get(k, 0))
+            for k in sorted(set(ours[0]) | set(lightly[0]))
+            if ours[0].get(k, 0) != lightly[0].get(k, 0)}
+    print(json.dumps({"setup": args.setup, "gflop": {"ours": round(ours[1], 3),
+                                                     "lightly": round(lightly[1], 3)},
+                      "aten_calls": {"ours": sum(ours[0].values()),
+                                     "lightly": sum(lightly[0].values())},
+                      "differing_calls (ours, lightly)": diff}))
+
+
 def worker_step(args: argparse.Namespace) -> None:
     """Time ``--steps`` training steps (forward, loss, backward, SGD step) of one method on the
     same pre-made tensors; write the wall time after every step."""
@@ -464,7 +540,7 @@ def worker_step(args: argparse.Namespace) -> None:
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            res.write(json.dumps({"step": i + 1, "loss": float(loss), "time": time.time()})
+            res.write(json.dumps({"step": i + 1, "loss": loss.item(), "time": time.time()})
                       + "\n")
     if prof is not None:
         prof.__exit__(None, None, None)
@@ -541,6 +617,10 @@ def main() -> None:
     p.add_argument("--profile", type=int, default=0, help="method steps, worker mode: print "
                    "torch.profiler's top N operators of the timed steps (e.g. --worker ours "
                    "--setup simsiam --result /tmp/r.jsonl --profile 20)")
+    p.add_argument("--count-ops", action="store_true", help="method steps: FLOPs and aten "
+                   "calls of one step, ours vs lightly (load-independent)")
+    p.add_argument("--interleave", action="store_true", help="method steps: ours and "
+                   "lightly's in one process, alternating step by step (fp32); median ratio")
     p.add_argument("--local-crops", type=int, default=0, help="method steps: extra 16 px views "
                    "(multi-crop; SwAV and DINO)")
     # worker mode
@@ -551,6 +631,17 @@ def main() -> None:
     p.add_argument("--run-dir", default="")
     p.add_argument("--data", default="")
     args = p.parse_args()
+    if args.count_ops:
+        for setup in args.setup.replace("methods", ",".join(STEP_SETUPS)).split(","):
+            args.setup = setup
+            count_ops(args)
+        return
+    if args.interleave:
+        args.steps, args.warmup = args.steps or 12, args.warmup or 2
+        for setup in args.setup.replace("methods", ",".join(STEP_SETUPS)).split(","):
+            args.setup = setup
+            interleaved_steps(args)
+        return
     if args.worker:
         if args.setup in STEP_SETUPS:
             worker_step(args)
