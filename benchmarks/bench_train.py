@@ -632,6 +632,7 @@ def main() -> None:
     p.add_argument("--data", default="")
     args = p.parse_args()
     if args.count_ops:
+        args.steps = args.steps or 12  # the schedules' horizon
         for setup in args.setup.replace("methods", ",".join(STEP_SETUPS)).split(","):
             args.setup = setup
             count_ops(args)
