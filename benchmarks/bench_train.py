@@ -51,6 +51,11 @@ Examples::
         --impls ours --precisions bf16 --batched-augment off,on --workers 14
     python benchmarks/bench_train.py --setup methods --batch-size 32 --steps 7 --warmup 2 \\
         --repeats 3 --threads 1                          # method steps, ours vs lightly
+    python benchmarks/bench_train.py --interleave --setup methods --batch-size 16 --steps 22 \\
+        --warmup 2 --threads 1              # the same, alternating step by step in one process
+    python benchmarks/bench_train.py --count-ops --setup methods --batch-size 16   # FLOPs, ops
+    python benchmarks/bench_train.py --worker ours --setup barlow_twins --result /tmp/r.jsonl \\
+        --batch-size 16 --steps 4 --warmup 2 --profile 20   # torch.profiler's top operators
 """
 
 from __future__ import annotations
@@ -645,6 +650,7 @@ def main() -> None:
         return
     if args.worker:
         if args.setup in STEP_SETUPS:
+            args.steps, args.warmup = args.steps or 12, args.warmup or 4
             worker_step(args)
         else:
             (worker_ours if args.worker == "ours" else worker_lightly)(args)
