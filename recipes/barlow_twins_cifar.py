@@ -3,7 +3,9 @@
 ``scripts/pretrain/cifar/barlow.yaml`` (vturrisi/solo-learn): ResNet-18 with the CIFAR stem,
 projector 2048-2048-2048, lambda 0.0051, loss scale 0.1, LARS lr 0.3 per 256 images with trust
 coefficient 0.02, weight decay 1e-4, batch 256, 1000 epochs, warmup + cosine, BYOL's asymmetric
-augmentation at 32 px.
+augmentation at 32 px. One lr for all parameters, as solo-learn (LARS with
+``exclude_bias_n_norm``; no separate bias lr): ``--bias-lr-scale`` 1, where the official
+ImageNet code trains biases and BN parameters at 0.024 of the weights' lr.
 
     python recipes/barlow_twins_cifar.py --data cifar10 --mixed-precision bf16
     python recipes/barlow_twins_cifar.py --data shapes --encoder small_cnn --epochs 5
@@ -28,13 +30,16 @@ class BarlowTwinsCifar(CifarConfig):
     mlp_hidden: int = help_field(2048, "projector hidden width")
     lambd: float = help_field(0.0051, "off-diagonal weight lambda")
     loss_scale: float = help_field(0.1, "solo-learn's scale_loss")
+    bias_lr_scale: float = help_field(1.0, "biases and BN parameters: this times the lr "
+                                      "(solo-learn 1; the official ImageNet code 0.024)")
 
 
 def build_method(cfg: BarlowTwinsCifar):
     from contrastive.methods import BarlowTwins
 
     return BarlowTwins(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
-                       lambd=cfg.lambd, scale=cfg.loss_scale, encoder_kwargs=cfg.encoder_options())
+                       lambd=cfg.lambd, scale=cfg.loss_scale, bias_lr_scale=cfg.bias_lr_scale,
+                       encoder_kwargs=cfg.encoder_options())
 
 
 def build_pipeline(cfg: BarlowTwinsCifar):

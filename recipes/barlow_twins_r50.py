@@ -3,10 +3,14 @@
 "Implementation details", and the official code (facebookresearch/barlowtwins, ``main.py``).
 
 Hyper-parameters: batch 2048, LARS (biases and BN parameters neither decayed nor adapted),
-lr 0.2 for the weights, 10 warmup epochs then cosine (decay to 1/1000), weight decay 1.5e-6,
-1000 epochs; projector 8192-8192-8192; lambda 0.0051 (the code; 5e-3 in the paper); BYOL's
-augmentation. Reported linear top-1: 73.2 %. One difference: the paper trains biases and BN
-parameters at lr 0.0048 (a separate scaled group); here they follow the weights' lr.
+lr 0.2 for the weights and 0.0048 for the biases and BN parameters, both per 256 images ("we
+multiply the learning rate by the batch size and divide it by 256"; the code's
+``adjust_learning_rate``: ``base_lr = batch_size / 256``, so 1.6 and 0.0384 at batch 2048), 10
+warmup epochs then cosine to 1/1000 of the peak (the code's ``end_lr = base_lr * 0.001``), the
+same schedule for both groups (the biases' lr is ``--bias-lr-scale`` 0.024 = 0.0048 / 0.2 times
+the weights'), weight decay 1.5e-6 (the paper; the code's default is 1e-6), 1000 epochs;
+projector 8192-8192-8192; lambda 0.0051 (the code; 5e-3 in the paper); BYOL's augmentation.
+Reported linear top-1: 73.2 %.
 
     accelerate launch recipes/barlow_twins_r50.py --data /path/to/imagenet --mixed-precision bf16
 """
@@ -27,11 +31,14 @@ class BarlowTwinsR50(TrainConfig):
     epochs: int = 1000
     batch_size: int = 2048
     optimizer: str = help_field("lars", "paper: LARS", choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(0.2, "the weights' lr at batch 2048 (not scaled)")
-    lr_scaling: str = help_field("none", "the paper gives the lr for its batch",
+    lr: float = help_field(0.2, "the weights' lr per 256 images (1.6 at batch 2048)")
+    lr_scaling: str = help_field("linear", "lr x batch / 256, as the paper and code",
                                  choices=("linear", "sqrt", "none"))
+    bias_lr_scale: float = help_field(0.024, "biases and BN parameters: this times the "
+                                      "weights' lr (official 0.0048 / 0.2)")
     weight_decay: float = 1.5e-6
     warmup_epochs: float = 10
+    min_lr: float = help_field(0.001, "cosine floor: 1/1000 of the peak (official end_lr)")
     schedule_per: str = help_field("step", "per iteration", choices=("step", "epoch"))
     sync_bn: bool = help_field(True, "official: SyncBN across GPU processes")
 
@@ -44,7 +51,8 @@ def build_method(cfg: BarlowTwinsR50):
     from contrastive.methods import BarlowTwins
 
     return BarlowTwins(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
-                       lambd=cfg.lambd, encoder_kwargs=cfg.encoder_options())
+                       lambd=cfg.lambd, bias_lr_scale=cfg.bias_lr_scale,
+                       encoder_kwargs=cfg.encoder_options())
 
 
 def build_pipeline(cfg: BarlowTwinsR50):

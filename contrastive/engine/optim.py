@@ -10,8 +10,10 @@ Only parameters with ``requires_grad`` are optimised: the momentum (key) encoder
 patch projection never enter the optimiser.
 
 A method may declare :class:`~contrastive.methods.ParamGroup` s (``method.param_groups()``): their
-own weight decay, a fixed learning rate (:func:`set_lr` leaves it alone), or no update for the
-first N optimiser steps (:func:`drop_frozen_grads` drops their gradients, so neither the weights
+own weight decay, a fixed learning rate (:func:`set_lr` leaves it alone), a multiple of the
+scheduled learning rate (``lr_scale``: :func:`set_lr` writes ``lr_scale * lr``, as Barlow Twins'
+official code trains biases and norm parameters at 0.0048 / 0.2 of the weights' lr), or no
+update for the first N optimiser steps (:func:`drop_frozen_grads` drops their gradients, so neither the weights
 nor the optimiser state move, as SwAV freezes its prototypes). Each declared group is split by the
 same ``ndim`` rule into a decaying/LARS-adapted part and a norm/bias part.
 """
@@ -52,8 +54,8 @@ def param_groups(model: nn.Module, weight_decay: float, *,
     of every trainable parameter outside the model's declared groups, then the same split of
     each group ``model.param_groups()`` declares (a method's :class:`ParamGroup` s).
 
-    Each group carries ``"name"`` and ``"lars_adapt"`` (plus ``"fixed_lr"`` / ``"frozen_steps"``
-    for declared groups that set them); a no-decay group has weight decay 0 when
+    Each group carries ``"name"`` and ``"lars_adapt"`` (plus ``"fixed_lr"`` / ``"lr_scale"`` /
+    ``"frozen_steps"`` for declared groups that set them); a no-decay group has weight decay 0 when
     ``exclude_from_wd`` and never gets LARS adaptation. A parameter declared twice is an error.
     """
     declare = getattr(model, "param_groups", None)
@@ -71,6 +73,8 @@ def param_groups(model: nn.Module, weight_decay: float, *,
         extra: dict = {}
         if pg.lr is not None:
             extra["fixed_lr"] = float(pg.lr)
+        if pg.lr_scale != 1.0:
+            extra["lr_scale"] = float(pg.lr_scale)
         if pg.frozen_steps:
             extra["frozen_steps"] = int(pg.frozen_steps)
         wd = weight_decay if pg.weight_decay is None else float(pg.weight_decay)
@@ -133,10 +137,11 @@ class LARS(torch.optim.Optimizer):
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    """Write the scheduled ``lr`` into every group but those with a ``fixed_lr``."""
+    """Write the scheduled ``lr`` into every group: ``lr * lr_scale`` (1 unless declared), or
+    the group's ``fixed_lr``."""
     for g in optimizer.param_groups:
         fixed = g.get("fixed_lr")
-        g["lr"] = lr if fixed is None else fixed
+        g["lr"] = lr * g.get("lr_scale", 1.0) if fixed is None else fixed
 
 
 def set_weight_decay(optimizer: torch.optim.Optimizer, weight_decay: float) -> None:
@@ -168,6 +173,8 @@ def build_optimizer(model: nn.Module, name: str, *, lr: float, weight_decay: flo
     norm parameters) does not, as the official MoCo v3 / SimCLR code.
     """
     groups = param_groups(model, weight_decay, exclude_from_wd=exclude_from_wd)
+    for g in groups:  # the lr before the first set_lr: as set_lr would write it
+        g["lr"] = g.get("fixed_lr", lr * g.get("lr_scale", 1.0))
     name = name.lower()
     if name == "sgd":
         for g in groups:

@@ -15,11 +15,13 @@ from contrastive.engine import parse_config
 
 CIFAR = ["byol_cifar", "simsiam_cifar", "barlow_twins_cifar", "vicreg_cifar", "supcon_cifar",
          "nnclr_cifar", "swav_cifar", "dino_cifar"]
-IMAGENET = ["byol_r50", "simsiam_r50", "barlow_twins_r50", "vicreg_r50", "swav_r50"]
+IMAGENET = ["byol_r50", "simsiam_r50", "barlow_twins_r50", "vicreg_r50", "swav_r50",
+            "supcon_r50", "nnclr_r50"]
 SHRINK = {  # small heads for the tiny runs
     "byol_cifar": ["--dim", "16", "--mlp-hidden", "32"],
     "simsiam_cifar": ["--dim", "16", "--proj-hidden", "32", "--pred-hidden", "8"],
     "barlow_twins_cifar": ["--dim", "32", "--mlp-hidden", "32"],
+    "barlow_twins_r50": ["--dim", "32", "--mlp-hidden", "32", "--warmup-epochs", "0.5"],
     "vicreg_cifar": ["--dim", "32", "--mlp-hidden", "32"],
     "supcon_cifar": ["--dim", "16", "--mlp-hidden", "32"],
     "nnclr_cifar": ["--dim", "16", "--proj-hidden", "32", "--pred-hidden", "32",
@@ -70,7 +72,8 @@ def test_imagenet_recipe_builds_the_papers_model(name, rx):
     method = mod.build_method(small)
     expected = {"byol_r50": ("BYOL", 0.996), "simsiam_r50": ("SimSiam", None),
                 "barlow_twins_r50": ("BarlowTwins", None), "vicreg_r50": ("VICReg", None),
-                "swav_r50": ("SwAV", None)}[name]
+                "swav_r50": ("SwAV", None), "supcon_r50": ("SupCon", None),
+                "nnclr_r50": ("NNCLR", None)}[name]
     assert type(method).__name__ == expected[0]
     if expected[1] is not None:
         assert method.schedules()["momentum"](0, 100) == pytest.approx(expected[1])
@@ -108,3 +111,60 @@ def test_dino_vit_recipe_declares_the_official_schedules(rx, monkeypatch):
     assert sched["teacher_temperature"](30, 100) == pytest.approx(0.07)
     assert method.param_groups()[0].frozen_steps == 10  # the first epoch
     assert cfg.optimizer == "adamw" and cfg.clip_grad_norm == 3.0
+
+
+# the papers' / official code's ImageNet settings (see each recipe's docstring for the sources)
+PAPER = {
+    "supcon_r50": dict(batch_size=6144, optimizer="lars", lr=0.4, lr_scaling="linear",
+                       weight_decay=1e-3, warmup_epochs=12, epochs=350, dim=128,
+                       mlp_hidden=2048, temperature=0.1, base_temperature=1.0),
+    "nnclr_r50": dict(batch_size=4096, optimizer="lars", lr=0.3, lr_scaling="linear",
+                      weight_decay=1e-6, warmup_epochs=10, epochs=1000, dim=256,
+                      proj_hidden=2048, pred_hidden=4096, support_size=98304, temperature=0.1),
+    "barlow_twins_r50": dict(batch_size=2048, optimizer="lars", lr=0.2, lr_scaling="linear",
+                             bias_lr_scale=0.024, min_lr=0.001, weight_decay=1.5e-6,
+                             warmup_epochs=10, epochs=1000, dim=8192, mlp_hidden=8192,
+                             lambd=0.0051),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PAPER))
+def test_imagenet_recipe_defaults_are_the_papers(name, rx):
+    mod = rx.load_recipe(name)
+    cls = next(v for k, v in vars(mod).items() if isinstance(v, type) and hasattr(v, "lr")
+               and v.__module__ == mod.__name__)
+    cfg = parse_config(cls, ["--data", "shapes"])
+    for field, value in PAPER[name].items():
+        assert getattr(cfg, field) == value, field
+    method = mod.build_method(parse_config(cls, ["--data", "shapes", "--encoder", "small_cnn"]))
+    if name == "supcon_r50":  # the code's scale_by_temperature: loss x 0.1
+        assert method.factor == pytest.approx(0.1) and method.needs == ("views", "labels")
+    if name == "nnclr_r50":
+        assert method.support.size == 98304 and method.temperature == 0.1
+    if name == "barlow_twins_r50":  # every 1-d parameter, at 0.0048 / 0.2 of the lr
+        (group,) = method.param_groups()
+        ones = {id(p) for p in method.parameters() if p.ndim <= 1}
+        assert {id(p) for p in group.params} == ones and group.lr_scale == pytest.approx(0.024)
+
+
+def test_barlow_twins_bias_lr_scale_resumes_bit_exactly(tmp_path, rx):
+    """The r50 recipe (tiny): biases and BN parameters train at 0.024 x the scheduled lr in the
+    saved optimiser state (a warm-up step, so the lr moves), and a resumed run equals the
+    uninterrupted one bit for bit."""
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    _run(rx, "barlow_twins_r50", full, "--max-steps", "4")
+    _run(rx, "barlow_twins_r50", cut, "--max-steps", "2")
+    _run(rx, "barlow_twins_r50", cut, "--max-steps", "4", "--resume", "auto")
+    a = load_file(str(full / "checkpoints" / "step_00000004" / "model.safetensors"))
+    b = load_file(str(cut / "checkpoints" / "step_00000004" / "model.safetensors"))
+    assert set(a) == set(b)
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"{k} differs after the resume"
+    for run in (full, cut):
+        opt = torch.load(run / "checkpoints" / "step_00000004" / "optimizer.bin",
+                         weights_only=True)
+        groups = {g["name"]: g for g in opt["param_groups"]}
+        assert groups["biases_norms_no_decay"]["lr_scale"] == 0.024
+        assert groups["biases_norms_no_decay"]["lr"] == pytest.approx(
+            0.024 * groups["decay"]["lr"], rel=1e-12)
+        assert groups["decay"]["lr"] > 0
