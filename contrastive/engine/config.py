@@ -313,8 +313,8 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self._known = list(known)
 
-    def parse_args(self, args: Sequence[str] | None = None,
-                   namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: Any = None) -> argparse.Namespace:
         ns, unknown = self.parse_known_args(args, namespace)
         if unknown:
             bad = [u for u in unknown if u.startswith("-")] or unknown

@@ -26,12 +26,12 @@ preset). solo-learn's CIFAR setup uses one lr for all (scale 1).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
 from contrastive.losses import get_loss
-from contrastive.methods._common import unit
+from contrastive.methods._common import unit, width
 from contrastive.methods.base import Method, ParamGroup, views_of
 from contrastive.methods.registry import register_method
 from contrastive.nn import build_mlp, convert_to_sync_bn, resolve_encoder
@@ -57,7 +57,7 @@ class BarlowTwins(Method):
     """
 
     needs = ("views",)
-    presets: dict[str, dict[str, Any]] = {
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
         "resnet50": dict(encoder="torchvision:resnet50", dim=8192, mlp_hidden=8192, lambd=0.0051,
                          bias_lr_scale=0.024),
         # solo-learn scripts/pretrain/cifar/barlow.yaml: 2048-2048-2048, lambda 0.0051, scale 0.1
@@ -73,7 +73,7 @@ class BarlowTwins(Method):
         if not bias_lr_scale >= 0:
             raise ValueError(f"BarlowTwins: bias_lr_scale must be >= 0, got {bias_lr_scale!r}")
         self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
-        self.projector = build_mlp(self.encoder.num_features, mlp_hidden, dim, proj_layers,
+        self.projector: nn.Module = build_mlp(width(self.encoder), mlp_hidden, dim, proj_layers,
                                    bias=False)
         if sync_bn:
             self.encoder, self.projector = (convert_to_sync_bn(m)

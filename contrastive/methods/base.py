@@ -77,7 +77,7 @@ class Method(nn.Module):
     """
 
     needs: tuple[str, ...] = ("views",)
-    uses_in_batch_negatives: ClassVar[bool] = False
+    uses_in_batch_negatives: bool = False  # a class or an instance attribute (Distiller)
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
 
     def schedules(self) -> dict[str, Schedule]:

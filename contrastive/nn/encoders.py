@@ -205,17 +205,20 @@ def stage_features(encoder: nn.Module, x: Tensor) -> list[Tensor]:
     See the module docstring for what each family returns. Raises TypeError for a model
     without a known way; give it ``forward_stages(x) -> list[Tensor]``.
     """
-    if callable(getattr(encoder, "forward_stages", None)):
-        return list(encoder.forward_stages(x))
+    forward_stages = getattr(encoder, "forward_stages", None)
+    if callable(forward_stages):
+        return list(forward_stages(x))
     if all(hasattr(encoder, a) for a in ("conv1", "bn1", "relu", "maxpool", "layer4")):
-        x = encoder.maxpool(encoder.relu(encoder.bn1(encoder.conv1(x))))
+        net: Any = encoder  # a torchvision / timm ResNet, duck-typed
+        x = net.maxpool(net.relu(net.bn1(net.conv1(x))))
         out = []
-        for layer in (encoder.layer1, encoder.layer2, encoder.layer3, encoder.layer4):
+        for layer in (net.layer1, net.layer2, net.layer3, net.layer4):
             x = layer(x)
             out.append(x)
         return out
-    if callable(getattr(encoder, "forward_intermediates", None)):
-        return list(encoder.forward_intermediates(x, intermediates_only=True))
+    forward_intermediates = getattr(encoder, "forward_intermediates", None)  # timm
+    if callable(forward_intermediates):
+        return list(forward_intermediates(x, intermediates_only=True))
     features = getattr(encoder, "features", None)
     if isinstance(features, nn.Sequential):
         out = []

@@ -102,7 +102,7 @@ class TextEncoder(nn.Module):
             )
         self.model = model
         self.pooling = pooling
-        config = model.config
+        config: Any = model.config  # a transformers PretrainedConfig
         self.hidden_size: int = int(config.hidden_size)
         self.num_features: int = self.hidden_size
         self.num_layers: int = int(config.num_hidden_layers)

@@ -218,6 +218,7 @@ def load_glue(task: str, root: str | Path, split: str = "train") -> GlueDataset:
         split = f"{split}_matched"
     path = _resolve_path(Path(root).expanduser(), t, split)
     rows = read_tsv(path)
+    y_col: int | None  # None: the split has no labels
     if t.name == "cola" and not split.startswith("test"):
         header, body, first_line = None, rows, 1
         a_col, b_col, y_col, width = 3, None, 1, _COLA_FIELDS
