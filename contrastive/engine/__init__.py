@@ -33,7 +33,7 @@ from contrastive.engine.config import (
 from contrastive.engine.optim import build_optimizer, param_groups
 from contrastive.engine.run import run, setup_logging
 from contrastive.engine.schedules import cosine_lr, lr_at, scaled_lr, step_lr
-from contrastive.engine.trainer import NonFiniteLossError, TrainResult, save_encoder, train
+from contrastive.engine.trainer import NonFiniteLossError, TrainResult, train, write_encoder
 
 __all__ = [
     "CifarConfig",
@@ -53,9 +53,9 @@ __all__ = [
     "param_groups",
     "parse_config",
     "run",
-    "save_encoder",
     "scaled_lr",
     "setup_logging",
     "step_lr",
     "train",
+    "write_encoder",
 ]

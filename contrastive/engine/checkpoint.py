@@ -62,6 +62,14 @@ from contrastive.engine.safe_state import (
     torch_bytes,
     verify_files,
 )
+from contrastive.records import (
+    CHECKPOINTS,
+    META,
+    MODEL_FILE,
+    complete_checkpoints,
+    find_latest,
+    step_dir_name,
+)
 
 __all__ = [
     "CheckpointFileError",
@@ -83,10 +91,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_STEP_DIR = re.compile(r"^step_(\d+)$")
-META = "meta.json"
 FORMAT_VERSION = 2  # 1: accelerate's save_state (pickled custom state), not read any more
-MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.bin"
 SCALER_FILE = "scaler.pt"
 
@@ -199,30 +204,13 @@ class TrainState:
 # finding checkpoints
 
 
-def _complete_steps(root: Path) -> list[tuple[int, Path]]:
-    if not root.is_dir():
-        return []
-    found = []
-    for p in root.iterdir():
-        m = _STEP_DIR.match(p.name)
-        if m and p.is_dir() and (p / META).is_file():
-            found.append((int(m.group(1)), p))
-    return sorted(found)
-
-
-def find_latest(root: str | Path) -> Path | None:
-    """Newest complete checkpoint folder under ``root`` (a run's ``checkpoints/``) or None."""
-    found = _complete_steps(Path(root))
-    return found[-1][1] if found else None
-
-
 def resolve_resume(resume: str, output_dir: str | Path) -> Path | None:
     """``--resume`` to a checkpoint folder: ``auto`` -> newest in ``output_dir`` (None if none);
     a checkpoint folder; or a run folder (its newest checkpoint)."""
     if not resume:
         return None
     if resume == "auto":
-        latest = find_latest(Path(output_dir) / "checkpoints")
+        latest = find_latest(Path(output_dir) / CHECKPOINTS)
         if latest is None:
             found = existing_run_files(Path(output_dir))
             if found:
@@ -235,7 +223,7 @@ def resolve_resume(resume: str, output_dir: str | Path) -> Path | None:
     path = Path(resume)
     if (path / META).is_file():
         return path
-    for root in (path / "checkpoints", path):
+    for root in (path / CHECKPOINTS, path):
         latest = find_latest(root)
         if latest is not None:
             return latest
@@ -455,7 +443,7 @@ class CheckpointManager:
         """
         acc = self.accelerator
         step = self.state.step
-        name = f"step_{step:08d}"
+        name = step_dir_name(step)
         final, tmp, old = self.root / name, self.root / f".tmp-{name}", self.root / f".tmp-old-{name}"
         self.state.fingerprints = self._fingerprints()
         error = ""
@@ -529,7 +517,7 @@ class CheckpointManager:
         return final
 
     def _prune(self) -> None:
-        complete = _complete_steps(self.root)
+        complete = complete_checkpoints(self.root)
         for _, path in complete[:-self.keep_last]:
             trash = self.root / f".trash-{path.name}"
             _replace(path, trash)  # atomic: never a half-deleted folder that looks complete
@@ -617,4 +605,4 @@ class CheckpointManager:
 
 def iter_checkpoints(root: str | Path) -> Iterable[Path]:
     """Complete checkpoints under ``root``, oldest first."""
-    return [p for _, p in _complete_steps(Path(root))]
+    return [p for _, p in complete_checkpoints(root)]

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from contrastive.engine.run_folder import RunFolderError
+from contrastive.records import META
 
 __all__ = [
     "CheckpointFileError",
@@ -87,7 +88,7 @@ def read_verified(folder: Path, name: str, manifest: dict[str, Any]) -> bytes:
 def verify_files(folder: Path) -> bool:
     """True when ``folder/meta.json`` parses and lists files that all match (size and hash)."""
     try:
-        meta = read_json(folder / "meta.json")
+        meta = read_json(folder / META)
         files = meta["files"]
         if not isinstance(files, dict) or not files:
             return False

@@ -68,8 +68,9 @@ from contrastive.engine.optim import (
 from contrastive.engine.run_folder import check_output_dir, truncate_metrics
 from contrastive.engine.run_state import EXIT_STOPPED, read_run_state, write_run_state
 from contrastive.engine.schedules import lr_at, scaled_lr
+from contrastive.records import ENCODER_FILE, EncoderRecord, RecordError
 
-__all__ = ["train", "TrainResult", "NonFiniteLossError", "make_accelerator", "save_encoder"]
+__all__ = ["train", "TrainResult", "NonFiniteLossError", "make_accelerator", "write_encoder"]
 
 logger = logging.getLogger(__name__)
 
@@ -147,21 +148,16 @@ def _check_output_dir(out: Path, resume: str) -> None:
             "--resume auto to continue that run, or choose a new --output-dir")
 
 
-def save_encoder(path: str | Path, encoder: nn.Module, name: str, **extra: Any) -> Path:
-    """Write ``{"encoder": name, "state_dict": ...}`` (+ ``extra`` plain values) atomically.
-
-    The state dict is the backbone's own (no prefixes, no head), on the CPU, contiguous: it
-    loads with ``torch.load(path, weights_only=True)`` and ``create_encoder(name)
-    .load_state_dict(...)``.
-    """
-    path = Path(path)
-    state = {k: v.detach().cpu().contiguous() for k, v in encoder.state_dict().items()}
-    payload = {"encoder": name, "state_dict": state,
-               "num_features": int(getattr(encoder, "num_features", 0)), **extra}
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
-    return path
+def write_encoder(out: Path, cfg: TrainConfig, module: nn.Module, pipeline: Any, recipe: str,
+                  step: int) -> Path:
+    """``<out>/encoder.pt``: the method's backbone as a :class:`~contrastive.records.EncoderRecord`
+    with the ``create_encoder`` kwargs, the crop size and the pipeline's normalisation (which
+    evaluation uses by default)."""
+    record = EncoderRecord.from_module(
+        module.encoder, cfg.encoder, encoder_kwargs=cfg.encoder_options(),
+        mean=getattr(pipeline, "mean", None), std=getattr(pipeline, "std", None),
+        image_size=cfg.image_size, step=step, recipe=recipe, method=type(module).__name__)
+    return record.save(out / ENCODER_FILE)
 
 
 class _Metrics:
@@ -484,6 +480,7 @@ def _train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
         "mixed_precision": accelerator.mixed_precision, "device": str(device),
         "batched_augment": batched, "train_images": len(train_set),
         "torch": torch.__version__, "command": " ".join(sys.argv),
+        "encoder_kwargs": cfg.encoder_options(),  # evaluation rebuilds the encoder with these
     }
     if is_main:
         (out / "config.json").write_text(json.dumps({**config_dict, "resolved": resolved},
@@ -534,13 +531,7 @@ def _train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
         result.status, result.step, result.epoch = status, state.step, state.epoch
         result.steps_trained = state.step - start_step
         if is_main:
-            extra = {"encoder_kwargs": cfg.encoder_options()} if cfg.encoder_options() else {}
-            # evaluation normalises with the pretraining statistics (read back by contrastive.eval)
-            extra.update({k: [float(v) for v in getattr(pipeline, k)] for k in ("mean", "std")
-                          if hasattr(pipeline, k)})
-            result.encoder_path = save_encoder(
-                out / "encoder.pt", module.encoder, cfg.encoder, recipe=recipe, step=state.step,
-                method=type(module).__name__, image_size=cfg.image_size, **extra)
+            result.encoder_path = write_encoder(out, cfg, module, pipeline, recipe, state.step)
             logger.info("%s at step %d: encoder weights in %s", status, state.step,
                         result.encoder_path)
             if status == "interrupted":
@@ -740,15 +731,10 @@ def _nothing_to_do(cfg: TrainConfig, state: TrainState, last_step: int, total_st
                     state.step, cfg.max_steps)
     result = TrainResult(output_dir=out, status="completed" if done_all else "max_steps",
                          step=state.step, epoch=state.epoch, checkpoint=resume_path)
-    encoder_path = out / "encoder.pt"
+    encoder_path = out / ENCODER_FILE
     if is_main:
         if _encoder_step(encoder_path) != state.step:
-            extra = {"encoder_kwargs": cfg.encoder_kwargs()} if cfg.encoder_kwargs() else {}
-            extra.update({k: [float(v) for v in getattr(pipeline, k)] for k in ("mean", "std")
-                          if hasattr(pipeline, k)})
-            save_encoder(encoder_path, module.encoder, cfg.encoder, recipe=recipe,
-                         step=state.step, method=type(module).__name__,
-                         image_size=cfg.image_size, **extra)
+            write_encoder(out, cfg, module, pipeline, recipe, state.step)
             logger.info("wrote the missing %s (step %d)", encoder_path, state.step)
         previous = read_run_state(out) or {}
         if previous.get("state") != "completed" or previous.get("step") != state.step:
@@ -762,8 +748,8 @@ def _nothing_to_do(cfg: TrainConfig, state: TrainState, last_step: int, total_st
 def _encoder_step(path: Path) -> int | None:
     """The ``step`` recorded in an ``encoder.pt`` (None if absent or unreadable)."""
     try:
-        return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["step"])
-    except Exception:  # noqa: BLE001 - any unreadable file is rewritten
+        return EncoderRecord.load(path, mmap=True).step
+    except (RecordError, OSError):  # absent or unreadable: rewritten
         return None
 
 
