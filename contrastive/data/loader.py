@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable, Iterator
+import signal
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -27,9 +29,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
 __all__ = ["mix_seed", "epoch_order", "seed_item_generators", "SeededDataset", "SeededSampler",
-           "default_num_workers", "build_loader"]
+           "default_num_workers", "build_loader", "ignore_stop_signals", "start_workers"]
 
 _MASK64 = (1 << 64) - 1
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def mix_seed(*values: int) -> int:
@@ -135,6 +138,36 @@ class SeededSampler(Sampler):
         return ((epoch, i) for i in epoch_order(self.n, self.seed, epoch, self.shuffle))
 
 
+def ignore_stop_signals(worker_id: int = 0) -> None:
+    """``worker_init_fn``: this loader worker ignores SIGTERM and SIGINT (then unblocks them).
+
+    The main process alone decides when to stop: it finishes its step, saves, and shuts its
+    workers down. Torch's own SIGTERM handler in workers would otherwise end the worker first.
+    """
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+
+
+def start_workers(loader: Iterable) -> Iterator:
+    """``iter(loader)`` with SIGTERM and SIGINT held back in this thread while it runs.
+
+    Worker processes fork inside ``iter()`` and inherit the blocked signals, so a signal that
+    arrives before :func:`ignore_stop_signals` has run in a worker waits and is then ignored,
+    instead of ending the worker through torch's handler. In this process a pending signal is
+    delivered when the mask is restored (or earlier to another thread): nothing is lost.
+    """
+    if not hasattr(signal, "pthread_sigmask") or \
+            threading.current_thread() is not threading.main_thread():
+        return iter(loader)
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        return iter(loader)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def default_num_workers() -> int:
     """Loader workers for this machine: the CPUs this process may use, at most 8."""
     try:
@@ -172,7 +205,8 @@ def build_loader(
         persistent_workers: keep workers alive between epochs (when ``num_workers > 0``).
         prefetch_factor: batches prefetched per worker (torch default 2 when None).
 
-    For speed on an accelerator use the batched pipeline (``Pipeline.split()``): the workers
+    Workers ignore SIGTERM / SIGINT (:func:`ignore_stop_signals`): the main process decides when
+    to stop. For speed on an accelerator use the batched pipeline (``Pipeline.split()``): the workers
     then return uint8 crops (4x fewer bytes than float32 to collate, pin and copy).
     """
     if isinstance(batch_size, bool) or int(batch_size) < 1:
@@ -194,5 +228,6 @@ def build_loader(
         pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
         collate_fn=collate_fn,
         generator=torch.Generator().manual_seed(int(seed)),
+        worker_init_fn=ignore_stop_signals,
         **kwargs,
     )

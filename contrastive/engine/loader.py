@@ -23,21 +23,22 @@ per-image path) not the same views when the number of processes changes.
 
 from __future__ import annotations
 
-import signal
-import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Sampler
 
-from contrastive.data.loader import SeededDataset, epoch_order, mix_seed
+from contrastive.data.loader import (
+    SeededDataset,
+    epoch_order,
+    ignore_stop_signals,
+    mix_seed,
+    start_workers,
+)
 
 __all__ = ["mix_seed", "GlobalBatchSampler", "SeededDataset", "build_train_loader",
            "step_generator", "ignore_stop_signals", "start_workers"]
-
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
 
 class GlobalBatchSampler(Sampler[list[tuple[int, int]]]):
     """Per-process micro-batches of ``(epoch, index)`` cut from one global permutation;
@@ -110,36 +111,6 @@ def build_train_loader(dataset: Any, sampler: GlobalBatchSampler, *, seed: int, 
         generator=torch.Generator().manual_seed(seed),
         worker_init_fn=ignore_stop_signals,
     )
-
-
-def ignore_stop_signals(worker_id: int = 0) -> None:
-    """``worker_init_fn``: this loader worker ignores SIGTERM and SIGINT (then unblocks them).
-
-    The main process alone decides when to stop: it finishes its step, saves, and shuts its
-    workers down. Torch's own SIGTERM handler in workers would otherwise end the worker first.
-    """
-    for sig in _STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
-
-
-def start_workers(loader: Iterable) -> Iterator:
-    """``iter(loader)`` with SIGTERM and SIGINT held back in this thread while it runs.
-
-    Worker processes fork inside ``iter()`` and inherit the blocked signals, so a signal that
-    arrives before :func:`ignore_stop_signals` has run in a worker waits and is then ignored,
-    instead of ending the worker through torch's handler. In this process a pending signal is
-    delivered when the mask is restored (or earlier to another thread): nothing is lost.
-    """
-    if not hasattr(signal, "pthread_sigmask") or \
-            threading.current_thread() is not threading.main_thread():
-        return iter(loader)
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    try:
-        return iter(loader)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def step_generator(device: torch.device, seed: int, step: int, micro: int,

@@ -58,7 +58,7 @@ from contrastive.engine.loader import (
     start_workers,
     step_generator,
 )
-from contrastive.engine.monitor import KNNMonitor
+from contrastive.engine.monitor import KNNMonitor, feature_fn
 from contrastive.engine.optim import (
     build_optimizer,
     drop_frozen_grads,
@@ -307,19 +307,6 @@ def _resolve_batched(cfg: TrainConfig, device: torch.device) -> bool:
     return cfg.batched_augment != "off"
 
 
-def _feature_fn(module: nn.Module, which: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    if which == "head":
-        head = getattr(module, "head", None) or getattr(module, "projector", None)
-        if head is None:
-            raise ValueError(f"--knn-feature head: {type(module).__name__} has no head/projector")
-        encode = lambda x: head(module.encoder(x))  # noqa: E731
-    else:
-        encode = module.encoder
-    if any(p.dtype == torch.float64 for p in module.encoder.parameters()):  # --float64
-        return lambda x: encode(x.double())
-    return encode
-
-
 # ----------------------------------------------------------------------------------------------
 # the loop
 
@@ -505,7 +492,7 @@ def _train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
     def run_knn(tag: str) -> None:
         model.eval()
         try:
-            top1 = monitor(_feature_fn(module, cfg.knn_feature), accelerator,
+            top1 = monitor(feature_fn(module, cfg.knn_feature), accelerator,
                            channels_last=cfg.channels_last)
         finally:
             model.train()
