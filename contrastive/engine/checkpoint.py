@@ -6,6 +6,7 @@ Layout (``<output_dir>/checkpoints/``)::
         model.safetensors      the whole method: query + key encoders, heads, queue (no "module."
                                prefix, whatever the number of processes)
         optimizer.bin          the optimiser's state dict (torch file, tensors and numbers only)
+        probe.pt               the online linear probe's head and optimiser (when it is on)
         scaler.pt              the fp16 gradient scaler (when there is one)
         random_states_<r>.pt   process r's torch/CUDA, ``random`` and numpy generator states
         meta.json              step, epoch, data position, config, model signature,
@@ -100,7 +101,7 @@ OPERATIONAL_FIELDS = frozenset({
     "output_dir", "resume", "max_steps", "num_workers", "save_every_steps", "save_every_epochs",
     "keep_last", "log_every", "progress", "report_to", "allow_config_change", "strict_data",
     "knn_every", "knn_at_start", "knn_max_train", "knn_max_test", "knn_k", "knn_t",
-    "knn_feature", "compile", "channels_last", "batched_augment", "cpu", "on_nonfinite",
+    "knn_feature", "online_probe", "probe_lr", "compile", "channels_last", "batched_augment", "cpu", "on_nonfinite",
     "mixed_precision", "ddp_find_unused_parameters", "stop_if_orphaned",
 })
 
@@ -390,10 +391,14 @@ class CheckpointManager:
         root: ``<output_dir>/checkpoints``.
         keep_last: complete checkpoints kept after each save.
         meta: extra JSON-able content for ``meta.json`` (config, signature, recipe).
+        extras: more state saved by the main process as ``<name>.pt`` (``weights_only``
+            torch files) and fingerprinted: objects with ``checkpoint_state()`` and
+            ``load_checkpoint_state(state)``, the same on every process (the online probe).
     """
 
     def __init__(self, accelerator: Any, model: nn.Module, optimizer: Any, state: TrainState,
-                 root: str | Path, *, keep_last: int = 2, meta: dict[str, Any] | None = None):
+                 root: str | Path, *, keep_last: int = 2, meta: dict[str, Any] | None = None,
+                 extras: dict[str, Any] | None = None):
         self.accelerator = accelerator
         self.model = model
         self.optimizer = optimizer
@@ -401,6 +406,7 @@ class CheckpointManager:
         self.root = Path(root)
         self.keep_last = keep_last
         self.meta = dict(meta or {})
+        self.extras = dict(extras or {})
         self.last_saved_step: int | None = None
 
     def cleanup_partial(self) -> None:
@@ -416,11 +422,15 @@ class CheckpointManager:
         module = self.accelerator.unwrap_model(self.model)
         local = {"rng": rng_digest()}
         per_rank = gather_object([local])
-        return {
+        prints: dict[str, Any] = {
             "model": tensor_digest(module.state_dict()),
             "optimizer": tensor_digest(self.optimizer.state_dict()),
             "rng": [r["rng"] for r in per_rank],
         }
+        if self.extras:
+            prints["extras"] = {name: tensor_digest(x.checkpoint_state())
+                                for name, x in self.extras.items()}
+        return prints
 
     def _gather(self, item: Any) -> list[Any]:
         if self.accelerator.num_processes == 1:
@@ -477,6 +487,9 @@ class CheckpointManager:
                 if scaler is not None:
                     files.update(self._write_file(tmp, SCALER_FILE,
                                                   torch_bytes(scaler.state_dict())))
+                for name, extra in self.extras.items():
+                    files.update(self._write_file(tmp, f"{name}.pt",
+                                                  torch_bytes(extra.checkpoint_state())))
                 meta = {
                     **self.meta,
                     "format": FORMAT_VERSION,
@@ -559,6 +572,12 @@ class CheckpointManager:
             else:
                 logger.warning("%s has no gradient scaler state: the fp16 loss scale restarts",
                                path)
+        for name, extra in self.extras.items():
+            if f"{name}.pt" in files:
+                extra.load_checkpoint_state(load_torch_bytes(
+                    read_verified(path, f"{name}.pt", files), path / f"{name}.pt"))
+            else:
+                logger.warning("%s has no %s state: it starts afresh", path, name)
         rng_name = f"random_states_{acc.process_index}.pt"
         if rng_name in files:
             set_rng_state(load_torch_bytes(read_verified(path, rng_name, files), path / rng_name),
@@ -588,6 +607,10 @@ class CheckpointManager:
                 problems.append("model weights/buffers (incl. momentum encoder and queue)")
             if tensor_digest(self.optimizer.state_dict()) != saved["optimizer"]:
                 problems.append("optimizer state")
+        for name, extra in self.extras.items():
+            digest = saved.get("extras", {}).get(name)
+            if digest is not None and tensor_digest(extra.checkpoint_state()) != digest:
+                problems.append(f"{name} state")
         rngs = saved.get("rng", [])
         if rank < len(rngs) and rng_digest() != rngs[rank]:
             problems.append(f"random number generator states of process {rank}")
