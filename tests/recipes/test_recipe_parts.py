@@ -25,10 +25,11 @@ def test_mocov3_momentum_matches_official_formula(rx):
     assert mod.build_method(cfg).schedules()["momentum"](5 * spe, epochs * spe) == 0.99
 
 
-def test_sincos_position_embedding_matches_formula(rx):
-    mod = rx.load_recipe("mocov3_vit_small")
+def test_sincos_position_embedding_matches_formula():
+    from contrastive.nn.pos_embed import sincos_pos_embed
+
     grid, dim = 3, 8
-    pe = mod.sincos_pos_embed(grid, dim)
+    pe = sincos_pos_embed(grid, dim)
     assert pe.shape == (1, 1 + grid * grid, dim) and torch.all(pe[0, 0] == 0)
     quarter = dim // 4
     for p in range(grid * grid):
@@ -43,6 +44,7 @@ def test_sincos_position_embedding_matches_formula(rx):
 def test_vit_recipe_fixes_every_position_embedding(rx):
     mod = rx.load_recipe("mocov3_vit_small")
     from contrastive.engine import parse_config
+    from contrastive.nn.pos_embed import sincos_pos_embed
 
     cfg = parse_config(mod.MoCoV3ViTSmall, ["--data", "shapes", "--encoder",
                                             "timm:vit_tiny_patch16_224", "--mlp-hidden", "32",
@@ -52,7 +54,7 @@ def test_vit_recipe_fixes_every_position_embedding(rx):
     assert len(embeds) == 2  # query and key ViTs
     for pe in embeds:
         assert not pe.requires_grad
-        torch.testing.assert_close(pe.data, mod.sincos_pos_embed(14, 192))
+        torch.testing.assert_close(pe.data, sincos_pos_embed(14, 192))
     assert not any(p.requires_grad for p in method.encoder.patch_embed.parameters())
 
 
