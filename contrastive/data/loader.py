@@ -21,8 +21,8 @@ import os
 import random
 import signal
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sized
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -222,7 +222,7 @@ def build_loader(
     return DataLoader(
         SeededDataset(dataset, seed, with_index=False),
         batch_size=int(batch_size),
-        sampler=SeededSampler(len(dataset), shuffle=shuffle, seed=seed),
+        sampler=SeededSampler(len(cast(Sized, dataset)), shuffle=shuffle, seed=seed),
         num_workers=workers,
         drop_last=shuffle if drop_last is None else drop_last,
         pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,

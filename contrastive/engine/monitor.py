@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Subset
 
-__all__ = ["KNNMonitor", "feature_fn"]
+__all__ = ["KNNMonitor", "feature_fn", "encoder_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,16 +66,24 @@ def feature_fn(module: nn.Module, which: str) -> Callable[[Tensor], Tensor]:
         head = getattr(module, "head", None) or getattr(module, "projector", None)
         if head is None:
             raise ValueError(f"--knn-feature head: {type(module).__name__} has no head/projector")
-        backbone = module.encoder
+        backbone = encoder_of(module)
 
         def encode(x: Tensor) -> Tensor:
             return head(backbone(x))
     else:
-        encode = module.encoder
-    if any(p.dtype == torch.float64 for p in module.encoder.parameters()):  # --float64
+        encode = encoder_of(module)
+    if any(p.dtype == torch.float64 for p in encoder_of(module).parameters()):  # --float64
         inner = encode
         return lambda x: inner(x.double())
     return encode
+
+
+def encoder_of(method: nn.Module) -> nn.Module:
+    """The method's backbone (its ``encoder`` attribute), typed."""
+    encoder = getattr(method, "encoder", None)
+    if not isinstance(encoder, nn.Module):
+        raise TypeError(f"{type(method).__name__} has no encoder module (attribute 'encoder')")
+    return encoder
 
 
 def _channels_last(x: Tensor) -> Tensor:

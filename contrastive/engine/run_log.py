@@ -94,7 +94,8 @@ def log_record(step: int, steps_per_epoch: int, lr: float, sched: dict[str, floa
         "data_wait_frac": round(wait / max(seconds, 1e-9), 4),
         "time": round(time.time(), 3),
     }
-    if "loss" in record and not math.isfinite(record["loss"]):
+    loss = record.get("loss")
+    if isinstance(loss, float) and not math.isfinite(loss):
         record["loss"] = None
     return record
 

@@ -156,7 +156,7 @@ def rng_state() -> dict[str, Any]:
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "python": [version, list(internal), gauss],
-        "numpy": {"name": str(name), "key": torch.from_numpy(key.astype(np.int64)),
+        "numpy": {"name": str(name), "key": torch.from_numpy(np.asarray(key, dtype=np.int64)),
                   "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
     }
     if torch.cuda.is_available():

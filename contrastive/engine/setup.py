@@ -19,7 +19,7 @@ from torch import nn
 from contrastive.engine.checkpoint import model_signature
 from contrastive.engine.config import TrainConfig
 from contrastive.engine.loader import GlobalBatchSampler, build_train_loader
-from contrastive.engine.monitor import KNNMonitor
+from contrastive.engine.monitor import KNNMonitor, encoder_of
 from contrastive.engine.optim import build_optimizer
 from contrastive.engine.probe import OnlineProbe
 from contrastive.engine.schedules import scaled_lr
@@ -100,7 +100,7 @@ def build_data(cfg: TrainConfig, pipeline: Any, accelerator: Any) -> TrainData:
     transform = pipeline
     if cfg.batched_augment != "off":
         transform, device_fn = pipeline.split()
-    train_set = get_dataset(cfg.data, "train", transform=transform, strict=cfg.strict_data)
+    train_set: Any = get_dataset(cfg.data, "train", transform=transform, strict=cfg.strict_data)
     steps_per_epoch = len(train_set) // cfg.batch_size
     if steps_per_epoch == 0:
         raise ValueError(f"--data {cfg.data} has {len(train_set)} training images, fewer than "
@@ -150,10 +150,10 @@ def build_probe(cfg: TrainConfig, module: nn.Module, train_set: Any,
     from contrastive.data import num_classes
 
     n_cls = num_classes(train_set)
-    width = int(getattr(module.encoder, "num_features", 0))
+    width = int(getattr(encoder_of(module), "num_features", 0))
     if n_cls is None or width <= 0:
         logger.info("online probe off: %s", "the data has no labels" if n_cls is None else
-                    f"{type(module.encoder).__name__} has no num_features")
+                    f"{type(encoder_of(module)).__name__} has no num_features")
         return None
     return OnlineProbe(width, n_cls, lr=cfg.probe_lr).to_device(device)
 
@@ -163,7 +163,8 @@ def method_inputs(method: nn.Module) -> tuple[tuple[str, ...], dict[str, Callabl
     schedule gives) is an error before anything trains."""
     from contrastive.methods.base import BATCH_KEYS
 
-    schedules = dict(method.schedules()) if hasattr(method, "schedules") else {}
+    declared = getattr(method, "schedules", None)
+    schedules = dict(declared()) if callable(declared) else {}
     needs = tuple(getattr(method, "needs", ("views",)))
     unknown = sorted(set(needs) - set(BATCH_KEYS) - set(schedules))
     if unknown:
@@ -221,11 +222,11 @@ def build_model(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Modul
                            "computes in NCHW, so every BN layer converts the layout twice "
                            "(measured 0.7-0.95x on the CPU); use one or the other")
     if cfg.compile:
-        method.encoder.compile()
+        encoder_of(method).compile()
     peak_lr = scaled_lr(cfg.lr, cfg.batch_size, cfg.lr_scaling)
     optimizer = build_optimizer(method, cfg.optimizer, lr=peak_lr, weight_decay=cfg.weight_decay,
                                 momentum=cfg.sgd_momentum, nesterov=cfg.nesterov,
-                                betas=tuple(cfg.betas), trust_coeff=cfg.lars_trust_coeff,
+                                betas=(cfg.betas[0], cfg.betas[1]), trust_coeff=cfg.lars_trust_coeff,
                                 exclude_from_wd=cfg.exclude_from_wd)
     model, optimizer = accelerator.prepare(method, optimizer)
     return Model(model, accelerator.unwrap_model(model), optimizer, needs, schedules, signature,

@@ -51,7 +51,7 @@ from contrastive.engine.checkpoint import (
 )
 from contrastive.engine.config import TrainConfig, config_to_dict
 from contrastive.engine.loader import start_workers
-from contrastive.engine.monitor import KNNMonitor, feature_fn
+from contrastive.engine.monitor import KNNMonitor, encoder_of, feature_fn
 from contrastive.engine.optim import set_lr, set_weight_decay
 from contrastive.engine.probe import OnlineProbe
 from contrastive.engine.run_folder import check_output_dir
@@ -336,7 +336,7 @@ class _Run:
                                       self.guard, self.window)
                     if self.probe is not None:
                         with acc.autocast():
-                            feats = self.probe.features(m.module.encoder, views[0])
+                            feats = self.probe.features(encoder_of(m.module), views[0])
                         self.probe.step(feats, sample[1].to(device, non_blocking=True), acc)
                     state.micro_in_epoch = micro + 1
                     if not acc.sync_gradients:
@@ -434,7 +434,7 @@ def write_encoder(out: Path, cfg: TrainConfig, module: nn.Module, pipeline: Any,
     with the ``create_encoder`` kwargs, the crop size and the pipeline's normalisation (which
     evaluation uses by default)."""
     record = EncoderRecord.from_module(
-        module.encoder, cfg.encoder, encoder_kwargs=cfg.encoder_options(),
+        encoder_of(module), cfg.encoder, encoder_kwargs=cfg.encoder_options(),
         mean=getattr(pipeline, "mean", None), std=getattr(pipeline, "std", None),
         image_size=cfg.image_size, step=step, recipe=recipe, method=type(module).__name__)
     return record.save(out / ENCODER_FILE)

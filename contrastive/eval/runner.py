@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Sized
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -102,13 +102,13 @@ def load_split(data: str, split: str, transform: Any) -> Dataset:
             f"--data {data!r} has no {split!r} split; evaluation needs a labelled train split "
             "and an evaluation split (an ImageFolder root with train/ and val/ or test/)"
         )
-    ds = get_dataset(data, split=split, transform=transform)
+    ds: Any = get_dataset(data, split=split, transform=transform)
     if len(ds) == 0:
         raise ValueError(f"the {split!r} split of --data {data!r} is empty (0 images)")
     return ds
 
 
-def dataset_labels(ds: Dataset) -> Tensor:
+def dataset_labels(ds: Any) -> Tensor:
     """All labels of a dataset, from ``targets``/``labels`` when it has them, else by iterating."""
     if isinstance(ds, Subset):
         return dataset_labels(ds.dataset)[torch.as_tensor(ds.indices)]
@@ -170,7 +170,7 @@ def encode_split(
                             progress=progress)
 
 
-def _class_names(ds: Dataset) -> list[str] | None:
+def _class_names(ds: Any) -> list[str] | None:
     seen = 0
     while ds is not None and seen < 16:
         classes = getattr(ds, "classes", None)
@@ -300,7 +300,7 @@ def linear_eval(
         "num_classes": n_classes,
         "num_train": n_train,
         "train_per_class": per_class,
-        "num_test": len(test_ds),
+        "num_test": len(cast(Sized, test_ds)),
         "seconds": round(time.perf_counter() - t0, 2),
         **extra,
     }
