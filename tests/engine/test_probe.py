@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -12,21 +11,10 @@ from safetensors.torch import load_file
 from contrastive.engine import TrainConfig, train
 from contrastive.engine.probe import OnlineProbe
 
-
-@dataclasses.dataclass
-class _Cfg(TrainConfig):
-    data: str = "shapes:n=64,size=16"
-    encoder: str = "small_cnn"  # has batch norm: a train-mode probe forward would move its stats
-    image_size: int = 16
-    batch_size: int = 16
-    epochs: int = 2
-    num_workers: int = 0
-    progress: bool = False
-    mixed_precision: str = "no"
-    save_every_steps: int = 2
-    save_every_epochs: int = 0
-    log_every: int = 1
-    probe_lr: float = 0.5
+# small_cnn has batch norm: a train-mode probe forward would move its running statistics
+TINY = dict(data="shapes:n=64,size=16", encoder="small_cnn", image_size=16, batch_size=16,
+            epochs=2, num_workers=0, progress=False, mixed_precision="no", save_every_steps=2,
+            save_every_epochs=0, log_every=1, probe_lr=0.5)
 
 
 def _method(cfg):
@@ -42,7 +30,8 @@ def _pipeline(cfg):
 
 
 def _run(out, **kw):
-    return train(_Cfg(output_dir=str(out), **kw), _method, _pipeline, recipe="probe-test")
+    return train(TrainConfig(output_dir=str(out), **{**TINY, **kw}), _method, _pipeline,
+                 recipe="probe-test")
 
 
 def _probe_records(out):
