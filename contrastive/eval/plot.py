@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 __all__ = ["read_metrics", "plot_curves", "embed_2d", "plot_embedding"]
 
 # Panels first in this order, then any other numeric series; never these as y values.
-_PREFERRED = ("loss", "lr", "knn_top1", "knn", "pos_acc", "embedding_std", "pos_sim", "neg_sim")
+_PREFERRED = ("loss", "lr", "knn_top1", "probe_top1", "knn", "pos_acc", "embedding_std", "pos_sim", "neg_sim")
 _X_KEYS = ("step", "global_step", "iteration")
 _SKIP = {"step", "global_step", "iteration", "epoch", "time", "timestamp", "wall", "elapsed", "rank"}
 

@@ -80,3 +80,12 @@ def test_probe_predicts_before_it_learns_and_learns_separable_classes():
     probe.pop_top1()
     probe.step(x, torch.where(y == 0, -1, y))  # unknown labels are not counted
     assert probe.pop_top1() == 100.0 and probe.pop_top1() is None
+
+
+def test_the_probe_curve_is_drawn(tmp_path, fresh_accelerate):
+    pytest.importorskip("matplotlib")
+    from contrastive.eval.plot import plot_curves
+
+    _run(tmp_path / "run", max_steps=2, online_probe=True)
+    png = plot_curves(tmp_path / "run", tmp_path / "probe.png", keys=["loss", "probe_top1"])
+    assert png.read_bytes()[:4] == b"\x89PNG"
