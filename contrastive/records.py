@@ -40,7 +40,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = [
-    "ENCODER_FILE", "CONFIG_FILE", "CHECKPOINTS", "META", "MODEL_FILE", "SCHEMA",
+    "ENCODER_FILE", "CONFIG_FILE", "CHECKPOINTS", "META", "MODEL_FILE", "SCHEMA", "STEP_PREFIX",
     "EncoderRecord", "RecordError", "step_dir_name", "complete_checkpoints", "find_latest",
     "resolve_run_path", "encoder_fields_from_config",
 ]
@@ -52,7 +52,8 @@ META = "meta.json"  # a checkpoint folder is complete when it has this file
 MODEL_FILE = "model.safetensors"
 #: encoder.pt schema this version writes; it reads every schema up to this one
 SCHEMA = 1
-_STEP_DIR = re.compile(r"^step_(\d+)$")
+STEP_PREFIX = "step_"  # checkpoints/step_<8 digits>; saves in progress: .tmp-step_<8 digits>
+_STEP_DIR = re.compile(rf"^{STEP_PREFIX}(\d+)$")
 _OPTIONAL = ("image_size", "mean", "std", "num_features", "step", "recipe", "method")
 
 
@@ -182,7 +183,7 @@ def encoder_fields_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
 
 def step_dir_name(step: int) -> str:
     """The folder name of the checkpoint at ``step``: ``step_00001000``."""
-    return f"step_{step:08d}"
+    return f"{STEP_PREFIX}{step:08d}"
 
 
 def complete_checkpoints(root: str | Path) -> list[tuple[int, Path]]:

@@ -73,6 +73,7 @@ from contrastive.records import (
     CHECKPOINTS,
     META,
     MODEL_FILE,
+    STEP_PREFIX,
     complete_checkpoints,
     find_latest,
     step_dir_name,
@@ -206,7 +207,7 @@ def _rmtree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-_TMP_DIR = re.compile(r"^\.tmp-(old-)?(step_\d+)$")
+_TMP_DIR = re.compile(rf"^\.tmp-(old-)?({STEP_PREFIX}\d+)$")
 
 
 def recover_partial(root: str | Path) -> list[Path]:

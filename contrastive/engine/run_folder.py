@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from contrastive.records import CHECKPOINTS, ENCODER_FILE
+from contrastive.records import CHECKPOINTS, ENCODER_FILE, STEP_PREFIX
 
 __all__ = [
     "RunFolderError",
@@ -76,7 +76,7 @@ def existing_run_files(out: Path) -> list[str]:
     ckpts = out / CHECKPOINTS
     if ckpts.is_dir():
         found += sorted(f"{CHECKPOINTS}/{p.name}" for p in ckpts.iterdir()
-                        if p.name.startswith(("step_", ".tmp-")))
+                        if p.name.startswith((STEP_PREFIX, ".tmp-")))
     if (out / ENCODER_FILE).exists():
         found.append(ENCODER_FILE)
     return found
