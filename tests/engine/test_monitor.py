@@ -71,3 +71,26 @@ def test_monitor_figure_equals_contrastive_knn_eval(tmp_path):
                      k=10, t=0.1, batch_size=32, num_classes=10)
     top1 = mon(enc, Accelerator(cpu=True))
     assert top1 == cli and 10.0 < top1 < 100.0  # neither chance-only nor degenerate
+
+
+def test_the_knn_monitor_does_not_change_training(tmp_path, fresh_accelerate):
+    """kNN at the start and after each epoch (its loader with a worker process) leaves the
+    trained weights bit-identical: no draw from the training's generators."""
+    from safetensors.torch import load_file
+
+    from contrastive.augment import get_pipeline
+    from contrastive.engine import TrainConfig, train
+    from contrastive.methods import SimCLR
+
+    def run(out, knn_every):
+        cfg = TrainConfig(data="shapes:n=32,n_test=16,size=16", encoder="small_cnn", image_size=16,
+                          batch_size=16, epochs=2, num_workers=1, progress=False,
+                          mixed_precision="no", save_every_epochs=0, log_every=1,
+                          knn_every=knn_every, knn_k=5, output_dir=str(tmp_path / out))
+        return train(cfg, lambda c: SimCLR(encoder=c.encoder, dim=8, mlp_hidden=16),
+                     lambda c: get_pipeline("simclr", image_size=c.image_size), recipe="knn-test")
+
+    with_knn, without = run("knn", 1), run("plain", 0)
+    assert [step for step, _ in with_knn.knn_history] == [0, 2, 4] and not without.knn_history
+    a, b = (load_file(str(r.checkpoint / "model.safetensors")) for r in (with_knn, without))
+    assert all(torch.equal(a[k], b[k]) for k in a)
