@@ -12,6 +12,8 @@ Encoders
     ``create_encoder``, ``list_encoders``, ``register_encoder``
 Methods
     ``get_method``, ``list_methods``, ``register_method``
+Run files
+    ``EncoderRecord`` (``encoder.pt``) and the run-folder layout: :mod:`contrastive.records`
 Sub-packages
     ``contrastive.losses``, ``contrastive.nn``, ``contrastive.methods``,
     ``contrastive.augment``, ``contrastive.data``, ``contrastive.engine``,
@@ -37,6 +39,7 @@ _LAZY_NAMES: dict[str, str] = {
     "get_method": "contrastive.methods",
     "list_methods": "contrastive.methods",
     "register_method": "contrastive.methods",
+    "EncoderRecord": "contrastive.records",
 }
 
 _SUBPACKAGES = {"losses", "nn", "methods", "augment", "data", "engine", "eval", "text"}

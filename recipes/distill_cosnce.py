@@ -24,15 +24,15 @@ below is a flag: ``python recipes/distill_cosnce.py --help``.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import nn
 
 from contrastive.engine import TrainConfig, help_field, run
+from contrastive.engine.config import parse_json_object
+from contrastive.eval.teacher import labelled_classes, load_teacher
 
 log = logging.getLogger("distill_cosnce")
 
@@ -112,7 +112,7 @@ class DistillCosNCE(TrainConfig):
 
     def encoder_options(self) -> dict[str, Any]:
         """--encoder-kwargs and --student-kwargs (the student is the exported encoder)."""
-        return {**super().encoder_options(), **_json_kwargs("student_kwargs", self.student_kwargs)}
+        return {**super().encoder_options(), **parse_json_object("student_kwargs", self.student_kwargs)}
 
     def validate(self) -> None:
         super().validate()
@@ -122,90 +122,24 @@ class DistillCosNCE(TrainConfig):
             raise ValueError(f"--teacher-pretrained needs a timm:<m> or torchvision:<m> teacher, "
                              f"got {self.teacher!r}")
         for name in ("student_kwargs", "teacher_kwargs"):
-            _json_kwargs(name, getattr(self, name))
+            parse_json_object(name, getattr(self, name))
         if not 0 <= self.stage1_fraction <= 1:
             raise ValueError(f"--stage1-fraction must be in [0, 1], got {self.stage1_fraction}")
 
 
-def _json_kwargs(name: str, text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text) if text else {}
-    except json.JSONDecodeError as e:
-        raise ValueError(f"--{name.replace('_', '-')} must be a JSON object, got {text!r} ({e})") from e
-    if not isinstance(value, dict):
-        raise ValueError(f"--{name.replace('_', '-')} must be a JSON object, got {text!r}")
-    return value
-
-
-def _single_linear_head(state: dict[str, torch.Tensor], keys: list[str],
-                        num_features: int) -> nn.Linear | None:
-    """The classifier among a checkpoint's left-over keys: exactly one 2-D ``*.weight`` that takes
-    ``num_features`` inputs, and no other 2-D weight (an MLP projector is not a classifier)."""
-    weights = [k for k in keys if k.endswith(".weight") and state[k].dim() == 2]
-    if len(weights) != 1 or state[weights[0]].shape[1] != num_features:
-        return None
-    w = state[weights[0]]
-    b = state.get(weights[0][: -len("weight")] + "bias")
-    head = nn.Linear(w.shape[1], w.shape[0], bias=b is not None)
-    with torch.no_grad():
-        head.weight.copy_(w)
-        if b is not None:
-            head.bias.copy_(b)
-    return head
-
-
 def build_teacher(cfg: DistillCosNCE, num_classes: int | None) -> tuple[nn.Module, nn.Module | None]:
     """(teacher backbone, classifier or None) from --teacher / --teacher-checkpoint."""
-    from contrastive.methods.distill import split_classifier
-    from contrastive.nn import create_encoder
-
-    head = None
-    if cfg.teacher_pretrained:
-        name = cfg.teacher
-        if name.startswith("timm:"):
-            import timm
-
-            model = timm.create_model(name[len("timm:"):], pretrained=True)
-        else:
-            import torchvision
-
-            model = torchvision.models.get_model(name[len("torchvision:"):], weights="DEFAULT")
-        teacher, head = split_classifier(model)
-    elif cfg.teacher_checkpoint:
-        from contrastive.eval.checkpoint import load_encoder, read_checkpoint
-
-        raw = read_checkpoint(cfg.teacher_checkpoint)
-        # the name the checkpoint records (with its encoder kwargs) unless --teacher differs
-        name = cfg.teacher if cfg.teacher != raw.recorded_encoder else None
-        name = name or None
-        kwargs = _json_kwargs("teacher_kwargs", cfg.teacher_kwargs) or None
-        loaded = load_encoder(cfg.teacher_checkpoint, encoder=name, encoder_kwargs=kwargs)
-        teacher = loaded.encoder
-        if cfg.teacher_head != "none" and loaded.ignored:
-            head = _single_linear_head(raw.state_dict, loaded.ignored, teacher.num_features)
-        log.info("teacher %s from %s (%s)", loaded.name, cfg.teacher_checkpoint, loaded.kind)
-    else:
-        name = cfg.teacher or "small_cnn"
-        teacher = create_encoder(name, **_json_kwargs("teacher_kwargs", cfg.teacher_kwargs))
-        log.warning("the teacher %s has RANDOM weights (no --teacher-checkpoint): a smoke run, "
-                    "nothing worth distilling", name)
-    if head is not None and cfg.teacher_head == "auto" and head.out_features != num_classes:
-        log.info("teacher classifier (%d outputs) does not match the data's %s classes: no KD "
-                 "soft loss (--teacher-head use forces it)", head.out_features, num_classes)
-        head = None
-    if cfg.teacher_head == "none":
-        head = None
-    log.info("KD soft loss: %s", f"on ({head.out_features} classes)" if head else "off")
-    return teacher, head
+    teacher = load_teacher(cfg.teacher, cfg.teacher_checkpoint, pretrained=cfg.teacher_pretrained,
+                           encoder_kwargs=parse_json_object("teacher_kwargs", cfg.teacher_kwargs),
+                           head=cfg.teacher_head, num_classes=num_classes)
+    return teacher.encoder, teacher.head
 
 
 def build_method(cfg: DistillCosNCE) -> nn.Module:
-    from contrastive.data import get_dataset, num_classes
+    from contrastive.data import get_dataset
     from contrastive.methods.distill import Distiller
 
-    data = get_dataset(cfg.data, "train")
-    targets = torch.as_tensor(list(getattr(data, "targets", [])), dtype=torch.long)
-    n_cls = num_classes(data) if len(targets) == len(data) and bool((targets >= 0).any()) else None
+    n_cls = labelled_classes(get_dataset(cfg.data, "train"))
     teacher, teacher_head = build_teacher(cfg, n_cls)
     use_labels = cfg.use_labels and n_cls is not None  # the loader's batch["labels"], -1 unknown
     method = Distiller(

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from contrastive.engine import TrainConfig, help_field, run
 
 
@@ -62,32 +60,6 @@ class MoCoV3ViTSmall(TrainConfig):
         return kwargs
 
 
-def sincos_pos_embed(grid: int, dim: int, temperature: float = 10000.0) -> torch.Tensor:
-    """(1, 1 + grid^2, dim): a zero class-token row, then for patch (row r, column c)
-    ``[sin(r w), cos(r w), sin(c w), cos(c w)]`` with ``w_i = temperature^(-i / (dim / 4))``."""
-    if dim % 4:
-        raise ValueError(f"sin-cos position embedding needs dim % 4 == 0, got {dim}")
-    quarter = dim // 4
-    omega = temperature ** -(torch.arange(quarter, dtype=torch.float64) / quarter)
-    pos = torch.arange(grid * grid)
-    rows, cols = (pos // grid).double(), (pos % grid).double()
-    r, c = rows[:, None] * omega, cols[:, None] * omega
-    emb = torch.cat([r.sin(), r.cos(), c.sin(), c.cos()], dim=1).float()
-    return torch.cat([torch.zeros(1, dim), emb])[None]
-
-
-def _fix_position_embeddings(model: torch.nn.Module) -> None:
-    for m in model.modules():
-        pos = getattr(m, "pos_embed", None)
-        grid = getattr(getattr(m, "patch_embed", None), "grid_size", None)
-        if isinstance(pos, torch.nn.Parameter) and grid is not None and grid[0] == grid[1]:
-            if pos.shape[1] != grid[0] * grid[1] + 1:
-                raise ValueError(f"expected one class token in pos_embed {tuple(pos.shape)}")
-            with torch.no_grad():
-                pos.copy_(sincos_pos_embed(grid[0], pos.shape[-1]))
-            pos.requires_grad_(False)
-
-
 def build_method(cfg: MoCoV3ViTSmall):
     from contrastive.methods import MoCoV3
 
@@ -98,7 +70,9 @@ def build_method(cfg: MoCoV3ViTSmall):
                     freeze_patch_embed=cfg.freeze_patch_embed and vit,
                     encoder_kwargs=cfg.encoder_options())
     if cfg.fixed_pos_embed:
-        _fix_position_embeddings(method)  # query and key ViTs alike
+        from contrastive.nn.pos_embed import fix_sincos_pos_embed
+
+        fix_sincos_pos_embed(method)  # query and key ViTs alike
     return method
 
 

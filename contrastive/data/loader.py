@@ -1,47 +1,123 @@
-"""Data loaders whose random views depend on the seed only, not on the number of workers.
+"""Data loaders whose random views depend on the seed only, not on workers, processes or resumes.
 
-How: the sampler yields ``(index, sample_seed)`` pairs, with ``sample_seed`` a hash of (seed,
-epoch, index); the dataset wrapper seeds torch's (and Python's and NumPy's) global generators
-with it before loading and transforming that item. Every random number of an item's transform
-(torchvision transforms use the global generator) is then fixed by (seed, epoch, index),
-whichever worker runs it and however many there are. In the main process (``num_workers=0``)
-the generators' states are restored afterwards, so training randomness is not disturbed.
+The one seeded loader stack of the package (the training engine builds on it,
+:mod:`contrastive.engine.loader`):
+
+- :func:`mix_seed` hashes integers into a 63-bit seed (a splitmix64 chain): an item's seed is
+  ``mix_seed(seed, epoch, index)``, an epoch's order comes from ``mix_seed(seed, epoch)``.
+- :class:`SeededDataset` receives ``(epoch, index)`` keys and loads item ``index`` with torch's,
+  Python's and NumPy's global generators seeded by ``mix_seed(seed, epoch, index)``; every random
+  number of the item's transform (torchvision transforms use the global generators) is then fixed,
+  whichever worker runs it and however many there are. In the main process (``num_workers=0``)
+  the generators' states are restored afterwards, so the caller's random stream is untouched.
+- :class:`SeededSampler` yields the ``(epoch, index)`` keys of one epoch in the order
+  :func:`epoch_order` gives (the engine's ``GlobalBatchSampler`` cuts the same order into global
+  batches).
 """
 
 from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable, Iterator
-from typing import Any
+import signal
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sized
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
 
+__all__ = ["mix_seed", "epoch_order", "seed_item_generators", "SeededDataset", "SeededSampler",
+           "default_num_workers", "build_loader", "ignore_stop_signals", "start_workers"]
+
 _MASK64 = (1 << 64) - 1
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64 finaliser: a bijective 64-bit hash (vectorised on uint64 arrays)."""
-    with np.errstate(over="ignore"):
-        x = (x + np.uint64(0x9E3779B97F4A7C15)) & np.uint64(_MASK64)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
+def mix_seed(*values: int) -> int:
+    """A 63-bit seed from integers (splitmix64 chain): nearby inputs give unrelated seeds."""
+    state = 0x9E3779B97F4A7C15
+    for v in values:
+        state = (state ^ (int(v) & _MASK64)) & _MASK64
+        state = (state + 0x9E3779B97F4A7C15) & _MASK64
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        state = z ^ (z >> 31)
+    return state >> 1
 
 
-def sample_seeds(seed: int, epoch: int, indices: np.ndarray) -> np.ndarray:
-    """Per-item seeds in [0, 2^63): hash of (seed, epoch, index). Shape (n,) -> (n,) int64."""
-    base = _mix64(np.array([(int(seed) & _MASK64)], dtype=np.uint64))
-    base = _mix64(base ^ np.uint64(int(epoch) & _MASK64))
-    s = _mix64(np.asarray(indices, dtype=np.uint64) ^ base)
-    return (s >> np.uint64(1)).astype(np.int64)
+def epoch_order(n: int, seed: int, epoch: int, shuffle: bool = True) -> list[int]:
+    """The order of ``range(n)`` in ``epoch``: a permutation drawn from ``mix_seed(seed, epoch)``
+    (the identity when not ``shuffle``)."""
+    if not shuffle:
+        return list(range(n))
+    g = torch.Generator()
+    g.manual_seed(mix_seed(seed, epoch))
+    return torch.randperm(n, generator=g).tolist()
+
+
+def seed_item_generators(seed: int) -> None:
+    """Seed torch's CPU generator, ``random`` and NumPy for one item.
+
+    ``torch.default_generator.manual_seed``, not ``torch.manual_seed``: the same CPU stream (see
+    tests/data/test_loader.py), without also seeding (or, before CUDA starts, queueing the seeding
+    of) every CUDA device: ~3 us instead of 0.2-1 ms per item on a CUDA build, and the main
+    process's CUDA generators are never touched by data loading.
+    """
+    torch.default_generator.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+
+
+class SeededDataset(Dataset):
+    """Wraps a map-style data set: ``ds[(epoch, index)]`` loads item ``index`` under the seed
+    ``mix_seed(seed, epoch, index)``; ``ds[index]`` is the plain item.
+
+    Items are ``dataset[index]``, or ``(*dataset[index], index)`` with ``with_index`` (the
+    training engine passes the index on, e.g. to methods that need it). Other attributes
+    (targets, classes, num_classes, ...) come from the wrapped data set.
+    """
+
+    def __init__(self, dataset: Any, seed: int = 0, *, with_index: bool = True) -> None:
+        self.dataset = dataset
+        self.seed = int(seed)
+        self.with_index = with_index
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: Any) -> Any:
+        if not isinstance(key, tuple):
+            return self.dataset[key]
+        epoch, index = key
+        item_seed = mix_seed(self.seed, epoch, index)
+        if get_worker_info() is not None:  # a worker process: nothing else uses its generators
+            seed_item_generators(item_seed)
+            item = self.dataset[index]
+        else:
+            state = (torch.get_rng_state(), random.getstate(), np.random.get_state())
+            try:
+                seed_item_generators(item_seed)
+                item = self.dataset[index]
+            finally:
+                torch.set_rng_state(state[0])
+                random.setstate(state[1])
+                np.random.set_state(state[2])
+        return (*item, index) if self.with_index else item
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "dataset" or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def __repr__(self) -> str:
+        return f"SeededDataset({self.dataset!r}, seed={self.seed})"
 
 
 class SeededSampler(Sampler):
-    """Yields ``(index, sample_seed)``: a permutation of ``range(n)`` (or the identity when
-    ``shuffle=False``) fixed by (seed, epoch), each index with its item seed.
+    """Yields the ``(epoch, index)`` keys of one epoch, in :func:`epoch_order`.
 
     The epoch advances by one at every ``iter()``; ``set_epoch(e)`` sets it (resuming a run,
     or distributed samplers in lock step).
@@ -59,56 +135,37 @@ class SeededSampler(Sampler):
     def __iter__(self) -> Iterator[tuple[int, int]]:
         epoch = self.epoch
         self.epoch += 1
-        if self.shuffle:
-            g = torch.Generator().manual_seed(int(sample_seeds(self.seed, epoch, np.array([-1 & _MASK64],
-                                                                                          dtype=np.uint64))[0]))
-            order = torch.randperm(self.n, generator=g).numpy()
-        else:
-            order = np.arange(self.n)
-        seeds = sample_seeds(self.seed, epoch, order)
-        return zip(order.tolist(), seeds.tolist())
+        return ((epoch, i) for i in epoch_order(self.n, self.seed, epoch, self.shuffle))
 
 
-def seed_everything_for_item(seed: int) -> None:
-    torch.default_generator.manual_seed(seed)
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
+def ignore_stop_signals(worker_id: int = 0) -> None:
+    """``worker_init_fn``: this loader worker ignores SIGTERM and SIGINT (then unblocks them).
+
+    The main process alone decides when to stop: it finishes its step, saves, and shuts its
+    workers down. Torch's own SIGTERM handler in workers would otherwise end the worker first.
+    """
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
 
 
-class SeededDataset(Dataset):
-    """Wraps a data set: ``ds[(index, seed)]`` loads item ``index`` with the global generators
-    seeded by ``seed``; ``ds[index]`` is the plain item. Other attributes (targets, classes,
-    num_classes, num_skipped, ...) come from the wrapped data set."""
+def start_workers(loader: Iterable) -> Iterator:
+    """``iter(loader)`` with SIGTERM and SIGINT held back in this thread while it runs.
 
-    def __init__(self, dataset: Dataset) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, key: Any) -> Any:
-        if not isinstance(key, tuple):
-            return self.dataset[key]
-        index, seed = key
-        if get_worker_info() is not None:  # a worker process: nothing else uses its generators
-            seed_everything_for_item(seed)
-            return self.dataset[index]
-        state = (torch.get_rng_state(), random.getstate(), np.random.get_state())
-        try:
-            seed_everything_for_item(seed)
-            return self.dataset[index]
-        finally:
-            torch.set_rng_state(state[0])
-            random.setstate(state[1])
-            np.random.set_state(state[2])
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "dataset" or name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(self.dataset, name)
-
-    def __repr__(self) -> str:
-        return f"SeededDataset({self.dataset!r})"
+    Worker processes fork inside ``iter()`` and inherit the blocked signals, so a signal that
+    arrives before :func:`ignore_stop_signals` has run in a worker waits and is then ignored,
+    instead of ending the worker through torch's handler. In this process a pending signal is
+    delivered when the mask is restored (or earlier to another thread): nothing is lost.
+    """
+    if not hasattr(signal, "pthread_sigmask") or \
+            threading.current_thread() is not threading.main_thread():
+        return iter(loader)
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        return iter(loader)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def default_num_workers() -> int:
@@ -148,7 +205,8 @@ def build_loader(
         persistent_workers: keep workers alive between epochs (when ``num_workers > 0``).
         prefetch_factor: batches prefetched per worker (torch default 2 when None).
 
-    For speed on an accelerator use the batched pipeline (``Pipeline.split()``): the workers
+    Workers ignore SIGTERM / SIGINT (:func:`ignore_stop_signals`): the main process decides when
+    to stop. For speed on an accelerator use the batched pipeline (``Pipeline.split()``): the workers
     then return uint8 crops (4x fewer bytes than float32 to collate, pin and copy).
     """
     if isinstance(batch_size, bool) or int(batch_size) < 1:
@@ -162,13 +220,14 @@ def build_loader(
         if prefetch_factor is not None:
             kwargs["prefetch_factor"] = prefetch_factor
     return DataLoader(
-        SeededDataset(dataset),
+        SeededDataset(dataset, seed, with_index=False),
         batch_size=int(batch_size),
-        sampler=SeededSampler(len(dataset), shuffle=shuffle, seed=seed),
+        sampler=SeededSampler(len(cast(Sized, dataset)), shuffle=shuffle, seed=seed),
         num_workers=workers,
         drop_last=shuffle if drop_last is None else drop_last,
         pin_memory=torch.cuda.is_available() if pin_memory is None else pin_memory,
         collate_fn=collate_fn,
         generator=torch.Generator().manual_seed(int(seed)),
+        worker_init_fn=ignore_stop_signals,
         **kwargs,
     )

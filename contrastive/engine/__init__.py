@@ -9,11 +9,19 @@ the paper's hyper-parameters (a :class:`TrainConfig` subclass) plus one call::
 - :mod:`~contrastive.engine.config`: dataclass -> argparse, every field a flag;
 - :mod:`~contrastive.engine.optim`: SGD / AdamW / LARS with bias and norm parameters excluded;
 - :mod:`~contrastive.engine.schedules`: lr schedules as plain functions of the step;
-- :mod:`~contrastive.engine.loader`: deterministic, resumable data order and augmentation seeds;
+- :mod:`~contrastive.engine.loader`: deterministic, resumable data order (built on the seeded
+  loader stack of :mod:`contrastive.data.loader`);
 - :mod:`~contrastive.engine.checkpoint`: atomic checkpoints in safe formats (safetensors,
   ``weights_only`` torch files, JSON with each file's hash), compatibility and exactness checks;
-- :mod:`~contrastive.engine.monitor`: the online weighted-kNN monitor;
-- :mod:`~contrastive.engine.trainer`: the loop.
+- :mod:`~contrastive.engine.monitor`: the online weighted-kNN monitor (``contrastive-knn-eval``'s
+  computation); :mod:`~contrastive.engine.probe`: the online linear probe;
+- :mod:`~contrastive.engine.trainer`: the loop, told top to bottom, with its pieces in
+  :mod:`~contrastive.engine.setup` (set-up), :mod:`~contrastive.engine.step` (the step),
+  :mod:`~contrastive.engine.run_log` (metrics.jsonl) and :mod:`~contrastive.engine.stop`
+  (signals).
+
+What a run leaves on disk (``encoder.pt``, the run-folder layout) is defined in
+:mod:`contrastive.records`, which evaluation reads.
 """
 
 from contrastive.engine.checkpoint import (
@@ -33,7 +41,7 @@ from contrastive.engine.config import (
 from contrastive.engine.optim import build_optimizer, param_groups
 from contrastive.engine.run import run, setup_logging
 from contrastive.engine.schedules import cosine_lr, lr_at, scaled_lr, step_lr
-from contrastive.engine.trainer import NonFiniteLossError, TrainResult, save_encoder, train
+from contrastive.engine.trainer import NonFiniteLossError, TrainResult, train, write_encoder
 
 __all__ = [
     "CifarConfig",
@@ -53,9 +61,9 @@ __all__ = [
     "param_groups",
     "parse_config",
     "run",
-    "save_encoder",
     "scaled_lr",
     "setup_logging",
     "step_lr",
     "train",
+    "write_encoder",
 ]

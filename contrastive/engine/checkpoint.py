@@ -6,6 +6,7 @@ Layout (``<output_dir>/checkpoints/``)::
         model.safetensors      the whole method: query + key encoders, heads, queue (no "module."
                                prefix, whatever the number of processes)
         optimizer.bin          the optimiser's state dict (torch file, tensors and numbers only)
+        probe.pt               the online linear probe's head and optimiser (when it is on)
         scaler.pt              the fp16 gradient scaler (when there is one)
         random_states_<r>.pt   process r's torch/CUDA, ``random`` and numpy generator states
         meta.json              step, epoch, data position, config, model signature,
@@ -23,7 +24,7 @@ to ``.trash-*`` and deleted. A re-save of a step that exists renames the old cop
 any temporary folder whose files all verify (newest copy first) and removes the rest, so a kill
 at any point of a save leaves the newest complete checkpoint loadable.
 
-Before loading, :func:`check_compatible` compares the checkpoint's model signature (method class,
+Before loading, :func:`~contrastive.engine.compat.check_compatible` compares the checkpoint's model signature (method class,
 every state-dict key with shape and dtype) and run-defining config fields with the new run and
 raises :class:`IncompatibleCheckpointError` naming the differences. After loading,
 :meth:`CheckpointManager.verify` recomputes SHA-256 fingerprints of the model, the optimiser and
@@ -33,21 +34,27 @@ save time: a resume that is not exact raises :class:`ResumeMismatchError`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import random
 import re
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
 from torch import nn
 
+from contrastive.engine.compat import (
+    FORMAT_VERSION,
+    OPERATIONAL_FIELDS,
+    IncompatibleCheckpointError,
+    ResumeMismatchError,
+    check_compatible,
+    model_signature,
+    rng_digest,
+    tensor_digest,
+)
 from contrastive.engine.run_folder import RunFolderError, existing_run_files, os_error_message
 from contrastive.engine.safe_state import (
     CheckpointFileError,
@@ -61,6 +68,15 @@ from contrastive.engine.safe_state import (
     set_rng_state,
     torch_bytes,
     verify_files,
+)
+from contrastive.records import (
+    CHECKPOINTS,
+    META,
+    MODEL_FILE,
+    STEP_PREFIX,
+    complete_checkpoints,
+    find_latest,
+    step_dir_name,
 )
 
 __all__ = [
@@ -83,87 +99,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_STEP_DIR = re.compile(r"^step_(\d+)$")
-META = "meta.json"
-FORMAT_VERSION = 2  # 1: accelerate's save_state (pickled custom state), not read any more
-MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.bin"
 SCALER_FILE = "scaler.pt"
-
-#: Config fields that may change between a run and its resume (they do not change the maths).
-OPERATIONAL_FIELDS = frozenset({
-    "output_dir", "resume", "max_steps", "num_workers", "save_every_steps", "save_every_epochs",
-    "keep_last", "log_every", "progress", "report_to", "allow_config_change", "strict_data",
-    "knn_every", "knn_at_start", "knn_max_train", "knn_max_test", "knn_k", "knn_t",
-    "knn_feature", "compile", "channels_last", "batched_augment", "cpu", "on_nonfinite",
-    "mixed_precision", "ddp_find_unused_parameters", "stop_if_orphaned",
-})
-
-
-class IncompatibleCheckpointError(ValueError):
-    """The checkpoint was written by another model, method or run configuration."""
-
-
-class ResumeMismatchError(RuntimeError):
-    """A loaded state differs from the state that was saved: the resume would not be exact."""
-
-
-# ----------------------------------------------------------------------------------------------
-# fingerprints
-
-
-def _update_tensor(h: Any, t: torch.Tensor) -> None:
-    t = t.detach()
-    h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-    if t.numel():
-        h.update(t.cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
-
-
-def _update_any(h: Any, obj: Any) -> None:
-    if isinstance(obj, torch.Tensor):
-        _update_tensor(h, obj)
-    elif isinstance(obj, np.ndarray):
-        h.update(str(obj.dtype).encode() + obj.tobytes())
-    elif isinstance(obj, dict):
-        for k in sorted(obj, key=str):
-            h.update(str(k).encode())
-            _update_any(h, obj[k])
-    elif isinstance(obj, (list, tuple)):
-        h.update(b"[")
-        for item in obj:
-            _update_any(h, item)
-        h.update(b"]")
-    else:
-        h.update(repr(obj).encode())
-
-
-def tensor_digest(obj: Any) -> str:
-    """SHA-256 of a (nested) state dict: keys, dtypes, shapes and bytes of every tensor."""
-    h = hashlib.sha256()
-    _update_any(h, obj)
-    return h.hexdigest()
-
-
-def rng_digest() -> str:
-    """SHA-256 of this process's torch, CUDA, ``random`` and numpy generator states."""
-    h = hashlib.sha256()
-    _update_tensor(h, torch.get_rng_state())
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        for s in torch.cuda.get_rng_state_all():
-            _update_tensor(h, s)
-    _update_any(h, random.getstate())
-    _update_any(h, np.random.get_state())
-    return h.hexdigest()
-
-
-def model_signature(model: nn.Module) -> dict[str, Any]:
-    """What a checkpoint must match: the method class and every state-dict entry's shape/dtype."""
-    tensors = {k: f"{tuple(v.shape)} {str(v.dtype).replace('torch.', '')}"
-               for k, v in model.state_dict().items()}
-    digest = hashlib.sha256(json.dumps([type(model).__name__, tensors],
-                                       sort_keys=True).encode()).hexdigest()
-    return {"method": type(model).__name__, "digest": digest, "tensors": tensors}
-
 
 # ----------------------------------------------------------------------------------------------
 # state registered with accelerate
@@ -199,30 +136,13 @@ class TrainState:
 # finding checkpoints
 
 
-def _complete_steps(root: Path) -> list[tuple[int, Path]]:
-    if not root.is_dir():
-        return []
-    found = []
-    for p in root.iterdir():
-        m = _STEP_DIR.match(p.name)
-        if m and p.is_dir() and (p / META).is_file():
-            found.append((int(m.group(1)), p))
-    return sorted(found)
-
-
-def find_latest(root: str | Path) -> Path | None:
-    """Newest complete checkpoint folder under ``root`` (a run's ``checkpoints/``) or None."""
-    found = _complete_steps(Path(root))
-    return found[-1][1] if found else None
-
-
 def resolve_resume(resume: str, output_dir: str | Path) -> Path | None:
     """``--resume`` to a checkpoint folder: ``auto`` -> newest in ``output_dir`` (None if none);
     a checkpoint folder; or a run folder (its newest checkpoint)."""
     if not resume:
         return None
     if resume == "auto":
-        latest = find_latest(Path(output_dir) / "checkpoints")
+        latest = find_latest(Path(output_dir) / CHECKPOINTS)
         if latest is None:
             found = existing_run_files(Path(output_dir))
             if found:
@@ -235,7 +155,7 @@ def resolve_resume(resume: str, output_dir: str | Path) -> Path | None:
     path = Path(resume)
     if (path / META).is_file():
         return path
-    for root in (path / "checkpoints", path):
+    for root in (path / CHECKPOINTS, path):
         latest = find_latest(root)
         if latest is not None:
             return latest
@@ -250,62 +170,6 @@ def read_meta(path: str | Path) -> dict[str, Any]:
         raise CheckpointFileError(f"{Path(path) / META} is not a JSON object: the checkpoint is "
                                   "damaged or was altered")
     return meta
-
-
-def check_compatible(meta: dict[str, Any], signature: dict[str, Any], config: dict[str, Any], *,
-                     world_size: int, allow_config_change: bool = False,
-                     path: str | Path = "") -> list[str]:
-    """Raise :class:`IncompatibleCheckpointError` when the checkpoint cannot continue this run.
-
-    The model signature must match exactly. Config fields outside :data:`OPERATIONAL_FIELDS`
-    and the number of processes must match unless ``allow_config_change`` (then they are
-    returned as warnings).
-    """
-    where = f" {path}" if path else ""
-    if meta.get("format") != FORMAT_VERSION:
-        raise IncompatibleCheckpointError(
-            f"checkpoint{where} has format {meta.get('format')!r}, this version reads "
-            f"{FORMAT_VERSION} (format 1 held pickled state, which is never loaded): resume it "
-            "with the version that wrote it, or start a new --output-dir")
-    old = meta["signature"]
-    if old["digest"] != signature["digest"]:
-        problems = []
-        if old["method"] != signature["method"]:
-            problems.append(f"method {old['method']} in the checkpoint, {signature['method']} "
-                            "now")
-        a, b = old["tensors"], signature["tensors"]
-        missing = [k for k in b if k not in a]
-        extra = [k for k in a if k not in b]
-        shaped = [f"{k}: {a[k]} vs {b[k]}" for k in b if k in a and a[k] != b[k]]
-        for label, items in (("not in the checkpoint", missing), ("only in the checkpoint", extra),
-                             ("different shape/dtype (checkpoint vs now)", shaped)):
-            if items:
-                more = f" (+{len(items) - 5} more)" if len(items) > 5 else ""
-                problems.append(f"{len(items)} tensors {label}: {', '.join(items[:5])}{more}")
-        old_cfg = meta.get("config", {})
-        hint_fields = [k for k in ("encoder", "recipe") if old_cfg.get(k) != config.get(k)]
-        hint = "".join(f"; checkpoint {k}={old_cfg.get(k)!r}, now {config.get(k)!r}"
-                       for k in hint_fields)
-        raise IncompatibleCheckpointError(
-            f"checkpoint{where} was written by a different model{hint}: "
-            + "; ".join(problems)
-            + ". Resume with the same recipe and model options, or start a new --output-dir.")
-    changed = []
-    old_cfg = meta.get("config", {})
-    for key in sorted(set(old_cfg) | set(config)):
-        if key in OPERATIONAL_FIELDS:
-            continue
-        if old_cfg.get(key) != config.get(key):
-            changed.append(f"{key}: {old_cfg.get(key)!r} -> {config.get(key)!r}")
-    if meta.get("world_size", world_size) != world_size:
-        changed.append(f"processes: {meta.get('world_size')} -> {world_size} (RNG states cannot "
-                       "be restored exactly)")
-    if changed and not allow_config_change:
-        raise IncompatibleCheckpointError(
-            f"checkpoint{where} belongs to a run with other settings: {'; '.join(changed)}. "
-            "Pass the same values, start a new --output-dir, or add --allow-config-change to "
-            "continue anyway (the resumed run is then not the same run).")
-    return changed
 
 
 # ----------------------------------------------------------------------------------------------
@@ -343,7 +207,7 @@ def _rmtree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-_TMP_DIR = re.compile(r"^\.tmp-(old-)?(step_\d+)$")
+_TMP_DIR = re.compile(rf"^\.tmp-(old-)?({STEP_PREFIX}\d+)$")
 
 
 def recover_partial(root: str | Path) -> list[Path]:
@@ -402,10 +266,14 @@ class CheckpointManager:
         root: ``<output_dir>/checkpoints``.
         keep_last: complete checkpoints kept after each save.
         meta: extra JSON-able content for ``meta.json`` (config, signature, recipe).
+        extras: more state saved by the main process as ``<name>.pt`` (``weights_only``
+            torch files) and fingerprinted: objects with ``checkpoint_state()`` and
+            ``load_checkpoint_state(state)``, the same on every process (the online probe).
     """
 
     def __init__(self, accelerator: Any, model: nn.Module, optimizer: Any, state: TrainState,
-                 root: str | Path, *, keep_last: int = 2, meta: dict[str, Any] | None = None):
+                 root: str | Path, *, keep_last: int = 2, meta: dict[str, Any] | None = None,
+                 extras: dict[str, Any] | None = None):
         self.accelerator = accelerator
         self.model = model
         self.optimizer = optimizer
@@ -413,6 +281,7 @@ class CheckpointManager:
         self.root = Path(root)
         self.keep_last = keep_last
         self.meta = dict(meta or {})
+        self.extras = dict(extras or {})
         self.last_saved_step: int | None = None
 
     def cleanup_partial(self) -> None:
@@ -428,11 +297,15 @@ class CheckpointManager:
         module = self.accelerator.unwrap_model(self.model)
         local = {"rng": rng_digest()}
         per_rank = gather_object([local])
-        return {
+        prints: dict[str, Any] = {
             "model": tensor_digest(module.state_dict()),
             "optimizer": tensor_digest(self.optimizer.state_dict()),
             "rng": [r["rng"] for r in per_rank],
         }
+        if self.extras:
+            prints["extras"] = {name: tensor_digest(x.checkpoint_state())
+                                for name, x in self.extras.items()}
+        return prints
 
     def _gather(self, item: Any) -> list[Any]:
         if self.accelerator.num_processes == 1:
@@ -455,7 +328,7 @@ class CheckpointManager:
         """
         acc = self.accelerator
         step = self.state.step
-        name = f"step_{step:08d}"
+        name = step_dir_name(step)
         final, tmp, old = self.root / name, self.root / f".tmp-{name}", self.root / f".tmp-old-{name}"
         self.state.fingerprints = self._fingerprints()
         error = ""
@@ -489,6 +362,9 @@ class CheckpointManager:
                 if scaler is not None:
                     files.update(self._write_file(tmp, SCALER_FILE,
                                                   torch_bytes(scaler.state_dict())))
+                for name, extra in self.extras.items():
+                    files.update(self._write_file(tmp, f"{name}.pt",
+                                                  torch_bytes(extra.checkpoint_state())))
                 meta = {
                     **self.meta,
                     "format": FORMAT_VERSION,
@@ -529,7 +405,7 @@ class CheckpointManager:
         return final
 
     def _prune(self) -> None:
-        complete = _complete_steps(self.root)
+        complete = complete_checkpoints(self.root)
         for _, path in complete[:-self.keep_last]:
             trash = self.root / f".trash-{path.name}"
             _replace(path, trash)  # atomic: never a half-deleted folder that looks complete
@@ -571,6 +447,12 @@ class CheckpointManager:
             else:
                 logger.warning("%s has no gradient scaler state: the fp16 loss scale restarts",
                                path)
+        for name, extra in self.extras.items():
+            if f"{name}.pt" in files:
+                extra.load_checkpoint_state(load_torch_bytes(
+                    read_verified(path, f"{name}.pt", files), path / f"{name}.pt"))
+            else:
+                logger.warning("%s has no %s state: it starts afresh", path, name)
         rng_name = f"random_states_{acc.process_index}.pt"
         if rng_name in files:
             set_rng_state(load_torch_bytes(read_verified(path, rng_name, files), path / rng_name),
@@ -600,6 +482,10 @@ class CheckpointManager:
                 problems.append("model weights/buffers (incl. momentum encoder and queue)")
             if tensor_digest(self.optimizer.state_dict()) != saved["optimizer"]:
                 problems.append("optimizer state")
+        for name, extra in self.extras.items():
+            digest = saved.get("extras", {}).get(name)
+            if digest is not None and tensor_digest(extra.checkpoint_state()) != digest:
+                problems.append(f"{name} state")
         rngs = saved.get("rng", [])
         if rank < len(rngs) and rng_digest() != rngs[rank]:
             problems.append(f"random number generator states of process {rank}")
@@ -617,4 +503,4 @@ class CheckpointManager:
 
 def iter_checkpoints(root: str | Path) -> Iterable[Path]:
     """Complete checkpoints under ``root``, oldest first."""
-    return [p for _, p in _complete_steps(Path(root))]
+    return [p for _, p in complete_checkpoints(root)]

@@ -180,6 +180,11 @@ class TrainConfig:
     knn_max_test: int = help_field(0, "held-out images for kNN (0 = whole split)")
     knn_feature: str = help_field("backbone", "kNN on 'backbone' features or the method's "
                                   "'head' output when it has one", choices=("backbone", "head"))
+    online_probe: bool = help_field(
+        False, "train a linear classifier on detached backbone features of the first view beside "
+        "the method (its own SGD; the encoder is untouched) and log its top-1 on each batch "
+        "before it learns from it (probe_top1); costs one extra forward pass per step")
+    probe_lr: float = help_field(0.1, "online probe: SGD learning rate (momentum 0.9, no decay)")
 
     # --- hooks recipes override --------------------------------------------------------------
     def encoder_options(self) -> dict[str, Any]:

@@ -9,9 +9,10 @@ same images with the same augmentations:
    therefore see exactly the images of the batch one process would see, grouped as split BN
    with W groups groups them (sample n -> group n % W), and a resume skips micro-batches by count
    (``accelerator.skip_first_batches``) without loading them.
-2. **Augmentation**: :class:`SeededDataset` receives ``(epoch, index)`` pairs from the sampler and
-   seeds torch and ``random`` from ``(seed, epoch, index)`` before calling the wrapped data set
-   (whose transform draws the random crop / jitter ...), restoring the previous generator state
+2. **Augmentation**: :class:`~contrastive.data.loader.SeededDataset` (the data package's, the
+   one seeded loader stack) receives ``(epoch, index)`` pairs from the sampler and seeds torch
+   and ``random`` from ``(seed, epoch, index)`` before calling the wrapped data set (whose
+   transform draws the random crop / jitter ...), restoring the previous generator state
    afterwards when it runs in the main process. A worker's history (which batches it loaded
    before) therefore never changes a sample's views.
 
@@ -22,35 +23,22 @@ per-image path) not the same views when the number of processes changes.
 
 from __future__ import annotations
 
-import random
-import signal
-import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, get_worker_info
+from torch.utils.data import DataLoader, Sampler
+
+from contrastive.data.loader import (
+    SeededDataset,
+    epoch_order,
+    ignore_stop_signals,
+    mix_seed,
+    start_workers,
+)
 
 __all__ = ["mix_seed", "GlobalBatchSampler", "SeededDataset", "build_train_loader",
            "step_generator", "ignore_stop_signals", "start_workers"]
-
-_MASK64 = (1 << 64) - 1
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-def mix_seed(*values: int) -> int:
-    """A 63-bit seed from integers (splitmix64 chain): nearby inputs give unrelated seeds."""
-    state = 0x9E3779B97F4A7C15
-    for v in values:
-        state = (state ^ (int(v) & _MASK64)) & _MASK64
-        state = (state + 0x9E3779B97F4A7C15) & _MASK64
-        z = state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-        state = z ^ (z >> 31)
-    return state >> 1
-
 
 class GlobalBatchSampler(Sampler[list[tuple[int, int]]]):
     """Per-process micro-batches of ``(epoch, index)`` cut from one global permutation;
@@ -98,59 +86,16 @@ class GlobalBatchSampler(Sampler[list[tuple[int, int]]]):
         return self.num_batches
 
     def __iter__(self) -> Iterator[list[tuple[int, int]]]:
-        if self.shuffle:
-            g = torch.Generator()
-            g.manual_seed(mix_seed(self.seed, self.epoch))
-            order = torch.randperm(self.num_samples, generator=g).tolist()
-        else:
-            order = list(range(self.num_samples))
+        order = epoch_order(self.num_samples, self.seed, self.epoch, self.shuffle)
         for b in range(len(self)):
             batch = order[b * self.global_micro_batch:(b + 1) * self.global_micro_batch]
             yield [(self.epoch, i) for i in batch[self.rank::self.world_size]]
 
 
-class SeededDataset(Dataset):
-    """Wraps a map-style data set so that item ``(epoch, index)`` is drawn under a seed of its own.
-
-    Items are ``(*dataset[index], index)``: e.g. ``(views, label, index)``.
-
-    ``dataset[index]`` is called with torch's, Python's and NumPy's global generators seeded from
-    ``mix_seed(seed, epoch, index)``; in the main process (``num_workers=0``) the previous states
-    are restored afterwards, so the training loop's own random stream is untouched.
-    """
-
-    def __init__(self, dataset: Any, seed: int) -> None:
-        self.dataset = dataset
-        self.seed = seed
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, key: tuple[int, int]) -> Any:
-        epoch, index = key
-        s = mix_seed(self.seed, epoch, index)
-        if get_worker_info() is not None:
-            _seed_all(s)
-            return (*self.dataset[index], index)
-        states = torch.get_rng_state(), random.getstate(), np.random.get_state()
-        try:
-            _seed_all(s)
-            return (*self.dataset[index], index)
-        finally:
-            torch.set_rng_state(states[0])
-            random.setstate(states[1])
-            np.random.set_state(states[2])
-
-
-def _seed_all(s: int) -> None:
-    torch.manual_seed(s)
-    random.seed(s)
-    np.random.seed(s % 2**32)
-
-
 def build_train_loader(dataset: Any, sampler: GlobalBatchSampler, *, seed: int, num_workers: int,
                        pin_memory: bool, prefetch_factor: int = 2) -> DataLoader:
-    """A DataLoader over ``SeededDataset(dataset)`` driven by ``sampler``.
+    """A DataLoader over ``SeededDataset(dataset, seed)`` (items ``(*dataset[i], i)``) driven by
+    ``sampler``.
 
     Its own ``generator`` keeps the loader from drawing worker base seeds out of the global torch
     generator (which would make a resumed run's model-side randomness differ); persistent
@@ -166,36 +111,6 @@ def build_train_loader(dataset: Any, sampler: GlobalBatchSampler, *, seed: int, 
         generator=torch.Generator().manual_seed(seed),
         worker_init_fn=ignore_stop_signals,
     )
-
-
-def ignore_stop_signals(worker_id: int = 0) -> None:
-    """``worker_init_fn``: this loader worker ignores SIGTERM and SIGINT (then unblocks them).
-
-    The main process alone decides when to stop: it finishes its step, saves, and shuts its
-    workers down. Torch's own SIGTERM handler in workers would otherwise end the worker first.
-    """
-    for sig in _STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
-
-
-def start_workers(loader: Iterable) -> Iterator:
-    """``iter(loader)`` with SIGTERM and SIGINT held back in this thread while it runs.
-
-    Worker processes fork inside ``iter()`` and inherit the blocked signals, so a signal that
-    arrives before :func:`ignore_stop_signals` has run in a worker waits and is then ignored,
-    instead of ending the worker through torch's handler. In this process a pending signal is
-    delivered when the mask is restored (or earlier to another thread): nothing is lost.
-    """
-    if not hasattr(signal, "pthread_sigmask") or \
-            threading.current_thread() is not threading.main_thread():
-        return iter(loader)
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-    try:
-        return iter(loader)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def step_generator(device: torch.device, seed: int, step: int, micro: int,

@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from contrastive.records import CHECKPOINTS, ENCODER_FILE, STEP_PREFIX
+
 __all__ = [
     "RunFolderError",
     "check_output_dir",
@@ -71,12 +73,12 @@ def existing_run_files(out: Path) -> list[str]:
     over or damaged ones, ``encoder.pt``): starting a new run would overwrite it."""
     out = Path(out)
     found = []
-    ckpts = out / "checkpoints"
+    ckpts = out / CHECKPOINTS
     if ckpts.is_dir():
-        found += sorted(f"checkpoints/{p.name}" for p in ckpts.iterdir()
-                        if p.name.startswith(("step_", ".tmp-")))
-    if (out / "encoder.pt").exists():
-        found.append("encoder.pt")
+        found += sorted(f"{CHECKPOINTS}/{p.name}" for p in ckpts.iterdir()
+                        if p.name.startswith((STEP_PREFIX, ".tmp-")))
+    if (out / ENCODER_FILE).exists():
+        found.append(ENCODER_FILE)
     return found
 
 

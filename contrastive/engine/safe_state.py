@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from contrastive.engine.run_folder import RunFolderError
+from contrastive.records import META
 
 __all__ = [
     "CheckpointFileError",
@@ -87,7 +88,7 @@ def read_verified(folder: Path, name: str, manifest: dict[str, Any]) -> bytes:
 def verify_files(folder: Path) -> bool:
     """True when ``folder/meta.json`` parses and lists files that all match (size and hash)."""
     try:
-        meta = read_json(folder / "meta.json")
+        meta = read_json(folder / META)
         files = meta["files"]
         if not isinstance(files, dict) or not files:
             return False
@@ -155,7 +156,7 @@ def rng_state() -> dict[str, Any]:
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "python": [version, list(internal), gauss],
-        "numpy": {"name": str(name), "key": torch.from_numpy(key.astype(np.int64)),
+        "numpy": {"name": str(name), "key": torch.from_numpy(np.asarray(key, dtype=np.int64)),
                   "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
     }
     if torch.cuda.is_available():

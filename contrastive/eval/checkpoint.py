@@ -3,9 +3,11 @@
 Accepted ``checkpoint`` arguments (see :func:`read_checkpoint`):
 
 - our ``encoder.pt``: ``{"encoder": "<create_encoder name>", "state_dict": backbone weights}``;
-- a run folder (holds ``encoder.pt``, else its newest ``checkpoints/<name>`` folder);
+- a run folder (holds ``encoder.pt``, else its newest complete ``checkpoints/step_N`` folder);
 - a training checkpoint folder (``checkpoints/step_N``: ``model.safetensors``, or an older
-  ``pytorch_model.bin``; the encoder name comes from the run's ``config.json`` above it);
+  ``pytorch_model.bin``; the encoder name and kwargs come from the run's ``config.json``, else
+  the copy of the configuration in the folder's ``meta.json``); both layouts are defined once,
+  in :mod:`contrastive.records`;
 - an official MoCo v1/v2 checkpoint (``state_dict`` with ``module.encoder_q.*`` keys and ``arch``),
   or MoCo v3 (``module.base_encoder.*``); any other file holding a plain state dict;
 - a model name with its own weights, ``timm:<model>`` / ``torchvision:<model>`` (downloads);
@@ -26,7 +28,6 @@ import hashlib
 import io
 import json
 import logging
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,17 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from contrastive.records import (
+    CHECKPOINTS,
+    CONFIG_FILE,
+    META,
+    EncoderRecord,
+    RecordError,
+    encoder_fields_from_config,
+    is_record,
+    resolve_run_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +91,8 @@ class RawCheckpoint:
     recorded_encoder: str | None = None  # what the checkpoint itself says (before --encoder)
     meta: dict[str, Any] = field(default_factory=dict)  # plain extras of encoder.pt (step, recipe ...)
     files: list[dict[str, str]] = field(default_factory=list)  # every file read: path, sha256 of its bytes
+    #: what the weights were trained with: encoder_kwargs, image_size (and mean, std from encoder.pt)
+    settings: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -108,17 +122,29 @@ class LoadedEncoder:
     meta: dict[str, Any] = field(default_factory=dict)
     files: list[dict[str, str]] = field(default_factory=list)
 
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def image_size(self) -> int | None:
+        """The pretraining crop size recorded with the weights (None: not recorded)."""
+        return self.settings.get("image_size")
+
+    @property
+    def mean(self) -> list[float] | None:
+        """The pretraining normalisation mean recorded in encoder.pt (None: not recorded)."""
+        return self.settings.get("mean")
+
+    @property
+    def std(self) -> list[float] | None:
+        """The pretraining normalisation std recorded in encoder.pt (None: not recorded)."""
+        return self.settings.get("std")
+
     def setting(self, key: str) -> Any:
-        """A value recorded with the weights (encoder.pt extras first, then the run's config)."""
-        if key in self.meta:
-            return self.meta[key]
-        queue = [self.config] if self.config else []
-        while queue:
-            node = queue.pop(0)
-            if key in node and not isinstance(node[key], dict):
-                return node[key]
-            queue.extend(v for v in node.values() if isinstance(v, dict))
-        return None
+        """A value recorded with the weights: ``image_size``, ``mean``, ``std``,
+        ``encoder_kwargs``, or another plain field of encoder.pt (``step``, ``recipe`` ...)."""
+        if key in self.settings:
+            return self.settings[key]
+        return self.meta.get(key)
 
     def describe(self) -> dict[str, Any]:
         """Provenance for result files: ``sha256`` of the weights file, and ``files``: the path and
@@ -162,60 +188,42 @@ def _load_file(path: Path) -> tuple[Any, str]:
         ) from e
 
 
-def _find_config(start: Path, levels: int = 3) -> tuple[dict[str, Any] | None, list[dict[str, str]]]:
-    """The run's config.json at or above ``start``, and [its path and sha256] (empty if none)."""
-    for folder in [start, *list(start.parents)[:levels]]:
-        cfg = folder / "config.json"
-        if cfg.is_file():
-            data = cfg.read_bytes()
-            try:
-                config = json.loads(data)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                log.warning("ignoring unreadable %s: %s", cfg, e)
-                continue
-            return config, [{"path": str(cfg), "sha256": hashlib.sha256(data).hexdigest()}]
+def _read_config(path: Path) -> tuple[dict[str, Any] | None, list[dict[str, str]]]:
+    """The run configuration at ``path`` (a ``config.json``) and [its path and sha256]; nothing
+    when the file is absent or unreadable."""
+    if not path.is_file():
+        return None, []
+    data = path.read_bytes()
+    try:
+        config = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        log.warning("ignoring unreadable %s: %s", path, e)
+        return None, []
+    if not isinstance(config, dict):
+        log.warning("ignoring %s: not a JSON object", path)
+        return None, []
+    return config, [{"path": str(path), "sha256": hashlib.sha256(data).hexdigest()}]
+
+
+def _checkpoint_config(folder: Path) -> tuple[dict[str, Any] | None, list[dict[str, str]]]:
+    """The configuration of the run a checkpoint folder belongs to: ``<run>/config.json`` (the
+    folder is ``<run>/checkpoints/step_N``), else the copy in the folder's own ``meta.json``."""
+    if folder.parent.name == CHECKPOINTS:
+        config, files = _read_config(folder.parent.parent / CONFIG_FILE)
+        if config is not None:
+            return config, files
+    meta, files = _read_config(folder / META)
+    if meta is not None and isinstance(meta.get("config"), dict):
+        return meta["config"], files
     return None, []
 
 
-def _find_str(config: Any, key: str) -> str | None:
-    """The first string value of ``key`` in a nested dict (breadth first)."""
-    queue = [config]
-    while queue:
-        node = queue.pop(0)
-        if isinstance(node, Mapping):
-            value = node.get(key)
-            if isinstance(value, str):
-                return value
-            queue.extend(v for v in node.values() if isinstance(v, Mapping))
-    return None
-
-
-def _natural_key(p: Path) -> tuple:
-    nums = re.findall(r"\d+", p.name)
-    return (int(nums[-1]) if nums else -1, p.stat().st_mtime, p.name)
-
-
 def resolve_checkpoint_path(path: Path) -> Path:
-    """A run folder -> its encoder.pt or newest checkpoint folder; anything else unchanged."""
-    if not path.is_dir():
+    """A run folder -> its encoder.pt or newest complete checkpoint folder (see
+    :func:`contrastive.records.resolve_run_path`); a folder holding weights, or a file, unchanged."""
+    if path.is_dir() and any((path / f).is_file() for f in _WEIGHT_FILES):
         return path
-    if (path / "encoder.pt").is_file():
-        return path / "encoder.pt"
-    if any((path / f).is_file() for f in _WEIGHT_FILES):
-        return path
-    ckpt_root = path / "checkpoints"
-    if ckpt_root.is_dir():
-        # skip saves in progress (".tmp-step_*"); prefer complete ones (the engine writes
-        # meta.json last), newest by the number in the name
-        subdirs = [d for d in ckpt_root.iterdir() if d.is_dir() and not d.name.startswith(".")
-                   and any((d / f).is_file() for f in _WEIGHT_FILES)]
-        complete = [d for d in subdirs if (d / "meta.json").is_file()]
-        if complete or subdirs:
-            return max(complete or subdirs, key=_natural_key)
-    raise FileNotFoundError(
-        f"{path} is a folder without encoder.pt, {' / '.join(_WEIGHT_FILES)}, or a "
-        "checkpoints/<name>/ folder holding one: pass an encoder.pt, a run folder or a checkpoint folder"
-    )
+    return resolve_run_path(path)
 
 
 def _is_model_name(spec: str) -> bool:
@@ -244,19 +252,32 @@ def read_checkpoint(checkpoint: str | Path, *, encoder: str | None = None) -> Ra
         )
     path = resolve_checkpoint_path(path)
     if path.is_dir():  # a training checkpoint folder (checkpoints/step_N)
-        weights = next(path / f for f in _WEIGHT_FILES if (path / f).is_file())
+        weights = next((path / f for f in _WEIGHT_FILES if (path / f).is_file()), None)
+        if weights is None:
+            raise FileNotFoundError(f"checkpoint folder {path} holds no weights ({' / '.join(_WEIGHT_FILES)})")
         state, sha = _load_file(weights)
-        config, config_files = _find_config(path)
-        recorded = _find_str(config, "encoder") if config else None
+        config, config_files = _checkpoint_config(path)
+        settings = _config_settings(config, path)
+        recorded = settings.pop("encoder")
         return RawCheckpoint(_tensors_only(state, weights), encoder or recorded, "accelerate", weights,
-                             sha, config, recorded, files=[{"path": str(weights), "sha256": sha}, *config_files])
+                             sha, config, recorded, files=[{"path": str(weights), "sha256": sha}, *config_files],
+                             settings=settings)
     obj, sha = _load_file(path)
-    config, config_files = _find_config(path.parent, levels=1)
+    config, config_files = _read_config(path.parent / CONFIG_FILE)
     files = [{"path": str(path), "sha256": sha}, *config_files]
-    if isinstance(obj, Mapping) and isinstance(obj.get("encoder"), str) and isinstance(obj.get("state_dict"), Mapping):
-        meta = {k: v for k, v in obj.items() if k not in ("state_dict", "encoder")}
-        return RawCheckpoint(_tensors_only(obj["state_dict"], path), encoder or obj["encoder"], "encoder.pt",
-                             path, sha, config, obj["encoder"], meta, files)
+    if is_record(obj):
+        try:
+            record = EncoderRecord.from_payload(obj, str(path))
+        except RecordError as e:
+            raise ValueError(str(e)) from None
+        meta = record.meta()
+        settings = {k: meta[k] for k in ("encoder_kwargs", "image_size", "mean", "std")}
+        if record.schema == 0:  # written before the record was complete: the run's config fills in
+            for k, v in _config_settings(config, path).items():
+                if k != "encoder" and not settings.get(k):
+                    settings[k] = v
+        return RawCheckpoint(record.state_dict, encoder or record.encoder, "encoder.pt",
+                             path, sha, config, record.encoder, meta, files, settings)
     if isinstance(obj, Mapping):
         state = obj
         for key in ("state_dict", "model", "module"):
@@ -271,7 +292,8 @@ def read_checkpoint(checkpoint: str | Path, *, encoder: str | None = None) -> Ra
             kind = "mocov3"
         else:
             kind = "state_dict"
-        recorded = _find_str(config, "encoder") if config else None
+        settings = _config_settings(config, path)
+        recorded = settings.pop("encoder")
         if recorded is None and arch is not None:
             recorded = _ARCH_TO_ENCODER.get(arch, f"torchvision:{arch}" if not arch.startswith("vit") else None)
             if recorded is None and encoder is None:
@@ -279,8 +301,19 @@ def read_checkpoint(checkpoint: str | Path, *, encoder: str | None = None) -> Ra
                     f"{path}: arch {arch!r} has no known encoder (MoCo v3's vit_small has 12 heads, "
                     "timm's 6): pass --encoder NAME"
                 )
-        return RawCheckpoint(state, encoder or recorded, kind, path, sha, config, recorded, files=files)
+        return RawCheckpoint(state, encoder or recorded, kind, path, sha, config, recorded, files=files,
+                             settings=settings)
     raise ValueError(f"{path}: expected a dict of tensors, got {type(obj).__name__}")
+
+
+def _config_settings(config: dict[str, Any] | None, path: Path) -> dict[str, Any]:
+    """``encoder``, ``encoder_kwargs`` and ``image_size`` recorded in a run's configuration."""
+    if config is None:
+        return {"encoder": None, "encoder_kwargs": {}, "image_size": None}
+    try:
+        return encoder_fields_from_config(config)
+    except RecordError as e:
+        raise ValueError(f"the run configuration of {path}: {e}") from None
 
 
 def _tensors_only(state: Mapping[str, Any], path: Path) -> dict[str, Tensor]:
@@ -419,9 +452,8 @@ def load_encoder(
             f"cannot tell which encoder {raw.path} was trained with (no 'encoder' entry, no "
             "config.json, no 'arch'): pass --encoder NAME (e.g. cifar_resnet18, timm:resnet50)"
         )
-    recorded_kwargs = raw.meta.get("encoder_kwargs") or (raw.config or {}).get("encoder_kwargs")
-    if encoder_kwargs is None and isinstance(recorded_kwargs, Mapping) and encoder is None:
-        encoder_kwargs = recorded_kwargs  # e.g. img_size of a ViT, recorded by the engine
+    if encoder_kwargs is None and encoder is None:  # e.g. img_size of a ViT, recorded by the engine
+        encoder_kwargs = raw.settings.get("encoder_kwargs")
     kwargs = dict(encoder_kwargs or {})
     if raw.kind == "pretrained":
         try:
@@ -431,10 +463,12 @@ def load_encoder(
                 f"could not build {raw.encoder_name} with its pretrained weights ({e}); offline, "
                 "the weights must already be in the timm / torch hub cache"
             ) from e
-        return LoadedEncoder(model.eval(), raw.encoder_name, raw.kind, None, raw.sha256, meta=raw.meta)
+        return LoadedEncoder(model.eval(), raw.encoder_name, raw.kind, None, raw.sha256, meta=raw.meta,
+                             settings=raw.settings)
     model = create_encoder(raw.encoder_name, pretrained=False, **kwargs)
     if raw.kind == "random":
-        return LoadedEncoder(model.eval(), raw.encoder_name, raw.kind, None, raw.sha256, meta=raw.meta)
+        return LoadedEncoder(model.eval(), raw.encoder_name, raw.kind, None, raw.sha256, meta=raw.meta,
+                             settings=raw.settings)
     target = model.state_dict()
     result = align_state_dict(raw.state_dict, target, prefix=prefix)
     trained_with = raw.recorded_encoder
@@ -449,4 +483,4 @@ def load_encoder(
     if result.unused_heads:
         log.info("ignored %d head tensors of %s: %s", len(result.unused_heads), raw.path, result.unused_heads[:6])
     return LoadedEncoder(model.eval(), raw.encoder_name, raw.kind, raw.path, raw.sha256, ignored, raw.config,
-                         raw.meta, raw.files)
+                         raw.meta, raw.files, raw.settings)

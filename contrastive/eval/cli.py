@@ -85,9 +85,12 @@ def _load(args: argparse.Namespace):
     from contrastive.eval.checkpoint import load_encoder
 
     loaded = load_encoder(args.checkpoint, encoder=args.encoder, prefix=getattr(args, "prefix", None))
-    size = int(args.image_size or loaded.setting("image_size") or 224)
-    mean = args.mean or loaded.setting("mean")
-    std = args.std or loaded.setting("std")
+    size = args.image_size or loaded.image_size  # the flag, else the pretraining crop size
+    if size is None:
+        log.info("%s records no image size: evaluating at 224 px (pass --image-size)", args.checkpoint)
+        size = 224
+    mean = args.mean or loaded.mean
+    std = args.std or loaded.std
     if (mean is None) != (std is None):
         raise ValueError(f"give both --mean and --std (or neither); got mean={mean}, std={std}")
     return loaded, size, {"mean": mean, "std": std}

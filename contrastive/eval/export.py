@@ -35,7 +35,8 @@ def build_target(fmt: str, model: str, *, headless: bool = True) -> nn.Module:
     if fmt == "timm":
         import timm
 
-        return timm.create_model(model, pretrained=False, **({"num_classes": 0} if headless else {}))
+        kwargs: dict[str, Any] = {"num_classes": 0} if headless else {}
+        return timm.create_model(model, pretrained=False, **kwargs)
     if fmt == "torchvision":
         import torchvision
 

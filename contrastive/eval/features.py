@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from contrastive.data.loader import start_workers
+
 log = logging.getLogger(__name__)
 
 __all__ = ["extract_features", "unwrap_views"]
@@ -34,9 +36,12 @@ def unwrap_views(images: Any) -> Tensor:
     )
 
 
+Encoder = nn.Module | Callable[[Tensor], Tensor]
+
+
 @torch.no_grad()
 def extract_features(
-    encoder: nn.Module,
+    encoder: Encoder,
     loader: Iterable,
     *,
     accelerator: Any | None = None,
@@ -48,7 +53,9 @@ def extract_features(
     """Encode every batch of ``loader`` with ``encoder`` in eval mode, without gradients.
 
     Args:
-        encoder: maps (B, 3, H, W) float images to (B, D) features.
+        encoder: maps (B, 3, H, W) float images to (B, D) features: a module (put in eval mode
+            here, its mode restored after) or a function (e.g. the training monitor's, whose
+            caller sets the modes).
         loader: yields ``(images, labels)``; images (B, 3, H, W) (or a list of one view),
             labels (B,) ints. Prepare it with the accelerator for multi-process sharding.
         accelerator: an ``accelerate.Accelerator``; when given, features of all processes are
@@ -66,18 +73,21 @@ def extract_features(
     if accelerator is not None:
         device = accelerator.device
     elif device is None:
-        param = next(encoder.parameters(), None)
+        param = next(encoder.parameters(), None) if isinstance(encoder, nn.Module) else None
         device = param.device if param is not None else torch.device("cpu")
     device = torch.device(device)
-    was_training = encoder.training
-    encoder.eval()
+    module = encoder if isinstance(encoder, nn.Module) else None
+    was_training = module is not None and module.training
+    if module is not None:
+        module.eval()
     feats: list[Tensor] = []
     labels: list[Tensor] = []
-    iterator: Iterable = loader
+    # workers start with the stop signals held back, then ignore them (contrastive.data.loader)
+    iterator: Iterable = start_workers(loader)
     if progress and (accelerator is None or accelerator.is_main_process):
         from tqdm.auto import tqdm
 
-        iterator = tqdm(loader, desc="features", leave=False)
+        iterator = tqdm(iterator, desc="features", leave=False, total=_length(loader))
     try:
         for images, targets in iterator:
             x = unwrap_views(images).to(device, non_blocking=True)
@@ -102,7 +112,15 @@ def extract_features(
             feats.append(f.cpu())
             labels.append(targets.long().cpu())
     finally:
-        encoder.train(was_training)
+        if module is not None:
+            module.train(was_training)
     if not feats:
         raise ValueError("the loader yielded no batch: the dataset split is empty")
     return torch.cat(feats), torch.cat(labels)
+
+
+def _length(loader: Iterable) -> int | None:
+    try:
+        return len(loader)  # type: ignore[arg-type]
+    except TypeError:
+        return None

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -103,19 +104,20 @@ class WeightedKNN:
         self.dim = bank.shape[1]
         self.size = bank.shape[0]
         self.labels = labels.long().cpu() if backend == "faiss" else labels.long().to(bank.device)
+        self._index: Any = None
+        self._bank: Tensor | None = None
         if backend == "faiss":
             self._index = self._build_faiss(bank)
-            self._bank = None
         else:
-            self._index = None
             self._bank = F.normalize(bank.float(), dim=1)
 
-    def _build_faiss(self, bank: Tensor):
+    def _build_faiss(self, bank: Tensor) -> Any:
         loader_log = logging.getLogger("faiss.loader")  # its INFO lines about CPU variants are noise
         if loader_log.level == logging.NOTSET:
             loader_log.setLevel(logging.WARNING)
         import faiss
 
+        index: Any
         if self.store == "float32":
             index = faiss.IndexFlatIP(self.dim)
         else:
@@ -124,8 +126,8 @@ class WeightedKNN:
             )
         # Normalise and add one chunk at a time: only one chunk-sized copy beside the index.
         for start in range(0, self.size, self.chunk_size):
-            chunk = F.normalize(bank[start : start + self.chunk_size].detach().float().cpu(), dim=1)
-            chunk = chunk.contiguous().numpy()
+            rows = F.normalize(bank[start : start + self.chunk_size].detach().float().cpu(), dim=1)
+            chunk = rows.contiguous().numpy()
             if not index.is_trained:  # QT_fp16 needs no statistics, but the API wants train()
                 index.train(chunk)
             index.add(chunk)
@@ -164,12 +166,14 @@ class WeightedKNN:
         return torch.cat(sims), torch.cat(idx)
 
     def _search_chunk(self, q: Tensor, k: int) -> tuple[Tensor, Tensor]:
-        if self.backend == "faiss":
-            qn = F.normalize(q.detach().float().cpu(), dim=1).contiguous().numpy()
-            s, i = self._index.search(qn, k)
+        if self._index is not None:
+            qa = F.normalize(q.detach().float().cpu(), dim=1).contiguous().numpy()
+            s, i = self._index.search(qa, k)
             return torch.from_numpy(s), torch.from_numpy(i)
+        assert self._bank is not None
         qn = F.normalize(q.detach().float().to(self._bank.device), dim=1)
-        return (qn @ self._bank.T).topk(k, dim=1)
+        sims, idx = (qn @ self._bank.T).topk(k, dim=1)
+        return sims, idx
 
     def scores(self, queries: Tensor, k: int = 200, temperature: float = 0.1) -> Tensor:
         """Class scores score_c = sum over neighbours of class c of exp(s_j / t), shape (M, C)."""

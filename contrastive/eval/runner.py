@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence, Sized
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset, Subset
 
 from contrastive.eval.checkpoint import LoadedEncoder
-from contrastive.eval.features import extract_features
+from contrastive.eval.features import Encoder, extract_features
 from contrastive.eval.knn import knn_accuracy
 from contrastive.eval.linear import (
     DEFAULT_LRS,
@@ -46,6 +46,7 @@ __all__ = [
     "encode_split",
     "linear_eval",
     "knn_eval",
+    "knn_on_splits",
     "check_label_fraction",
 ]
 
@@ -101,13 +102,13 @@ def load_split(data: str, split: str, transform: Any) -> Dataset:
             f"--data {data!r} has no {split!r} split; evaluation needs a labelled train split "
             "and an evaluation split (an ImageFolder root with train/ and val/ or test/)"
         )
-    ds = get_dataset(data, split=split, transform=transform)
+    ds: Any = get_dataset(data, split=split, transform=transform)
     if len(ds) == 0:
         raise ValueError(f"the {split!r} split of --data {data!r} is empty (0 images)")
     return ds
 
 
-def dataset_labels(ds: Dataset) -> Tensor:
+def dataset_labels(ds: Any) -> Tensor:
     """All labels of a dataset, from ``targets``/``labels`` when it has them, else by iterating."""
     if isinstance(ds, Subset):
         return dataset_labels(ds.dataset)[torch.as_tensor(ds.indices)]
@@ -131,7 +132,9 @@ def _num_classes(ds: Dataset, labels: Tensor) -> int:
 def _loader(ds: Dataset, batch_size: int, *, shuffle: bool, num_workers: int, seed: int, accelerator: Any):
     from contrastive.data import build_loader
 
-    loader = build_loader(ds, batch_size, shuffle=shuffle, num_workers=num_workers, seed=seed, drop_last=False)
+    # one pass (features): no persistent workers, which a prepared loader would keep alive
+    loader = build_loader(ds, batch_size, shuffle=shuffle, num_workers=num_workers, seed=seed, drop_last=False,
+                          persistent_workers=shuffle)
     if accelerator is not None:
         loader = accelerator.prepare_data_loader(loader)
     return loader
@@ -143,24 +146,31 @@ def _autocast(accelerator: Any) -> torch.dtype | None:
 
 
 def encode_split(
-    loaded: LoadedEncoder | torch.nn.Module,
+    loaded: LoadedEncoder | Encoder,
     ds: Dataset,
     *,
     batch_size: int = 256,
     num_workers: int = 2,
     accelerator: Any | None = None,
     device: str | None = None,
+    device_transform: Callable[[Tensor], Tensor] | None = None,
+    progress: bool = True,
 ) -> tuple[Tensor, Tensor]:
-    """Features (N, D) and labels (N,) of a dataset (in order), gathered over processes."""
+    """Features (N, D) and labels (N,) of a dataset (in order), gathered over processes.
+
+    ``loaded``: a loaded checkpoint, a module, or a function of the image batch (the module is
+    moved to the device; a function is the caller's to place)."""
     encoder = loaded.encoder if isinstance(loaded, LoadedEncoder) else loaded
     dev = accelerator.device if accelerator is not None else torch.device(device or "cpu")
-    encoder.to(dev)
+    if isinstance(encoder, torch.nn.Module):
+        encoder.to(dev)
     loader = _loader(ds, batch_size, shuffle=False, num_workers=num_workers, seed=0, accelerator=accelerator)
     return extract_features(encoder, loader, accelerator=accelerator, device=dev,
-                            autocast_dtype=_autocast(accelerator), progress=True)
+                            device_transform=device_transform, autocast_dtype=_autocast(accelerator),
+                            progress=progress)
 
 
-def _class_names(ds: Dataset) -> list[str] | None:
+def _class_names(ds: Any) -> list[str] | None:
     seen = 0
     while ds is not None and seen < 16:
         classes = getattr(ds, "classes", None)
@@ -290,10 +300,50 @@ def linear_eval(
         "num_classes": n_classes,
         "num_train": n_train,
         "train_per_class": per_class,
-        "num_test": len(test_ds),
+        "num_test": len(cast(Sized, test_ds)),
         "seconds": round(time.perf_counter() - t0, 2),
         **extra,
     }
+
+
+def knn_on_splits(
+    encoder: LoadedEncoder | Encoder,
+    bank_ds: Dataset,
+    query_ds: Dataset,
+    *,
+    k: int = 200,
+    temperature: float = 0.1,
+    num_classes: int | None = None,
+    batch_size: int = 256,
+    store: str = "float32",
+    num_workers: int = 2,
+    accelerator: Any | None = None,
+    device: str | None = None,
+    device_transform: Callable[[Tensor], Tensor] | None = None,
+    progress: bool = True,
+    what: str = "the data",
+) -> dict[str, Any]:
+    """Weighted-kNN accuracy of ``query_ds`` against the labelled bank ``bank_ds``: the one
+    computation behind ``contrastive-knn-eval`` and the training monitor
+    (:class:`contrastive.engine.monitor.KNNMonitor`).
+
+    Both splits are encoded (:func:`encode_split`, every process gets all rows), ``k`` is clamped
+    to the bank size, and faiss (exact ``IndexFlatIP``, or fp16 with ``store="float16"``) finds
+    the neighbours. Returns ``accuracy`` ({top1, top5} in percent), ``k`` (used), ``num_classes``,
+    ``bank_labels``, ``num_bank`` and ``num_queries``.
+    """
+    kw: dict[str, Any] = dict(batch_size=batch_size, num_workers=num_workers, accelerator=accelerator,
+                              device=device, device_transform=device_transform, progress=progress)
+    xtr, ytr = encode_split(encoder, bank_ds, **kw)
+    xte, yte = encode_split(encoder, query_ds, **kw)
+    n_classes = check_labels(ytr, num_classes, f"training labels of {what}")
+    check_labels(yte, n_classes, f"evaluation labels of {what}")
+    k_used = min(k, xtr.shape[0])
+    if k_used < k:
+        log.warning("k=%d is larger than the bank (%d training images): using k=%d", k, xtr.shape[0], k_used)
+    acc = knn_accuracy(xtr, ytr, xte, yte, k=k_used, temperature=temperature, num_classes=n_classes, store=store)
+    return {"accuracy": acc, "k": k_used, "num_classes": n_classes, "bank_labels": ytr,
+            "num_bank": xtr.shape[0], "num_queries": xte.shape[0]}
 
 
 def knn_eval(
@@ -325,19 +375,12 @@ def knn_eval(
     bank_labels = dataset_labels(train_ds)
     check_labels(bank_labels, None, f"training labels of --data {data!r}")
     check_classes(bank_labels, f"training labels of --data {data!r}")
-    xtr, ytr = encode_split(loaded, train_ds, batch_size=batch_size, num_workers=num_workers,
-                            accelerator=accelerator, device=device)
-    xte, yte = encode_split(loaded, test_ds, batch_size=batch_size, num_workers=num_workers,
-                            accelerator=accelerator, device=device)
     from contrastive.data import num_classes
 
-    n_classes = num_classes(train_ds)
-    n_classes = check_labels(ytr, n_classes, f"training labels of --data {data!r}")
-    check_labels(yte, n_classes, f"evaluation labels of --data {data!r}")
-    k_used = min(k, xtr.shape[0])
-    if k_used < k:
-        log.warning("k=%d is larger than the bank (%d training images): using k=%d", k, xtr.shape[0], k_used)
-    acc = knn_accuracy(xtr, ytr, xte, yte, k=k_used, temperature=temperature, num_classes=n_classes, store=store)
+    res = knn_on_splits(loaded, train_ds, test_ds, k=k, temperature=temperature, num_classes=num_classes(train_ds),
+                        batch_size=batch_size, store=store, num_workers=num_workers, accelerator=accelerator,
+                        device=device, what=f"--data {data!r}")
+    acc, k_used, n_classes, ytr = res["accuracy"], res["k"], res["num_classes"], res["bank_labels"]
     return {
         "top1": acc["top1"],
         "top5": acc["top5"],
@@ -349,8 +392,8 @@ def knn_eval(
         "checkpoint": loaded.describe(),
         "data": data,
         "num_classes": n_classes,
-        "num_train": xtr.shape[0],
+        "num_train": res["num_bank"],
         "train_per_class": rows_per_class(train_ds, ytr),
-        "num_test": xte.shape[0],
+        "num_test": res["num_queries"],
         "seconds": round(time.perf_counter() - t0, 2),
     }

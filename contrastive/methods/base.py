@@ -88,6 +88,10 @@ class Method(nn.Module):
         """Groups the optimiser treats apart; parameters in none of them form the default group."""
         return []
 
+    def after_optimizer_step(self) -> None:
+        """Called by the training loop after every optimiser step (not after accumulation
+        micro-batches), e.g. CLIP's clamp of its logit scale; nothing by default."""
+
     def schedule_values(self, step: int, total_steps: int) -> dict[str, float]:
         """Every schedule's value at optimiser step ``step`` of ``total_steps``."""
         return {name: float(fn(step, total_steps)) for name, fn in self.schedules().items()}

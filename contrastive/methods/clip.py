@@ -18,10 +18,9 @@ One step::
   than 100"; open_clip ``model.py``: ``init_logit_scale = np.log(1 / 0.07)``) and clamped to
   ``[0, log 100]`` after every optimiser step (open_clip ``open_clip_train/train.py``:
   ``logit_scale.clamp_(0, math.log(100))`` under ``no_grad`` after ``optimizer.step()``).
-  The engine has no post-step hook, so :meth:`clamp_logit_scale` runs in place, without
-  gradient, at the start of every ``forward``: each forward sees exactly the clamped value that
-  the clamp after the previous step would have left (call it yourself after the last step if
-  you read the parameter).
+  The training loop calls :meth:`after_optimizer_step` (= :meth:`clamp_logit_scale`, in
+  place, without gradient) after every optimiser step, so checkpoints hold the clamped value;
+  ``forward`` clamps too, so a hand-written loop without the hook sees the same values.
 - The loss is the registry's InfoNCE (:func:`contrastive.losses.functional.infonce`) called once
   per direction, as its docstring prescribes for several processes. ``InfoNCELoss(
   learnable_temperature=True)`` is not used: it clamps inside the graph (no gradient past 100,
@@ -96,6 +95,10 @@ class CLIP(Method):
     def clamp_logit_scale(self) -> None:
         """``logit_scale`` into ``[0, log(max_logit_scale)]`` in place (open_clip's clamp)."""
         self.logit_scale.clamp_(0.0, math.log(self.max_logit_scale))
+
+    def after_optimizer_step(self) -> None:
+        """The loop's post-step hook: open_clip's clamp after ``optimizer.step()``."""
+        self.clamp_logit_scale()
 
     def param_groups(self) -> list[ParamGroup]:
         """The scale and every parameter with ``ndim < 2`` (biases, norms): no weight decay."""

@@ -10,7 +10,7 @@ import torch
 
 from contrastive.augment import get_pipeline
 from contrastive.data import SeededSampler, build_loader, default_num_workers, get_dataset
-from contrastive.data.loader import sample_seeds
+from contrastive.data.loader import SeededDataset, mix_seed, seed_item_generators
 
 
 def _batches(loader, epochs=1):
@@ -48,15 +48,47 @@ def test_same_views_across_runs_and_worker_counts(batched):
 def test_sampler_epochs_and_seeds():
     s = SeededSampler(10, shuffle=True, seed=1)
     e0, e1 = list(s), list(s)  # the epoch advances at each iteration
-    assert sorted(i for i, _ in e0) == list(range(10)) and e0 != e1
+    assert [e for e, _ in e0] == [0] * 10 and [e for e, _ in e1] == [1] * 10
+    assert sorted(i for _, i in e0) == list(range(10)) and [i for _, i in e0] != [i for _, i in e1]
     s.set_epoch(0)
     assert list(s) == e0
-    assert [i for i, _ in SeededSampler(5, shuffle=False, seed=1)] == [0, 1, 2, 3, 4]
-    # an item's seed depends on (seed, epoch, index), not on its position in the order
-    seeds0 = dict(e0)
-    assert seeds0[3] == int(sample_seeds(1, 0, np.array([3]))[0])
-    assert all(0 <= v < 2**63 for v in seeds0.values())
-    assert len(set(seeds0.values())) == 10
+    assert [i for _, i in SeededSampler(5, shuffle=False, seed=1)] == [0, 1, 2, 3, 4]
+    seeds = {mix_seed(1, e, i) for e in range(3) for i in range(100)}
+    assert len(seeds) == 300 and all(0 <= v < 2**63 for v in seeds)
+
+
+class _Draws(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, i):
+        return torch.rand(3), torch.randn(2), torch.randperm(5), random.random(), np.random.rand()
+
+
+def test_an_items_draws_depend_on_seed_epoch_and_index_only():
+    """The key is (epoch, index): the same key gives the same draws whatever came before."""
+    ds = SeededDataset(_Draws(), seed=3)
+    a = ds[(1, 4)]
+    ds[(0, 2)]
+    b = ds[(1, 4)]
+    assert all(torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y for x, y in zip(a, b))
+    assert a[-1] == 4  # the index travels with the item (the engine's `indices`)
+    assert not torch.equal(ds[(2, 4)][0], a[0]) and not torch.equal(ds[(1, 5)][0], a[0])
+    assert len(SeededDataset(_Draws(), with_index=False)[(0, 1)]) == 5
+
+
+@pytest.mark.parametrize("seed", [0, 1, 12345, 2**31 - 1, 2**32 + 7, 2**62 + 3, 2**63 - 1])
+def test_cheap_item_seeding_gives_the_torch_manual_seed_stream(seed):
+    """``torch.default_generator.manual_seed`` (~3 us) leaves the CPU generator in the very state
+    ``torch.manual_seed`` (which also seeds every CUDA device) leaves it in: same draws."""
+    torch.manual_seed(seed)
+    expected_state = torch.get_rng_state()
+    expected = (torch.rand(4), torch.randn(3), torch.randint(0, 1000, (3,)), torch.randperm(7))
+    torch.manual_seed(seed + 1)  # somewhere else
+    seed_item_generators(seed)
+    assert torch.equal(torch.get_rng_state(), expected_state)
+    got = (torch.rand(4), torch.randn(3), torch.randint(0, 1000, (3,)), torch.randperm(7))
+    assert all(torch.equal(x, y) for x, y in zip(got, expected))
 
 
 def test_main_process_generators_are_left_alone():

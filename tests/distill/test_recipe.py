@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from contrastive.engine import parse_config
+from contrastive.eval.teacher import single_linear_head
 from contrastive.nn import create_encoder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,10 +114,9 @@ def test_teacher_head_rules(tmp_path: Path) -> None:
 
 
 def test_single_linear_head_only() -> None:
-    recipe = _recipe()
     w, b = torch.randn(3, 4), torch.randn(3)
-    head = recipe._single_linear_head({"fc.weight": w, "fc.bias": b}, ["fc.weight", "fc.bias"], 4)
+    head = single_linear_head({"fc.weight": w, "fc.bias": b}, ["fc.weight", "fc.bias"], 4)
     assert isinstance(head, nn.Linear) and torch.equal(head.weight, w) and torch.equal(head.bias, b)
     mlp = {"fc.0.weight": torch.randn(4, 4), "fc.2.weight": torch.randn(3, 4)}
-    assert recipe._single_linear_head(mlp, list(mlp), 4) is None  # a projector, not a classifier
-    assert recipe._single_linear_head({"fc.weight": w}, ["fc.weight"], 5) is None
+    assert single_linear_head(mlp, list(mlp), 4) is None  # a projector, not a classifier
+    assert single_linear_head({"fc.weight": w}, ["fc.weight"], 5) is None

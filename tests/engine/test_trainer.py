@@ -279,3 +279,17 @@ def test_a_frozen_parameter_group_does_not_move_for_its_steps(tmp_path, fresh_ac
     # optimiser steps 0 and 1 drop its gradients (no weight decay, no momentum either), step 2
     # updates it
     assert torch.equal(w[0], w[1]) and torch.equal(w[1], w[2]) and not torch.equal(w[2], w[3])
+
+
+def test_a_requeued_finished_run_writes_its_missing_encoder_record(tmp_path, fresh_accelerate):
+    """Killed between its last checkpoint and encoder.pt: the resume with nothing to train writes
+    the record (on 83e79be this path called a string and raised TypeError)."""
+    from contrastive.eval.checkpoint import load_encoder
+
+    _train(tmp_path, max_steps=2)
+    (tmp_path / "run" / "encoder.pt").unlink()
+    result = _train(tmp_path, max_steps=2, resume="auto")
+    assert result.steps_trained == 0
+    loaded = load_encoder(tmp_path / "run")
+    assert loaded.kind == "encoder.pt" and loaded.setting("step") == 2
+    assert loaded.image_size == 16 and loaded.mean is not None

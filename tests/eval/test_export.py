@@ -140,7 +140,11 @@ def test_accelerate_checkpoint_folder_of_a_run(tmp_path):
         folder.mkdir(parents=True)
         s = state if step == 12 else {k: torch.zeros_like(v) for k, v in state.items()}
         save_file({k: v.contiguous() for k, v in s.items()}, str(folder / "model.safetensors"))
-    (run / "config.json").write_text(json.dumps({"method": {"name": "moco", "encoder": "timm:resnet18"}}))
+        (folder / "meta.json").write_text("{}")  # complete (the engine writes it last)
+    partial = run / "checkpoints" / "step_13"  # a save cut short: no meta.json, never read
+    partial.mkdir()
+    save_file({k: torch.zeros_like(v).contiguous() for k, v in state.items()}, str(partial / "model.safetensors"))
+    (run / "config.json").write_text(json.dumps({"method": "moco", "encoder": "timm:resnet18"}))
     raw = read_checkpoint(run)
     assert (raw.kind, raw.encoder_name) == ("accelerate", "timm:resnet18")
     assert raw.path.parent.name == "step_12"

@@ -5,6 +5,7 @@ fields the data set lacks fails before training."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -57,6 +58,11 @@ class _Recording(CLIP):
     def __init__(self, **kw):
         super().__init__(**kw)
         self.seen: list[dict] = []
+        self.after_steps: list[float] = []  # the scale after each optimiser step's hook
+
+    def after_optimizer_step(self):
+        super().after_optimizer_step()
+        self.after_steps.append(float(self.logit_scale.detach()))
 
     def forward(self, batch):
         self.seen.append({k: batch[k].clone() for k in ("input_ids", "attention_mask", "indices")}
@@ -91,7 +97,23 @@ def test_the_engine_carries_each_samples_tokens(tmp_path, fresh_accelerate):
             assert torch.equal(step["input_ids"][row], fields["input_ids"])
             assert torch.equal(step["attention_mask"][row], fields["attention_mask"])
     assert float(seen[0].seen[0]["scale"]) == pytest.approx(6.0)  # clamped inside forward
-    assert float(seen[0].logit_scale.detach()) <= torch.log(torch.tensor(100.0)).item() + 0.01
+    # the loop's post-step hook ran once per optimiser step and left the clamped value
+    assert len(seen[0].after_steps) == 2
+    assert all(v <= math.log(100.0) + 1e-6 for v in seen[0].after_steps)
+
+
+def test_the_post_step_hook_runs_once_per_optimiser_step_not_per_micro_batch(tmp_path,
+                                                                            fresh_accelerate):
+    cfg = _Cfg(output_dir=str(tmp_path / "run"), grad_accum_steps=2, max_steps=2, knn_every=0)
+    seen: list = []
+
+    def build(c):
+        m = _build(c)
+        seen.append(m)
+        return m
+
+    train(cfg, build, lambda c: _OneView(), recipe="clip-test")
+    assert len(seen[0].seen) == 4 and len(seen[0].after_steps) == 2
 
 
 def test_a_method_needing_fields_the_data_set_lacks_fails_before_training(tmp_path,

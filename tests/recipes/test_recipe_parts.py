@@ -25,10 +25,11 @@ def test_mocov3_momentum_matches_official_formula(rx):
     assert mod.build_method(cfg).schedules()["momentum"](5 * spe, epochs * spe) == 0.99
 
 
-def test_sincos_position_embedding_matches_formula(rx):
-    mod = rx.load_recipe("mocov3_vit_small")
+def test_sincos_position_embedding_matches_formula():
+    from contrastive.nn.pos_embed import sincos_pos_embed
+
     grid, dim = 3, 8
-    pe = mod.sincos_pos_embed(grid, dim)
+    pe = sincos_pos_embed(grid, dim)
     assert pe.shape == (1, 1 + grid * grid, dim) and torch.all(pe[0, 0] == 0)
     quarter = dim // 4
     for p in range(grid * grid):
@@ -43,6 +44,7 @@ def test_sincos_position_embedding_matches_formula(rx):
 def test_vit_recipe_fixes_every_position_embedding(rx):
     mod = rx.load_recipe("mocov3_vit_small")
     from contrastive.engine import parse_config
+    from contrastive.nn.pos_embed import sincos_pos_embed
 
     cfg = parse_config(mod.MoCoV3ViTSmall, ["--data", "shapes", "--encoder",
                                             "timm:vit_tiny_patch16_224", "--mlp-hidden", "32",
@@ -52,7 +54,7 @@ def test_vit_recipe_fixes_every_position_embedding(rx):
     assert len(embeds) == 2  # query and key ViTs
     for pe in embeds:
         assert not pe.requires_grad
-        torch.testing.assert_close(pe.data, mod.sincos_pos_embed(14, 192))
+        torch.testing.assert_close(pe.data, sincos_pos_embed(14, 192))
     assert not any(p.requires_grad for p in method.encoder.patch_embed.parameters())
 
 
@@ -83,3 +85,83 @@ def test_paper_defaults(rx, name, values):
     cfg = cls()
     for key, value in values.items():
         assert getattr(cfg, key) == value, key
+
+
+# recipe -> (method class name, preset): a paper's hyper-parameters, written in the recipe's
+# config and in the method's presets, must agree
+RECIPE_PRESETS = {
+    "barlow_twins_cifar": ("BarlowTwins", "cifar"), "barlow_twins_r50": ("BarlowTwins", "resnet50"),
+    "byol_cifar": ("BYOL", "cifar"), "byol_r50": ("BYOL", "resnet50"),
+    "dino_cifar": ("DINO", "cifar"), "dino_vit_small": ("DINO", "vit_small"),
+    "moco_cifar": ("MoCo", "cifar"), "moco_r50": ("MoCo", "v2"), "mocov1_r50": ("MoCo", "v1"),
+    "mocov3_r50": ("MoCoV3", "resnet50"), "mocov3_vit_small": ("MoCoV3", "vit_small"),
+    "nnclr_cifar": ("NNCLR", "cifar"), "simclr_cifar": ("SimCLR", "cifar"),
+    "simclr_r50": ("SimCLR", "imagenet"), "simsiam_cifar": ("SimSiam", "cifar"),
+    "simsiam_r50": ("SimSiam", "resnet50"), "supcon_cifar": ("SupCon", "cifar"),
+    "swav_cifar": ("SwAV", "cifar"), "swav_r50": ("SwAV", "resnet50"),
+    "vicreg_cifar": ("VICReg", "cifar"), "vicreg_r50": ("VICReg", "resnet50"),
+}
+# presets no recipe builds (a variant of a recipe's preset, or a model size without a recipe)
+PRESETS_WITHOUT_RECIPE = {("MoCo", "cifar_symmetric"), ("MoCoV3", "resnet50_1000ep"),
+                          ("MoCoV3", "vit_base"), ("DeepInfoMax", "*"),
+                          ("NNCLR", "resnet50"), ("SupCon", "resnet50")}
+
+# where a recipe deliberately departs from its preset, and why
+RECIPE_OVERRIDES = {
+    # the official README's CIFAR-10 command trains --resnet_depth=18; the paper's appendix B.9
+    # (the preset) a ResNet-50
+    "simclr_cifar": {"encoder": "cifar_resnet18"},
+}
+
+
+class _Built(Exception):
+    pass
+
+
+def _constructor_arguments(rx, monkeypatch, recipe: str, cls) -> dict:
+    """The keyword arguments the recipe's build_method passes (defaults filled in), with the
+    recipe's default configuration; nothing is built."""
+    import inspect
+
+    from contrastive.engine import parse_config
+
+    seen: dict = {}
+    init = cls.__init__
+
+    def capture(self, *args, **kwargs):
+        bound = inspect.signature(init).bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        seen.update({k: v for k, v in bound.arguments.items() if k != "self"})
+        raise _Built
+
+    monkeypatch.setattr(cls, "__init__", capture)
+    mod = rx.load_recipe(recipe)
+    config_class = next(v for v in vars(mod).values() if isinstance(v, type)
+                        and v.__module__ == mod.__name__ and hasattr(v, "encoder_options"))
+    with pytest.raises(_Built):
+        mod.build_method(parse_config(config_class, ["--data", "shapes"]))
+    return seen
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPE_PRESETS))
+def test_recipe_defaults_equal_the_method_preset(recipe, rx, monkeypatch):
+    import contrastive.methods as methods
+
+    cls_name, preset = RECIPE_PRESETS[recipe]
+    cls = getattr(methods, cls_name)
+    got = _constructor_arguments(rx, monkeypatch, recipe, cls)
+    expected = {**cls.presets[preset], **RECIPE_OVERRIDES.get(recipe, {})}
+    differ = {k: (got.get(k), v) for k, v in expected.items() if got.get(k) != v}
+    assert not differ, f"{recipe} vs {cls_name}.presets[{preset!r}] (recipe, preset): {differ}"
+
+
+def test_every_preset_has_a_recipe_or_is_listed():
+    import contrastive.methods as methods
+
+    covered = set(RECIPE_PRESETS.values())
+    for name in dir(methods):
+        cls = getattr(methods, name)
+        for preset in getattr(cls, "presets", {}) if isinstance(cls, type) else {}:
+            key = (name, preset)
+            assert key in covered or key in PRESETS_WITHOUT_RECIPE or (name, "*") in \
+                PRESETS_WITHOUT_RECIPE, f"preset {key} has no recipe: map it in RECIPE_PRESETS"

@@ -1,0 +1,158 @@
+"""Whether a checkpoint can continue this run, and whether the resume was exact.
+
+Before loading, :func:`check_compatible` compares the checkpoint's model signature (method class,
+every state-dict key with shape and dtype) and run-defining config fields with the new run and
+raises :class:`IncompatibleCheckpointError` naming the differences. After loading, the
+fingerprints (:func:`tensor_digest` of model and optimiser, :func:`rng_digest` of every
+process's generators) taken at save time are compared with live ones
+(:meth:`contrastive.engine.checkpoint.CheckpointManager.verify`): a resume that is not exact
+raises :class:`ResumeMismatchError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ["FORMAT_VERSION", "OPERATIONAL_FIELDS", "IncompatibleCheckpointError",
+           "ResumeMismatchError", "tensor_digest", "rng_digest", "model_signature",
+           "check_compatible"]
+
+FORMAT_VERSION = 2  # 1: accelerate's save_state (pickled custom state), not read any more
+
+#: Config fields that may change between a run and its resume (they do not change the maths).
+OPERATIONAL_FIELDS = frozenset({
+    "output_dir", "resume", "max_steps", "num_workers", "save_every_steps", "save_every_epochs",
+    "keep_last", "log_every", "progress", "report_to", "allow_config_change", "strict_data",
+    "knn_every", "knn_at_start", "knn_max_train", "knn_max_test", "knn_k", "knn_t",
+    "knn_feature", "online_probe", "probe_lr", "compile", "channels_last", "batched_augment", "cpu", "on_nonfinite",
+    "mixed_precision", "ddp_find_unused_parameters", "stop_if_orphaned",
+})
+
+
+class IncompatibleCheckpointError(ValueError):
+    """The checkpoint was written by another model, method or run configuration."""
+
+
+class ResumeMismatchError(RuntimeError):
+    """A loaded state differs from the state that was saved: the resume would not be exact."""
+
+
+# ----------------------------------------------------------------------------------------------
+# fingerprints
+
+
+def _update_tensor(h: Any, t: torch.Tensor) -> None:
+    t = t.detach()
+    h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+    if t.numel():
+        h.update(t.cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+
+
+def _update_any(h: Any, obj: Any) -> None:
+    if isinstance(obj, torch.Tensor):
+        _update_tensor(h, obj)
+    elif isinstance(obj, np.ndarray):
+        h.update(str(obj.dtype).encode() + obj.tobytes())
+    elif isinstance(obj, dict):
+        for k in sorted(obj, key=str):
+            h.update(str(k).encode())
+            _update_any(h, obj[k])
+    elif isinstance(obj, (list, tuple)):
+        h.update(b"[")
+        for item in obj:
+            _update_any(h, item)
+        h.update(b"]")
+    else:
+        h.update(repr(obj).encode())
+
+
+def tensor_digest(obj: Any) -> str:
+    """SHA-256 of a (nested) state dict: keys, dtypes, shapes and bytes of every tensor."""
+    h = hashlib.sha256()
+    _update_any(h, obj)
+    return h.hexdigest()
+
+
+def rng_digest() -> str:
+    """SHA-256 of this process's torch, CUDA, ``random`` and numpy generator states."""
+    h = hashlib.sha256()
+    _update_tensor(h, torch.get_rng_state())
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for s in torch.cuda.get_rng_state_all():
+            _update_tensor(h, s)
+    _update_any(h, random.getstate())
+    _update_any(h, np.random.get_state())
+    return h.hexdigest()
+
+
+def model_signature(model: nn.Module) -> dict[str, Any]:
+    """What a checkpoint must match: the method class and every state-dict entry's shape/dtype."""
+    tensors = {k: f"{tuple(v.shape)} {str(v.dtype).replace('torch.', '')}"
+               for k, v in model.state_dict().items()}
+    digest = hashlib.sha256(json.dumps([type(model).__name__, tensors],
+                                       sort_keys=True).encode()).hexdigest()
+    return {"method": type(model).__name__, "digest": digest, "tensors": tensors}
+
+
+def check_compatible(meta: dict[str, Any], signature: dict[str, Any], config: dict[str, Any], *,
+                     world_size: int, allow_config_change: bool = False,
+                     path: str | Path = "") -> list[str]:
+    """Raise :class:`IncompatibleCheckpointError` when the checkpoint cannot continue this run.
+
+    The model signature must match exactly. Config fields outside :data:`OPERATIONAL_FIELDS`
+    and the number of processes must match unless ``allow_config_change`` (then they are
+    returned as warnings).
+    """
+    where = f" {path}" if path else ""
+    if meta.get("format") != FORMAT_VERSION:
+        raise IncompatibleCheckpointError(
+            f"checkpoint{where} has format {meta.get('format')!r}, this version reads "
+            f"{FORMAT_VERSION} (format 1 held pickled state, which is never loaded): resume it "
+            "with the version that wrote it, or start a new --output-dir")
+    old = meta["signature"]
+    if old["digest"] != signature["digest"]:
+        problems = []
+        if old["method"] != signature["method"]:
+            problems.append(f"method {old['method']} in the checkpoint, {signature['method']} "
+                            "now")
+        a, b = old["tensors"], signature["tensors"]
+        missing = [k for k in b if k not in a]
+        extra = [k for k in a if k not in b]
+        shaped = [f"{k}: {a[k]} vs {b[k]}" for k in b if k in a and a[k] != b[k]]
+        for label, items in (("not in the checkpoint", missing), ("only in the checkpoint", extra),
+                             ("different shape/dtype (checkpoint vs now)", shaped)):
+            if items:
+                more = f" (+{len(items) - 5} more)" if len(items) > 5 else ""
+                problems.append(f"{len(items)} tensors {label}: {', '.join(items[:5])}{more}")
+        old_cfg = meta.get("config", {})
+        hint_fields = [k for k in ("encoder", "recipe") if old_cfg.get(k) != config.get(k)]
+        hint = "".join(f"; checkpoint {k}={old_cfg.get(k)!r}, now {config.get(k)!r}"
+                       for k in hint_fields)
+        raise IncompatibleCheckpointError(
+            f"checkpoint{where} was written by a different model{hint}: "
+            + "; ".join(problems)
+            + ". Resume with the same recipe and model options, or start a new --output-dir.")
+    changed = []
+    old_cfg = meta.get("config", {})
+    for key in sorted(set(old_cfg) | set(config)):
+        if key in OPERATIONAL_FIELDS:
+            continue
+        if old_cfg.get(key) != config.get(key):
+            changed.append(f"{key}: {old_cfg.get(key)!r} -> {config.get(key)!r}")
+    if meta.get("world_size", world_size) != world_size:
+        changed.append(f"processes: {meta.get('world_size')} -> {world_size} (RNG states cannot "
+                       "be restored exactly)")
+    if changed and not allow_config_change:
+        raise IncompatibleCheckpointError(
+            f"checkpoint{where} belongs to a run with other settings: {'; '.join(changed)}. "
+            "Pass the same values, start a new --output-dir, or add --allow-config-change to "
+            "continue anyway (the resumed run is then not the same run).")
+    return changed

@@ -1,0 +1,125 @@
+"""The run log: ``metrics.jsonl`` records, the scalar window behind them, and the failure record.
+
+Every ``log_every`` optimiser steps the loop writes one record: the mean over the window of every
+0-d tensor the method returned, averaged over processes, with the learning rate, the method's
+schedules, the embedding spread and the throughput. kNN and probe figures are records of their
+own (``knn_top1``) or fields of the step record (``probe_top1``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from contrastive.engine.checkpoint import read_meta
+from contrastive.engine.run_folder import truncate_metrics
+from contrastive.engine.run_state import write_run_state
+from contrastive.records import CHECKPOINTS, find_latest
+
+__all__ = ["MetricsLog", "ScalarWindow", "log_record", "rel", "record_failure"]
+
+logger = logging.getLogger(__name__)
+
+
+class MetricsLog:
+    """``metrics.jsonl`` writer (main process) with a truncate-on-resume rule."""
+
+    def __init__(self, path: Path, enabled: bool, resume_step: int | None) -> None:
+        self.path, self.enabled = path, enabled
+        if not enabled:
+            return
+        if resume_step is None:
+            self.path.write_text("")
+        else:  # drop lines written after the checkpoint we resume from (and a torn last line)
+            truncate_metrics(self.path, resume_step)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.enabled:
+            with open(self.path, "a") as fh:
+                fh.write(json.dumps(record) + "\n")
+
+
+class ScalarWindow:
+    """Sums of every 0-d tensor the method returns, on the device (no host sync per step)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.counts: dict[str, int] = {}
+        self.last: dict[str, Any] = {}  # the last step's output (its embeddings)
+
+    def add(self, out: dict[str, Any]) -> None:
+        for k, v in out.items():
+            if isinstance(v, torch.Tensor) and v.ndim == 0:
+                v = v.detach().float()
+                self.sums[k] = self.sums[k] + v if k in self.sums else v
+                self.counts[k] = self.counts.get(k, 0) + 1
+        self.last = out
+
+    def means(self, accelerator: Any) -> dict[str, float]:
+        """The window means, averaged over processes (one collective), then a new window."""
+        keys = sorted(self.sums)
+        means: dict[str, float] = {}
+        if keys:
+            vec = torch.stack([self.sums[k] / self.counts[k] for k in keys])
+            if accelerator.num_processes > 1:
+                vec = accelerator.reduce(vec, "mean")
+            means = dict(zip(keys, vec.tolist()))
+        self.sums, self.counts = {}, {}
+        return means
+
+
+def log_record(step: int, steps_per_epoch: int, lr: float, sched: dict[str, float],
+               means: dict[str, float], last_out: dict[str, Any], seconds: float, images: int,
+               wait: float) -> dict[str, Any]:
+    """One metrics.jsonl record of the window that ends at ``step``."""
+    emb_std = None
+    emb = last_out.get("embeddings")
+    if emb is not None and emb.shape[0] > 1:
+        emb_std = F.normalize(emb.float(), dim=1).std(dim=0).mean().item()
+    record = {
+        "step": step,
+        "epoch": round(step / steps_per_epoch, 4),
+        **{k: round(v, 6) for k, v in means.items()},
+        "lr": lr,
+        **sched,  # the method's schedules at the last step of the window
+        "embedding_std": None if emb_std is None else round(emb_std, 6),
+        "images_per_s": round(images / max(seconds, 1e-9), 2),
+        "data_wait_frac": round(wait / max(seconds, 1e-9), 4),
+        "time": round(time.time(), 3),
+    }
+    loss = record.get("loss")
+    if isinstance(loss, float) and not math.isfinite(loss):
+        record["loss"] = None
+    return record
+
+
+def rel(path: Path | None, out: Path) -> str | None:
+    """``path`` relative to the run folder ``out`` (as run_state.json records it)."""
+    if path is None:
+        return None
+    try:
+        return str(Path(path).relative_to(out))
+    except ValueError:
+        return str(path)
+
+
+def record_failure(out: Path, exc: BaseException) -> None:
+    """``run_state.json`` = failed, with the error and the newest complete checkpoint."""
+    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
+    error = text[0][:500] if text else type(exc).__name__
+    if isinstance(exc, KeyboardInterrupt):
+        error = "KeyboardInterrupt: stopped without saving (a second SIGINT)"
+    try:
+        latest = find_latest(out / CHECKPOINTS)
+        step = read_meta(latest).get("step") if latest is not None else None
+        write_run_state(out, "failed", step=step, error=error, resumable=latest is not None,
+                        checkpoint=rel(latest, out))
+    except Exception as e:  # noqa: BLE001 - the failure itself may be a full or read-only disk
+        logger.warning("could not record the failure in %s: %s", out / "run_state.json", e)

@@ -1,0 +1,237 @@
+"""Setting a run up: the accelerator, the data, the monitors, the method and its optimiser.
+
+Each function checks its inputs before it builds anything expensive, so bad input fails in
+seconds with a message that names the fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from contrastive.engine.checkpoint import model_signature
+from contrastive.engine.config import TrainConfig
+from contrastive.engine.loader import GlobalBatchSampler, build_train_loader
+from contrastive.engine.monitor import KNNMonitor, encoder_of
+from contrastive.engine.optim import build_optimizer
+from contrastive.engine.probe import OnlineProbe
+from contrastive.engine.schedules import scaled_lr
+
+__all__ = ["make_accelerator", "check_fresh_output_dir", "TrainData", "build_data",
+           "build_knn_monitor", "Model", "build_model", "method_inputs", "build_probe"]
+
+logger = logging.getLogger(__name__)
+
+
+def make_accelerator(cfg: TrainConfig, project_dir: str | Path) -> Any:
+    """An ``Accelerator`` for ``cfg``; ``--mixed-precision`` wins over accelerate's config.
+
+    Raises ``ValueError`` for fp16 on the CPU: accelerate would silently train in fp32.
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    cpu_only = cfg.cpu or not torch.cuda.is_available()
+    mp = cfg.mixed_precision or None
+    if mp == "fp16" and cpu_only:
+        raise ValueError("--mixed-precision fp16 on the CPU: accelerate would silently run fp32. "
+                         "Use --mixed-precision bf16 (autocast, ~2x faster on AVX-512-bf16 CPUs) "
+                         "or no")
+    ddp = DistributedDataParallelKwargs(find_unused_parameters=cfg.ddp_find_unused_parameters)
+    # Several processes without GPUs (`accelerate launch --multi_gpu`, `torchrun`): accelerate
+    # only sets up gloo data parallelism (MULTI_CPU) when asked for the CPU; otherwise every
+    # process would train alone as "rank 0".
+    multi_process = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    acc = Accelerator(
+        cpu=cfg.cpu or (multi_process and not torch.cuda.is_available()),
+        mixed_precision=mp,
+        gradient_accumulation_steps=cfg.grad_accum_steps,
+        log_with=None if cfg.report_to == "none" else cfg.report_to,
+        project_dir=str(project_dir),
+        kwargs_handlers=[ddp],
+    )
+    if acc.mixed_precision == "fp16" and acc.device.type == "cpu":
+        raise ValueError("accelerate's configuration asks for fp16 on the CPU, which silently "
+                         "runs fp32: pass --mixed-precision bf16 or no")
+    return acc
+
+
+def check_fresh_output_dir(out: Path, resume: str) -> None:
+    """A new run (no ``--resume``) refuses a non-empty output folder."""
+    if resume or not out.exists():
+        return
+    entries = [p.name for p in out.iterdir()]
+    if entries:
+        raise FileExistsError(
+            f"output folder {out} is not empty ({', '.join(sorted(entries)[:4])}...): pass "
+            "--resume auto to continue that run, or choose a new --output-dir")
+
+
+@dataclass
+class TrainData:
+    """The training data of a run and the step counts it implies."""
+
+    train_set: Any
+    sampler: GlobalBatchSampler
+    loader: Any
+    device_fn: Callable[..., list[torch.Tensor]] | None  # batched augmentation on the device
+    steps_per_epoch: int
+    micro_per_epoch: int
+    total_steps: int
+    last_step: int  # total_steps, or --max-steps when smaller
+
+
+def build_data(cfg: TrainConfig, pipeline: Any, accelerator: Any) -> TrainData:
+    """The training set under ``pipeline`` (its worker half when augmenting in batches on the
+    device: ``--batched-augment auto`` = on, measured faster on the CPU and the GPU in
+    benchmarks/results/augment.md), a deterministic sampler and the loader."""
+    from contrastive.data import get_dataset
+
+    world, rank = accelerator.num_processes, accelerator.process_index
+    accum = cfg.grad_accum_steps
+    device_fn = None
+    transform = pipeline
+    if cfg.batched_augment != "off":
+        transform, device_fn = pipeline.split()
+    train_set: Any = get_dataset(cfg.data, "train", transform=transform, strict=cfg.strict_data)
+    steps_per_epoch = len(train_set) // cfg.batch_size
+    if steps_per_epoch == 0:
+        raise ValueError(f"--data {cfg.data} has {len(train_set)} training images, fewer than "
+                         f"one --batch-size {cfg.batch_size}: lower the batch size")
+    micro_per_epoch = steps_per_epoch * accum
+    sampler = GlobalBatchSampler(len(train_set), cfg.batch_size // accum, rank=rank,
+                                 world_size=world, seed=cfg.seed,
+                                 num_batches=micro_per_epoch)  # whole optimiser steps only
+    loader = build_train_loader(train_set, sampler, seed=cfg.seed, num_workers=cfg.num_workers,
+                                pin_memory=accelerator.device.type == "cuda")
+    total_steps = steps_per_epoch * cfg.epochs
+    last_step = min(total_steps, cfg.max_steps) if cfg.max_steps else total_steps
+    return TrainData(train_set, sampler, loader, device_fn, steps_per_epoch, micro_per_epoch,
+                     total_steps, last_step)
+
+
+def build_knn_monitor(cfg: TrainConfig, pipeline: Any, world: int) -> KNNMonitor | None:
+    """The kNN monitor (``--knn-every``), or None when off or the data has no labelled
+    held-out split. Bank and queries use the evaluation transform with the pipeline's
+    normalisation, as ``contrastive-knn-eval`` on the finished run does."""
+    if not cfg.knn_every:
+        return None
+    from contrastive.augment import get_pipeline
+    from contrastive.data import get_dataset, has_split, num_classes
+
+    if not has_split(cfg.data, "test"):
+        logger.info("kNN monitor off: --data %s has no held-out labelled split", cfg.data)
+        return None
+    norm = {k: getattr(pipeline, k) for k in ("mean", "std") if hasattr(pipeline, k)}
+    eval_tf = get_pipeline("eval", image_size=cfg.image_size, **norm)
+    bank = get_dataset(cfg.data, "train", transform=eval_tf, strict=cfg.strict_data)
+    query = get_dataset(cfg.data, "test", transform=eval_tf, strict=cfg.strict_data)
+    n_cls = num_classes(bank)
+    if n_cls is None:
+        logger.info("kNN monitor off: --data %s has no labels", cfg.data)
+        return None
+    return KNNMonitor(bank, query, k=cfg.knn_k, t=cfg.knn_t, max_bank=cfg.knn_max_train,
+                      max_query=cfg.knn_max_test, batch_size=max(cfg.batch_size // world, 64),
+                      num_workers=min(cfg.num_workers, 4), num_classes=n_cls)
+
+
+def build_probe(cfg: TrainConfig, module: nn.Module, train_set: Any,
+                device: torch.device) -> OnlineProbe | None:
+    """The online linear probe (``--online-probe``), or None when off or without labels."""
+    if not cfg.online_probe:
+        return None
+    from contrastive.data import num_classes
+
+    n_cls = num_classes(train_set)
+    width = int(getattr(encoder_of(module), "num_features", 0))
+    if n_cls is None or width <= 0:
+        logger.info("online probe off: %s", "the data has no labels" if n_cls is None else
+                    f"{type(encoder_of(module)).__name__} has no num_features")
+        return None
+    return OnlineProbe(width, n_cls, lr=cfg.probe_lr).to_device(device)
+
+
+def method_inputs(method: nn.Module, extra: tuple[str, ...] = ()
+                  ) -> tuple[tuple[str, ...], dict[str, Callable]]:
+    """The method's ``needs`` and ``schedules()``; a need the loader cannot provide (nor the
+    data set's ``extra`` fields, see :mod:`contrastive.engine.extras`, nor a schedule) is an
+    error before anything trains."""
+    from contrastive.methods.base import BATCH_KEYS
+
+    declared = getattr(method, "schedules", None)
+    schedules = dict(declared()) if callable(declared) else {}
+    needs = tuple(getattr(method, "needs", ("views",)))
+    unknown = sorted(set(needs) - set(BATCH_KEYS) - set(schedules) - set(extra))
+    if unknown:
+        raise ValueError(f"{type(method).__name__} needs batch key(s) {unknown} that the image "
+                         f"training loop does not provide; it provides {sorted(BATCH_KEYS)}, "
+                         f"the data set's fields {sorted(extra)} and the method's schedules "
+                         f"{sorted(schedules)} (image-text methods need an image-text data set)")
+    clash = sorted(set(schedules) & set(BATCH_KEYS))
+    if clash:
+        raise ValueError(f"{type(method).__name__}: schedule name(s) {clash} clash with the "
+                         "loader's batch keys; rename them")
+    return needs, schedules
+
+
+@dataclass
+class Model:
+    """The prepared method and optimiser, and what the loop needs to know about the method."""
+
+    model: nn.Module  # prepared (DDP-wrapped under several processes)
+    module: nn.Module  # the method itself
+    optimizer: Any
+    needs: tuple[str, ...]
+    schedules: dict[str, Callable]
+    signature: dict[str, Any]  # see checkpoint.model_signature
+    peak_lr: float
+
+
+def build_model(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
+                accelerator: Any, extra: tuple[str, ...] = ()) -> Model:
+    """``build_method(cfg)`` (seeded with ``cfg.seed``), converted for the run's options, its
+    optimiser at the scaled peak lr, both ``prepare``d. ``extra``: the data set's per-sample
+    fields beyond image and label (:func:`contrastive.engine.extras.extra_keys`)."""
+    from accelerate.utils import set_seed
+
+    world, device = accelerator.num_processes, accelerator.device
+    set_seed(cfg.seed)
+    method = build_method(cfg)
+    needs, schedules = method_inputs(method, extra)
+    signature = model_signature(method)  # as built: what a checkpoint must match
+    if getattr(method, "uses_in_batch_negatives", False) and cfg.grad_accum_steps > 1:
+        logger.warning("--grad-accum-steps %d with in-batch negatives: each micro-batch of %d "
+                       "images only contrasts against itself; this is NOT a bigger contrastive "
+                       "batch", cfg.grad_accum_steps, cfg.batch_size // cfg.grad_accum_steps)
+    if cfg.sync_bn and world > 1:
+        if device.type == "cuda":
+            method = nn.SyncBatchNorm.convert_sync_batchnorm(method)
+        else:
+            logger.warning("--sync-bn ignored: SyncBatchNorm needs GPU processes")
+    if cfg.float64:
+        method = method.double()  # inputs follow in the step and the kNN monitor
+    if cfg.channels_last:
+        method = method.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        from contrastive.nn.norm import SplitBatchNorm2d
+
+        if any(isinstance(m, SplitBatchNorm2d) for m in method.modules()):
+            logger.warning("--channels-last with split BN is slower, not faster: split BN "
+                           "computes in NCHW, so every BN layer converts the layout twice "
+                           "(measured 0.7-0.95x on the CPU); use one or the other")
+    if cfg.compile:
+        encoder_of(method).compile()
+    peak_lr = scaled_lr(cfg.lr, cfg.batch_size, cfg.lr_scaling)
+    optimizer = build_optimizer(method, cfg.optimizer, lr=peak_lr, weight_decay=cfg.weight_decay,
+                                momentum=cfg.sgd_momentum, nesterov=cfg.nesterov,
+                                betas=(cfg.betas[0], cfg.betas[1]), trust_coeff=cfg.lars_trust_coeff,
+                                exclude_from_wd=cfg.exclude_from_wd)
+    model, optimizer = accelerator.prepare(method, optimizer)
+    return Model(model, accelerator.unwrap_model(model), optimizer, needs, schedules, signature,
+                 peak_lr)

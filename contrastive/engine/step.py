@@ -1,0 +1,132 @@
+"""One training step: the batch from a loader sample, forward, backward, optimiser step.
+
+``make_batch`` is the one place where the loader's sample becomes the method's ``batch``: a
+method that needs another per-sample field (e.g. caption tokens) is served by extending it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from contrastive.engine.config import TrainConfig
+from contrastive.engine.extras import add_extras, split_item
+from contrastive.engine.loader import step_generator
+from contrastive.engine.optim import drop_frozen_grads
+from contrastive.engine.run_log import ScalarWindow
+
+__all__ = ["NonFiniteLossError", "NonFiniteGuard", "prepare_views", "make_batch",
+           "optimisation_step", "all_true", "any_true"]
+
+logger = logging.getLogger(__name__)
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The loss became NaN or infinite (``--on-nonfinite stop``)."""
+
+
+def prepare_views(views: list[torch.Tensor], cfg: TrainConfig, device: torch.device,
+                  device_fn: Callable[..., list[torch.Tensor]] | None, *, step: int, micro: int,
+                  rank: int) -> list[torch.Tensor]:
+    """The loader's views on the device: augmented there in a batch (``device_fn``, seeded by
+    the position in the run), in channels_last / float64 when asked."""
+    views = [v.to(device, non_blocking=True) for v in views]
+    if device_fn is not None:
+        views = device_fn(views, generator=step_generator(device, cfg.seed, step, micro, rank))
+    if cfg.channels_last:
+        views = [v.contiguous(memory_format=torch.channels_last) for v in views]
+    if cfg.float64:
+        views = [v.double() for v in views]
+    return views
+
+
+def make_batch(views: list[torch.Tensor], sample: tuple[Any, ...], needs: tuple[str, ...],
+               sched: dict[str, float], device: torch.device) -> dict[str, Any]:
+    """The method's batch: the prepared ``views``, the per-sample fields of the loader's
+    ``sample`` = ``(views, labels, indices)`` (or ``(views, labels, fields, indices)`` from a
+    data set with extra fields, e.g. CLIP's ``input_ids``) the method ``needs``, and the
+    schedule values."""
+    _, labels, indices, fields = split_item(sample)
+    batch: dict[str, Any] = {"views": views, **sched}
+    if "labels" in needs:
+        batch["labels"] = labels.to(device, non_blocking=True)
+    if "indices" in needs:
+        batch["indices"] = indices.to(device, non_blocking=True)
+    add_extras(batch, fields, needs, device)
+    return batch
+
+
+class NonFiniteGuard:
+    """``--on-nonfinite stop``: remembers the first step whose loss was NaN/inf on the device
+    (no host sync per step) and raises at the next log line, checkpoint or stop."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.first_bad = torch.full((), -1, dtype=torch.long, device=device)
+
+    def note(self, finite: torch.Tensor, step: int) -> None:
+        self.first_bad = torch.where(finite | (self.first_bad >= 0), self.first_bad,
+                                     torch.full_like(self.first_bad, step))
+
+    def check(self, accelerator: Any, last_saved: int | None, checkpoints: Path) -> None:
+        """Raise :class:`NonFiniteLossError` (on every process) if a loss was not finite."""
+        bad = self.first_bad.reshape(1).clone()
+        if accelerator.num_processes > 1:
+            bad = accelerator.reduce(torch.where(bad < 0, torch.full_like(bad, 1 << 62), bad),
+                                     "min")
+            bad = torch.where(bad == 1 << 62, torch.full_like(bad, -1), bad)
+        step = int(bad.item())
+        if step >= 0:
+            raise NonFiniteLossError(
+                f"non-finite loss (NaN or inf) at step {step}. The last good checkpoint is "
+                f"{'step ' + str(last_saved) if last_saved is not None else 'none'} in "
+                f"{checkpoints}; resume with --resume auto and a lower --lr, or pass "
+                "--on-nonfinite skip to skip such steps")
+
+
+def optimisation_step(model: nn.Module, batch: dict[str, Any], optimizer: Any, accelerator: Any,
+                      cfg: TrainConfig, step: int, guard: NonFiniteGuard,
+                      window: ScalarWindow) -> None:
+    """Forward, backward and (on the last micro-batch of a step) the optimiser step: frozen
+    groups' gradients dropped, gradients clipped; a non-finite loss is skipped or noted."""
+    with accelerator.accumulate(model):
+        out = model(batch)
+        loss = out["loss"]
+        finite = torch.isfinite(loss.detach())
+        if cfg.on_nonfinite == "skip" and not all_true(finite, accelerator):
+            logger.warning("non-finite loss at step %d: skipping the optimiser step", step)
+            optimizer.zero_grad(set_to_none=True)
+            return
+        guard.note(finite, step)
+        accelerator.backward(loss)
+        if accelerator.sync_gradients:
+            drop_frozen_grads(optimizer, step)
+            if cfg.clip_grad_norm > 0:
+                accelerator.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
+        optimizer.step()
+        if accelerator.sync_gradients:  # a real step (not an accumulation micro-batch)
+            after_step = getattr(accelerator.unwrap_model(model), "after_optimizer_step", None)
+            if callable(after_step):
+                after_step()  # e.g. CLIP clamps its logit scale, as open_clip does
+        optimizer.zero_grad(set_to_none=True)
+        window.add(out)  # every scalar the method returns is logged (mean over the log window)
+
+
+def all_true(flag: torch.Tensor, accelerator: Any) -> bool:
+    """``flag`` (a 0-d bool tensor) on every process (one host sync, a collective if several)."""
+    v = flag.float().reshape(1)
+    if accelerator.num_processes > 1:
+        v = accelerator.reduce(v, "min")
+    return bool(v.item())
+
+
+def any_true(flag: bool, accelerator: Any) -> bool:
+    """A Python flag set on any process (a collective when there are several)."""
+    if accelerator.num_processes == 1:
+        return flag
+    v = torch.tensor([1.0 if flag else 0.0], device=accelerator.device)
+    return bool(accelerator.reduce(v, "max").item())
