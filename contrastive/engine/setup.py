@@ -218,7 +218,7 @@ def build_model(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Modul
     if cfg.float64:
         method = method.double()  # inputs follow in the step and the kNN monitor
     if cfg.channels_last:
-        method = method.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        method = method.to(memory_format=torch.channels_last)
         from contrastive.nn.norm import SplitBatchNorm2d
 
         if any(isinstance(m, SplitBatchNorm2d) for m in method.modules()):

@@ -89,7 +89,8 @@ def extract_features(
 
         iterator = tqdm(iterator, desc="features", leave=False, total=_length(loader))
     try:
-        for images, targets in iterator:
+        for item in iterator:  # (images, labels[, per-sample fields such as captions])
+            images, targets = item[0], item[1]
             x = unwrap_views(images).to(device, non_blocking=True)
             if device_transform is not None:
                 x = device_transform(x)
