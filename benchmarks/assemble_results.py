@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ("nn", "augment", "decode", "train", "eval", "distill")
+ORDER = ("nn", "augment", "decode", "train", "eval", "distill", "methods")
 
 
 def demote(markdown: str) -> str:

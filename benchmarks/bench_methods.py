@@ -123,7 +123,7 @@ def budget_args(args: argparse.Namespace, data: str) -> list[str]:
 def train_size(data: str) -> int:
     from contrastive.eval.runner import load_split
 
-    return len(load_split(data, "train", None))
+    return len(load_split(data, "train", None))  # type: ignore[arg-type]
 
 
 def child_env(threads: int) -> dict[str, str]:

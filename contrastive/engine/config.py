@@ -241,6 +241,7 @@ class CifarConfig(TrainConfig):
         "checks on shapes). The multi-crop pipelines (--local-crops) keep their own scales")
 
     def validate(self) -> None:
+        """The base checks, and ``--crop-min`` in (0, 1]."""
         super().validate()
         if not 0.0 < self.crop_min <= 1.0:
             raise ValueError(f"--crop-min must be in (0, 1] (a fraction of the image area), "
