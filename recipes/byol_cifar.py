@@ -40,7 +40,7 @@ def build_method(cfg: BYOLCifar):
 def build_pipeline(cfg: BYOLCifar):
     from contrastive.augment import get_pipeline
 
-    return get_pipeline("byol", image_size=cfg.image_size)
+    return get_pipeline("byol", image_size=cfg.image_size, scale=(cfg.crop_min, 1.0))
 
 
 if __name__ == "__main__":

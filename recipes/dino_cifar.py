@@ -49,7 +49,7 @@ def build_pipeline(cfg: DINOCifar):
     if cfg.local_crops:
         return get_pipeline("dino", image_size=cfg.image_size, num_local=cfg.local_crops,
                             local_size=cfg.local_size)
-    return get_pipeline("byol", image_size=cfg.image_size)
+    return get_pipeline("byol", image_size=cfg.image_size, scale=(cfg.crop_min, 1.0))
 
 
 if __name__ == "__main__":

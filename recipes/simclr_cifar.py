@@ -48,6 +48,8 @@ class SimCLRCifar(TrainConfig):
     proj_layers: int = help_field(2, "projection head layers")
     temperature: float = help_field(0.5, "NT-Xent temperature tau")
     color_strength: float = help_field(0.5, "colour distortion strength s")
+    crop_min: float = help_field(0.08, "RandomResizedCrop minimum scale of the two views "
+                                 "(1.0: whole image; not used with --local-crops)")
     local_crops: int = help_field(
         0, "multi-crop: this many extra local crops of --local-size px besides the two global "
         "views (the multicrop pipeline, SwAV's scales); every other view of an image is a "
@@ -71,7 +73,8 @@ def build_pipeline(cfg: SimCLRCifar):
                             num_local=cfg.local_crops, local_size=cfg.local_size,
                             s=cfg.color_strength)
     # the simclr preset drops the blur for small images, as the CIFAR-10 setup does
-    return get_pipeline("simclr", image_size=cfg.image_size, s=cfg.color_strength)
+    return get_pipeline("simclr", image_size=cfg.image_size, s=cfg.color_strength,
+                        scale=(cfg.crop_min, 1.0))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ class SimSiamCifar(CifarConfig):
     proj_layers: int = help_field(2, "projector Linear layers")
     fix_predictor_lr: bool = help_field(True, "the predictor keeps the peak lr (paper fix_lr)")
     stop_gradient: bool = help_field(True, "false only for the collapse control")
+    crop_min: float = help_field(0.2, "RandomResizedCrop minimum scale (solo-learn: 0.2)")
 
 
 def build_method(cfg: SimSiamCifar):
@@ -48,7 +49,8 @@ def build_method(cfg: SimSiamCifar):
 def build_pipeline(cfg: SimSiamCifar):
     from contrastive.augment import get_pipeline
 
-    return get_pipeline("mocov2", image_size=cfg.image_size, scale=(0.2, 1.0), blur_p=0.0)
+    return get_pipeline("mocov2", image_size=cfg.image_size, scale=(cfg.crop_min, 1.0),
+                        blur_p=0.0)
 
 
 if __name__ == "__main__":

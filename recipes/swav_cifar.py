@@ -52,7 +52,7 @@ def build_pipeline(cfg: SwAVCifar):
     if cfg.local_crops:
         return get_pipeline("multicrop", image_size=cfg.image_size, num_local=cfg.local_crops,
                             local_size=cfg.local_size)
-    return get_pipeline("simclr", image_size=cfg.image_size)
+    return get_pipeline("simclr", image_size=cfg.image_size, scale=(cfg.crop_min, 1.0))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ class VICRegCifar(CifarConfig):
     sim_coeff: float = help_field(25.0, "invariance weight lambda")
     std_coeff: float = help_field(25.0, "variance weight mu")
     cov_coeff: float = help_field(1.0, "covariance weight nu")
+    crop_min: float = help_field(0.2, "RandomResizedCrop minimum scale (solo-learn: 0.2)")
 
 
 def build_method(cfg: VICRegCifar):
@@ -43,7 +44,7 @@ def build_method(cfg: VICRegCifar):
 def build_pipeline(cfg: VICRegCifar):
     from contrastive.augment import get_pipeline
 
-    return get_pipeline("byol", image_size=cfg.image_size, scale=(0.2, 1.0), blur_p=(0.0, 0.0),
+    return get_pipeline("byol", image_size=cfg.image_size, scale=(cfg.crop_min, 1.0), blur_p=(0.0, 0.0),
                         solarize_p=(0.1, 0.1))
 
 

@@ -240,6 +240,17 @@ class CifarConfig(TrainConfig):
     lars_trust_coeff: float = help_field(0.02, "solo-learn: eta 0.02")
     sync_bn: bool = help_field(True, "global BN across GPU processes")
     knn_every: int = 10
+    crop_min: float = help_field(
+        0.08, "RandomResizedCrop minimum scale of the two views (solo-learn's CIFAR "
+        "configurations: 0.08, SimSiam and VICReg 0.2); 1.0 keeps the whole image (learning "
+        "checks on shapes). The multi-crop pipelines (--local-crops) keep their own scales")
+
+    def validate(self) -> None:
+        """The base checks, and ``--crop-min`` in (0, 1]."""
+        super().validate()
+        if not 0.0 < self.crop_min <= 1.0:
+            raise ValueError(f"--crop-min must be in (0, 1] (a fraction of the image area), "
+                             f"got {self.crop_min}")
 
 
 def parse_json_object(name: str, text: str) -> dict[str, Any]:
