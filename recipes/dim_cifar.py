@@ -31,56 +31,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, run
-
-
-def local_stage_of(value: str) -> int | None:
-    """``--local-stage``: 'auto' -> None (the encoder's own), else an int index."""
-    if value == "auto":
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"--local-stage must be 'auto' or an int stage index, got {value!r}") \
-            from None
+from contrastive.engine import DIMConfig, help_field, run
 
 
 @dataclass
-class DIMCifar(TrainConfig):
+class DIMCifar(DIMConfig):
     """Deep InfoMax DIM(L), CIFAR-10 (paper sec. 4, appendix A; rdevon/DIM defaults)."""
 
     data: str = "cifar10"
     encoder: str = help_field("dcgan32", "the paper's DCGAN encoder (64-d output)")
     image_size: int = 32
     epochs: int = help_field(1000, "the code's epochs=1000")
-    batch_size: int = help_field(64, "the code's batch_size=64")
-    optimizer: str = help_field("adamw", "Adam: AdamW with --weight-decay 0 is Adam exactly",
-                                choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(1e-4, "absolute (--lr-scaling none): the code's learning_rate")
-    lr_scaling: str = help_field("none", "lr is absolute", choices=("linear", "sqrt", "none"))
-    lr_schedule: str = help_field("constant", "the code keeps the lr constant",
-                                  choices=("cosine", "step", "constant"))
-    weight_decay: float = help_field(0.0, "none in the code")
-    betas: tuple[float, float] = help_field((0.5, 0.999), "cortex's Adam betas")
     knn_every: int = 10
     crop_min: float = help_field(
         1.0, "minimum area fraction of the view's random resized crop: 1.0 = the whole image, "
         "no augmentation (the paper); below 1, crops of [crop_min, 1] of the area, resized")
 
-    mi_units: int = help_field(2048, "units of the MI networks (models/dim.py LocalDIM)")
-    estimator: str = help_field("infonce", "MI estimator: infonce (the paper's best DIM(L)) or "
-                                "jsd (the code's default)", choices=("infonce", "jsd"))
-    local_stage: str = help_field(
-        "auto", "stage of the local feature map: 'auto' = the encoder's own (dcgan32: 1, the "
-        "128 x 8 x 8 map; other encoders: -2) or an index into its stages")
-
     def validate(self) -> None:
         super().validate()
-        local_stage_of(self.local_stage)
-        if self.mi_units < 1:
-            raise ValueError(f"--mi-units must be positive, got {self.mi_units}")
-        if self.batch_size < 2:
-            raise ValueError("--batch-size must be >= 2: DIM's negatives are the other images")
         if not 0.0 < self.crop_min <= 1.0:
             raise ValueError(f"--crop-min must be in (0, 1] (a fraction of the image area), got "
                              f"{self.crop_min}")
@@ -89,7 +57,7 @@ class DIMCifar(TrainConfig):
 def build_method(cfg: DIMCifar):
     from contrastive.methods import DeepInfoMax
 
-    return DeepInfoMax(encoder=cfg.encoder, local_stage=local_stage_of(cfg.local_stage),
+    return DeepInfoMax(encoder=cfg.encoder, local_stage=cfg.local_stage_index(),
                        mi_units=cfg.mi_units, estimator=cfg.estimator,
                        encoder_kwargs=cfg.encoder_options())
 

@@ -26,22 +26,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, run
-
-
-def local_stage_of(value: str) -> int | None:
-    """``--local-stage``: 'auto' -> None (the encoder's own), else an int index."""
-    if value == "auto":
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"--local-stage must be 'auto' or an int stage index, got {value!r}") \
-            from None
+from contrastive.engine import DIMConfig, help_field, run
 
 
 @dataclass
-class DIMSTL(TrainConfig):
+class DIMSTL(DIMConfig):
     """Deep InfoMax DIM(L), STL-10 at 64 px (paper sec. 4, appendix A; rdevon/DIM)."""
 
     data: str = "stl10:unlabeled=true"
@@ -51,31 +40,10 @@ class DIMSTL(TrainConfig):
                                   "image-size windows of it, not resized")
     flip_p: float = help_field(0.5, "horizontal flip probability")
     epochs: int = help_field(100, "the README's STL-10 command")
-    batch_size: int = help_field(64, "the code's batch_size=64")
-    optimizer: str = help_field("adamw", "Adam: AdamW with --weight-decay 0 is Adam exactly",
-                                choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(1e-4, "absolute (--lr-scaling none): the code's learning_rate")
-    lr_scaling: str = help_field("none", "lr is absolute", choices=("linear", "sqrt", "none"))
-    lr_schedule: str = help_field("constant", "the code keeps the lr constant",
-                                  choices=("cosine", "step", "constant"))
-    weight_decay: float = help_field(0.0, "none in the code")
-    betas: tuple[float, float] = help_field((0.5, 0.999), "cortex's Adam betas")
     knn_every: int = help_field(0, "off: the unlabeled=true train split is mostly unlabelled")
-
-    mi_units: int = help_field(2048, "units of the MI networks (models/dim.py LocalDIM)")
-    estimator: str = help_field("infonce", "MI estimator: infonce (the paper's best DIM(L)) or "
-                                "jsd (the code's default)", choices=("infonce", "jsd"))
-    local_stage: str = help_field(
-        "auto", "stage of the local feature map: 'auto' = the encoder's own (alexnet64: 2, the "
-        "384 x 15 x 15 map; dcgan64: 2; other encoders: -2) or an index into its stages")
 
     def validate(self) -> None:
         super().validate()
-        local_stage_of(self.local_stage)
-        if self.mi_units < 1:
-            raise ValueError(f"--mi-units must be positive, got {self.mi_units}")
-        if self.batch_size < 2:
-            raise ValueError("--batch-size must be >= 2: DIM's negatives are the other images")
         if not 8 <= self.image_size <= self.source_size:
             raise ValueError(f"--image-size {self.image_size} must be in [8, --source-size "
                              f"{self.source_size}]: the views are windows of the source images")
@@ -86,7 +54,7 @@ class DIMSTL(TrainConfig):
 def build_method(cfg: DIMSTL):
     from contrastive.methods import DeepInfoMax
 
-    return DeepInfoMax(encoder=cfg.encoder, local_stage=local_stage_of(cfg.local_stage),
+    return DeepInfoMax(encoder=cfg.encoder, local_stage=cfg.local_stage_index(),
                        mi_units=cfg.mi_units, estimator=cfg.estimator,
                        encoder_kwargs=cfg.encoder_options())
 

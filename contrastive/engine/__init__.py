@@ -32,6 +32,7 @@ from contrastive.engine.checkpoint import (
 )
 from contrastive.engine.config import (
     CifarConfig,
+    DIMConfig,
     TrainConfig,
     config_from_dict,
     config_to_dict,
@@ -45,6 +46,7 @@ from contrastive.engine.trainer import NonFiniteLossError, TrainResult, train, w
 
 __all__ = [
     "CifarConfig",
+    "DIMConfig",
     "IncompatibleCheckpointError",
     "NonFiniteLossError",
     "ResumeMismatchError",

@@ -253,6 +253,50 @@ class CifarConfig(TrainConfig):
                              f"got {self.crop_min}")
 
 
+@dataclass
+class DIMConfig(TrainConfig):
+    """What Deep InfoMax's recipes share (Hjelm et al., ICLR 2019; the authors' rdevon/DIM):
+    Adam at a constant lr 1e-4 with cortex's betas (0.5, 0.999) and no weight decay (AdamW with
+    weight decay 0 is Adam exactly), batch 64, and the method's fields (MI units, estimator,
+    local stage). ``recipes/dim_cifar.py`` and ``recipes/dim_stl.py`` add their data and views."""
+
+    batch_size: int = help_field(64, "the code's batch_size=64")
+    optimizer: str = help_field("adamw", "Adam: AdamW with --weight-decay 0 is Adam exactly",
+                                choices=("sgd", "adamw", "lars"))
+    lr: float = help_field(1e-4, "absolute (--lr-scaling none): the code's learning_rate")
+    lr_scaling: str = help_field("none", "lr is absolute", choices=("linear", "sqrt", "none"))
+    lr_schedule: str = help_field("constant", "the code keeps the lr constant",
+                                  choices=("cosine", "step", "constant"))
+    weight_decay: float = help_field(0.0, "none in the code")
+    betas: tuple[float, float] = help_field((0.5, 0.999), "cortex's Adam betas")
+
+    mi_units: int = help_field(2048, "units of the MI networks (models/dim.py LocalDIM)")
+    estimator: str = help_field("infonce", "MI estimator: infonce (the paper's best DIM(L)) or "
+                                "jsd (the code's default)", choices=("infonce", "jsd"))
+    local_stage: str = help_field(
+        "auto", "stage of the local feature map: 'auto' = the encoder's own (dcgan32: 1, "
+        "dcgan64 and alexnet64: 2; other encoders: -2) or an index into its stages")
+
+    def local_stage_index(self) -> int | None:
+        """``--local-stage``: 'auto' -> None (the encoder's own), else the int stage index."""
+        if self.local_stage == "auto":
+            return None
+        try:
+            return int(self.local_stage)
+        except ValueError:
+            raise ValueError(f"--local-stage must be 'auto' or an int stage index, got "
+                             f"{self.local_stage!r}") from None
+
+    def validate(self) -> None:
+        """The base checks, a valid ``--local-stage``, ``--mi-units`` >= 1, batch >= 2."""
+        super().validate()
+        self.local_stage_index()
+        if self.mi_units < 1:
+            raise ValueError(f"--mi-units must be positive, got {self.mi_units}")
+        if self.batch_size < 2:
+            raise ValueError("--batch-size must be >= 2: DIM's negatives are the other images")
+
+
 def parse_json_object(name: str, text: str) -> dict[str, Any]:
     """``text`` (the value of field ``name``) as a JSON object; empty = {}."""
     try:
