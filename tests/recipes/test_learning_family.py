@@ -27,10 +27,10 @@ the asserted checks use (warm-up, lr and momentum stay the recipe's / BUDGET's).
 (seed 0 with kNN every epoch: 15.5, 12.2, 14.7, 15.5, 17.3, 18.8, 22.7, 25.4, 25.7, 25.2, 26.2,
 26.2, 26.5, 25.8); 3 seeds in MEASURED_LONG, margin 7.5 between the spread (5.1) and the
 smallest gain (10.2). 8 epochs (624 steps) was not enough (seed 0: 15.5 -> 18.7). One run costs
-143-170 s of CPU (user + system) at 1 thread (load average 2-5), under the ~3 minutes a slow
+131-144 s of CPU (user + system) at 1 thread (load average 2-5), under the ~3 minutes a slow
 check may take on 2 idle cores. NNCLR at 7 epochs = 546 steps (the most its ~0.33 s per step
 fits in that cost): seed 0 per epoch 15.5, 13.2, 17.7, 25.2, 31.9, 32.4, 34.8, 35.4; 3 seeds in
-MEASURED_LONG, margin 10 between the spread (6.0) and the smallest gain (13.9); 121-152 s of CPU
+MEASURED_LONG, margin 10 between the spread (6.0) and the smallest gain (13.9); 121-140 s of CPU
 per run. BYOL (13 epochs, seeds 0, 1: 15.5 -> 18.6, 12.9 -> 13.3), DINO (6 epochs with the
 official code's teacher momentum 0.996: 15.5 -> 18.0) and SwAV (4 epochs: 15.5 -> 12.7) did not reach a margin
 above the spread within that cost: figures and commands in benchmarks/results/methods.md
@@ -53,7 +53,7 @@ above), so the learning-check half of the control does not discriminate here; th
 Cost (CPU seconds of one run, user + sys, 1 thread, measured under load; on 2 idle cores the
 wall time is at most that): SupCon 23-28, Barlow Twins 42, VICReg 56-60, SimSiam 35, control
 35: about 3 minutes of CPU for this file's default tests. The 3-seed checks are ``-m slow``
-(the longer ones: SimSiam 3 x 143-170 s, NNCLR 3 x 121-152 s).
+(the longer ones: SimSiam 3 x 131-144 s, NNCLR 3 x 121-140 s).
 """
 
 from __future__ import annotations
