@@ -25,8 +25,8 @@ The longer budget (LONG, ``-m slow``): the same BUDGET with more optimiser steps
 the asserted checks use (warm-up, lr and momentum stay the recipe's / BUDGET's). SimSiam at
 13 epochs = 1,014 steps (the cosine then spans the whole run): it dips below random init for
 2 epochs, then climbs (seed 0 with kNN every epoch: 15.5, 12.2, 14.7, 15.5, 17.3, 18.8, 22.7,
-25.4, 25.7, 25.2, 26.2, 26.2, 26.5, 25.8); 3 seeds in MEASURED_LONG, margin 7.5 between the spread (5.1) and the
-smallest gain (10.2). 8 epochs (624 steps) was not enough (seed 0: 15.5 -> 18.7). One run costs
+25.4, 25.7, 25.2, 26.2, 26.2, 26.5, 25.8); 3 seeds in MEASURED_LONG, margin 7.5 between the
+spread (5.1) and the smallest gain (10.2). 8 epochs (624 steps) was not enough (seed 0: 15.5 -> 18.7). One run costs
 131-144 s of CPU (user + system) at 1 thread (load average 2-5), under the ~3 minutes a slow
 check may take on 2 idle cores. NNCLR at 7 epochs = 546 steps (the most its ~0.33 s per step
 fits in that cost): seed 0 per epoch 15.5, 13.2, 17.7, 25.2, 31.9, 32.4, 34.8, 35.4; 3 seeds in
