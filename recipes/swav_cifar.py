@@ -6,7 +6,8 @@ projector 2048 -> 128, 3000 prototypes, temperature 0.1, a queue of 3840 embeddi
 warmup + cosine; two 32-px views (solo-learn's "symmetric" augmentation). solo-learn freezes
 the prototypes for 2 epochs and starts the queue at epoch 50: here the prototypes are frozen
 for ``--freeze-prototypes-steps`` (2 epochs of 50k images at batch 256 = 390) and the queue
-joins the Sinkhorn once full.
+starts filling at ``--queue-start-steps`` (50 such epochs = 9750 steps) and joins the Sinkhorn
+once full. Both are optimiser steps: rescale them with the batch size.
 
     python recipes/swav_cifar.py --data cifar10 --mixed-precision bf16
     python recipes/swav_cifar.py --data cifar10 --local-crops 4   # multi-crop, 16-px locals
@@ -32,6 +33,8 @@ class SwAVCifar(CifarConfig):
     num_prototypes: int = help_field(3000, "number of prototypes")
     temperature: float = help_field(0.1, "softmax temperature")
     queue_size: int = help_field(3840, "queue of past embeddings (0: none)")
+    queue_start_steps: int = help_field(9750, "the queue starts at this step (solo-learn: "
+                                        "epoch 50 = 9750 steps at batch 256)")
     freeze_prototypes_steps: int = help_field(390, "prototypes frozen for these steps")
     local_crops: int = help_field(0, "extra local crops of --local-size px (multi-crop)")
     local_size: int = help_field(16, "side of the local crops")
@@ -42,7 +45,8 @@ def build_method(cfg: SwAVCifar):
 
     return SwAV(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
                 num_prototypes=cfg.num_prototypes, temperature=cfg.temperature,
-                queue_size=cfg.queue_size, freeze_prototypes_steps=cfg.freeze_prototypes_steps,
+                queue_size=cfg.queue_size, queue_start_steps=cfg.queue_start_steps,
+                freeze_prototypes_steps=cfg.freeze_prototypes_steps,
                 encoder_kwargs=cfg.encoder_options())
 
 

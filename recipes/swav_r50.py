@@ -44,6 +44,8 @@ class SwAVR50(TrainConfig):
     temperature: float = help_field(0.1, "softmax temperature")
     epsilon: float = help_field(0.05, "Sinkhorn-Knopp entropy regularisation")
     queue_size: int = help_field(0, "queue of past embeddings (0 at batch 4096; 3840 at 256)")
+    queue_start_steps: int = help_field(75075, "the queue starts at this step (the code's "
+                                        "epoch_queue_starts 15, about 75,000 steps at batch 256)")
     freeze_prototypes_steps: int = help_field(313, "prototypes frozen for these iterations")
     local_crops: int = help_field(6, "96-px local crops besides the two global ones")
 
@@ -54,6 +56,7 @@ def build_method(cfg: SwAVR50):
     return SwAV(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
                 num_prototypes=cfg.num_prototypes, temperature=cfg.temperature,
                 epsilon=cfg.epsilon, queue_size=cfg.queue_size,
+                queue_start_steps=cfg.queue_start_steps,
                 freeze_prototypes_steps=cfg.freeze_prototypes_steps,
                 encoder_kwargs=cfg.encoder_options())
 

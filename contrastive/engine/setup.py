@@ -192,6 +192,7 @@ class Model:
     schedules: dict[str, Callable]
     signature: dict[str, Any]  # see checkpoint.model_signature
     peak_lr: float
+    after_step: Callable[[], None] | None  # the method's after_optimizer_step, if it has one
 
 
 def build_model(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
@@ -233,5 +234,7 @@ def build_model(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Modul
                                 betas=(cfg.betas[0], cfg.betas[1]), trust_coeff=cfg.lars_trust_coeff,
                                 exclude_from_wd=cfg.exclude_from_wd)
     model, optimizer = accelerator.prepare(method, optimizer)
-    return Model(model, accelerator.unwrap_model(model), optimizer, needs, schedules, signature,
-                 peak_lr)
+    module = accelerator.unwrap_model(model)
+    after_step = getattr(module, "after_optimizer_step", None)
+    return Model(model, module, optimizer, needs, schedules, signature, peak_lr,
+                 after_step if callable(after_step) else None)

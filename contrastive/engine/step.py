@@ -89,10 +89,11 @@ class NonFiniteGuard:
 
 
 def optimisation_step(model: nn.Module, batch: dict[str, Any], optimizer: Any, accelerator: Any,
-                      cfg: TrainConfig, step: int, guard: NonFiniteGuard,
-                      window: ScalarWindow) -> None:
+                      cfg: TrainConfig, step: int, guard: NonFiniteGuard, window: ScalarWindow,
+                      after_step: Callable[[], None] | None = None) -> None:
     """Forward, backward and (on the last micro-batch of a step) the optimiser step: frozen
-    groups' gradients dropped, gradients clipped; a non-finite loss is skipped or noted."""
+    groups' gradients dropped, gradients clipped; a non-finite loss is skipped or noted.
+    ``after_step`` (the method's ``after_optimizer_step``) runs after each real optimiser step."""
     with accelerator.accumulate(model):
         out = model(batch)
         loss = out["loss"]
@@ -108,10 +109,8 @@ def optimisation_step(model: nn.Module, batch: dict[str, Any], optimizer: Any, a
             if cfg.clip_grad_norm > 0:
                 accelerator.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
         optimizer.step()
-        if accelerator.sync_gradients:  # a real step (not an accumulation micro-batch)
-            after_step = getattr(accelerator.unwrap_model(model), "after_optimizer_step", None)
-            if callable(after_step):
-                after_step()  # e.g. CLIP clamps its logit scale, as open_clip does
+        if after_step is not None and accelerator.sync_gradients:  # not a micro-batch
+            after_step()  # e.g. CLIP clamps its logit scale, as open_clip does
         optimizer.zero_grad(set_to_none=True)
         window.add(out)  # every scalar the method returns is logged (mean over the log window)
 

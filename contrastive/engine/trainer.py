@@ -334,7 +334,7 @@ class _Run:
                                           step=state.step, micro=micro % accum, rank=rank)
                     batch = make_batch(views, sample, m.needs, sched, device)
                     optimisation_step(m.model, batch, m.optimizer, acc, cfg, state.step,
-                                      self.guard, self.window)
+                                      self.guard, self.window, m.after_step)
                     if self.probe is not None:
                         with acc.autocast():
                             feats = self.probe.features(encoder_of(m.module), views[0])

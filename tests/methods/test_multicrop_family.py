@@ -80,6 +80,30 @@ def test_swav_queue_joins_once_full_and_prototypes_group(tiny):
     torch.testing.assert_close(out["loss"], _pair_ce(codes, scores, 0.1), **STEP_TOL)
 
 
+def test_swav_queue_starts_at_its_step(tiny):
+    """Before ``queue_start_steps`` the queue is neither filled nor used (the official
+    ``epoch_queue_starts``): the loss equals a queue-less SwAV's; from that step it fills."""
+    def build(**kw):
+        torch.manual_seed(0)
+        return SwAV(tiny(), dim=6, mlp_hidden=10, num_prototypes=7, **kw).double()
+
+    method, plain = build(queue_size=10, queue_start_steps=2), build()
+    on = method.schedules()["queue_on"]
+    assert [on(s, 9) for s in (0, 1, 2, 8)] == [0.0, 0.0, 1.0, 1.0]
+    assert plain.schedules() == {}
+    with torch.no_grad():
+        for step in range(3):
+            views = _views(seed=step)
+            out = method(method.make_batch(views, step=step, total_steps=9))
+            if step < 2:
+                assert int(method.queue_rows) == 0, step
+                torch.testing.assert_close(out["loss"], plain({"views": views})["loss"],
+                                           **STEP_TOL)
+    assert int(method.queue_rows) == 5
+    with pytest.raises(ValueError, match="queue_start_steps"):
+        SwAV(tiny(), queue_size=10, queue_start_steps=-1)
+
+
 def test_dino_matches_the_paper_over_steps(tiny):
     torch.manual_seed(0)
     method = DINO(tiny(), out_dim=9, hidden_dim=10, bottleneck_dim=5, momentum=0.9,
