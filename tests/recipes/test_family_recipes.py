@@ -27,7 +27,8 @@ SHRINK = {  # small heads for the tiny runs
     "nnclr_cifar": ["--dim", "16", "--proj-hidden", "32", "--pred-hidden", "32",
                     "--support-size", "64"],
     "swav_cifar": ["--dim", "16", "--mlp-hidden", "32", "--num-prototypes", "20",
-                   "--queue-size", "32", "--freeze-prototypes-steps", "1", "--local-crops", "2",
+                   "--queue-size", "32", "--queue-start-steps", "1",  # full at step 3
+                   "--freeze-prototypes-steps", "1", "--local-crops", "2",
                    "--local-size", "8"],
     "dino_cifar": ["--out-dim", "32", "--hidden-dim", "32", "--bottleneck-dim", "16",
                    "--local-crops", "2", "--local-size", "8"],
@@ -93,6 +94,8 @@ def test_stateful_family_members_resume_bit_exactly(name, tmp_path, rx):
     state = {"byol_cifar": "target.", "nnclr_cifar": "support.", "swav_cifar": "queue.",
              "dino_cifar": "center"}[name]
     assert any(k.startswith(state) for k in a)  # the method's state is in the checkpoint
+    if name == "swav_cifar":  # the queue started at step 1 and was full (and used) from step 3
+        assert int(a["queue_rows"]) == 32
     for k in a:
         assert torch.equal(a[k], b[k]), f"{k} differs after the resume"
 
