@@ -70,7 +70,8 @@ above), so the learning-check half of the control does not discriminate here; th
 Cost (CPU seconds of one run, user + sys, 1 thread, measured under load; on 2 idle cores the
 wall time is at most that): SupCon 23-28, Barlow Twins 42, VICReg 56-60, SimSiam 35, control
 35: about 3 minutes of CPU for this file's default tests. The 3-seed checks are ``-m slow``
-(the longer ones: SimSiam 3 x 131-144 s, NNCLR 3 x 121-140 s).
+(the longer ones: SimSiam 3 x 131-144 s, NNCLR 3 x 121-140 s, SwAV 3 x 67-69 s, BYOL 3 x
+111-112 s).
 """
 
 from __future__ import annotations
