@@ -94,6 +94,8 @@ def test_swav_queue_prepends_scores_and_drops_their_codes():
                          for t in range(2)], dim=1)
     torch.testing.assert_close(swav(scores, queue_scores=queued, reduction="none"),
                                cross_view_plain(codes, scores, 0.1), **TOL)
+    with pytest.raises(ValueError, match="queue_scores"):  # K differs from the scores'
+        swav_codes(scores[:, 0], queue_scores=queued[:, 0, :4])
 
 
 def test_dino_equals_formula_and_centre_update():
