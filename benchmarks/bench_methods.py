@@ -41,7 +41,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -85,22 +84,11 @@ METHODS: dict[str, Entry] = {
 
 
 def unpacked_cifar(tar_path: Path) -> Path:
-    """The CIFAR-10 JPEG tar unpacked once into the cache (atomically, as the slow test)."""
+    """The CIFAR-10 JPEG tar unpacked once into the cache (as the slow CIFAR test)."""
+    from contrastive.data import unpack_image_folder
+
     cache = Path(os.environ.get("CONTRASTIVE_CACHE", Path.home() / ".cache" / "contrastive"))
-    dest = cache / "cifar10-jpeg"
-    if (dest / "train").is_dir() and (dest / "test").is_dir():
-        return dest
-    tmp = cache / f".cifar10-jpeg.{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    with tarfile.open(tar_path) as tar:
-        tar.extractall(tmp, filter="data")
-    root = tmp if (tmp / "train").is_dir() else next(
-        p for p in tmp.iterdir() if (p / "train").is_dir())
-    shutil.rmtree(dest, ignore_errors=True)
-    root.rename(dest)
-    shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+    return unpack_image_folder(tar_path, cache / "cifar10-jpeg")
 
 
 def data_spec(data: str, fraction: float = 1.0) -> str:

@@ -68,7 +68,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -88,16 +87,13 @@ LOG = 10  # both implementations sync and record (mean loss, wall time) every LO
 def prepare_data(cache: Path, images: int) -> Path:
     """Unpack the CIFAR-10 JPEG tar once; link ``images`` training files (equal per class) into
     ``cache/bench_<images>/train/<class>/``. Returns the folder holding ``train/``."""
+    from contrastive.data import unpack_image_folder
+
     full = cache / "cifar10-jpeg"
     if not (full / "train").is_dir():
         if not SHARED_TAR.is_file():
             sys.exit(f"no data: {SHARED_TAR} not found (pass --data-dir with train/<class>/*.jpg)")
-        full.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(SHARED_TAR) as tar:
-            tar.extractall(full, filter="data")
-        inner = [p for p in full.iterdir() if p.is_dir() and (p / "train").is_dir()]
-        if not (full / "train").is_dir() and inner:
-            full = inner[0]
+        unpack_image_folder(SHARED_TAR, full)
     train = full / "train"
     classes = sorted(p.name for p in train.iterdir() if p.is_dir())
     per = images // len(classes)

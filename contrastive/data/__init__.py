@@ -15,7 +15,7 @@ from contrastive.data.base import UNLABELLED, LabelledDataset, dataset_len
 from contrastive.data.captions import ImageTextDataset
 from contrastive.data.cifar import CIFARDataset, STL10Dataset, default_root
 from contrastive.data.decode import EncodedImage
-from contrastive.data.download import DownloadError, download, extract_tar
+from contrastive.data.download import DownloadError, download, extract_tar, unpack_image_folder
 from contrastive.data.folder import ImageFolderDataset, resolve_folder_split
 from contrastive.data.generated import (
     SHAPE_CLASSES,
@@ -70,6 +70,7 @@ __all__ = [
     "default_root",
     "download",
     "extract_tar",
+    "unpack_image_folder",
     "generate_shapes",
     "get_dataset",
     "has_split",

@@ -88,6 +88,30 @@ def extract_tar(archive: str | os.PathLike, root: str | os.PathLike, member: str
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def unpack_image_folder(archive: str | os.PathLike, dest: str | os.PathLike) -> Path:
+    """Unpack an ImageFolder tar (``train/`` at its top or inside one top folder) to ``dest``
+    once: returns ``dest`` at once when it already holds ``train/``; otherwise extracts beside
+    it and renames into place, so an interrupted extraction never leaves a partial ``dest``
+    (e.g. the shared CIFAR-10 JPEG copy, unpacked into the cache by tests and benchmarks)."""
+    dest = Path(dest).expanduser()
+    if (dest / "train").is_dir():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}-", dir=dest.parent))
+    try:
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+        tops = [tmp] + [p for p in tmp.iterdir() if p.is_dir()]
+        root = next((p for p in tops if (p / "train").is_dir()), None)
+        if root is None:
+            raise DownloadError(f"{archive} holds no train/ folder (ImageFolder layout expected)")
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(root, dest)
+        return dest
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def fetch_and_extract(url: str, md5: str, root: str | os.PathLike, member: str, *,
                       download_ok: bool = True, local_hint: str = "") -> Path:
     """Make sure ``root/member`` exists: download ``url`` (checked by ``md5``) and extract it.

@@ -17,11 +17,11 @@ trains about 15x faster per image. Out of the default suite (``-m slow``): run i
 from __future__ import annotations
 
 import os
-import shutil
-import tarfile
 from pathlib import Path
 
 import pytest
+
+from contrastive.data import unpack_image_folder
 
 ARGS = ["--encoder", "small_cnn", "--image-size", "32", "--batch-size", "256", "--lr", "0.12",
         "--lr-scaling", "none", "--schedule-per", "step", "--queue-size", "4096",
@@ -32,22 +32,9 @@ ARGS = ["--encoder", "small_cnn", "--image-size", "32", "--batch-size", "256", "
 
 
 def unpacked_cifar(tar_path: Path) -> Path:
-    """The tar unpacked once into ~/.cache/contrastive/cifar10-jpeg (atomically: a half-written
-    folder is never taken for a complete one)."""
+    """The tar unpacked once into ~/.cache/contrastive/cifar10-jpeg (atomically)."""
     cache = Path(os.environ.get("CONTRASTIVE_CACHE", Path.home() / ".cache" / "contrastive"))
-    dest = cache / "cifar10-jpeg"
-    if (dest / "train").is_dir() and (dest / "test").is_dir():
-        return dest
-    tmp = cache / f".cifar10-jpeg.{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    with tarfile.open(tar_path) as tar:
-        tar.extractall(tmp, filter="data")
-    root = tmp if (tmp / "train").is_dir() else next(p for p in tmp.iterdir() if (p / "train").is_dir())
-    shutil.rmtree(dest, ignore_errors=True)
-    root.rename(dest)
-    shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+    return unpack_image_folder(tar_path, cache / "cifar10-jpeg")
 
 
 @pytest.mark.slow
