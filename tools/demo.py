@@ -5,7 +5,9 @@
    MoCo v2 augmentation without blur, split BN 8) scaled down to a 2-core CPU: the ``small_cnn``
    encoder (~0.4M parameters), 24 px images, batch 128, SGD lr 0.06 with a per-step cosine
    schedule, a 2,048-key queue, momentum 0.99, temperature 0.2, whole-image crops (aspect-ratio
-   jitter, flips and colour jitter only), bf16 autocast, the kNN monitor a few times during
+   jitter, flips and colour jitter only), ``--mixed-precision auto`` (bf16 autocast where the
+   CPU or GPU computes bf16 natively, fp32 elsewhere: emulated bf16 is ~10x slower), the kNN
+   monitor a few times during
    training. It is the setup of the engine's learning check (``tests/recipes/test_learning.py``),
    run longer. Data: the built-in ``shapes`` (10 classes of drawn shapes, generated offline), or
    any ``--data`` spec.
@@ -13,9 +15,9 @@
    protocol) and the weighted kNN (k 200, t 0.1) on the held-out split; print a table.
 3. Write the training curves (``<run>/curves.png``) and a t-SNE map of the pretrained
    embeddings (``<run>/embedding.png``); the figures also go to ``<run>/demo.json`` with what
-   they depend on besides the seed (library versions, thread count, CPU, git commit): the run is
-   seeded, but another torch / thread count / CPU sums floats in another order and 1,500 bf16
-   steps turn that into a few points of accuracy. ``--record FILE`` appends them to a
+   they depend on besides the seed (library versions, thread count, the CPU kind, the precision,
+   git commit): the run is seeded, but another torch / thread count / CPU / precision sums
+   floats in another order and 1,500 training steps turn that into a few points of accuracy. ``--record FILE`` appends them to a
    collection (the README quotes benchmarks/results/demo_figures.json).
 
     python tools/demo.py                       # shapes, about 3 minutes on 2 cores
@@ -36,6 +38,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from contrastive.hardware import PRECISIONS, cpu_kind, cpu_kind_line
 
 ROOT = Path(__file__).resolve().parents[1]
 log = logging.getLogger("demo")
@@ -85,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                    "MoCo on shapes fell below random init at CPU-minute budgets (measured)")
     p.add_argument("--split-bn", type=int, default=8,
                    help="split-BN groups, as the MoCo CIFAR demo (0 = plain BN)")
-    p.add_argument("--mixed-precision", default="bf16", choices=("no", "bf16", "fp16"))
+    p.add_argument("--mixed-precision", default="auto", choices=PRECISIONS,
+                   help="auto: bf16 where the CPU / GPU computes it natively, fp32 elsewhere")
     p.add_argument("--keep", action="store_true", help="keep an existing output folder (resume)")
     p.add_argument("--record", default=None, metavar="JSON",
                    help="also append this run's figures to JSON's 'runs' (the README's figures: "
@@ -159,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         f"curves: {curves}   embedding map: {emb}",
     ]
     print("\n".join(lines))
+    env["precision"] = json.loads((out / "config.json").read_text())["mixed_precision"]
     summary = summarise(args.data, result.step, train_s, eval_s, figures, env)
     (out / "demo.json").write_text(json.dumps(summary, indent=2) + "\n")
     if args.record:
@@ -207,7 +213,8 @@ def environment() -> dict:
         "torch_threads": torch.get_num_threads(),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
         "machine": platform.machine(),
-        "cpu": _cpu_name(),
+        "cpu": cpu_kind_line(),
+        "cpu_kind": cpu_kind(),
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
         "git_commit": _git_commit(),
     }
@@ -230,18 +237,6 @@ def _git_commit() -> str | None:
     if out.returncode != 0:
         return None
     return out.stdout.strip() or None
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
 
 
 def cli(argv: list[str] | None = None) -> int:

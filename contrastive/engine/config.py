@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
+from contrastive.hardware import PRECISIONS
+
 __all__ = ["TrainConfig", "CifarConfig", "parse_config", "config_to_dict", "config_from_dict",
            "help_field", "parse_json_object"]
 
@@ -86,9 +88,12 @@ class TrainConfig:
 
     # --- precision, device, speed ---------------------------------------------------------
     mixed_precision: str = help_field(
-        "", "no | bf16 | fp16; empty = accelerate's configuration. bf16 autocast also works on "
-        "the CPU; fp16 on the CPU is refused (accelerate would silently run fp32)",
-        choices=("", "no", "bf16", "fp16"),
+        "auto", "auto | no | bf16 | fp16. auto: accelerate's configuration if it sets one, else "
+        "the precision of the run being resumed, else bf16 on CUDA devices and CPUs with native "
+        "bf16 and fp32 elsewhere (bf16 is emulated and several times slower on other CPUs); "
+        "resolved once and recorded in config.json. fp16 on the CPU is refused (accelerate "
+        "would silently run fp32)",
+        choices=PRECISIONS,
     )
     cpu: bool = help_field(False, "train on the CPU even when a GPU is visible")
     float64: bool = help_field(

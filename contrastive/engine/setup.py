@@ -16,34 +16,48 @@ from typing import Any
 import torch
 from torch import nn
 
-from contrastive.engine.checkpoint import model_signature
+from contrastive.engine.checkpoint import model_signature, read_meta, resolve_resume
 from contrastive.engine.config import TrainConfig
 from contrastive.engine.loader import GlobalBatchSampler, build_train_loader
 from contrastive.engine.monitor import KNNMonitor, encoder_of
 from contrastive.engine.optim import build_optimizer
 from contrastive.engine.probe import OnlineProbe
 from contrastive.engine.schedules import scaled_lr
+from contrastive.hardware import resolve_precision, warn_if_emulated_bf16
 
-__all__ = ["make_accelerator", "check_fresh_output_dir", "TrainData", "build_data",
+__all__ = ["resolve_run_precision", "make_accelerator", "check_fresh_output_dir", "TrainData", "build_data",
            "build_knn_monitor", "Model", "build_model", "method_inputs", "build_probe"]
 
 logger = logging.getLogger(__name__)
 
 
+def resolve_run_precision(cfg: TrainConfig, out: Path) -> tuple[str, str]:
+    """``(precision, reason)`` for this run: ``--mixed-precision`` resolved once
+    (:func:`contrastive.hardware.resolve_precision`); a resume with ``auto`` keeps the precision
+    its checkpoint recorded unless accelerate's configuration sets one."""
+    recorded = None
+    if cfg.mixed_precision == "auto" and cfg.resume:
+        path = resolve_resume(cfg.resume, out)
+        if path is not None:
+            recorded = read_meta(path).get("config", {}).get("mixed_precision")
+    on_cpu = cfg.cpu or not torch.cuda.is_available()
+    if cfg.float64 and cfg.mixed_precision == "auto":
+        return "no", "auto: --float64 trains in float64"
+    return resolve_precision(cfg.mixed_precision, on_cpu=on_cpu, recorded=recorded)
+
+
 def make_accelerator(cfg: TrainConfig, project_dir: str | Path) -> Any:
-    """An ``Accelerator`` for ``cfg``; ``--mixed-precision`` wins over accelerate's config.
+    """An ``Accelerator`` for ``cfg`` in the precision ``--mixed-precision`` resolves to
+    (:func:`resolve_run_precision`; resolve it first to keep a resumed run's precision).
 
     Raises ``ValueError`` for fp16 on the CPU: accelerate would silently train in fp32.
     """
     from accelerate import Accelerator
     from accelerate.utils import DistributedDataParallelKwargs
 
-    cpu_only = cfg.cpu or not torch.cuda.is_available()
-    mp = cfg.mixed_precision or None
-    if mp == "fp16" and cpu_only:
-        raise ValueError("--mixed-precision fp16 on the CPU: accelerate would silently run fp32. "
-                         "Use --mixed-precision bf16 (autocast, ~2x faster on AVX-512-bf16 CPUs) "
-                         "or no")
+    precision = cfg.mixed_precision
+    if precision == "auto":
+        precision, _ = resolve_run_precision(cfg, Path(project_dir))
     ddp = DistributedDataParallelKwargs(find_unused_parameters=cfg.ddp_find_unused_parameters)
     # Several processes without GPUs (`accelerate launch --multi_gpu`, `torchrun`): accelerate
     # only sets up gloo data parallelism (MULTI_CPU) when asked for the CPU; otherwise every
@@ -51,15 +65,17 @@ def make_accelerator(cfg: TrainConfig, project_dir: str | Path) -> Any:
     multi_process = int(os.environ.get("WORLD_SIZE", "1")) > 1
     acc = Accelerator(
         cpu=cfg.cpu or (multi_process and not torch.cuda.is_available()),
-        mixed_precision=mp,
+        mixed_precision=precision,
         gradient_accumulation_steps=cfg.grad_accum_steps,
         log_with=None if cfg.report_to == "none" else cfg.report_to,
         project_dir=str(project_dir),
         kwargs_handlers=[ddp],
     )
     if acc.mixed_precision == "fp16" and acc.device.type == "cpu":
-        raise ValueError("accelerate's configuration asks for fp16 on the CPU, which silently "
-                         "runs fp32: pass --mixed-precision bf16 or no")
+        raise ValueError("fp16 on the CPU silently runs fp32: pass --mixed-precision auto, bf16 "
+                         "or no")
+    if acc.mixed_precision == "bf16" and acc.device.type == "cpu" and acc.is_main_process:
+        warn_if_emulated_bf16()
     return acc
 
 

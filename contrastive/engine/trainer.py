@@ -29,6 +29,7 @@ continues exactly as the uninterrupted one (see :mod:`contrastive.engine.loader`
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import os
@@ -68,6 +69,7 @@ from contrastive.engine.setup import (
     build_probe,
     check_fresh_output_dir,
     make_accelerator,
+    resolve_run_precision,
 )
 from contrastive.engine.step import (
     NonFiniteGuard,
@@ -121,10 +123,15 @@ def train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
     out = Path(cfg.output_dir or os.path.join("runs", recipe))
     check_output_dir(out)  # a file, read-only: one line, before anything is built
     check_fresh_output_dir(out, cfg.resume)  # before any process writes anything
+    precision, why = resolve_run_precision(cfg, out)  # once; a resume keeps its recorded one
+    cfg = copy.copy(cfg)
+    cfg.mixed_precision = precision  # config.json and the checkpoints record the resolved value
     accelerator = make_accelerator(cfg, out)
     is_main = accelerator.is_main_process
     if not is_main:  # nothing printed from other ranks
         logging.getLogger().setLevel(logging.ERROR)
+    else:
+        logger.info("precision: %s (%s)", "fp32" if precision == "no" else precision, why)
     world, accum = accelerator.num_processes, cfg.grad_accum_steps
     if cfg.batch_size % (world * accum):
         raise ValueError(f"--batch-size {cfg.batch_size} must be divisible by processes x "
@@ -134,7 +141,8 @@ def train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
         out.mkdir(parents=True, exist_ok=True)
     try:  # from here on the folder is this run's: its run_state.json says how the run ended
         with StopRequests(watch_parent(cfg.stop_if_orphaned)) as stop:
-            return _train(cfg, build_method, build_pipeline, recipe, out, accelerator, stop)
+            return _train(cfg, build_method, build_pipeline, recipe, out, accelerator, stop,
+                          precision_reason=why)
     except BaseException as exc:
         if is_main:
             record_failure(out, exc)
@@ -143,7 +151,7 @@ def train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
 
 def _train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
            build_pipeline: Callable[[TrainConfig], Any], recipe: str, out: Path,
-           accelerator: Any, stop: StopRequests) -> TrainResult:
+           accelerator: Any, stop: StopRequests, *, precision_reason: str = "") -> TrainResult:
     """The body of :func:`train` once the output folder and the accelerator exist."""
     # ---- set-up ---------------------------------------------------------------------------
     pipeline = build_pipeline(cfg)
@@ -172,7 +180,7 @@ def _train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
     # ---- the run: log its start, train, end it ---------------------------------------------
     run = _Run(cfg, recipe, out, accelerator, pipeline, data, m, state, ckpt, stop, knn, probe,
                resume_path)
-    run.log_start(config)
+    run.log_start(config, precision_reason)
     if knn is not None and cfg.knn_at_start and resume_path is None:
         run.measure_knn("start")
     return run.finish(run.train_epochs())
@@ -218,7 +226,7 @@ class _Run:
 
     # ---- the run log --------------------------------------------------------------------------
 
-    def log_start(self, config: dict[str, Any]) -> None:
+    def log_start(self, config: dict[str, Any], precision_reason: str = "") -> None:
         """config.json (with the values resolved at run time), trackers, run_state = running."""
         cfg, acc, data = self.cfg, self.acc, self.data
         world = acc.num_processes
@@ -226,7 +234,8 @@ class _Run:
             "peak_lr": self.m.peak_lr, "steps_per_epoch": data.steps_per_epoch,
             "total_steps": data.total_steps, "world_size": world,
             "per_process_micro_batch": cfg.batch_size // (world * cfg.grad_accum_steps),
-            "mixed_precision": acc.mixed_precision, "device": str(acc.device),
+            "mixed_precision": acc.mixed_precision, "precision_reason": precision_reason,
+            "device": str(acc.device),
             "batched_augment": data.device_fn is not None, "train_images": len(data.train_set),
             "torch": torch.__version__, "command": " ".join(sys.argv),
             "encoder_kwargs": cfg.encoder_options(),  # evaluation rebuilds the encoder with these

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from contrastive.hardware import PRECISIONS, resolve_precision, warn_if_emulated_bf16
+
 __all__ = ["linear_eval_main", "knn_eval_main", "export_main", "plot_main"]
 
 log = logging.getLogger("contrastive.eval")
@@ -54,8 +56,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--num-workers", type=int, default=2)
     p.add_argument("--cpu", action="store_true", help="run on the CPU even when a GPU is present")
-    p.add_argument("--mixed-precision", choices=("no", "bf16", "fp16"), default="no",
-                   help="autocast for the backbone forward (features and the head stay float32)")
+    p.add_argument("--mixed-precision", choices=PRECISIONS, default="auto",
+                   help="autocast for the backbone forward (features and the head stay float32); "
+                   "auto: accelerate's configuration if set, else bf16 on CUDA devices and CPUs "
+                   "with native bf16, fp32 elsewhere")
 
 
 def _norm_flags(p: argparse.ArgumentParser) -> None:
@@ -76,9 +80,17 @@ def _label_fraction(text: str) -> float:
 
 
 def _accelerator(args: argparse.Namespace):
+    import torch
     from accelerate import Accelerator
 
-    return Accelerator(cpu=args.cpu, mixed_precision=args.mixed_precision)
+    on_cpu = args.cpu or not torch.cuda.is_available()
+    precision, why = resolve_precision(args.mixed_precision, on_cpu=on_cpu)
+    acc = Accelerator(cpu=args.cpu, mixed_precision=precision)
+    if acc.is_main_process:
+        log.info("precision: %s (%s)", "fp32" if precision == "no" else precision, why)
+        if precision == "bf16" and acc.device.type == "cpu":
+            warn_if_emulated_bf16()
+    return acc
 
 
 def _load(args: argparse.Namespace):

@@ -293,3 +293,38 @@ def test_a_requeued_finished_run_writes_its_missing_encoder_record(tmp_path, fre
     loaded = load_encoder(tmp_path / "run")
     assert loaded.kind == "encoder.pt" and loaded.setting("step") == 2
     assert loaded.image_size == 16 and loaded.mean is not None
+
+
+def test_auto_precision_is_resolved_once_recorded_and_kept_on_resume(tmp_path, fresh_accelerate,
+                                                                     monkeypatch, caplog):
+    """``--mixed-precision auto`` is written to config.json (and the checkpoints) as the
+    precision it resolved to; a resume with ``auto`` keeps the run's recorded precision even
+    where the hardware would pick another, and says so."""
+    from contrastive import hardware
+
+    monkeypatch.delenv("ACCELERATE_MIXED_PRECISION", raising=False)
+    monkeypatch.setattr(hardware, "native_bf16_cpu", lambda: (False, "played: no native bf16"))
+    caplog.set_level(logging.INFO)
+    _train(tmp_path, mixed_precision="auto", max_steps=2, cpu=True)
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["mixed_precision"] == "no"
+    assert config["resolved"]["precision_reason"] == "auto: played: no native bf16"
+    # a run started in bf16 (say, on a CPU with native bf16), resumed with auto on this one
+    _reset_accelerate()  # a new precision needs a new accelerator state
+    _train(tmp_path / "b", mixed_precision="bf16", max_steps=1, cpu=True)
+    caplog.clear()
+    _reset_accelerate()
+    hardware.warn_if_emulated_bf16.cache_clear()  # warned once per process: here, again
+    _train(tmp_path / "b", mixed_precision="auto", max_steps=2, cpu=True, resume="auto")
+    config = json.loads((tmp_path / "b" / "run" / "config.json").read_text())
+    assert config["mixed_precision"] == "bf16" and config["resolved"]["mixed_precision"] == "bf16"
+    assert "the precision recorded by the run being resumed" in caplog.text
+    assert "several times slower than fp32" in caplog.text  # kept, with the warning
+
+
+def _reset_accelerate() -> None:
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    PartialState._reset_state()

@@ -25,7 +25,7 @@ from contrastive.data import unpack_image_folder
 
 ARGS = ["--encoder", "small_cnn", "--image-size", "32", "--batch-size", "256", "--lr", "0.12",
         "--lr-scaling", "none", "--schedule-per", "step", "--queue-size", "4096",
-        "--temperature", "0.2", "--crop-min", "0.2", "--mixed-precision", "bf16", "--epochs", "4",
+        "--temperature", "0.2", "--crop-min", "0.2", "--mixed-precision", "no", "--epochs", "4",
         "--num-workers", "2", "--knn-every", "2", "--knn-max-train", "10000",
         "--knn-feature", "backbone", "--save-every-epochs", "0", "--log-every", "20",
         "--progress", "false", "--seed", "0"]

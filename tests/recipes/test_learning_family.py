@@ -87,7 +87,7 @@ import pytest
 
 BUDGET = ["--data", "shapes:size=24", "--image-size", "24", "--encoder", "small_cnn",
           "--batch-size", "64", "--epochs", "2", "--warmup-epochs", "0.5", "--crop-min", "1.0",
-          "--mixed-precision", "bf16", "--num-workers", "0", "--knn-every", "100",
+          "--mixed-precision", "no", "--num-workers", "0", "--knn-every", "100",
           "--knn-max-train", "2000", "--knn-feature", "backbone", "--save-every-epochs", "0",
           "--save-every-steps", "0", "--log-every", "25", "--progress", "false"]
 
