@@ -50,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 
 from contrastive.augment import get_pipeline  # noqa: E402
 from contrastive.data import build_loader, generate_shapes, get_dataset, load_rgb  # noqa: E402
+from contrastive.hardware import cpu_kind_line  # noqa: E402
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
@@ -291,13 +292,8 @@ def breakdown(paths, size, device, n_images: int) -> dict[str, dict[str, float]]
 
 
 def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+    """The CPU kind the figures were measured on (contrastive.hardware.cpu_kind_line)."""
+    return cpu_kind_line()
 
 
 def main() -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -63,6 +62,8 @@ def step_seconds(tree: Path, encoder: str, args: argparse.Namespace,
 
 
 def main() -> int:
+    from contrastive.hardware import cpu_kind_line
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--before", required=True, help="git revision to compare against")
     p.add_argument("--encoders", default="cifar_resnet18,small_cnn")
@@ -91,7 +92,7 @@ def main() -> int:
                          capture_output=True, text=True).stdout.strip()
     print(f"\nmoco_cifar, batch {args.batch_size}, 32 px, {args.workers} loader worker(s), "
           f"{args.threads} threads, steps {args.warmup}-{args.steps}, {args.repeats} repeats, "
-          f"{platform.processor() or platform.machine()}; before = {rev}\n")
+          f"{cpu_kind_line()}; before = {rev}\n")
     print("| encoder | statistic | before ms/step: median (min-max of runs) | after | "
           "after / before |")
     print("| --- | --- | --- | --- | --- |")

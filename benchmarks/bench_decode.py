@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import platform
 import statistics
 import sys
 import time
@@ -52,6 +51,7 @@ from contrastive.augment.per_image import as_uint8_chw  # noqa: E402
 from contrastive.data.decode import EncodedImage  # noqa: E402
 from contrastive.data.generated import generate_shapes  # noqa: E402
 from contrastive.data.io import to_rgb  # noqa: E402
+from contrastive.hardware import cpu_kind_line  # noqa: E402
 
 PIPELINES = {
     "MoCo v2, 2 x 224": ("mocov2", dict(image_size=224)),
@@ -164,13 +164,8 @@ def decode_only(blobs, rounds):
 
 
 def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+    """The CPU kind the figures were measured on (contrastive.hardware.cpu_kind_line)."""
+    return cpu_kind_line()
 
 
 def main() -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import resource
 import statistics
 import time
@@ -27,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from contrastive.eval.knn import WeightedKNN
+from contrastive.hardware import cpu_kind_line
 
 
 def rss_mb() -> float:
@@ -203,7 +203,7 @@ def main() -> None:
     args = p.parse_args()
     out = bench_knn(args) if args.which == "knn" else bench_linear(args)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
-    out["machine"] = (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+    out["machine"] = (f"{cpu_kind_line()}, {torch.get_num_threads()} threads, "
                       f"{gpu}, torch {torch.__version__}")
     out["date"] = time.strftime("%Y-%m-%d %H:%M")
     print(json.dumps(out, indent=2))

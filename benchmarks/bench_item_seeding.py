@@ -12,6 +12,7 @@ def main() -> None:
     from contrastive.augment import get_pipeline
     from contrastive.data import get_dataset
     from contrastive.engine.loader import GlobalBatchSampler, build_train_loader
+    from contrastive.hardware import cpu_kind_line
 
     worker_fn, _ = get_pipeline("mocov2", image_size=32).split()
     ds = get_dataset("synthetic:n=1024,size=32", "train", transform=worker_fn)
@@ -22,7 +23,7 @@ def main() -> None:
         n += 1
         if n == 30:
             break
-    print(f"{(time.perf_counter() - t) / n * 1000:.1f} ms per batch")
+    print(f"{(time.perf_counter() - t) / n * 1000:.1f} ms per batch ({cpu_kind_line()})")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import time
 
 import torch
 
+from contrastive.hardware import cpu_kind_line
 from contrastive.text.encoders import build_text_encoder
 
 SIZES = {"teacher 12x768 (BERT-base)": (12, 768, 12, 3072),
@@ -75,7 +76,8 @@ def main() -> None:
     lc.add_argument("--student-steps", type=int, default=300)
     args = p.parse_args()
     if args.cmd == "table2":
-        print(f"threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f}, "
+        print(f"{cpu_kind_line()}; threads {torch.get_num_threads()}, "
+              f"load average {os.getloadavg()[0]:.1f}, "
               f"device {args.device}, batch {args.batch_size} x {args.seq_len} tokens")
         for row in table2(args.batch_size, args.seq_len, args.repeats, args.device):
             print(json.dumps(row))

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -211,6 +210,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
+    from contrastive.hardware import cpu_kind_line
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default="shapes:size=24",
                    help="data spec, or cifar10-jpeg (the shared JPEG copy)")
@@ -255,7 +256,7 @@ def main() -> None:
         args.workers = 0 if data.startswith("shapes") else 2
     epoch_steps = train_size(data) // args.batch_size
     out_root = Path(args.out_dir)
-    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load "
+    print(f"# {cpu_kind_line()}, {os.cpu_count()} cores, load "
           f"{os.getloadavg()}, data {data}, {epoch_steps} steps/epoch x {args.epochs}", flush=True)
     rows: list[dict[str, Any]] = [{"method": "random init", **evaluate("random", args, data)}]
 
@@ -267,6 +268,7 @@ def main() -> None:
         shutil.rmtree(out, ignore_errors=True)
         row = train(name, entry, args, data, epoch_steps, out)
         row["load_after_training"] = [round(x, 1) for x in os.getloadavg()]
+        row["cpu_kind"] = cpu_kind_line()
         return row | evaluate_child(out / "encoder.pt", args, data)
 
     # --jobs > 1 trains several methods at once (their images/s then share the cores)

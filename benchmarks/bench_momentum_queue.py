@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 import torchvision
 
+from contrastive.hardware import cpu_kind_line
 from contrastive.nn import KeyQueue, momentum_update
 
 
@@ -178,7 +179,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     print(
-        f"torch {torch.__version__}, device {device}, threads {torch.get_num_threads()}, "
+        f"{cpu_kind_line()}; torch {torch.__version__}, device {device}, "
+        f"threads {torch.get_num_threads()}, "
         f"rounds {args.rounds}, iters {args.iters}"
     )
     if not args.skip_momentum:

@@ -45,6 +45,8 @@ def _recipe():
 
 
 def main() -> None:
+    from contrastive.hardware import cpu_kind_line
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
@@ -62,7 +64,7 @@ def main() -> None:
                               "final": res["final"], "seconds": res["seconds"]}), flush=True)
         per_run = (time.time() - start) / len(args.seeds)
         rows.append((name, initial, final, per_run))
-    print(f"\nload average at the end: {os.getloadavg()[0]:.1f}\n")
+    print(f"\n{cpu_kind_line()}; load average at the end: {os.getloadavg()[0]:.1f}\n")
     print("| setting | random init (per seed) | trained (per seed) | mean gain | spread (max-min) "
           "init / trained | s per run |")
     print("|---|---|---|---|---|---|")

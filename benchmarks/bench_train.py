@@ -64,7 +64,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -584,6 +583,8 @@ def rate(records: list[dict], warmup: int, batch: int) -> float:
 
 
 def main() -> None:
+    from contrastive.hardware import cpu_kind_line
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--setup", default="moco_cifar", help="moco_cifar, moco_r50 (whole steps "
@@ -707,7 +708,7 @@ def main() -> None:
     base = next((r["images_per_s"] for r in rows if r["impl"] == "lightly"
                  and r["precision"] == "fp32"), None)
     device_name = (torch.cuda.get_device_name() if args.device == "cuda"
-                   else platform.processor() or platform.machine())
+                   else cpu_kind_line())
     print(f"\n{args.setup}, batch {args.batch_size}, {args.workers} loader workers, "
           f"{args.device} ({device_name}, {os.cpu_count()} CPUs), torch {torch.__version__}")
     for prec in ("fp32", "bf16"):
@@ -746,6 +747,8 @@ def main_steps(args: argparse.Namespace, setups: list[str]) -> None:
     before every run and reported beside the figures."""
     import torch
 
+    from contrastive.hardware import cpu_kind_line
+
     configs = [(impl, prec) for impl in args.impls.split(",")
                for prec in (args.precisions if impl == "ours" else args.lightly_precisions
                             ).split(",")]
@@ -766,7 +769,7 @@ def main_steps(args: argparse.Namespace, setups: list[str]) -> None:
                       f"(load {loads[-1]:.2f})", flush=True)
     print(f"\nmethod steps on pre-made tensors, batch {args.batch_size}, two 32 px views"
           f"{f' + {args.local_crops} x 16 px' if args.local_crops else ''}, CIFAR ResNet-18, "
-          f"SGD; {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, threads "
+          f"SGD; {cpu_kind_line()}, {os.cpu_count()} CPUs, threads "
           f"{args.threads or torch.get_num_threads()}, torch {torch.__version__}; 1-min load "
           f"average before the runs: {min(loads):.2f}-{max(loads):.2f} "
           f"(median {statistics.median(loads):.2f})")

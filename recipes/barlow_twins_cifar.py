@@ -7,7 +7,7 @@ augmentation at 32 px. One lr for all parameters, as solo-learn (LARS with
 ``exclude_bias_n_norm``; no separate bias lr): ``--bias-lr-scale`` 1, where the official
 ImageNet code trains biases and BN parameters at 0.024 of the weights' lr.
 
-    python recipes/barlow_twins_cifar.py --data cifar10 --mixed-precision bf16
+    python recipes/barlow_twins_cifar.py --data cifar10
     python recipes/barlow_twins_cifar.py --data shapes --encoder small_cnn --epochs 5
 """
 

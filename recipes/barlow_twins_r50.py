@@ -12,7 +12,7 @@ the weights'), weight decay 1.5e-6 (the paper; the code's default is 1e-6), 1000
 projector 8192-8192-8192; lambda 0.0051 (the code; 5e-3 in the paper); BYOL's augmentation.
 Reported linear top-1: 73.2 %.
 
-    accelerate launch recipes/barlow_twins_r50.py --data /path/to/imagenet --mixed-precision bf16
+    accelerate launch recipes/barlow_twins_r50.py --data /path/to/imagenet
 """
 
 from __future__ import annotations

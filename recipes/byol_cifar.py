@@ -6,7 +6,7 @@ CIFAR stem, projector and predictor 4096 -> 256, target momentum 0.99 -> 1 (cosi
 warmup + cosine, BYOL's asymmetric augmentation at 32 px (no blur at this size, solarisation on
 the second view). solo-learn also clips the LARS rate (``clip_lr``), which ours does not.
 
-    python recipes/byol_cifar.py --data cifar10 --mixed-precision bf16
+    python recipes/byol_cifar.py --data cifar10
     python recipes/byol_cifar.py --data shapes --encoder small_cnn --epochs 5   # CPU minutes
 """
 

@@ -8,7 +8,7 @@ the ablations); projector and predictor 4096 -> 256 with BN; target momentum
 tau = 1 - (1 - 0.996)(cos(pi k / K) + 1) / 2; BYOL's asymmetric augmentation (Table 6).
 Reported linear top-1: 74.3 % (1000 epochs).
 
-    accelerate launch recipes/byol_r50.py --data /path/to/imagenet --mixed-precision bf16
+    accelerate launch recipes/byol_r50.py --data /path/to/imagenet
 """
 
 from __future__ import annotations

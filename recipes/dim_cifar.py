@@ -23,7 +23,7 @@ arXiv 1808.06670, sec. 4 and appendix A) with the details of the authors' code (
 The paper's CIFAR-10 evaluation trains classifiers on the conv, fc and 64-d features (Table 1);
 our kNN monitor uses the encoder output (the 64-d feature).
 
-    python recipes/dim_cifar.py --data cifar10 --mixed-precision bf16
+    python recipes/dim_cifar.py --data cifar10
     python recipes/dim_cifar.py --data shapes --epochs 5 --mi-units 256   # CPU minutes
 """
 

@@ -19,7 +19,7 @@ betas (0.5, 0.999), batch 64, ``mi_units`` 2048, InfoNCE, no prior term, no glob
 - kNN monitor off by default: with ``unlabeled=true`` the train split (the monitor's bank) is
   mostly unlabelled images; use ``--data stl10 --knn-every N`` for a labelled-only monitor run.
 
-    python recipes/dim_stl.py --data stl10:unlabeled=true --mixed-precision bf16
+    python recipes/dim_stl.py --data stl10:unlabeled=true
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ cosine, two 32-px views with BYOL's asymmetric augmentation (solo-learn uses no 
 here; ``--local-crops`` adds DINO's). Temperatures: the official code's defaults (student 0.1,
 teacher 0.04).
 
-    python recipes/dino_cifar.py --data cifar10 --mixed-precision bf16
+    python recipes/dino_cifar.py --data cifar10
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ the last layer's norm fixed and the layer frozen during the first epoch; teacher
 student 0.1, centre momentum 0.9; DINO's multi-crop augmentation (2 x 224 px, 8 x 96 px).
 Reported k-NN / linear top-1 after 100 epochs: 69.3 / 74.0 %.
 
-    accelerate launch recipes/dino_vit_small.py --data /path/to/imagenet --mixed-precision bf16
+    accelerate launch recipes/dino_vit_small.py --data /path/to/imagenet
 """
 
 from __future__ import annotations

@@ -10,10 +10,13 @@ colour jitter 0.4/0.4/0.4/0.1 p 0.8, grayscale p 0.2, flip, no blur; weighted kN
 t 0.1) on the 128-d output every epoch. The demo reports 82.6 % kNN top-1 after 200 epochs
 (85.3 % with ``--symmetric``), about 20 s per epoch on one V100.
 
-    accelerate launch recipes/moco_cifar.py --data cifar10 --mixed-precision bf16
+    accelerate launch recipes/moco_cifar.py --data cifar10
     python recipes/moco_cifar.py --data shapes --encoder small_cnn --epochs 5   # CPU minutes
 
-On a CPU, ``--mixed-precision bf16`` (autocast) is about 2x faster than fp32.
+Precision: the default ``--mixed-precision auto`` trains under bf16 autocast where the CPU or
+GPU computes bf16 natively (about 2x fp32 on an AVX-512-bf16 CPU) and in fp32 elsewhere: on a CPU
+without native bf16 (AVX2, or AVX-512 without AVX512_BF16) bf16 is emulated and about 10x SLOWER
+than fp32 (benchmarks/results/train.md).
 Every field below is a flag: ``python recipes/moco_cifar.py --help``.
 """
 

@@ -13,7 +13,7 @@ weights shapes): ``--vit-num-heads 12`` builds the official one (``encoder.pt`` 
 model so that ``create_encoder(name)`` alone rebuilds it. The fixed 2-D sin-cos position embedding
 of the official code is set on every ViT in the model. Reported linear top-1 73.2.
 
-    accelerate launch recipes/mocov3_vit_small.py --data /path/to/imagenet --mixed-precision bf16
+    accelerate launch recipes/mocov3_vit_small.py --data /path/to/imagenet
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ projector 2048 -> 256, predictor 4096, support set 65,536, temperature 0.2, LARS
 images with trust coefficient 0.02, weight decay 1e-5, batch 256, 1000 epochs, warmup + cosine,
 BYOL's asymmetric augmentation at 32 px. The support set holds the embeddings of every process.
 
-    python recipes/nnclr_cifar.py --data cifar10 --mixed-precision bf16
+    python recipes/nnclr_cifar.py --data cifar10
     python recipes/nnclr_cifar.py --data shapes --encoder small_cnn --epochs 5
 """
 

@@ -13,7 +13,7 @@ optimiser values (batch, LARS, lr, weight decay, warm-up, epochs) come from Sec.
 read it, and could not be re-checked against a stored copy of that section: verify them
 against the paper before a long run.
 
-    accelerate launch recipes/nnclr_r50.py --data /path/to/imagenet --mixed-precision bf16
+    accelerate launch recipes/nnclr_r50.py --data /path/to/imagenet
 """
 
 from __future__ import annotations

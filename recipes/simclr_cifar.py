@@ -12,7 +12,7 @@ code's default), 10 warmup epochs (code default) then cosine, weight decay 1e-4,
 colour distortion strength 0.5, no blur; 2-layer projection head to 128-d. The README reports
 about 91 % linear accuracy (its linear-eval command).
 
-    python recipes/simclr_cifar.py --data cifar10 --mixed-precision bf16
+    python recipes/simclr_cifar.py --data cifar10
     python recipes/simclr_cifar.py --data shapes --encoder small_cnn --epochs 5   # CPU minutes
 """
 

@@ -11,7 +11,7 @@ devices; augmentation RandomResizedCrop 224 (0.08-1) + flip, colour distortion s
 Gaussian blur p 0.5. Negatives are gathered from all processes WITH gradient. Reported linear
 top-1: 69.3 (1000 epochs; 69.1 released); about 64.5 after 100 epochs (README).
 
-    accelerate launch recipes/simclr_r50.py --data /path/to/imagenet --mixed-precision bf16
+    accelerate launch recipes/simclr_r50.py --data /path/to/imagenet
 """
 
 from __future__ import annotations

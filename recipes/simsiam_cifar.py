@@ -6,7 +6,7 @@ batch 256, 1000 epochs, warmup + cosine, the predictor at a fixed lr (the paper'
 MoCo v2-style augmentation without blur at 32 px. (The paper's own CIFAR setup, Appendix D:
 SGD lr 0.03 x batch / 256, weight decay 5e-4, batch 512, 800 epochs, a 2-layer projector.)
 
-    python recipes/simsiam_cifar.py --data cifar10 --mixed-precision bf16
+    python recipes/simsiam_cifar.py --data cifar10
     python recipes/simsiam_cifar.py --data shapes --encoder small_cnn --epochs 5
 """
 

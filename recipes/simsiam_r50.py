@@ -8,7 +8,7 @@ cosine decay without warmup, 100 epochs; projector 3 layers at 2048 with BN (no 
 output BN), predictor 2048 -> 512 -> 2048; the predictor's lr fixed at the base lr; MoCo v2
 augmentation (crop 0.2-1). Reported linear top-1: 68.1 % (100 epochs).
 
-    accelerate launch recipes/simsiam_r50.py --data /path/to/imagenet --mixed-precision bf16
+    accelerate launch recipes/simsiam_r50.py --data /path/to/imagenet
 """
 
 from __future__ import annotations

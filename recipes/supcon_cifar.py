@@ -5,7 +5,7 @@ head 2048 -> 256, temperature 0.2, SGD lr 0.4 per 256 images, weight decay 1e-5,
 1000 epochs, warmup + cosine, SimCLR's augmentation at 32 px. (The authors' code,
 HobbitLong/SupContrast, trains CIFAR-10 with ResNet-50, batch 1024, lr 0.5, temperature 0.1.)
 
-    python recipes/supcon_cifar.py --data cifar10 --mixed-precision bf16
+    python recipes/supcon_cifar.py --data cifar10
     python recipes/supcon_cifar.py --data shapes --encoder small_cnn --epochs 5
 """
 

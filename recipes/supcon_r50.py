@@ -23,7 +23,7 @@ HobbitLong/SupContrast (the PyTorch code linked from the paper) gives CIFAR sett
 encoder with MoCo v2's settings (issue #120: queue 8192, temperature 0.07, batch 1024) and
 point to the paper otherwise, so this recipe follows the paper's TF code above.
 
-    accelerate launch recipes/supcon_r50.py --data /path/to/imagenet --mixed-precision bf16
+    accelerate launch recipes/supcon_r50.py --data /path/to/imagenet
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ for ``--freeze-prototypes-steps`` (2 epochs of 50k images at batch 256 = 390) an
 starts filling at ``--queue-start-steps`` (50 such epochs = 9750 steps) and joins the Sinkhorn
 once full. Both are optimiser steps: rescale them with the batch size.
 
-    python recipes/swav_cifar.py --data cifar10 --mixed-precision bf16
+    python recipes/swav_cifar.py --data cifar10
     python recipes/swav_cifar.py --data cifar10 --local-crops 4   # multi-crop, 16-px locals
 """
 

@@ -8,7 +8,7 @@ the two global crops, temperature 0.1, epsilon 0.05, 3 Sinkhorn iterations, proj
 LARS, lr 4.8 (absolute, for batch 4096) with 10 warmup epochs then cosine to 0.0048, weight
 decay 1e-6, SyncBN, 800 epochs. Reported linear top-1: 75.3 %.
 
-    accelerate launch recipes/swav_r50.py --data /path/to/imagenet --mixed-precision bf16
+    accelerate launch recipes/swav_r50.py --data /path/to/imagenet
     # small batches: add a queue, as the README's 256-batch commands
     accelerate launch recipes/swav_r50.py --data ... --batch-size 256 --queue-size 3840
 """

@@ -6,7 +6,7 @@ expander 2048-2048-2048, weights (25, 25, 1), LARS lr 0.3 per 256 images with tr
 colour jitter 0.4/0.4/0.2/0.1 p 0.8, grayscale p 0.2, no blur, solarisation p 0.1 on both
 views, flip.
 
-    python recipes/vicreg_cifar.py --data cifar10 --mixed-precision bf16
+    python recipes/vicreg_cifar.py --data cifar10
     python recipes/vicreg_cifar.py --data shapes --encoder small_cnn --epochs 5
 """
 

@@ -8,7 +8,7 @@ lr 0.2 x batch / 256, weight decay 1e-6, 10 warmup epochs then cosine to 1/1000,
 (the code's README example runs 100); expander 8192-8192-8192; weights (25, 25, 1); BYOL's
 augmentation. Reported linear top-1: 73.2 % (1000 epochs).
 
-    accelerate launch recipes/vicreg_r50.py --data /path/to/imagenet --mixed-precision bf16
+    accelerate launch recipes/vicreg_r50.py --data /path/to/imagenet
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default="shapes:size=24", help="any --data spec with a labelled test split")
     p.add_argument("--output-dir", default="runs/demo")
-    p.add_argument("--steps", type=int, default=1500, help="about this many optimiser steps (whole epochs)")
+    p.add_argument("--steps", type=int, default=1250, help="about this many optimiser steps (whole epochs)")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--lr", type=float, default=0.06, help="absolute (no batch-size scaling)")
     p.add_argument("--encoder", default="small_cnn")

@@ -123,8 +123,8 @@ class DeviceAugment:
         each sample applying the operation its drawn order puts there; hue on the samples that
         draw it). A fixed sequence of kernels whatever the batch, no Python loop over samples.
       - ``"grouped"`` (CPU): samples sorted by jitter order, each operation only on the
-        samples that draw it, processed ``chunk_size`` samples at a time (:data:`CPU_CHUNK` by
-        default): elementwise work on a few images that stay in cache is several times faster
+        samples that draw it, processed ``chunk_size`` samples at a time (default
+        :func:`cpu_chunk`: :data:`CPU_CHUNK` at 224 px, more for smaller images): elementwise work on a few images that stay in cache is several times faster
         than streaming a whole batch through memory once per operation.
     Both give the same views (to float rounding) for the same generator state: the random
     numbers are drawn for the whole batch first, whatever the strategy or chunk size.
@@ -203,7 +203,7 @@ class DeviceAugment:
             p = _draw(n, cfg, generator, dev, sort=strategy == "grouped")
         if strategy == "dense":
             return _augment_dense(x, cfg, p, mean, std, timer)
-        chunk = self.chunk_size or (CPU_CHUNK if dev.type == "cpu" else n)
+        chunk = self.chunk_size or (cpu_chunk(x.shape[-2:]) if dev.type == "cpu" else n)
         out = torch.empty(x.shape, dtype=torch.float32, device=dev)
         for c0 in range(0, n, chunk):
             c1 = min(n, c0 + chunk)
@@ -237,7 +237,17 @@ class DeviceAugment:
                 f"chunk_size={self.chunk_size}, strategy={self.strategy!r})")
 
 
-CPU_CHUNK = 2
+CPU_CHUNK = 2  # samples per chunk at 224 px: two float32 images, 1.2 MB, stay in cache
+_CPU_CHUNK_PIXELS = CPU_CHUNK * 224 * 224
+
+
+def cpu_chunk(size: Sequence[int]) -> int:
+    """Samples per chunk on the CPU for images of ``size`` (H, W): as many as fill the cache
+    that two 224 px images fill (:data:`CPU_CHUNK`). Small images in chunks of 2 would spend the
+    step in Python: at 24 px, 64 chunks per view took 40 % of a ``small_cnn`` MoCo step
+    (benchmarks/results/train.md); a whole batch of 128 such images is 0.9 MB."""
+    h, w = int(size[0]), int(size[1])
+    return max(1, _CPU_CHUNK_PIXELS // max(1, h * w))
 
 
 class _Params:
