@@ -10,19 +10,25 @@ Budget (the same for every method and for the methods table of benchmarks/RESULT
 ``small_cnn`` (0.39M parameters), ``shapes`` at 24 px (5,000 training images; the 1,000
 held-out images as kNN queries, a random 2,000-image memory bank, k 200, t 0.1, backbone
 features), batch 64, 2 epochs = 156 optimiser steps, warmup 0.5 epoch then the recipe's
-cosine, bf16 autocast, whole-image crops (``--crop-min 1.0``: aspect-ratio jitter, flips and
+cosine, fp32 (``--mixed-precision no``: one precision on every CPU kind; bf16 is emulated and
+~10x slower on CPUs without native bf16), whole-image crops (``--crop-min 1.0``: aspect-ratio
+jitter, flips and
 colour only; tests/recipes/test_learning.py shows why smaller crops unlearn shapes at CPU
 budgets). Everything else is the recipe's own default (solo-learn's CIFAR configurations:
 optimiser, lr per 256 images with the linear rule, heads, augmentation, momentum schedules).
 
-Measured 2026-11-23 (2 cores shared, load average 17-34), kNN top-1 % random init -> trained:
-see MEASURED. At this budget BYOL, SimSiam, NNCLR, SwAV and DINO do NOT beat random init (seed
+Measured in fp32 on 2026-11-25 (AMD EPYC Zen 3, AVX2 kind, 1 thread per run, two runs at
+once), kNN top-1 % random init -> trained: see MEASURED. (Until 2026-11-24 these checks ran
+under bf16 autocast on the AVX-512-bf16 kind: SupCon 30.2 / 21.7 / 18.1, Barlow Twins 18.9 /
+20.5 / 21.3, VICReg 19.2 / 20.9 / 22.8; the fp32 gains are within those spreads. The
+longer-budget figures below are the bf16 ones: not yet re-measured in fp32.)
+At this budget BYOL, SimSiam, NNCLR, SwAV and DINO do NOT beat random init (seed
 0: 15.5 -> 13.3, 13.3, 15.4, 15.5, 18.0; BYOL and SimSiam seed 1: 12.9 -> 11.1, 12.4): the
 non-contrastive methods dip first (as MoCo does at 240 steps), and DINO's teacher (momentum
 0.9995 -> 1) barely moves in 156 steps. SwAV's 15.5 was with its queue joining at step 60; with
 the queue off (now the recipe's default for short runs) and prototypes frozen for 78 steps it
 gains 2.5, 3.5, 4.2 over seeds 0-2: above its spread (1.7), but too thin for a check that other
-machines' bf16 rounding must pass, so SwAV's check is the longer one below.
+machines' rounding must pass, so SwAV's check is the longer one below.
 
 The longer budget (LONG, ``-m slow``): the same BUDGET with more optimiser steps (the recipe's
 warm-up + cosine then spans the whole longer run) and, where a recipe default is made for a
@@ -56,11 +62,9 @@ Figures and commands: benchmarks/results/methods.md ("Learning checks at a longe
 All of these runs measured on 2 cores at load 2-3 (two runs at once), 1 thread each.
 
 Thread count: every run of this file is pinned to OMP_NUM_THREADS=1 (the ``runs`` fixture), the
-thread count of every MEASURED figure, because bf16 reductions, and so the figures, change with it
-(at 2 threads SupCon's seed 0 ends at 47.8, not 45.7, and its spread was reported at about 14,
-close to its margin of 15; at 1 thread it is 12.1, and that is what runs). Pinned, the runs
-reproduce MEASURED exactly (SupCon's 3 seeds re-run under pytest: 45.7, 34.6, 30.2; SimSiam's and
-NNCLR's seed 0 repeated: 25.8, 35.4).
+thread count of every MEASURED figure, because float reductions, and so the figures, change with
+it (under bf16, at 2 threads SupCon's seed 0 ended at 47.8, not 45.7, and its spread was about
+14, close to its margin of 15). Pinned, the runs reproduce MEASURED exactly on one CPU kind.
 
 The negative control, SimSiam without stop-gradient (``--no-stop-gradient``): it fails the
 learning check, and its embedding std (the engine's ``embedding_std``: mean over dimensions of
@@ -70,11 +74,11 @@ complete (the projector's last BatchNorm keeps each dimension's batch std at its
 must shrink first). Real SimSiam does not pass the learning check at this budget either (see
 above), so the learning-check half of the control does not discriminate here; the std does.
 
-Cost (CPU seconds of one run, user + sys, 1 thread, measured under load; on 2 idle cores the
-wall time is at most that): SupCon 23-28, Barlow Twins 42, VICReg 56-60, SimSiam 35, control
-35: about 3 minutes of CPU for this file's default tests. The 3-seed checks are ``-m slow``
-(the longer ones: SimSiam 3 x 131-144 s, NNCLR 3 x 121-140 s, SwAV 3 x 67-69 s, BYOL 3 x
-111-112 s, DINO 3 x about 300 s).
+Cost (wall seconds of one run, 1 thread, fp32, AVX2 kind, two runs at once on the 2 cores):
+SupCon 58-68, Barlow Twins 87-118, VICReg 123-130, SimSiam 77-89, control 77-84: about 6
+minutes of CPU for this file's default tests (3 with bf16 on the AVX-512-bf16 kind). The 3-seed
+checks are ``-m slow`` (the longer ones, bf16 on the AVX-512-bf16 kind: SimSiam 3 x 131-144 s,
+NNCLR 3 x 121-140 s, SwAV 3 x 67-69 s, BYOL 3 x 111-112 s, DINO 3 x about 300 s).
 """
 
 from __future__ import annotations
@@ -99,9 +103,9 @@ MARGIN: dict[str, float] = {
 }
 # (random init, trained) kNN top-1 % for seeds 0, 1, 2, and the spread of the gain
 MEASURED = {
-    "supcon_cifar": ((15.5, 45.7), (12.9, 34.6), (12.1, 30.2)),  # gains 30.2 21.7 18.1: spread 12.1
-    "barlow_twins_cifar": ((15.5, 34.4), (12.9, 33.4), (12.1, 33.4)),  # gains 18.9 20.5 21.3: spread 2.4
-    "vicreg_cifar": ((15.5, 34.7), (12.9, 33.8), (12.1, 34.9)),  # gains 19.2 20.9 22.8: spread 3.6
+    "supcon_cifar": ((15.5, 46.7), (12.8, 37.3), (12.3, 36.1)),  # gains 31.2 24.5 23.8: spread 7.4
+    "barlow_twins_cifar": ((15.5, 34.7), (12.8, 34.3), (12.3, 31.2)),  # gains 19.2 21.5 18.9: spread 2.6
+    "vicreg_cifar": ((15.5, 33.8), (12.8, 32.5), (12.3, 34.9)),  # gains 18.3 19.7 22.6: spread 4.3
 }
 # The longer budget (``-m slow``): methods that do not beat random init in 156 steps, run for
 # more optimiser steps; recipe -> flags appended to BUDGET (a later flag wins), see the docstring
@@ -133,10 +137,10 @@ MEASURED_LONG = {
     "dino_cifar": ((15.5, 27.0), (12.9, 22.9), (12.1, 29.1)),  # gains 11.5 10.0 17.0: spread 7.0
 }
 CONTROL = ("--no-stop-gradient",)
-# embedding_std (first log window at step 25, end) for seeds 0, 1, 2
+# embedding_std (first log window at step 25, end) for seeds 0, 1, 2 (fp32, 2026-11-25)
 MEASURED_STD = {
-    "simsiam": ((0.02210, 0.02187), (0.02206, 0.02195), (0.02203, 0.02189)),  # x0.99
-    "control": ((0.02072, 0.01507), (0.02043, 0.01464), (0.02055, 0.01288)),  # x0.63-0.73
+    "simsiam": ((0.02210, 0.02198), (0.02206, 0.02198), (0.02204, 0.02190)),  # x0.99
+    "control": ((0.02073, 0.01322), (0.02042, 0.01488), (0.02056, 0.01406)),  # x0.64-0.73
 }
 CONTROL_MARGIN = min(MARGIN.values())
 
@@ -161,7 +165,7 @@ class Runs:
 
 @pytest.fixture(scope="module")
 def runs(rx, tmp_path_factory) -> Iterator[Runs]:
-    """One thread per run (OMP_NUM_THREADS=1, whatever the caller's environment says): bf16
+    """One thread per run (OMP_NUM_THREADS=1, whatever the caller's environment says): float
     reductions depend on the thread count, and every MEASURED figure was taken at 1 thread, so
     the asserted runs are the measured ones."""
     with pytest.MonkeyPatch.context() as mp:
@@ -196,8 +200,8 @@ def test_simsiam_without_stop_gradient_collapses(runs):
     control, real = runs("simsiam_cifar", 0, *CONTROL), runs("simsiam_cifar", 0)
     assert gain(control) < CONTROL_MARGIN, ("collapsed SimSiam passed", knn(control))
     c, r = embedding_std(control), embedding_std(real)
-    # measured (MEASURED_STD, 3 seeds): control end / first 0.63-0.73, control end / real end
-    # 0.59-0.69, real end / first 0.990-0.995; the bounds sit in the gaps
+    # measured (MEASURED_STD, 3 seeds, fp32): control end / first 0.64-0.73, control end / real
+    # end 0.60-0.68, real end / first 0.994-0.995; the bounds sit in the gaps
     assert c[-1] < 0.85 * c[0], ("control's embedding std did not fall", c)
     assert r[-1] > 0.95 * r[0], ("real SimSiam's embedding std fell", r)
     assert c[-1] < 0.85 * r[-1], ("control's std not below real SimSiam's", c[-1], r[-1])
