@@ -7,7 +7,10 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -53,8 +56,13 @@ def recipe_cmd(name: str, *args: str, tiny: bool = True) -> list[str]:
 
 
 def run_recipe(name: str, *args: str, tiny: bool = True, timeout: float = 240,
-               check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(recipe_cmd(name, *args, tiny=tiny), env=env(), capture_output=True,
+               check: bool = True, threads: int | None = None) -> subprocess.CompletedProcess:
+    """Run a recipe as a program; ``threads`` pins its OMP_NUM_THREADS (default: the caller's,
+    else 2)."""
+    child_env = env()
+    if threads is not None:
+        child_env["OMP_NUM_THREADS"] = str(threads)
+    proc = subprocess.run(recipe_cmd(name, *args, tiny=tiny), env=child_env, capture_output=True,
                           text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"{name} {' '.join(args)} failed ({proc.returncode}):\n"
@@ -73,6 +81,46 @@ def load_recipe(name: str):
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+class LearningRuns:
+    """The learning checks' recipe runs of a session (tests/recipes/test_learning*.py), started
+    together when the first such test asks, as many at a time as there are cores (at most 4).
+    Each run is pinned to one thread, so running them side by side changes no figure and halves
+    their wall time on 2 cores. A test module declares what its selected tests need with
+    ``planned_runs(item) -> [(key, recipe, args)]``; ``get(key)`` waits for that run and returns
+    its output folder (a failed run raises in the tests that use it)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.pool = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)))
+        self.done: dict[Any, tuple[Path, Future]] = {}
+
+    def submit(self, key: Any, recipe: str, args: list[str]) -> None:
+        if key not in self.done:
+            out = self.root / f"run{len(self.done)}"
+            future = self.pool.submit(run_recipe, recipe, *args, "--output-dir", str(out),
+                                      tiny=False, timeout=1800, threads=1)
+            self.done[key] = (out, future)
+
+    def get(self, key: Any) -> Path:
+        out, future = self.done[key]
+        future.result()
+        return out
+
+
+@pytest.fixture(scope="session")
+def learning_runs(request, tmp_path_factory) -> Iterator[LearningRuns]:
+    runs = LearningRuns(tmp_path_factory.mktemp("learning"))
+    for item in request.session.items:
+        plan = getattr(getattr(item, "module", None), "planned_runs", None)
+        if plan is not None:
+            for key, recipe, args in plan(item):
+                runs.submit(key, recipe, args)
+    try:
+        yield runs
+    finally:
+        runs.pool.shutdown(wait=True, cancel_futures=True)
 
 
 @pytest.fixture(scope="session")

@@ -36,9 +36,16 @@ ARGS = ["--data", "shapes:size=24", "--image-size", "24", "--encoder", "small_cn
         "--log-every", "50", "--progress", "false", "--seed", "0"]
 
 
-def test_short_moco_run_beats_random_init(tmp_path, rx):
-    out = tmp_path / "run"
-    rx.run_recipe("moco_cifar", *ARGS, "--output-dir", str(out), tiny=False, timeout=900)
+def planned_runs(item) -> list[tuple[str, str, list[str]]]:
+    """The run the test needs, for the session's ``learning_runs`` pool (tests/recipes/
+    conftest.py), which starts it beside the family's learning runs, with one thread (fp32 gives
+    the same figures with 1 and 2 threads here)."""
+    return [("moco", "moco_cifar", ARGS)]
+
+
+def test_short_moco_run_beats_random_init(rx, learning_runs):
+    learning_runs.submit(*planned_runs(None)[0])  # already started when the test is selected
+    out = learning_runs.get("moco")
     knn = {r["knn_when"]: r["knn_top1"] for r in rx.read_metrics(out) if "knn_top1" in r}
     assert set(knn) == {"start", "end"}
     # measured in fp32: 15.5 -> 32.6 (seeds 1, 2: 13.5 -> 28.8, 12.6 -> 29.4); ten classes

@@ -83,8 +83,6 @@ NNCLR 3 x 121-140 s, SwAV 3 x 67-69 s, BYOL 3 x 111-112 s, DINO 3 x about 300 s)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -145,32 +143,57 @@ MEASURED_STD = {
 CONTROL_MARGIN = min(MARGIN.values())
 
 
+Key = tuple[str, int, tuple[str, ...]]  # (recipe, seed, extra flags)
+
+
+def _keys(item: pytest.Item) -> list[Key]:
+    """The runs a selected test of this file asks for."""
+    name = getattr(item, "originalname", item.name)
+    callspec = getattr(item, "callspec", None)
+    recipe = callspec.params.get("recipe") if callspec is not None else None
+    seeds = (0, 1, 2)
+    if name == "test_method_beats_random_init":
+        return [(recipe, 0, ())]
+    if name == "test_simsiam_without_stop_gradient_collapses":
+        return [("simsiam_cifar", 0, ()), ("simsiam_cifar", 0, CONTROL)]
+    if name == "test_three_seeds_margin_exceeds_spread":
+        return [(recipe, s, ()) for s in seeds]
+    if name == "test_longer_budget_three_seeds":
+        return [(recipe, s, LONG[recipe]) for s in seeds]
+    if name == "test_control_collapses_for_every_seed":
+        return [("simsiam_cifar", s, x) for s in seeds for x in ((), CONTROL)]
+    return []
+
+
+def _plan(key: Key) -> tuple[Key, str, list[str]]:
+    recipe, seed, extra = key
+    return key, recipe, [*BUDGET, *extra, "--seed", str(seed)]
+
+
+def planned_runs(item: pytest.Item) -> list[tuple[Key, str, list[str]]]:
+    """What the session's ``learning_runs`` pool (tests/recipes/conftest.py) starts for a
+    selected test of this file. Each run has one thread (OMP_NUM_THREADS=1, whatever the
+    caller's environment says): float reductions depend on the thread count, and every MEASURED
+    figure was taken at 1 thread."""
+    return [_plan(key) for key in _keys(item)]
+
+
 class Runs:
-    """Recipe runs on the budget above, each run once per test session (SimSiam's seed-0 run
+    """The recipe runs on the budget above, each once per test session (SimSiam's seed-0 run
     serves the control's comparison in both tests that need it)."""
 
-    def __init__(self, rx: Any, root: Path) -> None:
-        self.rx, self.root = rx, root
-        self.done: dict[tuple[str, int, tuple[str, ...]], list[dict]] = {}
+    def __init__(self, rx: Any, pool: Any) -> None:
+        self.rx, self.pool = rx, pool
 
     def __call__(self, recipe: str, seed: int, *extra: str) -> list[dict]:
         key = (recipe, seed, extra)
-        if key not in self.done:
-            out = self.root / f"{recipe}{''.join(extra)}_{seed}"
-            self.rx.run_recipe(recipe, *BUDGET, *extra, "--seed", str(seed), "--output-dir",
-                               str(out), tiny=False, timeout=1800)
-            self.done[key] = self.rx.read_metrics(out)
-        return self.done[key]
+        self.pool.submit(*_plan(key))  # already started when a selected test planned it
+        return self.rx.read_metrics(self.pool.get(key))
 
 
 @pytest.fixture(scope="module")
-def runs(rx, tmp_path_factory) -> Iterator[Runs]:
-    """One thread per run (OMP_NUM_THREADS=1, whatever the caller's environment says): float
-    reductions depend on the thread count, and every MEASURED figure was taken at 1 thread, so
-    the asserted runs are the measured ones."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("OMP_NUM_THREADS", "1")
-        yield Runs(rx, tmp_path_factory.mktemp("family"))
+def runs(rx, learning_runs) -> Runs:
+    return Runs(rx, learning_runs)
 
 
 def knn(metrics: list[dict]) -> dict[str, float]:
