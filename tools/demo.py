@@ -16,7 +16,7 @@
    embeddings (``<run>/embedding.png``); the figures also go to ``<run>/demo.json`` with what
    they depend on besides the seed (library versions, thread count, the CPU kind, the
    precision, git commit): the run is seeded, but another torch / thread count / CPU /
-   precision sums floats in another order, and 1,250 training steps turn that into a few points
+   precision sums floats in another order, and 1,248 training steps turn that into a few points
    of accuracy. ``--record FILE`` appends them to a collection (the README quotes
    benchmarks/results/demo_figures.json).
 
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default="shapes:size=24", help="any --data spec with a labelled test split")
     p.add_argument("--output-dir", default="runs/demo")
-    p.add_argument("--steps", type=int, default=1250, help="about this many optimiser steps (whole epochs)")
+    p.add_argument("--steps", type=int, default=1248, help="about this many optimiser steps (whole epochs)")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--lr", type=float, default=0.06, help="absolute (no batch-size scaling)")
     p.add_argument("--encoder", default="small_cnn")
