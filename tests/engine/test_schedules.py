@@ -72,7 +72,7 @@ def test_scaling_rules():
 def test_constant_and_bad_names():
     assert lr_at(5, steps_per_epoch=2, epochs=4, peak=0.2, schedule="constant") == 0.2
     with pytest.raises(ValueError, match="lr_schedule"):
-        lr_at(0, steps_per_epoch=1, epochs=1, peak=1.0, schedule="linear")
+        lr_at(0, steps_per_epoch=1, epochs=1, peak=1.0, schedule="exponential")
     with pytest.raises(ValueError, match="schedule_per"):
         schedule_time(0, 1, "batch")
 
