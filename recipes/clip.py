@@ -58,6 +58,7 @@ class ClipConfig(ImageTextConfig):
     text_layers: int = help_field(2, "text encoder layers")
     text_width: int = help_field(64, "text encoder hidden size")
     text_heads: int = help_field(2, "text encoder attention heads")
+    text_dropout: float = help_field(0.1, "text encoder dropout (hidden and attention; BERT's)")
     temperature: float = help_field(0.07, "initial temperature (logit scale log(1 / t))")
 
 
@@ -67,6 +68,7 @@ def model_config(cfg: ClipConfig, tokenizer: Any) -> dict[str, Any]:
                 dim=cfg.dim, temperature=cfg.temperature, text_kwargs=dict(
                     num_layers=cfg.text_layers, hidden_size=cfg.text_width,
                     num_heads=cfg.text_heads, vocab_size=tokenizer.vocab_size,
+                    dropout=cfg.text_dropout, attention_dropout=cfg.text_dropout,
                     max_position_embeddings=int(tokenizer.max_length), pooling="mean"))
 
 
