@@ -23,6 +23,8 @@ The run folder (``--output-dir``)::
     metrics.jsonl          one JSON record per log line
     run_state.json         running / stopped / completed / failed
     encoder.pt             the record above (written at the end of a run)
+    clip.pt, tokenizer/    image-text runs: the whole model (:func:`save_clip_record`)
+    best/                  ``--keep-best``: the same artefacts at the best evaluation
     checkpoints/step_<8 digits>/   a complete checkpoint has ``meta.json`` (written last)
 """
 
@@ -42,7 +44,8 @@ from torch import Tensor, nn
 __all__ = [
     "ENCODER_FILE", "CONFIG_FILE", "CHECKPOINTS", "META", "MODEL_FILE", "SCHEMA", "STEP_PREFIX",
     "EncoderRecord", "RecordError", "step_dir_name", "complete_checkpoints", "find_latest",
-    "resolve_run_path", "encoder_fields_from_config",
+    "resolve_run_path", "encoder_fields_from_config", "CLIP_FILE", "TOKENIZER_DIR",
+    "BEST_DIR", "save_clip_record", "load_clip_record",
 ]
 
 ENCODER_FILE = "encoder.pt"
@@ -52,6 +55,9 @@ META = "meta.json"  # a checkpoint folder is complete when it has this file
 MODEL_FILE = "model.safetensors"
 #: encoder.pt schema this version writes; it reads every schema up to this one
 SCHEMA = 1
+CLIP_FILE = "clip.pt"
+TOKENIZER_DIR = "tokenizer"
+BEST_DIR = "best"
 STEP_PREFIX = "step_"  # checkpoints/step_<8 digits>; saves in progress: .tmp-step_<8 digits>
 _STEP_DIR = re.compile(rf"^{STEP_PREFIX}(\d+)$")
 _OPTIONAL = ("image_size", "mean", "std", "num_features", "step", "recipe", "method")
@@ -224,3 +230,34 @@ def resolve_run_path(path: str | Path) -> Path:
         f"{path} is a folder without {ENCODER_FILE}, {META} or a complete "
         f"{CHECKPOINTS}/step_*/ (with {META}): pass an encoder.pt, a run folder or a checkpoint "
         "folder")
+
+
+# ----------------------------------------------------------------------------------------------
+# image-text runs: clip.pt (weights + plain config) and tokenizer/
+
+
+def save_clip_record(folder: str | Path, state_dict: Mapping[str, Tensor],
+                     config: Mapping[str, Any], tokenizer: Any) -> Path:
+    """Write ``clip.pt`` (``{"config": ..., "state_dict": ...}``, tensors and plain values only:
+    ``weights_only`` loads it; ``config["model"]`` holds the model's keyword arguments,
+    ``config["max_length"]`` the token length) and ``tokenizer/tokenizer.json``, each atomically;
+    returns ``clip.pt``'s path."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    json.dumps(config)  # only plain values: the file must not need code to load
+    state = {k: v.detach().cpu().contiguous() for k, v in state_dict.items()}
+    tokenizer.save(folder / TOKENIZER_DIR)
+    tmp = folder / (CLIP_FILE + ".tmp")
+    torch.save({"config": dict(config), "state_dict": state}, tmp)
+    os.replace(tmp, folder / CLIP_FILE)
+    return folder / CLIP_FILE
+
+
+def load_clip_record(folder: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """(state_dict, config) of ``folder/clip.pt``, read with ``weights_only=True``."""
+    path = Path(folder) / CLIP_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder} has no {CLIP_FILE}: pass the output folder of "
+                                "recipes/clip.py")
+    blob = torch.load(path, map_location="cpu", weights_only=True)
+    return dict(blob["state_dict"]), dict(blob["config"])

@@ -4,16 +4,22 @@ Only this package (and :mod:`contrastive.eval`) imports accelerate. A recipe is 
 the paper's hyper-parameters (a :class:`TrainConfig` subclass) plus one call::
 
     from contrastive.engine import TrainConfig, run
-    run(MyConfig, build_method, build_pipeline)
+    run(MyConfig, build_method, build_pipeline)          # images
+    run(MyConfig, build_method, adapter=ImageTextAdapter(model_config))  # image-text
 
-- :mod:`~contrastive.engine.config`: dataclass -> argparse, every field a flag;
+- :mod:`~contrastive.engine.config`: dataclass -> argparse, every field a flag
+  (:class:`RunConfig` what every run has; :class:`TrainConfig` images, :class:`ImageTextConfig`
+  image-text pairs);
+- :mod:`~contrastive.engine.adapters`: the data seam (data set, batch on the device,
+  throughput unit, default evaluators and artefacts) a recipe chooses;
+- :mod:`~contrastive.engine.evaluators`: monitors (kNN; zero-shot and retrieval), keep-best;
 - :mod:`~contrastive.engine.optim`: SGD / AdamW / LARS with bias and norm parameters excluded;
 - :mod:`~contrastive.engine.schedules`: lr schedules as plain functions of the step;
 - :mod:`~contrastive.engine.loader`: deterministic, resumable data order (built on the seeded
   loader stack of :mod:`contrastive.data.loader`);
 - :mod:`~contrastive.engine.checkpoint`: atomic checkpoints in safe formats (safetensors,
   ``weights_only`` torch files, JSON with each file's hash), compatibility and exactness checks;
-- :mod:`~contrastive.engine.monitor`: the online weighted-kNN monitor (``contrastive-knn-eval``'s
+- :mod:`~contrastive.engine.monitor`: the online weighted-kNN computation (``contrastive-knn-eval``'s
   computation); :mod:`~contrastive.engine.probe`: the online linear probe;
 - :mod:`~contrastive.engine.trainer`: the loop, told top to bottom, with its pieces in
   :mod:`~contrastive.engine.setup` (set-up), :mod:`~contrastive.engine.step` (the step),
@@ -24,6 +30,7 @@ What a run leaves on disk (``encoder.pt``, the run-folder layout) is defined in
 :mod:`contrastive.records`, which evaluation reads.
 """
 
+from contrastive.engine.adapters import DataAdapter, ImageAdapter, ImageTextAdapter
 from contrastive.engine.checkpoint import (
     IncompatibleCheckpointError,
     ResumeMismatchError,
@@ -33,20 +40,29 @@ from contrastive.engine.checkpoint import (
 from contrastive.engine.config import (
     CifarConfig,
     DIMConfig,
+    ImageTextConfig,
+    RunConfig,
     TrainConfig,
     config_from_dict,
     config_to_dict,
     help_field,
     parse_config,
 )
+from contrastive.engine.evaluators import Evaluator
 from contrastive.engine.optim import build_optimizer, param_groups
 from contrastive.engine.run import run, setup_logging
-from contrastive.engine.schedules import cosine_lr, lr_at, scaled_lr, step_lr
+from contrastive.engine.schedules import cosine_lr, linear_lr, lr_at, scaled_lr, step_lr
 from contrastive.engine.trainer import NonFiniteLossError, TrainResult, train, write_encoder
 
 __all__ = [
     "CifarConfig",
     "DIMConfig",
+    "DataAdapter",
+    "Evaluator",
+    "ImageAdapter",
+    "ImageTextAdapter",
+    "ImageTextConfig",
+    "RunConfig",
     "IncompatibleCheckpointError",
     "NonFiniteLossError",
     "ResumeMismatchError",
@@ -58,6 +74,7 @@ __all__ = [
     "cosine_lr",
     "find_latest",
     "help_field",
+    "linear_lr",
     "lr_at",
     "model_signature",
     "param_groups",

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["FORMAT_VERSION", "OPERATIONAL_FIELDS", "IncompatibleCheckpointError",
+__all__ = ["FORMAT_VERSION", "OPERATIONAL_FIELDS", "RENAMED_FIELDS", "IncompatibleCheckpointError",
            "ResumeMismatchError", "tensor_digest", "rng_digest", "model_signature",
            "check_compatible"]
 
@@ -35,6 +35,13 @@ OPERATIONAL_FIELDS = frozenset({
     "knn_feature", "online_probe", "probe_lr", "compile", "channels_last", "batched_augment", "cpu", "on_nonfinite",
     "mixed_precision", "ddp_find_unused_parameters", "stop_if_orphaned",
 })
+
+
+#: Config fields renamed since checkpoints were first written: old name -> new name. A checkpoint's
+#: ``config`` is read through this table before it is compared with the run's, so a rename never
+#: refuses a resume. Fields added since (absent from an older checkpoint) count as their default;
+#: fields removed since (absent from this version) are ignored. Append, never edit, an entry.
+RENAMED_FIELDS: dict[str, str] = {}
 
 
 class IncompatibleCheckpointError(ValueError):
@@ -102,14 +109,25 @@ def model_signature(model: nn.Module) -> dict[str, Any]:
     return {"method": type(model).__name__, "digest": digest, "tensors": tensors}
 
 
+def upgrade_config(old: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's ``config`` as this version reads it: renamed fields under their new names
+    (:data:`RENAMED_FIELDS`), fields it lacks at their ``defaults`` (every key of the run's
+    config: the recipe name and the config class's defaults), keys ``defaults`` lacks (fields
+    removed since) dropped."""
+    renamed = {RENAMED_FIELDS.get(k, k): v for k, v in old.items()}
+    return {k: renamed.get(k, v) for k, v in defaults.items()}
+
+
 def check_compatible(meta: dict[str, Any], signature: dict[str, Any], config: dict[str, Any], *,
                      world_size: int, allow_config_change: bool = False,
-                     path: str | Path = "") -> list[str]:
+                     path: str | Path = "", defaults: dict[str, Any] | None = None) -> list[str]:
     """Raise :class:`IncompatibleCheckpointError` when the checkpoint cannot continue this run.
 
     The model signature must match exactly. Config fields outside :data:`OPERATIONAL_FIELDS`
     and the number of processes must match unless ``allow_config_change`` (then they are
-    returned as warnings).
+    returned as warnings). ``defaults``: the run's config class's defaults (its
+    ``config_to_dict``): a field an older checkpoint lacks counts as its default, a renamed one
+    is read under its new name (:func:`upgrade_config`).
     """
     where = f" {path}" if path else ""
     if meta.get("format") != FORMAT_VERSION:
@@ -142,6 +160,8 @@ def check_compatible(meta: dict[str, Any], signature: dict[str, Any], config: di
             + ". Resume with the same recipe and model options, or start a new --output-dir.")
     changed = []
     old_cfg = meta.get("config", {})
+    if defaults is not None:
+        old_cfg = upgrade_config(old_cfg, defaults)
     for key in sorted(set(old_cfg) | set(config)):
         if key in OPERATIONAL_FIELDS:
             continue

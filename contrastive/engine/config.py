@@ -1,6 +1,7 @@
 """Training configuration: one dataclass, every field a command-line flag.
 
-A recipe subclasses :class:`TrainConfig`, sets the paper's values as defaults and adds the
+A recipe subclasses :class:`RunConfig` (what every run has) or, on images, :class:`TrainConfig`
+(plus the image fields), sets the paper's values as defaults and adds the
 method's own fields; :func:`parse_config` turns the dataclass into an ``argparse`` parser where
 every field ``foo_bar`` is ``--foo-bar`` (``--foo_bar`` works too), ``--help`` lists each field
 with its default, and an unknown flag is an error that names the closest field.
@@ -25,10 +26,13 @@ from typing import Any, Literal, TypeVar
 
 from contrastive.hardware import PRECISIONS
 
-__all__ = ["TrainConfig", "CifarConfig", "parse_config", "config_to_dict", "config_from_dict",
-           "help_field", "parse_json_object"]
+__all__ = ["RunConfig", "TrainConfig", "ImageTextConfig", "CifarConfig", "SCHEDULES", "parse_config",
+           "config_to_dict", "config_from_dict", "help_field", "parse_json_object"]
 
-C = TypeVar("C", bound="TrainConfig")
+C = TypeVar("C", bound="RunConfig")
+
+#: the learning-rate schedules (:func:`contrastive.engine.schedules.lr_at`)
+SCHEDULES = ("cosine", "linear", "step", "constant")
 
 
 def help_field(default: Any, help: str, **kwargs: Any) -> Any:
@@ -39,15 +43,17 @@ def help_field(default: Any, help: str, **kwargs: Any) -> Any:
 
 
 @dataclass
-class TrainConfig:
-    """Fields every recipe has. Recipes subclass it and change defaults / add fields.
+class RunConfig:
+    """Fields every run has, whatever it trains on (images, text, image-text pairs).
 
-    Batch size and learning rate: ``batch_size`` is GLOBAL (images per optimiser step, summed
-    over processes and gradient-accumulation micro-steps), as in the official MoCo code. With
-    ``lr_scaling="linear"`` the learning rate actually used is ``lr * batch_size / 256`` (``lr``
-    is then "per 256 images"); with ``"sqrt"`` it is ``lr * sqrt(batch_size / 256)``... wait no:
-    see :func:`contrastive.engine.schedules.scaled_lr` for the exact rules; with ``"none"``
-    ``lr`` is absolute.
+    Image recipes subclass :class:`TrainConfig` (these fields plus the image ones: encoder, crop
+    size, augmentation path, kNN monitor, online probe); text and image-text recipes subclass
+    this class with their own fields, so they carry no image fields.
+
+    Budget: ``--epochs`` or ``--steps`` (optimiser steps; when set it is the budget and the
+    schedules follow it). Batch size and learning rate: ``batch_size`` is GLOBAL (samples per
+    optimiser step, summed over processes and gradient-accumulation micro-steps), as in the
+    official MoCo code; see :func:`contrastive.engine.schedules.scaled_lr` for ``lr_scaling``.
     """
 
     # --- data and run ---------------------------------------------------------------------
@@ -66,6 +72,9 @@ class TrainConfig:
         "or a checkpoint PATH; empty = new run (the output folder must then be empty)"
     )
     epochs: int = help_field(100, "training epochs; the lr / momentum schedules follow them")
+    steps: int = help_field(
+        0, "the budget in optimiser steps instead of --epochs (0 = --epochs decide): the "
+        "schedules follow it and the last epoch may be partial")
     max_steps: int = help_field(
         0, "stop after this many optimiser steps (0 = no limit) WITHOUT changing the schedules "
         "(smoke runs, resume tests); the run checkpoints when it stops"
@@ -78,12 +87,6 @@ class TrainConfig:
         min(8, os.cpu_count() or 1), "data loader worker processes per training process"
     )
     seed: int = help_field(0, "seed for model init, data order and augmentation")
-    encoder: str = help_field("cifar_resnet18", "backbone name for create_encoder (timm:<m>, "
-                              "torchvision:<m>, cifar_resnet18, cifar_resnet50, small_cnn)")
-    encoder_kwargs: str = help_field(
-        "", "create_encoder keyword arguments as a JSON object, e.g. a ViT at 32 px: "
-        "'{\"img_size\": 32, \"patch_size\": 8}' (recorded in encoder.pt for evaluation)")
-    image_size: int = help_field(224, "training crop size in pixels")
     strict_data: bool = help_field(False, "unreadable images are errors instead of skipped")
 
     # --- precision, device, speed ---------------------------------------------------------
@@ -100,21 +103,9 @@ class TrainConfig:
         False, "train in float64 (model, inputs, optimiser state): several times slower; for "
         "numerical checks such as 2 processes against 1, where float32 rounding of sums taken "
         "in another order would otherwise hide or fake a difference")
-    batched_augment: str = help_field(
-        "auto", "where the colour/blur/flip/normalise part of the augmentation runs: 'on' = "
-        "batched on the training device (workers only decode + crop to uint8), 'off' = per "
-        "image in the loader workers, 'auto' = on (faster on the CPU and the GPU alike)",
-        choices=("auto", "on", "off"),
-    )
-    channels_last: bool = help_field(
-        False, "channels_last memory format for convnets (faster on GPUs, and on AVX-512 CPUs with "
-        "torch 2.14: +10 %% measured; not with split BN, which works in NCHW)")
     compile: bool = help_field(False, "torch.compile the backbone (nn.Module.compile, in place)")
     sync_bn: bool = help_field(False, "convert BatchNorm to SyncBatchNorm when several GPU "
                                "processes train (MoCo v3, SimCLR use global BN)")
-    pass_indices: bool = help_field(
-        False, "MoCo recipes: store each queued key's data-set index beside it (queue_labels; "
-        "the method then needs batch['indices']): diagnostics, tests")
     ddp_find_unused_parameters: bool = help_field(
         False, "DDP find_unused_parameters (needed when some trainable parameters get no grad)")
 
@@ -135,11 +126,14 @@ class TrainConfig:
     betas: tuple[float, float] = help_field((0.9, 0.999), "AdamW betas")
     lars_trust_coeff: float = help_field(0.001, "LARS trust coefficient (eta)")
     lr_schedule: str = help_field(
-        "cosine", "cosine (half-cycle, after linear warmup) | step (x lr_gamma at each "
-        "milestone epoch) | constant", choices=("cosine", "step", "constant"),
+        "cosine", "cosine (half-cycle, after linear warmup) | linear (decay to the floor after "
+        "linear warmup, BERT's) | step (x lr_gamma at each milestone epoch) | constant",
+        choices=SCHEDULES,
     )
     warmup_epochs: float = help_field(0.0, "linear warmup from 0, in epochs (fractions allowed)")
-    min_lr: float = help_field(0.0, "cosine floor, as a fraction of the peak lr")
+    warmup_steps: int = help_field(0, "linear warmup from 0, in optimiser steps (added to "
+                                   "--warmup-epochs)")
+    min_lr: float = help_field(0.0, "cosine / linear floor, as a fraction of the peak lr")
     lr_milestones: tuple[int, ...] = help_field((120, 160), "epochs where the step schedule "
                                                 "multiplies the lr by --lr-gamma")
     lr_gamma: float = help_field(0.1, "step schedule factor")
@@ -174,6 +168,63 @@ class TrainConfig:
         "accelerate launch and torchrun (a plain 'python recipe.py' started from a shell may "
         "outlive that shell, e.g. with nohup)", choices=("auto", "on", "off"),
     )
+    keep_best: str = help_field(
+        "", "an evaluator's metric (e.g. knn_top1, zeroshot_top1): keep the run's artefacts at "
+        "its best value in best/ (the best value is checkpointed, so a resume keeps it); "
+        "empty = off")
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the field for values that can never work."""
+        for name in ("epochs", "batch_size", "grad_accum_steps", "log_every", "keep_last"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
+        for name in ("steps", "max_steps", "num_workers", "save_every_steps",
+                     "save_every_epochs", "warmup_epochs", "warmup_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
+        if self.lr < 0 or self.weight_decay < 0:
+            raise ValueError(f"--lr and --weight-decay must be >= 0, got {self.lr}, "
+                             f"{self.weight_decay}")
+        if not self.steps and self.warmup_epochs > self.epochs:
+            raise ValueError(f"--warmup-epochs {self.warmup_epochs} exceeds --epochs "
+                             f"{self.epochs}")
+        if self.steps and self.warmup_steps > self.steps:
+            raise ValueError(f"--warmup-steps {self.warmup_steps} exceeds --steps {self.steps}")
+        if self.resume not in ("", "auto") and not os.path.exists(self.resume):
+            raise ValueError(f"--resume {self.resume!r}: no such checkpoint folder; use "
+                             "--resume auto to continue from the newest checkpoint in "
+                             "--output-dir")
+        if self.float64 and self.mixed_precision in ("bf16", "fp16"):
+            raise ValueError(f"--float64 with --mixed-precision {self.mixed_precision}: pick one "
+                             "(--float64 is for numerical checks, mixed precision for speed)")
+        if not self.data:
+            raise ValueError("--data is required (e.g. --data shapes, --data cifar10, "
+                             "--data /path/to/imagenet)")
+
+
+@dataclass
+class TrainConfig(RunConfig):
+    """A run on images: the fields every run has (:class:`RunConfig`) and the image ones.
+    Image recipes subclass it and change defaults / add fields."""
+
+    encoder: str = help_field("cifar_resnet18", "backbone name for create_encoder (timm:<m>, "
+                              "torchvision:<m>, cifar_resnet18, cifar_resnet50, small_cnn)")
+    encoder_kwargs: str = help_field(
+        "", "create_encoder keyword arguments as a JSON object, e.g. a ViT at 32 px: "
+        "'{\"img_size\": 32, \"patch_size\": 8}' (recorded in encoder.pt for evaluation)")
+    image_size: int = help_field(224, "training crop size in pixels")
+    batched_augment: str = help_field(
+        "auto", "where the colour/blur/flip/normalise part of the augmentation runs: 'on' = "
+        "batched on the training device (workers only decode + crop to uint8), 'off' = per "
+        "image in the loader workers, 'auto' = on (faster on the CPU and the GPU alike)",
+        choices=("auto", "on", "off"),
+    )
+    channels_last: bool = help_field(
+        False, "channels_last memory format for convnets (faster on GPUs, and on AVX-512 CPUs with "
+        "torch 2.14: +10 %% measured; not with split BN, which works in NCHW)")
+    pass_indices: bool = help_field(
+        False, "MoCo recipes: store each queued key's data-set index beside it (queue_labels; "
+        "the method then needs batch['indices']): diagnostics, tests")
 
     # --- online kNN monitor ---------------------------------------------------------------
     knn_every: int = help_field(0, "weighted-kNN top-1 on the held-out labelled split every N "
@@ -191,7 +242,6 @@ class TrainConfig:
         "before it learns from it (probe_top1); costs one extra forward pass per step")
     probe_lr: float = help_field(0.1, "online probe: SGD learning rate (momentum 0.9, no decay)")
 
-    # --- hooks recipes override --------------------------------------------------------------
     def encoder_options(self) -> dict[str, Any]:
         """Keyword arguments the recipe passes to ``create_encoder`` beyond the name: the
         ``--encoder-kwargs`` JSON (recipes may add their own fields); recorded in ``encoder.pt``
@@ -199,33 +249,44 @@ class TrainConfig:
         return parse_json_object("encoder_kwargs", self.encoder_kwargs)
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the field for values that can never work."""
-        positive = ("epochs", "batch_size", "grad_accum_steps", "log_every", "keep_last",
-                    "image_size", "knn_k")
-        for name in positive:
+        """The checks of every run, and the image fields'."""
+        super().validate()
+        for name in ("image_size", "knn_k"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
-        for name in ("max_steps", "num_workers", "save_every_steps", "save_every_epochs",
-                     "knn_every", "knn_max_train", "knn_max_test", "warmup_epochs"):
+        for name in ("knn_every", "knn_max_train", "knn_max_test"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
-        if self.lr < 0 or self.weight_decay < 0:
-            raise ValueError(f"--lr and --weight-decay must be >= 0, got {self.lr}, "
-                             f"{self.weight_decay}")
-        if self.warmup_epochs > self.epochs:
-            raise ValueError(f"--warmup-epochs {self.warmup_epochs} exceeds --epochs "
-                             f"{self.epochs}")
-        if self.resume not in ("", "auto") and not os.path.exists(self.resume):
-            raise ValueError(f"--resume {self.resume!r}: no such checkpoint folder; use "
-                             "--resume auto to continue from the newest checkpoint in "
-                             "--output-dir")
-        if self.float64 and self.mixed_precision in ("bf16", "fp16"):
-            raise ValueError(f"--float64 with --mixed-precision {self.mixed_precision}: pick one "
-                             "(--float64 is for numerical checks, mixed precision for speed)")
         self.encoder_options()  # a bad --encoder-kwargs JSON fails here
-        if not self.data:
-            raise ValueError("--data is required (e.g. --data shapes, --data cifar10, "
-                             "--data /path/to/imagenet)")
+
+
+@dataclass
+class ImageTextConfig(RunConfig):
+    """A run on image-text pairs (CLIP): the fields every run has and the image tower's name,
+    options and crop size, and the zero-shot / retrieval evaluator's cadence. No augmentation,
+    kNN or probe fields: the images are centre crops (captions name colour and position)."""
+
+    data: str = help_field(
+        "shapes-captions", "image-text data spec: shapes-captions[:n=..,size=..] | "
+        "captions:ROOT (images + captions.tsv/.jsonl) | wds-captions:DIR (.jpg + .txt shards)")
+    encoder: str = help_field("small_cnn", "image backbone name for create_encoder")
+    encoder_kwargs: str = help_field("", "create_encoder keyword arguments as a JSON object")
+    image_size: int = help_field(32, "centre-crop size in pixels (shorter side resized to it)")
+    eval_every: int = help_field(
+        0, "zero-shot top-1 and retrieval recall every N optimiser steps (0 = at the end only)")
+    eval_at_start: bool = help_field(False, "also evaluate before training (random init)")
+    eval_max: int = help_field(1000, "held-out pairs the evaluator uses (0 = no evaluator)")
+
+    def encoder_options(self) -> dict[str, Any]:
+        """The ``--encoder-kwargs`` JSON (recorded in ``encoder.pt`` and ``clip.pt``)."""
+        return parse_json_object("encoder_kwargs", self.encoder_kwargs)
+
+    def validate(self) -> None:
+        """The checks of every run, a positive crop size and a valid ``--encoder-kwargs``."""
+        super().validate()
+        if self.image_size <= 0 or self.eval_every < 0 or self.eval_max < 0:
+            raise ValueError("--image-size must be positive, --eval-every and --eval-max >= 0")
+        self.encoder_options()
 
 
 @dataclass
@@ -397,7 +458,7 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, *, prog: str |
     (a JSON object such as a run's ``config.json``), then the flags given.
 
     Unknown flags exit with status 2 and a message naming the closest known flag; values that
-    can never work raise ``ValueError`` from :meth:`TrainConfig.validate` (reported the same way).
+    can never work raise ``ValueError`` from :meth:`RunConfig.validate` (reported the same way).
     """
     hints = typing.get_type_hints(cls)
     fields = [f for f in dataclasses.fields(cls) if f.init]
@@ -427,7 +488,7 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, *, prog: str |
     return cfg
 
 
-def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
+def config_to_dict(cfg: RunConfig) -> dict[str, Any]:
     """Plain JSON-able dict of the fields (tuples become lists)."""
     out = {}
     for f in dataclasses.fields(cfg):

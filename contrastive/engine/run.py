@@ -12,7 +12,8 @@ from typing import Any
 
 from torch import nn
 
-from contrastive.engine.config import TrainConfig, parse_config
+from contrastive.engine.adapters import DataAdapter
+from contrastive.engine.config import RunConfig, parse_config
 from contrastive.engine.run_folder import RunFolderError, os_error_message
 from contrastive.engine.trainer import TrainResult, train
 
@@ -31,10 +32,12 @@ def setup_logging(level: int = logging.INFO) -> None:
     logging.getLogger("accelerate").setLevel(max(level, logging.WARNING))  # per-file save logs
 
 
-def run(config_cls: type[TrainConfig], build_method: Callable[[Any], nn.Module],
-        build_pipeline: Callable[[Any], Any], *, argv: Sequence[str] | None = None,
+def run(config_cls: type[RunConfig], build_method: Callable[[Any], nn.Module],
+        build_pipeline: Callable[[Any], Any] | None = None, *,
+        adapter: DataAdapter | None = None, argv: Sequence[str] | None = None,
         name: str | None = None) -> TrainResult:
-    """Parse ``argv`` (default ``sys.argv[1:]``) into ``config_cls`` and :func:`train` it.
+    """Parse ``argv`` (default ``sys.argv[1:]``) into ``config_cls`` and :func:`train` it (on
+    images augmented by ``build_pipeline``, or on what the data ``adapter`` serves).
 
     ``name`` (default: the calling script's file name) names the run folder ``runs/<name>`` and
     is recorded in ``config.json`` and checkpoints (a checkpoint of another recipe is refused).
@@ -50,7 +53,7 @@ def run(config_cls: type[TrainConfig], build_method: Callable[[Any], nn.Module],
     setup_logging()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        result = train(cfg, build_method, build_pipeline, recipe=name)
+        result = train(cfg, build_method, build_pipeline, adapter=adapter, recipe=name)
     except RunFolderError as e:  # the folder or a checkpoint file: one line, no traceback
         raise SystemExit(f"{name}: error: {e}") from None
     except OSError as e:

@@ -76,9 +76,10 @@ class ScalarWindow:
 
 
 def log_record(step: int, steps_per_epoch: int, lr: float, sched: dict[str, float],
-               means: dict[str, float], last_out: dict[str, Any], seconds: float, images: int,
-               wait: float) -> dict[str, Any]:
-    """One metrics.jsonl record of the window that ends at ``step``."""
+               means: dict[str, float], last_out: dict[str, Any], seconds: float, units: int,
+               wait: float, unit: str = "images") -> dict[str, Any]:
+    """One metrics.jsonl record of the window that ends at ``step``; throughput as
+    ``<unit>_per_s`` (the data adapter's unit: images, samples, tokens)."""
     emb_std = None
     emb = last_out.get("embeddings")
     if emb is not None and emb.shape[0] > 1:
@@ -90,7 +91,7 @@ def log_record(step: int, steps_per_epoch: int, lr: float, sched: dict[str, floa
         "lr": lr,
         **sched,  # the method's schedules at the last step of the window
         "embedding_std": None if emb_std is None else round(emb_std, 6),
-        "images_per_s": round(images / max(seconds, 1e-9), 2),
+        f"{unit}_per_s": round(units / max(seconds, 1e-9), 2),
         "data_wait_frac": round(wait / max(seconds, 1e-9), 4),
         "time": round(time.time(), 3),
     }

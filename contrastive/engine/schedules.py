@@ -10,8 +10,14 @@ an argument anyway). The formulas equal timm's ``CosineLRScheduler`` / ``MultiSt
 - cosine with linear warmup (MoCo v3, ``main_moco.py``; SimCLR):
   ``t < W: lr * t / W``; else ``min + (lr - min) * 0.5 * (1 + cos(pi * (t - W) / (T - W)))``,
   ``t`` in epochs (fractional for per-step schedules);
+- linear decay with linear warmup (BERT; ``transformers.get_linear_schedule_with_warmup``):
+  ``t < W: lr * t / W``; else ``min + (lr - min) * (T - t) / (T - W)``;
 - step (MoCo v1): ``lr * gamma ** (number of milestones <= epoch)``;
 - constant.
+
+A run's budget and warmup are in epochs (``--epochs``, ``--warmup-epochs``) or in optimiser steps
+(``--steps``, ``--warmup-steps``); with either in steps, ``t``, ``W`` and ``T`` are counted in
+steps.
 
 The EMA-momentum schedules (constant, cosine from m0 to 1) live in :mod:`contrastive.nn`; a method
 declares them (``method.schedules()``, see :mod:`contrastive.methods`) and the loop evaluates them
@@ -24,7 +30,7 @@ import bisect
 import math
 from collections.abc import Sequence
 
-__all__ = ["scaled_lr", "cosine_lr", "step_lr", "lr_at", "schedule_time"]
+__all__ = ["scaled_lr", "cosine_lr", "linear_lr", "step_lr", "lr_at", "schedule_time"]
 
 
 def scaled_lr(lr: float, batch_size: int, rule: str = "linear") -> float:
@@ -56,6 +62,17 @@ def cosine_lr(t: float, total: float, peak: float, warmup: float = 0.0,
     return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def linear_lr(t: float, total: float, peak: float, warmup: float = 0.0,
+              floor: float = 0.0) -> float:
+    """Linear decay from ``peak`` to ``floor`` at ``total`` after a linear warmup from 0 (BERT's
+    schedule). ``t``, ``total`` and ``warmup`` share one unit (epochs or steps)."""
+    if warmup > 0 and t < warmup:
+        return peak * t / warmup
+    span = max(total - warmup, 1e-12)
+    progress = min(max((t - warmup) / span, 0.0), 1.0)
+    return floor + (peak - floor) * (1.0 - progress)
+
+
 def step_lr(epoch: float, peak: float, milestones: Sequence[int], gamma: float = 0.1,
             warmup: float = 0.0) -> float:
     """``peak * gamma ** k`` where k counts the milestones (epochs) already reached."""
@@ -76,19 +93,37 @@ def schedule_time(step: int, steps_per_epoch: int, per: str = "step") -> float:
 
 def lr_at(step: int, *, steps_per_epoch: int, epochs: int, peak: float, schedule: str = "cosine",
           warmup_epochs: float = 0.0, min_lr: float = 0.0, milestones: Sequence[int] = (),
-          gamma: float = 0.1, per: str = "step") -> float:
-    """Learning rate of optimiser step ``step`` (0-based) for a run of ``epochs`` epochs.
+          gamma: float = 0.1, per: str = "step", warmup_steps: int = 0,
+          total_steps: int = 0) -> float:
+    """Learning rate of optimiser step ``step`` (0-based) for a run of ``epochs`` epochs, or of
+    ``total_steps`` optimiser steps when that is set.
 
     ``min_lr`` is a fraction of ``peak``. Warmup is always per step (a whole-epoch warmup would
-    start at lr 0 for an epoch).
+    start at lr 0 for an epoch); ``warmup_steps`` adds to ``warmup_epochs``.
     """
+    if schedule not in ("cosine", "linear", "step", "constant"):
+        raise ValueError(f"lr_schedule must be 'cosine', 'linear', 'step' or 'constant', got "
+                         f"{schedule!r}")
+    if warmup_steps or total_steps:  # a budget or warmup in steps: time counted in steps
+        total = float(total_steps or epochs * steps_per_epoch)
+        warmup = warmup_steps + warmup_epochs * steps_per_epoch
+        t = schedule_time(step, steps_per_epoch, per) * steps_per_epoch
+        if warmup > 0 and step < warmup:
+            return peak * step / warmup
+        if schedule == "cosine":
+            return cosine_lr(t, total, peak, warmup, peak * min_lr)
+        if schedule == "linear":
+            return linear_lr(t, total, peak, warmup, peak * min_lr)
+        if schedule == "step":
+            return step_lr(t / steps_per_epoch, peak, milestones, gamma)
+        return peak
     t = schedule_time(step, steps_per_epoch, per)
     if warmup_epochs > 0 and step / steps_per_epoch < warmup_epochs:
         return peak * (step / steps_per_epoch) / warmup_epochs
     if schedule == "cosine":
         return cosine_lr(t, epochs, peak, warmup_epochs, peak * min_lr)
+    if schedule == "linear":
+        return linear_lr(t, epochs, peak, warmup_epochs, peak * min_lr)
     if schedule == "step":
         return step_lr(t, peak, milestones, gamma)
-    if schedule == "constant":
-        return peak
-    raise ValueError(f"lr_schedule must be 'cosine', 'step' or 'constant', got {schedule!r}")
+    return peak

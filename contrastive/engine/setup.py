@@ -17,21 +17,20 @@ import torch
 from torch import nn
 
 from contrastive.engine.checkpoint import model_signature, read_meta, resolve_resume
-from contrastive.engine.config import TrainConfig
+from contrastive.engine.config import RunConfig
 from contrastive.engine.loader import GlobalBatchSampler, build_train_loader
-from contrastive.engine.monitor import KNNMonitor, encoder_of
+from contrastive.engine.monitor import encoder_of
 from contrastive.engine.optim import build_optimizer
 from contrastive.engine.probe import OnlineProbe
 from contrastive.engine.schedules import scaled_lr
 from contrastive.hardware import resolve_precision, warn_if_emulated_bf16
 
-__all__ = ["resolve_run_precision", "make_accelerator", "check_fresh_output_dir", "TrainData", "build_data",
-           "build_knn_monitor", "Model", "build_model", "method_inputs", "build_probe"]
+__all__ = ["resolve_run_precision", "make_accelerator", "check_fresh_output_dir", "TrainData", "build_data", "Model", "build_model", "method_inputs", "build_probe"]
 
 logger = logging.getLogger(__name__)
 
 
-def resolve_run_precision(cfg: TrainConfig, out: Path) -> tuple[str, str]:
+def resolve_run_precision(cfg: RunConfig, out: Path) -> tuple[str, str]:
     """``(precision, reason)`` for this run: ``--mixed-precision`` resolved once
     (:func:`contrastive.hardware.resolve_precision`); a resume with ``auto`` keeps the precision
     its checkpoint recorded unless accelerate's configuration sets one."""
@@ -46,7 +45,7 @@ def resolve_run_precision(cfg: TrainConfig, out: Path) -> tuple[str, str]:
     return resolve_precision(cfg.mixed_precision, on_cpu=on_cpu, recorded=recorded)
 
 
-def make_accelerator(cfg: TrainConfig, project_dir: str | Path) -> Any:
+def make_accelerator(cfg: RunConfig, project_dir: str | Path) -> Any:
     """An ``Accelerator`` for ``cfg`` in the precision ``--mixed-precision`` resolves to
     (:func:`resolve_run_precision`; resolve it first to keep a resumed run's precision).
 
@@ -97,29 +96,22 @@ class TrainData:
     train_set: Any
     sampler: GlobalBatchSampler
     loader: Any
-    device_fn: Callable[..., list[torch.Tensor]] | None  # batched augmentation on the device
     steps_per_epoch: int
     micro_per_epoch: int
-    total_steps: int
+    total_steps: int  # the budget: --steps, or --epochs x steps_per_epoch
+    epochs: int  # epochs the budget spans (the last one may be partial with --steps)
     last_step: int  # total_steps, or --max-steps when smaller
 
 
-def build_data(cfg: TrainConfig, pipeline: Any, accelerator: Any) -> TrainData:
-    """The training set under ``pipeline`` (its worker half when augmenting in batches on the
-    device: ``--batched-augment auto`` = on, measured faster on the CPU and the GPU in
-    benchmarks/results/augment.md), a deterministic sampler and the loader."""
-    from contrastive.data import get_dataset
-
+def build_data(cfg: RunConfig, adapter: Any, accelerator: Any) -> TrainData:
+    """The adapter's training set (:mod:`contrastive.engine.adapters`), a deterministic
+    sampler and the loader; the budget in steps (``--steps``, else ``--epochs``)."""
     world, rank = accelerator.num_processes, accelerator.process_index
     accum = cfg.grad_accum_steps
-    device_fn = None
-    transform = pipeline
-    if cfg.batched_augment != "off":
-        transform, device_fn = pipeline.split()
-    train_set: Any = get_dataset(cfg.data, "train", transform=transform, strict=cfg.strict_data)
+    train_set: Any = adapter.train_set(cfg, accelerator)
     steps_per_epoch = len(train_set) // cfg.batch_size
     if steps_per_epoch == 0:
-        raise ValueError(f"--data {cfg.data} has {len(train_set)} training images, fewer than "
+        raise ValueError(f"--data {cfg.data} has {len(train_set)} training samples, fewer than "
                          f"one --batch-size {cfg.batch_size}: lower the batch size")
     micro_per_epoch = steps_per_epoch * accum
     sampler = GlobalBatchSampler(len(train_set), cfg.batch_size // accum, rank=rank,
@@ -127,41 +119,18 @@ def build_data(cfg: TrainConfig, pipeline: Any, accelerator: Any) -> TrainData:
                                  num_batches=micro_per_epoch)  # whole optimiser steps only
     loader = build_train_loader(train_set, sampler, seed=cfg.seed, num_workers=cfg.num_workers,
                                 pin_memory=accelerator.device.type == "cuda")
-    total_steps = steps_per_epoch * cfg.epochs
+    total_steps = cfg.steps or steps_per_epoch * cfg.epochs
+    epochs = -(-total_steps // steps_per_epoch)
     last_step = min(total_steps, cfg.max_steps) if cfg.max_steps else total_steps
-    return TrainData(train_set, sampler, loader, device_fn, steps_per_epoch, micro_per_epoch,
-                     total_steps, last_step)
+    return TrainData(train_set, sampler, loader, steps_per_epoch, micro_per_epoch,
+                     total_steps, epochs, last_step)
 
 
-def build_knn_monitor(cfg: TrainConfig, pipeline: Any, world: int) -> KNNMonitor | None:
-    """The kNN monitor (``--knn-every``), or None when off or the data has no labelled
-    held-out split. Bank and queries use the evaluation transform with the pipeline's
-    normalisation, as ``contrastive-knn-eval`` on the finished run does."""
-    if not cfg.knn_every:
-        return None
-    from contrastive.augment import get_pipeline
-    from contrastive.data import get_dataset, has_split, num_classes
-
-    if not has_split(cfg.data, "test"):
-        logger.info("kNN monitor off: --data %s has no held-out labelled split", cfg.data)
-        return None
-    norm = {k: getattr(pipeline, k) for k in ("mean", "std") if hasattr(pipeline, k)}
-    eval_tf = get_pipeline("eval", image_size=cfg.image_size, **norm)
-    bank = get_dataset(cfg.data, "train", transform=eval_tf, strict=cfg.strict_data)
-    query = get_dataset(cfg.data, "test", transform=eval_tf, strict=cfg.strict_data)
-    n_cls = num_classes(bank)
-    if n_cls is None:
-        logger.info("kNN monitor off: --data %s has no labels", cfg.data)
-        return None
-    return KNNMonitor(bank, query, k=cfg.knn_k, t=cfg.knn_t, max_bank=cfg.knn_max_train,
-                      max_query=cfg.knn_max_test, batch_size=max(cfg.batch_size // world, 64),
-                      num_workers=min(cfg.num_workers, 4), num_classes=n_cls)
-
-
-def build_probe(cfg: TrainConfig, module: nn.Module, train_set: Any,
+def build_probe(cfg: RunConfig, module: nn.Module, train_set: Any,
                 device: torch.device) -> OnlineProbe | None:
-    """The online linear probe (``--online-probe``), or None when off or without labels."""
-    if not cfg.online_probe:
+    """The online linear probe (``--online-probe``, image runs), or None when off or without
+    labels."""
+    if not getattr(cfg, "online_probe", False):
         return None
     from contrastive.data import num_classes
 
@@ -171,7 +140,7 @@ def build_probe(cfg: TrainConfig, module: nn.Module, train_set: Any,
         logger.info("online probe off: %s", "the data has no labels" if n_cls is None else
                     f"{type(encoder_of(module)).__name__} has no num_features")
         return None
-    return OnlineProbe(width, n_cls, lr=cfg.probe_lr).to_device(device)
+    return OnlineProbe(width, n_cls, lr=cfg.probe_lr).to_device(device)  # type: ignore[attr-defined]
 
 
 def method_inputs(method: nn.Module, extra: tuple[str, ...] = ()
@@ -211,7 +180,7 @@ class Model:
     after_step: Callable[[], None] | None  # the method's after_optimizer_step, if it has one
 
 
-def build_model(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
+def build_model(cfg: RunConfig, build_method: Callable[[Any], nn.Module],
                 accelerator: Any, extra: tuple[str, ...] = ()) -> Model:
     """``build_method(cfg)`` (seeded with ``cfg.seed``), converted for the run's options, its
     optimiser at the scaled peak lr, both ``prepare``d. ``extra``: the data set's per-sample
@@ -234,7 +203,7 @@ def build_model(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Modul
             logger.warning("--sync-bn ignored: SyncBatchNorm needs GPU processes")
     if cfg.float64:
         method = method.double()  # inputs follow in the step and the kNN monitor
-    if cfg.channels_last:
+    if getattr(cfg, "channels_last", False):
         method = method.to(memory_format=torch.channels_last)
         from contrastive.nn.norm import SplitBatchNorm2d
 

@@ -1,7 +1,6 @@
-"""One training step: the batch from a loader sample, forward, backward, optimiser step.
+"""One training step: forward, backward, optimiser step, the method's post-step hook.
 
-``make_batch`` is the one place where the loader's sample becomes the method's ``batch``: a
-method that needs another per-sample field (e.g. caption tokens) is served by extending it.
+The method's ``batch`` comes from the data adapter (:mod:`contrastive.engine.adapters`).
 """
 
 from __future__ import annotations
@@ -14,51 +13,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from contrastive.engine.config import TrainConfig
-from contrastive.engine.extras import add_extras, split_item
-from contrastive.engine.loader import step_generator
+from contrastive.engine.config import RunConfig
 from contrastive.engine.optim import drop_frozen_grads
 from contrastive.engine.run_log import ScalarWindow
 
-__all__ = ["NonFiniteLossError", "NonFiniteGuard", "prepare_views", "make_batch",
-           "optimisation_step", "all_true", "any_true"]
+__all__ = ["NonFiniteLossError", "NonFiniteGuard", "optimisation_step", "all_true", "any_true"]
 
 logger = logging.getLogger(__name__)
 
 
 class NonFiniteLossError(FloatingPointError):
     """The loss became NaN or infinite (``--on-nonfinite stop``)."""
-
-
-def prepare_views(views: list[torch.Tensor], cfg: TrainConfig, device: torch.device,
-                  device_fn: Callable[..., list[torch.Tensor]] | None, *, step: int, micro: int,
-                  rank: int) -> list[torch.Tensor]:
-    """The loader's views on the device: augmented there in a batch (``device_fn``, seeded by
-    the position in the run), in channels_last / float64 when asked."""
-    views = [v.to(device, non_blocking=True) for v in views]
-    if device_fn is not None:
-        views = device_fn(views, generator=step_generator(device, cfg.seed, step, micro, rank))
-    if cfg.channels_last:
-        views = [v.contiguous(memory_format=torch.channels_last) for v in views]
-    if cfg.float64:
-        views = [v.double() for v in views]
-    return views
-
-
-def make_batch(views: list[torch.Tensor], sample: tuple[Any, ...], needs: tuple[str, ...],
-               sched: dict[str, float], device: torch.device) -> dict[str, Any]:
-    """The method's batch: the prepared ``views``, the per-sample fields of the loader's
-    ``sample`` = ``(views, labels, indices)`` (or ``(views, labels, fields, indices)`` from a
-    data set with extra fields, e.g. CLIP's ``input_ids``) the method ``needs``, and the
-    schedule values."""
-    _, labels, indices, fields = split_item(sample)
-    batch: dict[str, Any] = {"views": views, **sched}
-    if "labels" in needs:
-        batch["labels"] = labels.to(device, non_blocking=True)
-    if "indices" in needs:
-        batch["indices"] = indices.to(device, non_blocking=True)
-    add_extras(batch, fields, needs, device)
-    return batch
 
 
 class NonFiniteGuard:
@@ -89,7 +54,7 @@ class NonFiniteGuard:
 
 
 def optimisation_step(model: nn.Module, batch: dict[str, Any], optimizer: Any, accelerator: Any,
-                      cfg: TrainConfig, step: int, guard: NonFiniteGuard, window: ScalarWindow,
+                      cfg: RunConfig, step: int, guard: NonFiniteGuard, window: ScalarWindow,
                       after_step: Callable[[], None] | None = None) -> None:
     """Forward, backward and (on the last micro-batch of a step) the optimiser step: frozen
     groups' gradients dropped, gradients clipped; a non-finite loss is skipped or noted.

@@ -1,26 +1,33 @@
 """The training loop, told top to bottom: set-up, resume, the step, the run log, the end.
 
-``train(cfg, build_method, build_pipeline)``:
+``train(cfg, build_method, build_pipeline)`` (images) or ``train(cfg, build_method,
+adapter=...)`` (any data: :mod:`~contrastive.engine.adapters`):
 
 1. checks the inputs (precision vs device, output folder vs ``--resume``, batch divisibility)
    before anything is built, so bad input fails in seconds;
-2. sets up (:mod:`~contrastive.engine.setup`): the data (deterministic global order, per-sample
-   seeded augmentation, optional batched augmentation on the device), the kNN monitor, the
-   method and its optimiser (``prepare``d), the online probe, the checkpoint manager;
+2. sets up (:mod:`~contrastive.engine.setup`): the data adapter's training set under the
+   engine's deterministic global order (per-sample seeded randomness), the adapter's evaluators
+   (:mod:`~contrastive.engine.evaluators`: kNN for images, zero-shot and retrieval for
+   image-text), the method and its optimiser (``prepare``d), the online probe (images), the
+   checkpoint manager;
 3. resumes (signature + config checked before loading, fingerprints verified after);
 4. loops (:mod:`~contrastive.engine.step`): ``lr = lr_at(step)``, the method's schedules once
-   per optimiser step, ``out = model(batch)`` with ``batch`` = the method's ``needs``
-   (``views``, ``labels``, ``indices``) plus the schedule values (see
-   :mod:`contrastive.methods`), backward, drop the gradients of groups still frozen, clip,
-   step; the online probe (``--online-probe``) learns from detached features;
+   per optimiser step, ``out = model(batch)`` with ``batch`` = the adapter's mapping of the
+   method's ``needs`` (``views``, ``labels``, ``indices``, per-sample fields such as
+   ``input_ids``) plus the schedule values (see :mod:`contrastive.methods`), backward, drop the
+   gradients of groups still frozen, clip, step, the method's post-step hook; the online probe
+   (``--online-probe``) learns from detached features;
 5. keeps the run log (:mod:`~contrastive.engine.run_log`): ``metrics.jsonl`` every
-   ``log_every`` steps (every 0-d tensor the method returns, as a window mean), checkpoints
-   every ``save_every_steps`` steps and at epoch ends, the kNN monitor every ``knn_every``
-   epochs; stops cleanly on SIGTERM/SIGINT, its launcher's exit (:mod:`~contrastive.engine
-   .stop`), ``max_steps`` or the last epoch (a resume with nothing left to train changes
-   nothing);
-6. ends: ``encoder.pt`` (:class:`contrastive.records.EncoderRecord`) and ``run_state.json``
-   (running / stopped / completed / failed, see :mod:`contrastive.engine.run_state`).
+   ``log_every`` steps (every 0-d tensor the method returns, as a window mean, and the
+   adapter's throughput), checkpoints every ``save_every_steps`` steps and at epoch ends, each
+   evaluator every N epochs or steps (``--keep-best``: the artefacts at the best value);
+   stops cleanly on SIGTERM/SIGINT, its launcher's exit (:mod:`~contrastive.engine.stop`),
+   ``max_steps`` or the end of the budget (``--epochs`` or ``--steps``; a resume with nothing
+   left to train changes nothing);
+6. ends: the adapter's artefacts (:mod:`~contrastive.engine.artefacts`, formats in
+   :mod:`contrastive.records`: ``encoder.pt``; image-text runs also ``clip.pt``) and
+   ``run_state.json`` (running / stopped / completed / failed, see
+   :mod:`contrastive.engine.run_state`).
 
 Everything random is a function of ``cfg.seed`` and the position in the run, so a resumed run
 continues exactly as the uninterrupted one (see :mod:`contrastive.engine.loader`).
@@ -43,6 +50,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from contrastive.engine.adapters import DataAdapter, ImageAdapter
+from contrastive.engine.artefacts import write_encoder
 from contrastive.engine.checkpoint import (
     CheckpointManager,
     TrainState,
@@ -50,10 +59,11 @@ from contrastive.engine.checkpoint import (
     read_meta,
     resolve_resume,
 )
-from contrastive.engine.config import TrainConfig, config_to_dict
+from contrastive.engine.config import RunConfig, config_to_dict
+from contrastive.engine.evaluators import BestKeeper, Evaluator
 from contrastive.engine.extras import extra_keys
 from contrastive.engine.loader import start_workers
-from contrastive.engine.monitor import KNNMonitor, encoder_of, feature_fn
+from contrastive.engine.monitor import encoder_of
 from contrastive.engine.optim import set_lr, set_weight_decay
 from contrastive.engine.probe import OnlineProbe
 from contrastive.engine.run_folder import check_output_dir
@@ -64,7 +74,6 @@ from contrastive.engine.setup import (
     Model,
     TrainData,
     build_data,
-    build_knn_monitor,
     build_model,
     build_probe,
     check_fresh_output_dir,
@@ -75,12 +84,10 @@ from contrastive.engine.step import (
     NonFiniteGuard,
     NonFiniteLossError,
     any_true,
-    make_batch,
     optimisation_step,
-    prepare_views,
 )
 from contrastive.engine.stop import StopRequests, watch_parent
-from contrastive.records import CHECKPOINTS, CONFIG_FILE, ENCODER_FILE, EncoderRecord, RecordError
+from contrastive.records import BEST_DIR, CHECKPOINTS, CONFIG_FILE
 
 __all__ = ["train", "TrainResult", "NonFiniteLossError", "make_accelerator", "write_encoder"]
 
@@ -99,6 +106,7 @@ class TrainResult:
     checkpoint: Path | None = None
     knn_top1: float | None = None
     knn_history: list[tuple[int, float]] = field(default_factory=list)
+    evaluations: list[tuple[int, dict[str, float]]] = field(default_factory=list)  # all evaluators
     last_metrics: dict[str, Any] = field(default_factory=dict)
     steps_trained: int = 0  # optimiser steps this call took (0: a resume with nothing to do)
     stop_reason: str | None = None  # "SIGTERM", "SIGINT", "launcher exited (...)"
@@ -109,16 +117,21 @@ class TrainResult:
         return EXIT_STOPPED if self.status == "interrupted" else 0
 
 
-def train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
-          build_pipeline: Callable[[TrainConfig], Any], *, recipe: str = "custom") -> TrainResult:
-    """Train ``build_method(cfg)`` on ``cfg.data`` augmented by ``build_pipeline(cfg)``.
+def train(cfg: RunConfig, build_method: Callable[[Any], nn.Module],
+          build_pipeline: Callable[[Any], Any] | None = None, *,
+          adapter: DataAdapter | None = None, recipe: str = "custom") -> TrainResult:
+    """Train ``build_method(cfg)`` on ``cfg.data``: images augmented by
+    ``build_pipeline(cfg)``, or whatever the data ``adapter`` serves.
 
     ``build_method`` returns a method (:class:`contrastive.methods.Method`: ``forward(batch) ->
     dict`` with ``loss`` and metrics, ``needs``, ``schedules()``, ``param_groups()``, attribute
-    ``encoder``).
+    ``encoder``); it is called after the adapter built the training set.
     ``build_pipeline`` returns a :class:`contrastive.augment.Pipeline` (per-image ``__call__``
-    and ``split()`` for the batched path). See the module docstring for the steps.
+    and ``split()`` for the batched path): the :class:`~contrastive.engine.adapters.ImageAdapter`
+    (give it or ``adapter``). See the module docstring for the steps.
     """
+    if (build_pipeline is None) == (adapter is None):
+        raise TypeError("train: give build_pipeline (images) or adapter, not both")
     cfg.validate()
     out = Path(cfg.output_dir or os.path.join("runs", recipe))
     check_output_dir(out)  # a file, read-only: one line, before anything is built
@@ -141,52 +154,61 @@ def train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
         out.mkdir(parents=True, exist_ok=True)
     try:  # from here on the folder is this run's: its run_state.json says how the run ended
         with StopRequests(watch_parent(cfg.stop_if_orphaned)) as stop:
-            return _train(cfg, build_method, build_pipeline, recipe, out, accelerator, stop,
-                          precision_reason=why)
+            return _train(cfg, build_method, build_pipeline, adapter, recipe, out,
+                          accelerator, stop, precision_reason=why)
     except BaseException as exc:
         if is_main:
             record_failure(out, exc)
         raise
 
 
-def _train(cfg: TrainConfig, build_method: Callable[[TrainConfig], nn.Module],
-           build_pipeline: Callable[[TrainConfig], Any], recipe: str, out: Path,
-           accelerator: Any, stop: StopRequests, *, precision_reason: str = "") -> TrainResult:
+def _train(cfg: RunConfig, build_method: Callable[[Any], nn.Module],
+           build_pipeline: Callable[[Any], Any] | None, adapter: DataAdapter | None,
+           recipe: str, out: Path, accelerator: Any, stop: StopRequests, *,
+           precision_reason: str = "") -> TrainResult:
     """The body of :func:`train` once the output folder and the accelerator exist."""
     # ---- set-up ---------------------------------------------------------------------------
-    pipeline = build_pipeline(cfg)
-    data = build_data(cfg, pipeline, accelerator)
-    knn = build_knn_monitor(cfg, pipeline, accelerator.num_processes)
+    if adapter is None:
+        assert build_pipeline is not None
+        adapter = ImageAdapter(build_pipeline(cfg))
+    data = build_data(cfg, adapter, accelerator)
+    evaluators = adapter.evaluators(cfg, accelerator.num_processes)
     m = build_model(cfg, build_method, accelerator, extra_keys(data.train_set))
     probe = build_probe(cfg, m.module, data.train_set, accelerator.device)
+    best = BestKeeper(cfg.keep_best) if cfg.keep_best else None
     config = {"recipe": recipe, **config_to_dict(cfg)}
     state = TrainState()
+    extras: dict[str, Any] = {"probe": probe} if probe is not None else {}
+    if best is not None:
+        extras["best"] = best
     ckpt = CheckpointManager(accelerator, m.model, m.optimizer, state, out / CHECKPOINTS,
                              keep_last=cfg.keep_last,
                              meta={"config": config, "signature": m.signature, "recipe": recipe},
-                             extras={"probe": probe} if probe is not None else None)
+                             extras=extras or None)
     ckpt.cleanup_partial()
 
     # ---- resume ---------------------------------------------------------------------------
     resume_path = _resume(cfg, out, ckpt, m, config, accelerator.num_processes)
-    if resume_path is not None and (state.step >= data.last_step or state.epoch >= cfg.epochs):
+    if resume_path is not None and (state.step >= data.last_step or state.epoch >= data.epochs):
         return _nothing_to_do(cfg, state, data, out, resume_path, accelerator, m.module,
-                              pipeline, recipe)
+                              adapter, recipe)
     if resume_path is None:  # a fresh run: give each process its own random stream from here on
         from accelerate.utils import set_seed
 
         set_seed(cfg.seed, device_specific=True)
 
     # ---- the run: log its start, train, end it ---------------------------------------------
-    run = _Run(cfg, recipe, out, accelerator, pipeline, data, m, state, ckpt, stop, knn, probe,
-               resume_path)
+    run = _Run(cfg, recipe, out, accelerator, adapter, data, m, state, ckpt, stop, evaluators,
+               probe, best, resume_path)
     run.log_start(config, precision_reason)
-    if knn is not None and cfg.knn_at_start and resume_path is None:
-        run.measure_knn("start")
+    if resume_path is None:
+        for ev in evaluators:
+            if ev.at_start:
+                run.measure(ev, "start")
     return run.finish(run.train_epochs())
 
 
-def _resume(cfg: TrainConfig, out: Path, ckpt: CheckpointManager, m: Model,
+def _resume(cfg: RunConfig, out: Path, ckpt: CheckpointManager, m: Model,
             config: dict[str, Any], world: int) -> Path | None:
     """Load the checkpoint ``--resume`` names (after checking that it fits this run); None for
     a new run."""
@@ -195,8 +217,10 @@ def _resume(cfg: TrainConfig, out: Path, ckpt: CheckpointManager, m: Model,
         logger.info("--resume auto: no checkpoint in %s, starting a new run", out / CHECKPOINTS)
     if resume_path is None:
         return None
+    defaults = {"recipe": config["recipe"], **config_to_dict(type(cfg)())}
     changes = check_compatible(read_meta(resume_path), m.signature, config, world_size=world,
-                               allow_config_change=cfg.allow_config_change, path=resume_path)
+                               allow_config_change=cfg.allow_config_change, path=resume_path,
+                               defaults=defaults)
     for c in changes:
         logger.warning("resuming with a changed setting: %s", c)
     ckpt.load(resume_path)
@@ -208,13 +232,15 @@ def _resume(cfg: TrainConfig, out: Path, ckpt: CheckpointManager, m: Model,
 class _Run:
     """One call's training: its pieces, and the named parts of the loop in reading order."""
 
-    def __init__(self, cfg: TrainConfig, recipe: str, out: Path, accelerator: Any, pipeline: Any,
+    def __init__(self, cfg: Any, recipe: str, out: Path, accelerator: Any, adapter: DataAdapter,
                  data: TrainData, m: Model, state: TrainState, ckpt: CheckpointManager,
-                 stop: StopRequests, knn: KNNMonitor | None, probe: OnlineProbe | None,
-                 resume_path: Path | None) -> None:
+                 stop: StopRequests, evaluators: list[Evaluator], probe: OnlineProbe | None,
+                 best: BestKeeper | None, resume_path: Path | None) -> None:
         self.cfg, self.recipe, self.out, self.acc = cfg, recipe, out, accelerator
-        self.pipeline, self.data, self.m, self.state, self.ckpt = pipeline, data, m, state, ckpt
-        self.stop, self.knn, self.probe, self.resume_path = stop, knn, probe, resume_path
+        self.adapter, self.data, self.m, self.state, self.ckpt = adapter, data, m, state, ckpt
+        self.stop, self.evaluators, self.probe = stop, evaluators, probe
+        self.best, self.resume_path = best, resume_path
+        self.last_eval: dict[str, int] = {}  # evaluator name -> step of its last measurement
         self.is_main = accelerator.is_main_process
         self.start_step = state.step
         self.result = TrainResult(output_dir=out, status="completed", step=state.step,
@@ -236,18 +262,17 @@ class _Run:
             "per_process_micro_batch": cfg.batch_size // (world * cfg.grad_accum_steps),
             "mixed_precision": acc.mixed_precision, "precision_reason": precision_reason,
             "device": str(acc.device),
-            "batched_augment": data.device_fn is not None, "train_images": len(data.train_set),
             "torch": torch.__version__, "command": " ".join(sys.argv),
-            "encoder_kwargs": cfg.encoder_options(),  # evaluation rebuilds the encoder with these
+            **self.adapter.resolved(),  # e.g. encoder_kwargs: evaluation rebuilds the encoder
         }
         if self.is_main:
             (self.out / CONFIG_FILE).write_text(json.dumps({**config, "resolved": resolved},
                                                            indent=1))
-            logger.info("training %s: %d images, %d steps/epoch x %d epochs, global batch %d on "
-                        "%d process(es), lr %.4g, precision %s, augmentation %s", self.recipe,
-                        len(data.train_set), data.steps_per_epoch, cfg.epochs, cfg.batch_size,
-                        world, self.m.peak_lr, acc.mixed_precision,
-                        "batched on device" if data.device_fn is not None else "per image")
+            logger.info("training %s: %d %s, %d steps/epoch, %d steps, global batch %d on %d "
+                        "process(es), lr %.4g, precision %s, %s", self.recipe,
+                        len(data.train_set), self.adapter.unit, data.steps_per_epoch,
+                        data.total_steps, cfg.batch_size, world, self.m.peak_lr,
+                        acc.mixed_precision, self.adapter.describe())
         if cfg.report_to != "none":
             acc.init_trackers(self.recipe, config={k: v for k, v in config.items()
                                                    if isinstance(v, (int, float, str, bool))})
@@ -255,11 +280,12 @@ class _Run:
             write_run_state(self.out, "running", step=self.state.step,
                             last_step=data.last_step, checkpoint=rel(self.resume_path, self.out))
 
-    def log_step(self, lr: float, sched: dict[str, float], seconds: float, images: int,
+    def log_step(self, lr: float, sched: dict[str, float], seconds: float, units: int,
                  wait: float) -> dict[str, Any]:
         """One metrics.jsonl record for the window that ends at this step."""
         record = log_record(self.state.step, self.data.steps_per_epoch, lr, sched,
-                            self.window.means(self.acc), self.window.last, seconds, images, wait)
+                            self.window.means(self.acc), self.window.last, seconds, units, wait,
+                            unit=self.adapter.unit)
         if self.probe is not None:
             top1 = self.probe.pop_top1(self.acc)
             record["probe_top1"] = None if top1 is None else round(top1, 4)
@@ -269,24 +295,39 @@ class _Run:
             self.acc.log(record, step=self.state.step)
         return record
 
-    def measure_knn(self, tag: str) -> None:
-        """The kNN monitor's top-1, in metrics.jsonl as a record of its own."""
-        assert self.knn is not None
+    def measure(self, ev: Evaluator, tag: str) -> None:
+        """An evaluator's metrics, in metrics.jsonl as a record of their own; the artefacts
+        into best/ when ``--keep-best``'s metric improved."""
         model, state = self.m.model, self.state
         model.eval()
         try:
-            top1 = self.knn(feature_fn(self.m.module, self.cfg.knn_feature), self.acc,
-                            channels_last=self.cfg.channels_last)
+            metrics = ev(self.m.module, self.acc)
         finally:
             model.train()
-        self.result.knn_top1 = top1
-        self.result.knn_history.append((state.step, top1))
+        self.last_eval[ev.name] = state.step
+        self.result.evaluations.append((state.step, metrics))
+        if "knn_top1" in metrics:
+            self.result.knn_top1 = metrics["knn_top1"]
+            self.result.knn_history.append((state.step, metrics["knn_top1"]))
         self.metrics.write({"step": state.step,
                             "epoch": round(state.step / self.data.steps_per_epoch, 4),
-                            "knn_top1": top1, "knn_when": tag})
-        logger.info("kNN top-1 (%s, step %d): %.2f %%", tag, state.step, top1)
+                            **metrics, f"{ev.name}_when": tag})
+        logger.info("%s (%s, step %d): %s", ev.name, tag, state.step,
+                    ", ".join(f"{k} {v:.2f}" for k, v in metrics.items()))
         if self.cfg.report_to != "none":
-            self.acc.log({"knn_top1": top1}, step=state.step)
+            self.acc.log(metrics, step=state.step)
+        if self.best is not None and self.best.update(metrics, state.step) and self.is_main:
+            self.adapter.artefacts.write(self.out / BEST_DIR, self.cfg, self.m.module,
+                                         self.recipe, state.step)
+            logger.info("best %s so far (%.4g): artefacts in %s", self.best.metric,
+                        self.best.value, self.out / BEST_DIR)
+
+    def due(self, per: str, epoch: int | None = None) -> list[Evaluator]:
+        """The evaluators due after this optimiser step (``per="step"``) or at the end of
+        ``epoch`` (0-based, ``per="epoch"``)."""
+        count = self.state.step if per == "step" else (epoch or 0) + 1
+        return [ev for ev in self.evaluators
+                if ev.per == per and ev.every and count % ev.every == 0]
 
     def save(self) -> Path:
         path = self.ckpt.save()
@@ -313,11 +354,12 @@ class _Run:
                             unit="step", dynamic_ncols=True, mininterval=1.0)
         sched_step, sched, lr = -1, {}, 0.0
         t_last, images_last, wait_time = time.perf_counter(), state.images_seen, 0.0
+        counted = None  # units the adapter counts (tokens), summed on the device
         status = "completed"
         if any_true(self.stop.check() is not None, acc):  # a signal during the set-up
             status = "interrupted"
         with progress or contextlib.nullcontext():
-            while state.epoch < cfg.epochs and status == "completed":
+            while state.epoch < data.epochs and status == "completed":
                 epoch = state.epoch
                 data.sampler.set_epoch(epoch)
                 skip = state.micro_in_epoch
@@ -331,7 +373,8 @@ class _Run:
                                epochs=cfg.epochs, peak=m.peak_lr, schedule=cfg.lr_schedule,
                                warmup_epochs=cfg.warmup_epochs, min_lr=cfg.min_lr,
                                milestones=cfg.lr_milestones, gamma=cfg.lr_gamma,
-                               per=cfg.schedule_per)
+                               per=cfg.schedule_per, warmup_steps=cfg.warmup_steps,
+                               total_steps=cfg.steps)
                     set_lr(m.optimizer, lr)
                     if sched_step != state.step:  # once per optimiser step (all micro-batches)
                         sched_step = state.step
@@ -339,14 +382,16 @@ class _Run:
                                  for k, fn in m.schedules.items()}
                         if "weight_decay" in sched:  # a declared weight-decay schedule (DINO)
                             set_weight_decay(m.optimizer, sched["weight_decay"])
-                    views = prepare_views(sample[0], cfg, device, data.device_fn,
-                                          step=state.step, micro=micro % accum, rank=rank)
-                    batch = make_batch(views, sample, m.needs, sched, device)
+                    batch = self.adapter.batch(sample, m.needs, sched, device=device,
+                                               step=state.step, micro=micro % accum, rank=rank)
+                    units = self.adapter.count(batch)
+                    if units is not None:
+                        counted = units.double() if counted is None else counted + units
                     optimisation_step(m.model, batch, m.optimizer, acc, cfg, state.step,
                                       self.guard, self.window, m.after_step)
                     if self.probe is not None:
                         with acc.autocast():
-                            feats = self.probe.features(encoder_of(m.module), views[0])
+                            feats = self.probe.features(encoder_of(m.module), batch["views"][0])
                         self.probe.step(feats, sample[1].to(device, non_blocking=True), acc)
                     state.micro_in_epoch = micro + 1
                     if not acc.sync_gradients:
@@ -356,7 +401,8 @@ class _Run:
                     # ---- one optimiser step done: count, log, save, stop?
                     state.step += 1
                     state.images_seen += cfg.batch_size
-                    if state.micro_in_epoch >= data.micro_per_epoch:
+                    if state.micro_in_epoch >= data.micro_per_epoch or \
+                            state.step == data.total_steps:  # --steps may end an epoch early
                         state.epoch, state.micro_in_epoch = epoch + 1, 0
                     if progress is not None:
                         progress.update(1)
@@ -367,12 +413,21 @@ class _Run:
                         self.check_finite()
                     if log_now:
                         now = time.perf_counter()
-                        record = self.log_step(lr, sched, now - t_last,
-                                               state.images_seen - images_last, wait_time)
+                        if counted is not None:  # counted on the device, summed over processes
+                            n = counted.reshape(1)
+                            units_done = int((acc.reduce(n, "sum") if world > 1 else n).item())
+                            counted = None
+                        else:
+                            units_done = state.images_seen - images_last
+                        record = self.log_step(lr, sched, now - t_last, units_done, wait_time)
                         if progress is not None:
+                            unit = self.adapter.unit
                             progress.set_postfix(loss=f"{record.get('loss', float('nan')):.4f}",
-                                                 img_s=f"{record['images_per_s']:.1f}")
+                                                 **{f"{unit[:3]}_s":
+                                                    f"{record[f'{unit}_per_s']:.1f}"})
                         t_last, images_last, wait_time = now, state.images_seen, 0.0
+                    for ev in self.due("step"):
+                        self.measure(ev, f"step {state.step}")
                     if save_now:
                         self.save()
                     # one process: the flag itself; several: agree every 10 steps (a collective)
@@ -384,6 +439,8 @@ class _Run:
                     if cfg.max_steps and state.step >= cfg.max_steps:
                         status = "max_steps"
                         break
+                    if cfg.steps and state.step >= data.total_steps:
+                        break  # a budget in steps (--steps) may end inside an epoch
                     t_wait = time.perf_counter()
 
                 # ---- the epoch's end: kNN, checkpoint
@@ -395,15 +452,15 @@ class _Run:
                 if status == "interrupted":
                     break
                 self.check_finite()
-                if self.knn is not None and (epoch + 1) % cfg.knn_every == 0:
-                    self.measure_knn(f"epoch {epoch + 1}")
+                for ev in self.due("epoch", epoch):
+                    self.measure(ev, f"epoch {epoch + 1}")
                 if (cfg.save_every_epochs and (epoch + 1) % cfg.save_every_epochs == 0
                         and self.ckpt.last_saved_step != state.step):
                     self.save()
-        history = self.result.knn_history
-        if self.knn is not None and status != "interrupted" and \
-                (not history or history[-1][0] != state.step):
-            self.measure_knn("end")
+        if status != "interrupted":
+            for ev in self.evaluators:
+                if self.last_eval.get(ev.name) != state.step:
+                    self.measure(ev, "end")
         if status == "interrupted":
             self.result.stop_reason = self.stop.reason or "a signal on another process"
         return status
@@ -420,8 +477,8 @@ class _Run:
         result.status, result.step, result.epoch = status, state.step, state.epoch
         result.steps_trained = state.step - self.start_step
         if self.is_main:
-            result.encoder_path = write_encoder(out, self.cfg, self.m.module, self.pipeline,
-                                                self.recipe, state.step)
+            result.encoder_path = self.adapter.artefacts.write(out, self.cfg, self.m.module,
+                                                               self.recipe, state.step)
             logger.info("%s at step %d: encoder weights in %s", status, state.step,
                         result.encoder_path)
             if status == "interrupted":
@@ -438,28 +495,16 @@ class _Run:
         return result
 
 
-def write_encoder(out: Path, cfg: TrainConfig, module: nn.Module, pipeline: Any, recipe: str,
-                  step: int) -> Path:
-    """``<out>/encoder.pt``: the method's backbone as a :class:`~contrastive.records.EncoderRecord`
-    with the ``create_encoder`` kwargs, the crop size and the pipeline's normalisation (which
-    evaluation uses by default)."""
-    record = EncoderRecord.from_module(
-        encoder_of(module), cfg.encoder, encoder_kwargs=cfg.encoder_options(),
-        mean=getattr(pipeline, "mean", None), std=getattr(pipeline, "std", None),
-        image_size=cfg.image_size, step=step, recipe=recipe, method=type(module).__name__)
-    return record.save(out / ENCODER_FILE)
-
-
-def _nothing_to_do(cfg: TrainConfig, state: TrainState, data: TrainData, out: Path,
-                   resume_path: Path, accelerator: Any, module: nn.Module, pipeline: Any,
-                   recipe: str) -> TrainResult:
+def _nothing_to_do(cfg: RunConfig, state: TrainState, data: TrainData, out: Path,
+                   resume_path: Path, accelerator: Any, module: nn.Module,
+                   adapter: DataAdapter, recipe: str) -> TrainResult:
     """A resume of a run that already reached ``--max-steps`` or its last epoch (a requeued job).
 
     Trains nothing and rewrites nothing (checkpoints, metrics.jsonl, config.json, encoder.pt);
     only a missing ``encoder.pt`` or ``run_state.json`` that does not say "completed" at this
     step (a run killed between its last checkpoint and its end) is written.
     """
-    done_all = state.step >= data.total_steps or state.epoch >= cfg.epochs
+    done_all = state.step >= data.total_steps or state.epoch >= data.epochs
     if done_all:
         logger.info("nothing to train: the run in %s reached its last epoch (step %d); nothing "
                     "was changed", out, state.step)
@@ -469,10 +514,11 @@ def _nothing_to_do(cfg: TrainConfig, state: TrainState, data: TrainData, out: Pa
                     state.step, cfg.max_steps)
     result = TrainResult(output_dir=out, status="completed" if done_all else "max_steps",
                          step=state.step, epoch=state.epoch, checkpoint=resume_path)
-    encoder_path = out / ENCODER_FILE
+    artefacts = adapter.artefacts
+    encoder_path = artefacts.main_file(out)
     if accelerator.is_main_process:
-        if _encoder_step(encoder_path) != state.step:
-            write_encoder(out, cfg, module, pipeline, recipe, state.step)
+        if artefacts.step_of(out) != state.step:
+            artefacts.write(out, cfg, module, recipe, state.step)
             logger.info("wrote the missing %s (step %d)", encoder_path, state.step)
         previous = read_run_state(out) or {}
         if previous.get("state") != "completed" or previous.get("step") != state.step:
@@ -482,11 +528,3 @@ def _nothing_to_do(cfg: TrainConfig, state: TrainState, data: TrainData, out: Pa
     result.encoder_path = encoder_path
     accelerator.wait_for_everyone()
     return result
-
-
-def _encoder_step(path: Path) -> int | None:
-    """The ``step`` recorded in an ``encoder.pt`` (None if absent or unreadable)."""
-    try:
-        return EncoderRecord.load(path, mmap=True).step
-    except (RecordError, OSError):  # absent or unreadable: rewritten
-        return None

@@ -39,7 +39,7 @@ MAP_METHODS = ("tsne", "umap", "pca")
 UMAP_INSTALL = 'pip install -e ".[umap]"'
 
 # Panels first in this order, then any other numeric series; never these as y values.
-_PREFERRED = ("loss", "lr", "knn_top1", "probe_top1", "knn", "pos_acc", "embedding_std", "pos_sim", "neg_sim")
+_PREFERRED = ("loss", "lr", "knn_top1", "zeroshot_top1", "probe_top1", "knn", "pos_acc", "embedding_std", "pos_sim", "neg_sim")
 _X_KEYS = ("step", "global_step", "iteration")
 _SKIP = {"step", "global_step", "iteration", "epoch", "time", "timestamp", "wall", "elapsed", "rank"}
 

@@ -15,7 +15,10 @@ k most similar images.
 Everything here takes embeddings (rows need not be normalised); :func:`clip_embeddings` computes
 them from a model with ``encode_image`` / ``encode_text`` (:class:`~contrastive.methods.CLIP`).
 The console script ``contrastive-zeroshot`` (:func:`evaluate_run`) evaluates a run of
-``recipes/clip_shapes.py`` (``clip.pt`` + ``tokenizer/``).
+``recipes/clip.py`` (``clip.pt`` + ``tokenizer/``, :func:`contrastive.records.save_clip_record`)
+on the held-out split of its data; the training engine's zero-shot evaluator
+(:class:`contrastive.engine.evaluators.ZeroShotEvaluator`) computes the same figures with
+:func:`evaluate_pairs`.
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ["DEFAULT_TEMPLATES", "zero_shot_classifier", "zero_shot_accuracy", "retrieval_recall",
-           "clip_embeddings", "evaluate_shapes", "evaluate_run", "load_clip_run", "save_clip_run",
-           "main"]
+           "clip_embeddings", "heldout_pairs", "evaluate_pairs", "evaluate_shapes",
+           "evaluate_run", "load_clip_run", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -120,36 +123,58 @@ def clip_embeddings(model: Any, images: Tensor, texts: Sequence[str], tokenizer:
     return torch.cat(zi), (torch.cat(zt) if zt else torch.empty(0, zi[0].shape[1]))
 
 
+# ---- held-out image-caption pairs --------------------------------------------------------------
+
+def heldout_pairs(dataset: Any, max_items: int = 1000
+                  ) -> tuple[Tensor, Tensor | None, list[str], list[list[str]]]:
+    """(images (N, C, H, W) float, labels (N,) or None, class names, captions per image) of the
+    first ``max_items`` items of an image-text data set
+    (:class:`~contrastive.data.captions.ImageTextDataset` whose images come through an
+    evaluation transform giving one float view). Labels are None unless every image has one
+    and the data set names its classes."""
+    n = min(len(dataset), max_items)
+    images = []
+    for i in range(n):
+        view = dataset.images[i][0]
+        images.append(view[0] if isinstance(view, (list, tuple)) else view)
+    targets = list(getattr(dataset, "targets", []))[:n]
+    classes = [str(c) for c in getattr(dataset, "classes", [])]
+    labels = None
+    if classes and len(targets) == n and all(0 <= int(t) < len(classes) for t in targets):
+        labels = torch.tensor([int(t) for t in targets])
+    return torch.stack(images), labels, classes, [dataset.captions_of(i) for i in range(n)]
+
+
+def evaluate_pairs(model: Any, tokenizer: Any, images: Tensor, captions: Sequence[Sequence[str]],
+                   *, labels: Tensor | None = None, classes: Sequence[str] = (),
+                   templates: Sequence[str] = DEFAULT_TEMPLATES) -> dict[str, float]:
+    """Zero-shot top-1/top-5 (when ``labels`` and ``classes`` are given) and retrieval
+    recall@1/5 both ways (any of an image's captions counts)."""
+    texts = [c for cs in captions for c in cs]
+    owner = torch.tensor([i for i, cs in enumerate(captions) for _ in cs])
+    zi, zt = clip_embeddings(model, images, texts, tokenizer)
+    out: dict[str, float] = {}
+    if labels is not None and classes:
+        clf = zero_shot_classifier(lambda t: clip_embeddings(model, images[:1], t, tokenizer)[1],
+                                   classes, templates)
+        out.update(zero_shot_accuracy(zi, labels, clf))
+    out.update(retrieval_recall(zi, zt, owner))
+    return out
+
+
 # ---- a run folder: clip.pt (weights + JSON-able config) and tokenizer/ -------------------------
 
-def save_clip_run(folder: str | Path, model: Any, config: dict[str, Any], tokenizer: Any) -> Path:
-    """Write ``clip.pt`` (tensors and plain values only: ``weights_only`` loads it) and
-    ``tokenizer/tokenizer.json``; returns ``clip.pt``'s path."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    json.dumps(config)  # only plain values: the file must not need code to load
-    model.clamp_logit_scale()
-    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    torch.save({"config": config, "state_dict": state}, folder / "clip.pt")
-    tokenizer.save(folder / "tokenizer")
-    return folder / "clip.pt"
-
-
 def load_clip_run(folder: str | Path) -> tuple[Any, Any, dict[str, Any]]:
-    """(CLIP model in eval mode, tokenizer, config) of a folder written by :func:`save_clip_run`;
-    reads with ``weights_only=True`` (nothing in the file can run code)."""
+    """(CLIP model in eval mode, tokenizer, config) of a run of ``recipes/clip.py``
+    (:func:`contrastive.records.load_clip_record`: nothing in the files can run code)."""
     from contrastive.methods import CLIP
+    from contrastive.records import TOKENIZER_DIR, load_clip_record
     from contrastive.text.tokenizer import load_tokenizer
 
-    folder = Path(folder)
-    if not (folder / "clip.pt").is_file():
-        raise FileNotFoundError(f"{folder} has no clip.pt: pass the output folder of "
-                                "recipes/clip_shapes.py")
-    blob = torch.load(folder / "clip.pt", map_location="cpu", weights_only=True)
-    config = blob["config"]
-    tokenizer = load_tokenizer(folder / "tokenizer", max_length=int(config["max_length"]))
+    state, config = load_clip_record(folder)
+    tokenizer = load_tokenizer(Path(folder) / TOKENIZER_DIR, max_length=int(config["max_length"]))
     model = CLIP(**config["model"])
-    model.load_state_dict(blob["state_dict"])
+    model.load_state_dict(state)
     return model.eval(), tokenizer, config
 
 
@@ -160,25 +185,35 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def evaluate_run(argv: Sequence[str] | None = None) -> dict[str, float]:
-    """``contrastive-zeroshot RUN [--n-test N] [--templates T ...] [--classes C ...]``: zero-shot
-    top-1/top-5 and retrieval recall@1/5 on the held-out ``shapes`` split of the run's data
-    settings (class names = the shape names); prints one JSON line."""
+    """``contrastive-zeroshot RUN [--data SPEC] [--n-test N] [--templates T ...] [--classes C
+    ...]``: zero-shot top-1/top-5 and retrieval recall@1/5 on the held-out split of the run's
+    data (or ``--data``; its training split when it has none: retrieval only); prints one JSON
+    line."""
     p = argparse.ArgumentParser(prog="contrastive-zeroshot", description=evaluate_run.__doc__)
-    p.add_argument("run", help="folder with clip.pt and tokenizer/ (recipes/clip_shapes.py)")
+    p.add_argument("run", help="folder with clip.pt and tokenizer/ (recipes/clip.py)")
+    p.add_argument("--data", default=None, help="image-text data spec (default: the run's)")
     p.add_argument("--n-test", type=int, default=1000, help="held-out images (default 1000)")
     p.add_argument("--templates", nargs="+", default=list(DEFAULT_TEMPLATES),
                    help="prompt templates, '{}' is the class name")
-    p.add_argument("--classes", nargs="+", default=None, help="class names (default: shapes')")
+    p.add_argument("--classes", nargs="+", default=None, help="class names (default: the "
+                   "data's)")
     args = p.parse_args(argv)
-    from contrastive.data.generated import SHAPE_CLASSES
+    from contrastive.augment import get_pipeline
+    from contrastive.data import get_dataset, has_split
 
     model, tokenizer, config = load_clip_run(args.run)
-    data = config["data"]
-    classes = args.classes or list(SHAPE_CLASSES)
-    if len(classes) != len(SHAPE_CLASSES):
-        raise SystemExit(f"--classes: give {len(SHAPE_CLASSES)} names, got {len(classes)}")
-    result = evaluate_shapes(model, tokenizer, classes, args.templates, n=args.n_test,
-                             size=int(data["size"]), seed=int(data["seed"]))
+    spec = args.data or config["data"]
+    split = "test" if has_split(spec, "test") else "train"
+    tf = get_pipeline("eval", image_size=int(config["image_size"]), crop_pct=1.0,
+                      mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
+    images, labels, classes, captions = heldout_pairs(get_dataset(spec, split, transform=tf),
+                                                      args.n_test)
+    if args.classes is not None:
+        if len(args.classes) != len(classes):
+            raise SystemExit(f"--classes: give {len(classes)} names, got {len(args.classes)}")
+        classes = list(args.classes)
+    result = evaluate_pairs(model, tokenizer, images, captions, labels=labels, classes=classes,
+                            templates=args.templates)
     sys.stdout.write(json.dumps({k: round(v, 2) for k, v in result.items()}) + "\n")
     return result
 
@@ -190,10 +225,5 @@ def evaluate_shapes(model: Any, tokenizer: Any, classes: Sequence[str],
     from contrastive.data.generated import generate_shapes, shape_captions
 
     images, labels = generate_shapes(n, size, seed, "test")
-    caps = shape_captions(n, seed, "test")
-    texts = [c for cs in caps for c in cs]
-    owner = torch.tensor([i for i, cs in enumerate(caps) for _ in cs])
-    zi, zt = clip_embeddings(model, images.float() / 255, texts, tokenizer)
-    clf = zero_shot_classifier(lambda t: clip_embeddings(model, images[:1].float() / 255, t,
-                                                         tokenizer)[1], classes, templates)
-    return {**zero_shot_accuracy(zi, labels, clf), **retrieval_recall(zi, zt, owner)}
+    return evaluate_pairs(model, tokenizer, images.float() / 255, shape_captions(n, seed, "test"),
+                          labels=labels, classes=classes, templates=templates)

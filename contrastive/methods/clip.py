@@ -86,6 +86,12 @@ class CLIP(Method):
                              f"max_logit_scale; got {temperature}, {max_logit_scale}")
         self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
         self.text_encoder = resolve_encoder(text_encoder, **(text_kwargs or {}))
+        # a text pooler the pooling does not use (BERT's, with "cls" / "mean") gets no gradient:
+        # frozen, so that DDP does not wait for its gradient (several processes would fail)
+        pooler = getattr(getattr(self.text_encoder, "model", None), "pooler", None)
+        if isinstance(pooler, nn.Module) and getattr(self.text_encoder, "pooling",
+                                                     "pooler") != "pooler":
+            pooler.requires_grad_(False)
         self.image_proj = nn.Linear(cast(int, self.encoder.num_features), dim, bias=False)
         self.text_proj = nn.Linear(cast(int, self.text_encoder.num_features), dim, bias=False)
         self.logit_scale = nn.Parameter(torch.tensor(math.log(1.0 / temperature)))

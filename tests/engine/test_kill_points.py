@@ -8,10 +8,11 @@ prunes the older checkpoint, ``keep_last=1``) and for a re-save of the same step
 start (:meth:`cleanup_partial` then ``--resume auto``) must find the newest complete checkpoint
 and load exactly the state that was saved in it.
 
-The same with the real trainer (``moco_cifar``, tiny): killed at each step of a save, then
-``--resume auto`` ends bit-identical to the uninterrupted run (``slow``; one case in the default
-run: the kill between the two renames of a re-save). Also: a torn last line of metrics.jsonl, an
-``--output-dir`` that is a file, read-only or on a full disk.
+The same with the real trainer, once per data adapter (``moco_cifar``: images; ``clip``:
+image-text pairs; both tiny): killed at each step of a save, then ``--resume auto`` ends
+bit-identical to the uninterrupted run (``slow``; one case in the default run: the kill between
+the two renames of a re-save). Also: a torn last line of metrics.jsonl, an ``--output-dir`` that
+is a file, read-only or on a full disk.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from contrastive.engine.checkpoint import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_safe_resume import MOCO, _run  # noqa: E402
+from test_safe_resume import CLIP, MOCO, _run  # noqa: E402
 
 OPS = ("_mkdir", "_write", "_fsync", "_replace", "_rmtree")
 
@@ -220,9 +221,21 @@ def test_torn_last_metrics_line_is_dropped(tmp_path, caplog):
 
 
 # ----------------------------------------------------------------------------------------------
-# the real trainer: moco_cifar, 8 steps (2 epochs of 4), a checkpoint every 3 steps + epoch ends
+# the real trainer, per adapter: 8 steps (2 epochs of 4), a checkpoint every 3 steps + epoch ends
 
-ARGS = [*MOCO, "--save-every-steps", "3", "--keep-last", "1"]
+SAVES = ["--save-every-steps", "3", "--keep-last", "1"]
+CASES = {"image": ("moco_cifar", [*MOCO, *SAVES]), "image-text": ("clip", [*CLIP, *SAVES])}
+
+
+def _with(case: tuple[str, list[str]], *extra: str) -> tuple[str, list[str]]:
+    """(recipe, its arguments + ``extra``): the arguments of :func:`_run`."""
+    return case[0], [*case[1], *extra]
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def case(request) -> tuple[str, list[str]]:
+    """(recipe, its arguments) of one data adapter."""
+    return CASES[request.param]
 
 
 def _final(out: Path, step: int = 8):
@@ -234,7 +247,7 @@ def _final(out: Path, step: int = 8):
 def _assert_same(ref: Path, out: Path) -> None:
     (ma, oa), (mb, ob) = _final(ref), _final(out)
     assert set(ma) == set(mb) and all(torch.equal(ma[k], mb[k]) for k in ma), "weights differ"
-    assert "queue.queue" in ma
+    assert "queue.queue" in ma or "logit_scale" in ma
     for pid, st in oa["state"].items():
         for name, value in st.items():
             assert torch.equal(value, ob["state"][pid][name]), f"optimizer {pid}.{name}"
@@ -245,17 +258,19 @@ def _assert_same(ref: Path, out: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference(case, tmp_path_factory):
+    recipe, args = case
     out = tmp_path_factory.mktemp("kill_ref") / "run"
-    _run("moco_cifar", [*ARGS, "--output-dir", str(out)])
+    _run(recipe, [*args, "--output-dir", str(out)])
     return out
 
 
 @pytest.fixture(scope="module")
-def at_step_4(tmp_path_factory):
+def at_step_4(case, tmp_path_factory):
     """The same run stopped by --max-steps 4 (checkpoint step_00000004 only: --keep-last 1)."""
+    recipe, args = case
     out = tmp_path_factory.mktemp("kill_at4") / "run"
-    _run("moco_cifar", [*ARGS, "--max-steps", "4", "--output-dir", str(out)])
+    _run(recipe, [*args, "--max-steps", "4", "--output-dir", str(out)])
     assert [p.name for p in (out / "checkpoints").iterdir()] == ["step_00000004"]
     return out
 
@@ -266,7 +281,7 @@ def _copy(src: Path, tmp_path: Path) -> Path:
     return out
 
 
-def test_resave_killed_between_renames_then_resume_is_exact(reference, at_step_4, tmp_path,
+def test_resave_killed_between_renames_then_resume_is_exact(case, reference, at_step_4, tmp_path,
                                                              caplog):
     """The issue's case: --keep-last 1, a re-save of step 4 killed between its two renames (both
     copies complete), and a torn last line in metrics.jsonl. --resume auto continues from step 4
@@ -281,7 +296,7 @@ def test_resave_killed_between_renames_then_resume_is_exact(reference, at_step_4
     metrics.write_text(before + '{"step": 5, "loss": 0.12')  # power loss mid-line
     caplog.clear()
     caplog.set_level(logging.INFO)
-    result = _run("moco_cifar", [*ARGS, "--output-dir", str(out), "--resume", "auto"])
+    result = _run(*_with(case, "--output-dir", str(out), "--resume", "auto"))
     assert "recovered the complete checkpoint" in caplog.text
     assert "resumed from" in caplog.text and "at step 4" in caplog.text
     assert "dropping its last line" in caplog.text
@@ -290,25 +305,25 @@ def test_resave_killed_between_renames_then_resume_is_exact(reference, at_step_4
     _assert_same(reference, out)
 
 
-def test_torn_metrics_line_does_not_block_the_resume(reference, at_step_4, tmp_path, caplog):
+def test_torn_metrics_line_does_not_block_the_resume(case, reference, at_step_4, tmp_path, caplog):
     out = _copy(at_step_4, tmp_path)
     metrics = out / "metrics.jsonl"
     before = metrics.read_text()
     metrics.write_text(before + '{"step": 5, "loss": 0.12')  # a full disk cut the line short
     caplog.set_level(logging.INFO)
-    _run("moco_cifar", [*ARGS, "--output-dir", str(out), "--resume", "auto"])
+    _run(*_with(case, "--output-dir", str(out), "--resume", "auto"))
     assert "dropping its last line" in caplog.text
     _assert_same(reference, out)
 
 
-def test_resume_without_a_complete_checkpoint_does_not_start_over(at_step_4, tmp_path):
+def test_resume_without_a_complete_checkpoint_does_not_start_over(case, at_step_4, tmp_path):
     """Both copies of the only checkpoint damaged: refuse (one line naming the fix) instead of
     training from step 0 over metrics.jsonl and encoder.pt."""
     out = _copy(at_step_4, tmp_path)
     (out / "checkpoints" / "step_00000004" / "meta.json").unlink()
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     with pytest.raises(SystemExit) as e:
-        _run("moco_cifar", [*ARGS, "--output-dir", str(out), "--resume", "auto"])
+        _run(*_with(case, "--output-dir", str(out), "--resume", "auto"))
     msg = str(e.value.code)
     assert "\n" not in msg and "no complete checkpoint" in msg and "delete" in msg, msg
     after = {p: p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != "run_state.json"}
@@ -333,13 +348,13 @@ def _kill_in_save(m, save_step: int, kill_at: int | None) -> list[tuple[str, str
 
 @pytest.mark.slow
 @pytest.mark.parametrize("save_step", [3, 6])
-def test_trainer_killed_at_every_step_of_a_save_resumes_exactly(reference, tmp_path, save_step,
+def test_trainer_killed_at_every_step_of_a_save_resumes_exactly(case, reference, tmp_path, save_step,
                                                                 monkeypatch):
     """Step 3: the first checkpoint of the run; step 6: a later one, which prunes step 4."""
     with monkeypatch.context() as m:
         log = _kill_in_save(m, save_step, None)
-        _run("moco_cifar", [*ARGS, "--max-steps", str(save_step), "--output-dir",
-                            str(tmp_path / "probe")])
+        _run(*_with(case, "--max-steps", str(save_step), "--output-dir",
+                            str(tmp_path / "probe")))
     pruned = {"_rmtree"} if save_step == 6 else set()  # the first save deletes nothing
     assert {op for op, _ in log} == set(OPS) - {"_rmtree"} | pruned, log
     for kill_at in range(len(log)):
@@ -347,8 +362,8 @@ def test_trainer_killed_at_every_step_of_a_save_resumes_exactly(reference, tmp_p
         with monkeypatch.context() as m:
             _kill_in_save(m, save_step, kill_at)
             with pytest.raises(Killed):
-                _run("moco_cifar", [*ARGS, "--output-dir", str(out)])
-        _run("moco_cifar", [*ARGS, "--output-dir", str(out), "--resume", "auto"])
+                _run(*_with(case, "--output-dir", str(out)))
+        _run(*_with(case, "--output-dir", str(out), "--resume", "auto"))
         try:
             _assert_same(reference, out)
         except AssertionError as e:
@@ -364,13 +379,13 @@ def test_output_dir_that_is_a_file(tmp_path):
     out = tmp_path / "run"
     out.write_text("not a folder")
     with pytest.raises(SystemExit) as e:
-        _run("moco_cifar", [*ARGS, "--output-dir", str(out), "--resume", "auto"])
+        _run(*_with(CASES["image"], "--output-dir", str(out), "--resume", "auto"))
     msg = str(e.value.code)
     assert "\n" not in msg and "is a file, not a folder" in msg and "--output-dir" in msg
     assert out.read_text() == "not a folder"
 
 
-def test_read_only_output_dir(at_step_4, tmp_path, monkeypatch):
+def test_read_only_output_dir(case, at_step_4, tmp_path, monkeypatch):
     """A read-only folder (simulated: tests may run as root, which ignores permissions)."""
     out = _copy(at_step_4, tmp_path)
     before = sorted((p.relative_to(out), p.stat().st_mtime_ns) for p in out.rglob("*"))
@@ -383,7 +398,7 @@ def test_read_only_output_dir(at_step_4, tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "open", read_only)
     with pytest.raises(SystemExit) as e:
-        _run("moco_cifar", [*ARGS, "--output-dir", str(out), "--resume", "auto"])
+        _run(*_with(case, "--output-dir", str(out), "--resume", "auto"))
     msg = str(e.value.code)
     assert "\n" not in msg and "Read-only file system" in msg and "writable" in msg, msg
     after = sorted((p.relative_to(out), p.stat().st_mtime_ns) for p in out.rglob("*"))
@@ -392,19 +407,19 @@ def test_read_only_output_dir(at_step_4, tmp_path, monkeypatch):
 
 @pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0,
                     reason="root ignores folder permissions")
-def test_read_only_output_dir_by_permissions(at_step_4, tmp_path):
+def test_read_only_output_dir_by_permissions(case, at_step_4, tmp_path):
     out = _copy(at_step_4, tmp_path)
     os.chmod(out, 0o555)
     try:
         with pytest.raises(SystemExit) as e:
-            _run("moco_cifar", [*ARGS, "--output-dir", str(out), "--resume", "auto"])
+            _run(*_with(case, "--output-dir", str(out), "--resume", "auto"))
         assert "\n" not in str(e.value.code) and "writable" in str(e.value.code)
     finally:
         os.chmod(out, 0o755)
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc/self/fd")
-def test_full_disk_during_a_save(reference, at_step_4, tmp_path, monkeypatch):
+def test_full_disk_during_a_save(case, reference, at_step_4, tmp_path, monkeypatch):
     """ENOSPC while the checkpoint of step 6 is flushed (where a full disk often shows): one
     line naming the problem and the fix; the checkpoint of step 4 stays complete, and once
     there is space again --resume auto continues from it bit-identically."""
@@ -419,11 +434,29 @@ def test_full_disk_during_a_save(reference, at_step_4, tmp_path, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(os, "fsync", full)
         with pytest.raises(SystemExit) as e:
-            _run("moco_cifar", [*ARGS, "--output-dir", str(out), "--resume", "auto"])
+            _run(*_with(case, "--output-dir", str(out), "--resume", "auto"))
     msg = str(e.value.code)
     assert "\n" not in msg and "no space left" in msg and "--output-dir" in msg, msg
     root = out / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == ["step_00000004"]
     assert find_latest(root) == root / "step_00000004"
-    _run("moco_cifar", [*ARGS, "--output-dir", str(out), "--resume", "auto"])
+    _run(*_with(case, "--output-dir", str(out), "--resume", "auto"))
     _assert_same(reference, out)
+
+
+def test_a_finished_run_requeued_changes_nothing(case, reference, tmp_path, caplog):
+    """A requeued job whose run already ended trains nothing and rewrites nothing; a missing
+    main artefact (encoder.pt; clip.pt for image-text) is written at the run's last step."""
+    out = _copy(reference, tmp_path)
+    snapshot = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    caplog.set_level(logging.INFO)
+    result = _run(*_with(case, "--output-dir", str(out), "--resume", "auto"))
+    assert result.steps_trained == 0 and "nothing to train" in caplog.text
+    after = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == snapshot
+    main = "clip.pt" if case[0] == "clip" else "encoder.pt"
+    (out / main).unlink()
+    result = _run(*_with(case, "--output-dir", str(out), "--resume", "auto"))
+    assert result.steps_trained == 0 and result.encoder_path == out / main
+    assert torch.load(out / "encoder.pt", weights_only=True)["step"] == 8
+    assert (out / main).is_file()

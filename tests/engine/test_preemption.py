@@ -3,7 +3,9 @@
 SIGTERM (or SIGINT) to the whole process group, loader workers included, to the main process
 alone, or to the launcher alone: the run saves a checkpoint, exits with status 75 and says
 "stopped" in ``run_state.json``, and ``--resume auto`` ends bit-identical to the uninterrupted
-run (model, optimiser and RNG fingerprints of the final checkpoint, every logged loss).
+run (model, optimiser and RNG fingerprints of the final checkpoint, every logged loss). The
+tests with a reference run go through each data adapter (``moco_cifar``: images, ``clip``:
+image-text pairs).
 """
 
 from __future__ import annotations
@@ -28,9 +30,28 @@ _spec = importlib.util.spec_from_file_location(
 rx = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(rx)
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_safe_resume import CLIP  # noqa: E402
+
 EXIT_STOPPED = 75
 N = 20  # 64 images / batch 16 = 4 steps per epoch x 5 epochs
 ARGS = ["--epochs", "5", "--save-every-steps", "0", "--knn-every", "0", "--pass-indices"]
+CASES = {"image": ("moco_cifar", [*rx.TINY, *rx.SMALL["moco_cifar"], *ARGS]),
+         "image-text": ("clip", [*CLIP, "--epochs", "5", "--save-every-steps", "0"])}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def case(request) -> tuple[str, list[str]]:
+    """(recipe, its full arguments) of one data adapter."""
+    return CASES[request.param]
+
+
+def _cmd(case: tuple[str, list[str]], *extra: str) -> list[str]:
+    return [rx.PYTHON, str(rx.RECIPES / f"{case[0]}.py"), *case[1], *extra]
+
+
+def _run_case(case: tuple[str, list[str]], *extra: str) -> subprocess.CompletedProcess:
+    return rx.run_recipe(case[0], *case[1], *extra, tiny=False)
 
 # Becomes a child subreaper, starts the command in a new session, waits for the first logged
 # loss, sends the signal to the group or to the started process (the launcher) alone, then
@@ -110,10 +131,10 @@ def _assert_same_as(reference: Path, out: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference(case, tmp_path_factory):
     """The uninterrupted run (no loader workers: they must not change anything either)."""
     out = tmp_path_factory.mktemp("ref") / "run"
-    rx.run_recipe("moco_cifar", *ARGS, "--output-dir", str(out))
+    _run_case(case, "--output-dir", str(out))
     return out
 
 
@@ -127,12 +148,13 @@ def _stopped_at(out: Path, state: dict, reason: str) -> int:
     return k
 
 
-def test_group_sigterm_with_workers_saves_exits_75_and_resumes_exactly(reference, tmp_path):
+def test_group_sigterm_with_workers_saves_exits_75_and_resumes_exactly(case, reference,
+                                                                       tmp_path):
     """Slurm / systemd: SIGTERM to every process of the group, twice (a launcher forwards a
     copy), while 2 loader workers run. Before the fix the workers died first and the main
     process crashed with "DataLoader worker ... killed by signal: Terminated" (exit 1)."""
     out = tmp_path / "run"
-    cmd = rx.recipe_cmd("moco_cifar", *ARGS, "--num-workers", "2", "--output-dir", str(out))
+    cmd = _cmd(case, "--num-workers", "2", "--output-dir", str(out))
     proc = subprocess.Popen(cmd, env=rx.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     deadline = time.time() + 120
@@ -161,8 +183,7 @@ def test_group_sigterm_with_workers_saves_exits_75_and_resumes_exactly(reference
         assert time.time() < deadline, "loader workers outlived the main process"
         time.sleep(0.1)
 
-    done = rx.run_recipe("moco_cifar", *ARGS, "--num-workers", "2", "--output-dir", str(out),
-                         "--resume", "auto")
+    done = _run_case(case, "--num-workers", "2", "--output-dir", str(out), "--resume", "auto")
     assert f"at step {k}" in done.stderr and "resume verified" in done.stderr
     state = json.loads((out / "run_state.json").read_text())
     assert state["state"] == "completed" and state["step"] == N and state["exit_code"] == 0
@@ -193,31 +214,30 @@ def test_orphaned_run_saves_and_stops_when_its_launcher_dies(tmp_path):
     ("group", "SIGINT", "2"),  # Ctrl-C in a terminal
     ("group", "SIGTERM", "0"),
 ])
-def test_signal_variants_resume_exactly(reference, tmp_path, target, signals, workers):
+def test_signal_variants_resume_exactly(case, reference, tmp_path, target, signals, workers):
     out = tmp_path / "run"
-    cmd = rx.recipe_cmd("moco_cifar", *ARGS, "--num-workers", workers, "--output-dir", str(out))
+    cmd = _cmd(case, "--num-workers", workers, "--output-dir", str(out))
     report, state = _preempt(tmp_path, cmd, out, target, signals)
     assert report["exit"][str(report["launcher"])] == EXIT_STOPPED, report
     k = _stopped_at(out, state, signals)
-    done = rx.run_recipe("moco_cifar", *ARGS, "--num-workers", workers, "--output-dir",
-                         str(out), "--resume", "auto")
+    done = _run_case(case, "--num-workers", workers, "--output-dir", str(out), "--resume", "auto")
     assert f"at step {k}" in done.stderr
     _assert_same_as(reference, out)
 
 
 @pytest.mark.slow
-def test_sigterm_to_accelerate_launch_alone_one_process(reference, tmp_path):
+def test_sigterm_to_accelerate_launch_alone_one_process(case, reference, tmp_path):
     """``accelerate launch`` (one process) dies of SIGTERM without forwarding it: the training
     process notices its launcher's exit (``--stop-if-orphaned auto``), saves and exits 75."""
     out = tmp_path / "run"
     launch = [_accelerate(), "launch", "--num_processes", "1", "--num_machines", "1",
               "--mixed_precision", "no", "--dynamo_backend", "no"]
-    args = [*ARGS, "--num-workers", "2", "--output-dir", str(out)]
-    report, state = _preempt(tmp_path, [*launch, *rx.recipe_cmd("moco_cifar", *args)[1:]], out,
-                             "launcher", "SIGTERM")
+    args = ["--num-workers", "2", "--output-dir", str(out)]
+    report, state = _preempt(tmp_path, [*launch, *_cmd(case, *args)[1:]], out, "launcher",
+                             "SIGTERM")
     assert report["exit"][str(state["pid"])] == EXIT_STOPPED, report
     k = _stopped_at(out, state, "launcher exited")
-    done = subprocess.run([*launch, *rx.recipe_cmd("moco_cifar", *args, "--resume", "auto")[1:]],
+    done = subprocess.run([*launch, *_cmd(case, *args, "--resume", "auto")[1:]],
                           env=rx.env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"at step {k}" in done.stderr

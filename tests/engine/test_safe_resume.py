@@ -26,6 +26,12 @@ MOCO = ["--data", "shapes:n=64,n_test=32,size=16", "--image-size", "16", "--enco
         "small_cnn", "--batch-size", "16", "--epochs", "2", "--num-workers", "0", "--progress",
         "false", "--log-every", "1", "--mixed-precision", "no", "--seed", "0", "--queue-size",
         "32", "--split-bn", "2", "--knn-every", "0"]
+# the same budget for CLIP through recipes/clip.py (the image-text adapter): 64 pairs of 16 px
+CLIP = ["--data", "shapes-captions:n=64,n_test=16,size=16,max_length=12", "--image-size", "16",
+        "--batch-size", "16", "--steps", "0", "--epochs", "2", "--warmup-steps", "2",
+        "--num-workers", "0", "--progress", "false", "--log-every", "1", "--mixed-precision",
+        "no", "--seed", "0", "--dim", "8", "--text-layers", "1", "--text-width", "16",
+        "--eval-max", "0"]
 DISTILL = ["--data", "shapes:n=96,size=16", "--image-size", "16", "--batch-size", "16",
            "--num-workers", "0", "--no-progress", "--student", "small_cnn", "--student-kwargs",
            '{"widths": [8, 8, 16, 16]}', "--epochs", "1", "--log-every", "1"]
@@ -53,10 +59,12 @@ def _run(name: str, argv: list[str]):
     from contrastive.engine import run
 
     mod = _recipe(name)
-    cls = next(v for v in vars(mod).values()
-               if isinstance(v, type) and v.__module__ == mod.__name__ and hasattr(v, "lr"))
     _reset_accelerate()
     try:
+        if not hasattr(mod, "build_pipeline"):  # a recipe with its own adapter (clip)
+            return mod.main(argv)
+        cls = next(v for v in vars(mod).values()
+                   if isinstance(v, type) and v.__module__ == mod.__name__ and hasattr(v, "lr"))
         return run(cls, mod.build_method, mod.build_pipeline, argv=argv, name=name)
     finally:
         _reset_accelerate()

@@ -72,6 +72,33 @@ def test_scaling_rules():
 def test_constant_and_bad_names():
     assert lr_at(5, steps_per_epoch=2, epochs=4, peak=0.2, schedule="constant") == 0.2
     with pytest.raises(ValueError, match="lr_schedule"):
-        lr_at(0, steps_per_epoch=1, epochs=1, peak=1.0, schedule="linear")
+        lr_at(0, steps_per_epoch=1, epochs=1, peak=1.0, schedule="exponential")
     with pytest.raises(ValueError, match="schedule_per"):
         schedule_time(0, 1, "batch")
+
+
+def test_linear_decay_with_warmup_in_steps_is_berts():
+    """transformers.get_linear_schedule_with_warmup: lr * t / W, then lr * (T - t) / (T - W)."""
+    from contrastive.engine import linear_lr
+
+    peak, total, warm = 1e-3, 100, 10
+    for step in (0, 5, 10, 40, 99, 100):
+        want = peak * step / warm if step < warm else peak * (total - step) / (total - warm)
+        got = lr_at(step, steps_per_epoch=7, epochs=1, peak=peak, schedule="linear",
+                    warmup_steps=warm, total_steps=total)
+        assert got == pytest.approx(want, abs=1e-15)
+        assert linear_lr(step, total, peak, warm) == pytest.approx(want, abs=1e-15)
+
+
+def test_a_budget_in_steps_sets_the_cosine_length_and_warmups_add():
+    # --steps 50 with a 3-step epoch: the cosine ends at step 50, whatever --epochs says
+    got = lr_at(50, steps_per_epoch=3, epochs=1000, peak=1.0, warmup_steps=5, total_steps=50)
+    assert got == pytest.approx(0.0, abs=1e-12)
+    mid = lr_at(27, steps_per_epoch=3, epochs=1000, peak=1.0, warmup_steps=5, total_steps=50)
+    assert mid == pytest.approx(0.5 * (1 + math.cos(math.pi * 22 / 45)))
+    # --warmup-epochs 1 (3 steps) + --warmup-steps 2: 5 warm-up steps
+    assert lr_at(4, steps_per_epoch=3, epochs=10, peak=1.0, warmup_epochs=1,
+                 warmup_steps=2) == pytest.approx(4 / 5)
+    # without a budget or warm-up in steps, the epoch path is unchanged (bit for bit)
+    assert lr_at(7, steps_per_epoch=3, epochs=10, peak=1.0, warmup_epochs=1) == \
+        cosine_lr(7 / 3, 10, 1.0, 1)

@@ -328,3 +328,18 @@ def _reset_accelerate() -> None:
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     PartialState._reset_state()
+
+
+def test_a_budget_in_steps_ends_inside_an_epoch_and_the_schedule_follows_it(tmp_path,
+                                                                          fresh_accelerate):
+    """--steps 6 with 4 steps per epoch: 6 steps (the second epoch cut short), the linear
+    schedule reaching 0 at step 6, a checkpoint at the end, and a requeue with nothing to do."""
+    result = _train(tmp_path, steps=6, epochs=1, lr_schedule="linear", warmup_steps=2,
+                    lr_scaling="none", lr=0.1)
+    assert result.step == 6 and result.epoch == 2 and result.status == "completed"
+    recs = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    lrs = [r["lr"] for r in recs if "loss" in r]
+    assert lrs == pytest.approx([0.0, 0.05, 0.1, 0.075, 0.05, 0.025])
+    assert _run_state(tmp_path)["state"] == "completed"
+    assert _train(tmp_path, steps=6, epochs=1, lr_schedule="linear", warmup_steps=2,
+                  lr_scaling="none", lr=0.1, resume="auto").steps_trained == 0

@@ -3,8 +3,6 @@ whose answers are known, the run folder (nothing in it runs code) and the consol
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import pickle
 from pathlib import Path
 
@@ -68,35 +66,40 @@ def test_a_caption_counts_only_for_its_own_image():
     assert r == {"image_to_text_R@1": 0.0, "text_to_image_R@1": 0.0}
 
 
-def _recipe():
-    spec = importlib.util.spec_from_file_location("clip_shapes", ROOT / "recipes" / "clip_shapes.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
+    """A clip.pt + tokenizer/ as recipes/clip.py writes them (records.save_clip_record), of an
+    untrained tiny CLIP on shapes-captions (the recipe itself: tests/recipes/test_clip_recipe.py)."""
     pytest.importorskip("transformers")
+    from contrastive.data.captions import caption_tokenizer
+    from contrastive.data.generated import shape_captions
+    from contrastive.methods import CLIP
+    from contrastive.records import save_clip_record
+
     out = tmp_path_factory.mktemp("clip") / "run"
-    recipe = _recipe()
-    result = recipe.run(recipe.parse_args([
-        "--output-dir", str(out), "--steps", "2", "--n-train", "40", "--n-test", "30",
-        "--batch-size", "20", "--warmup-steps", "1", "--text-width", "16", "--dim", "8"]))
-    return out, result
+    tok = caption_tokenizer(shape_captions(40, 0, "train"), vocab_size=200, max_length=12)
+    model_cfg = dict(encoder="small_cnn", dim=8, text_kwargs=dict(
+        num_layers=1, hidden_size=16, num_heads=2, vocab_size=tok.vocab_size,
+        max_position_embeddings=12, pooling="mean"))
+    torch.manual_seed(0)
+    model = CLIP(**model_cfg)
+    save_clip_record(out, model.state_dict(), {"model": model_cfg, "max_length": 12,
+                                               "data": "shapes-captions:n=40,n_test=30",
+                                               "image_size": 32}, tok)
+    return out, model
 
 
-def test_recipe_writes_a_run_the_console_script_reads_again(tiny_run):
-    out, result = tiny_run
-    assert result["steps"] == 2 and {"top1", "image_to_text_R@5"} <= set(result)
-    from contrastive.eval.zeroshot import evaluate_run
+def test_the_console_script_reads_a_run_and_equals_the_functions(tiny_run):
+    out, model = tiny_run
+    from contrastive.data.generated import SHAPE_CLASSES
+    from contrastive.eval.zeroshot import evaluate_run, evaluate_shapes, load_clip_run
 
     again = evaluate_run([str(out), "--n-test", "30"])
-    assert round(again["top1"], 2) == result["top1"]
-    assert again["text_to_image_R@1"] == pytest.approx(result["text_to_image_R@1"], abs=0.01)
+    loaded, tok, _ = load_clip_run(out)
+    direct = evaluate_shapes(loaded, tok, list(SHAPE_CLASSES), n=30)
+    assert again == pytest.approx(direct)
     blob = torch.load(out / "clip.pt", weights_only=True)  # plain tensors and values only
     assert "logit_scale" in blob["state_dict"]
-    assert json.loads((out / "result.json").read_text())["result"]["steps"] == 2
 
 
 def test_console_script_is_declared():

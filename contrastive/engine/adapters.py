@@ -1,0 +1,214 @@
+"""The engine's data seam: what a run trains on, chosen by the recipe.
+
+A :class:`DataAdapter` owns everything modality-specific between the data spec and the method:
+
+- ``train_set(cfg, accelerator)``: the training data set (the engine wraps it in its seeded,
+  resumable sampler and loader, :mod:`contrastive.engine.loader`);
+- ``batch(sample, needs, sched, ...)``: one collated loader sample -> the method's ``batch``
+  mapping, on the device (the image adapter's device seam: batched augmentation there, and
+  where GPU decoding will plug in);
+- ``unit`` and ``count(batch)``: what throughput means (``images_per_s``, ``samples_per_s``,
+  ``tokens_per_s``): ``count`` returns the micro-batch's units on the device (tokens: the sum of
+  the attention mask) or None when a sample is the unit (then ``batch_size`` per step);
+- ``evaluators(cfg, world)``: the monitors this kind of run has by default
+  (:mod:`contrastive.engine.evaluators`);
+- ``artefacts``: what the run leaves besides checkpoints (:mod:`contrastive.engine.artefacts`,
+  formats in :mod:`contrastive.records`);
+- ``resolved()``: values resolved at run time, for ``config.json``.
+
+:class:`ImageAdapter` is today's image path (views from an augmentation pipeline);
+:class:`ImageTextAdapter` serves image-text pairs (CLIP: one centre-cropped image in [0, 1] and
+the caption's token ids). A text adapter (next issue) needs only ``train_set``, ``batch`` with
+no image fields, and ``unit = "tokens"``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from contrastive.engine.artefacts import Artefacts, ClipArtefacts, EncoderArtefacts
+from contrastive.engine.extras import add_extras, split_item
+from contrastive.engine.loader import step_generator
+
+__all__ = ["DataAdapter", "ImageAdapter", "ImageTextAdapter", "prepare_views", "make_batch"]
+
+logger = logging.getLogger(__name__)
+
+
+class DataAdapter(Protocol):
+    """What the engine asks of a modality (module docstring)."""
+
+    unit: str  # throughput unit: "images", "samples" or "tokens"
+    artefacts: Artefacts
+
+    def train_set(self, cfg: Any, accelerator: Any) -> Any: ...
+
+    def batch(self, sample: tuple[Any, ...], needs: tuple[str, ...], sched: dict[str, float], *,
+              device: torch.device, step: int, micro: int, rank: int) -> dict[str, Any]: ...
+
+    def count(self, batch: dict[str, Any]) -> Tensor | None: ...
+
+    def evaluators(self, cfg: Any, world: int) -> list[Any]: ...
+
+    def resolved(self) -> dict[str, Any]: ...
+
+    def describe(self) -> str: ...
+
+
+def prepare_views(views: list[Tensor], device: torch.device,
+                  device_fn: Callable[..., list[Tensor]] | None, *, seed: int, step: int,
+                  micro: int, rank: int, channels_last: bool = False,
+                  float64: bool = False) -> list[Tensor]:
+    """The loader's views on the device: augmented there in a batch (``device_fn``, seeded by
+    the position in the run), in channels_last / float64 when asked."""
+    views = [v.to(device, non_blocking=True) for v in views]
+    if device_fn is not None:
+        views = device_fn(views, generator=step_generator(device, seed, step, micro, rank))
+    if channels_last:
+        views = [v.contiguous(memory_format=torch.channels_last) for v in views]
+    if float64:
+        views = [v.double() for v in views]
+    return views
+
+
+def make_batch(views: list[Tensor], sample: tuple[Any, ...], needs: tuple[str, ...],
+               sched: dict[str, float], device: torch.device) -> dict[str, Any]:
+    """The method's batch: the prepared ``views``, the per-sample fields of the loader's
+    ``sample`` = ``(views, labels, indices)`` (or ``(views, labels, fields, indices)`` from a
+    data set with extra fields, e.g. CLIP's ``input_ids``) the method ``needs``, and the
+    schedule values."""
+    _, labels, indices, fields = split_item(sample)
+    batch: dict[str, Any] = {"views": views, **sched}
+    if "labels" in needs:
+        batch["labels"] = labels.to(device, non_blocking=True)
+    if "indices" in needs:
+        batch["indices"] = indices.to(device, non_blocking=True)
+    add_extras(batch, fields, needs, device)
+    return batch
+
+
+class ImageAdapter:
+    """Views of images from an augmentation ``pipeline`` (:class:`contrastive.augment.Pipeline`):
+    per image in the loader workers, or its worker half there and the rest batched on the device
+    (``--batched-augment``). Throughput in images/s; the kNN monitor; ``encoder.pt``."""
+
+    unit = "images"
+
+    def __init__(self, pipeline: Any) -> None:
+        self.pipeline = pipeline
+        self.device_fn: Callable[..., list[Tensor]] | None = None
+        self.artefacts: Artefacts = EncoderArtefacts(pipeline)
+        self._cfg: Any = None
+        self._size = 0
+
+    def train_set(self, cfg: Any, accelerator: Any) -> Any:
+        from contrastive.data import get_dataset
+
+        self._cfg = cfg
+        transform = self.pipeline
+        if cfg.batched_augment != "off":
+            transform, self.device_fn = self.pipeline.split()
+        ds: Any = get_dataset(cfg.data, "train", transform=transform, strict=cfg.strict_data)
+        self._size = len(ds)
+        return ds
+
+    def batch(self, sample: tuple[Any, ...], needs: tuple[str, ...], sched: dict[str, float], *,
+              device: torch.device, step: int, micro: int, rank: int) -> dict[str, Any]:
+        cfg = self._cfg
+        views = prepare_views(sample[0], device, self.device_fn, seed=cfg.seed, step=step,
+                              micro=micro, rank=rank, channels_last=cfg.channels_last,
+                              float64=cfg.float64)
+        return make_batch(views, sample, needs, sched, device)
+
+    def count(self, batch: dict[str, Any]) -> Tensor | None:
+        return None
+
+    def evaluators(self, cfg: Any, world: int) -> list[Any]:
+        from contrastive.engine.evaluators import build_knn_evaluator
+
+        knn = build_knn_evaluator(cfg, self.pipeline, world)
+        return [] if knn is None else [knn]
+
+    def resolved(self) -> dict[str, Any]:
+        return {"batched_augment": self.device_fn is not None, "train_images": self._size,
+                "encoder_kwargs": self._cfg.encoder_options()}
+
+    def describe(self) -> str:
+        return "augmentation " + ("batched on device" if self.device_fn is not None
+                                  else "per image")
+
+
+def eval_pipeline(image_size: int) -> Any:
+    """The image-text runs' image transform: resize the shorter side and centre-crop to
+    ``image_size`` (no augmentation: captions name colour and position, which crops and jitter
+    would falsify), scaled to [0, 1]."""
+    from contrastive.augment import get_pipeline
+
+    return get_pipeline("eval", image_size=image_size, crop_pct=1.0, mean=(0.0, 0.0, 0.0),
+                        std=(1.0, 1.0, 1.0))
+
+
+class ImageTextAdapter:
+    """Image-text pairs (:class:`contrastive.data.captions.ImageTextDataset`, e.g. ``--data
+    shapes-captions | captions:ROOT | wds-captions:DIR``): uint8 centre crops from the workers,
+    scaled to [0, 1] on the device, and the caption's ``input_ids`` / ``attention_mask``.
+    Throughput in samples/s (pairs); the zero-shot / retrieval evaluator; ``clip.pt``,
+    ``tokenizer/`` and the image tower's ``encoder.pt``.
+
+    ``model_config(cfg, tokenizer)`` (from the recipe) is recorded in ``clip.pt``, so evaluation
+    rebuilds the model from it. ``tokenizer`` is the training set's, known after
+    :meth:`train_set` (the recipe's ``build_method`` reads it).
+    """
+
+    unit = "samples"
+
+    def __init__(self, model_config: Callable[[Any, Any], dict[str, Any]]) -> None:
+        self.model_config = model_config
+        self.tokenizer: Any = None
+        self.pipeline: Any = None
+        self.device_fn: Callable[..., list[Tensor]] | None = None
+        self.artefacts: Artefacts = ClipArtefacts(self)
+        self._cfg: Any = None
+        self._size = 0
+
+    def train_set(self, cfg: Any, accelerator: Any) -> Any:
+        from contrastive.data import get_dataset
+
+        self._cfg = cfg
+        self.pipeline = eval_pipeline(cfg.image_size)
+        transform, self.device_fn = self.pipeline.split()
+        ds: Any = get_dataset(cfg.data, "train", transform=transform, strict=cfg.strict_data)
+        self.tokenizer = getattr(ds, "tokenizer", None)
+        if self.tokenizer is None:
+            raise ValueError(f"--data {cfg.data} is not an image-text data set (captions): use "
+                             "shapes-captions, captions:ROOT or wds-captions:DIR")
+        self._size = len(ds)
+        return ds
+
+    def batch(self, sample: tuple[Any, ...], needs: tuple[str, ...], sched: dict[str, float], *,
+              device: torch.device, step: int, micro: int, rank: int) -> dict[str, Any]:
+        cfg = self._cfg
+        views = prepare_views(sample[0], device, self.device_fn, seed=cfg.seed, step=step,
+                              micro=micro, rank=rank, float64=cfg.float64)
+        return make_batch(views, sample, needs, sched, device)
+
+    def count(self, batch: dict[str, Any]) -> Tensor | None:
+        return None
+
+    def evaluators(self, cfg: Any, world: int) -> list[Any]:
+        from contrastive.engine.evaluators import build_zeroshot_evaluator
+
+        ev = build_zeroshot_evaluator(cfg, self.pipeline, self.tokenizer)
+        return [] if ev is None else [ev]
+
+    def resolved(self) -> dict[str, Any]:
+        return {"train_samples": self._size, "model": self.model_config(self._cfg,
+                                                                       self.tokenizer)}
+
+    def describe(self) -> str:
+        return "image-text pairs, centre crops on device"

@@ -1,0 +1,159 @@
+"""Evaluators: the monitor's protocol, its two implementations, and keep-best.
+
+An evaluator measures the live model every ``every`` epochs or optimiser steps (``per``), before
+training when ``at_start``, and at the end; the loop writes its metrics into ``metrics.jsonl``
+as a record of their own (``{"step", "epoch", <metrics>, "<name>_when": "start" | "epoch 3" |
+"step 200" | "end"}``), which the curves picture (:mod:`contrastive.eval.plot`) draws.
+
+- :class:`KNNEvaluator` (image runs): weighted-kNN top-1 on the held-out labelled split
+  (:class:`~contrastive.engine.monitor.KNNMonitor`); metric ``knn_top1``.
+- :class:`ZeroShotEvaluator` (image-text runs): zero-shot top-1 / top-5 over the held-out
+  split's class names and image-text retrieval recall@1/5 both ways
+  (:mod:`contrastive.eval.zeroshot`); metrics ``zeroshot_top1`` ... ``text_to_image_R@5``.
+- :class:`BestKeeper` (``--keep-best METRIC``): the best value of one metric and its step,
+  checkpointed with the run (a resume keeps it); the loop writes the run's artefacts into
+  ``best/`` when the value improves.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from contrastive.engine.monitor import KNNMonitor, feature_fn
+
+__all__ = ["Evaluator", "KNNEvaluator", "ZeroShotEvaluator", "BestKeeper",
+           "build_knn_evaluator", "build_zeroshot_evaluator"]
+
+logger = logging.getLogger(__name__)
+
+
+class Evaluator(Protocol):
+    """A monitor the loop runs (module docstring)."""
+
+    name: str  # the "<name>_when" key of its records
+    every: int  # 0: only at the start (if at_start) and at the end
+    per: str  # "epoch" or "step"
+    at_start: bool
+
+    def __call__(self, module: nn.Module, accelerator: Any) -> dict[str, float]: ...
+
+
+class KNNEvaluator:
+    """kNN top-1 of ``--knn-feature`` features every ``--knn-every`` epochs."""
+
+    name, per = "knn", "epoch"
+
+    def __init__(self, monitor: KNNMonitor, *, every: int, at_start: bool, feature: str,
+                 channels_last: bool = False) -> None:
+        self.monitor, self.every, self.at_start = monitor, every, at_start
+        self.feature, self.channels_last = feature, channels_last
+
+    def __call__(self, module: nn.Module, accelerator: Any) -> dict[str, float]:
+        top1 = self.monitor(feature_fn(module, self.feature), accelerator,
+                            channels_last=self.channels_last)
+        return {"knn_top1": top1}
+
+
+def build_knn_evaluator(cfg: Any, pipeline: Any, world: int) -> KNNEvaluator | None:
+    """The kNN evaluator (``--knn-every``), or None when off or the data has no labelled
+    held-out split. Bank and queries use the evaluation transform with the pipeline's
+    normalisation, as ``contrastive-knn-eval`` on the finished run does."""
+    if not cfg.knn_every:
+        return None
+    from contrastive.augment import get_pipeline
+    from contrastive.data import get_dataset, has_split, num_classes
+
+    if not has_split(cfg.data, "test"):
+        logger.info("kNN monitor off: --data %s has no held-out labelled split", cfg.data)
+        return None
+    norm = {k: getattr(pipeline, k) for k in ("mean", "std") if hasattr(pipeline, k)}
+    eval_tf = get_pipeline("eval", image_size=cfg.image_size, **norm)
+    bank = get_dataset(cfg.data, "train", transform=eval_tf, strict=cfg.strict_data)
+    query = get_dataset(cfg.data, "test", transform=eval_tf, strict=cfg.strict_data)
+    n_cls = num_classes(bank)
+    if n_cls is None:
+        logger.info("kNN monitor off: --data %s has no labels", cfg.data)
+        return None
+    monitor = KNNMonitor(bank, query, k=cfg.knn_k, t=cfg.knn_t, max_bank=cfg.knn_max_train,
+                         max_query=cfg.knn_max_test, batch_size=max(cfg.batch_size // world, 64),
+                         num_workers=min(cfg.num_workers, 4), num_classes=n_cls)
+    return KNNEvaluator(monitor, every=cfg.knn_every, at_start=cfg.knn_at_start,
+                        feature=cfg.knn_feature, channels_last=cfg.channels_last)
+
+
+class ZeroShotEvaluator:
+    """Zero-shot top-k and retrieval recall of an image-text model (``encode_image`` /
+    ``encode_text``) on held-out image-caption pairs, every ``every`` optimiser steps.
+
+    Every process computes the same figures on its own (no collective): the held-out set is
+    monitor-sized (``max_items``).
+    """
+
+    name, per = "zeroshot", "step"
+
+    def __init__(self, images: torch.Tensor, captions: Sequence[Sequence[str]], tokenizer: Any,
+                 *, labels: torch.Tensor | None = None, classes: Sequence[str] = (),
+                 templates: Sequence[str] | None = None, every: int = 0,
+                 at_start: bool = False) -> None:
+        self.images, self.captions, self.tokenizer = images, captions, tokenizer
+        self.labels, self.classes, self.templates = labels, list(classes), templates
+        self.every, self.at_start = every, at_start
+
+    def __call__(self, module: nn.Module, accelerator: Any) -> dict[str, float]:
+        from contrastive.eval.zeroshot import DEFAULT_TEMPLATES, evaluate_pairs
+
+        res = evaluate_pairs(module, self.tokenizer, self.images, self.captions,
+                             labels=self.labels, classes=self.classes,
+                             templates=self.templates or DEFAULT_TEMPLATES)
+        return {(f"zeroshot_{k}" if k.startswith("top") else k): round(v, 4)
+                for k, v in res.items()}
+
+
+def build_zeroshot_evaluator(cfg: Any, pipeline: Any, tokenizer: Any
+                             ) -> ZeroShotEvaluator | None:
+    """The zero-shot / retrieval evaluator (``--eval-every`` steps; 0 = only at the end), on
+    the first ``--eval-max`` pairs of the held-out split (the training split when the data has
+    none: retrieval only, a fit measure). Zero-shot needs class names (``classes``) and labels."""
+    from contrastive.data import get_dataset, has_split
+    from contrastive.eval.zeroshot import heldout_pairs
+
+    if cfg.eval_max <= 0:
+        return None
+    split = "test" if has_split(cfg.data, "test") else "train"
+    ds = get_dataset(cfg.data, split, transform=pipeline, strict=cfg.strict_data)
+    images, labels, classes, captions = heldout_pairs(ds, cfg.eval_max)
+    if split == "train":
+        logger.info("zero-shot evaluator: --data %s has no held-out split; retrieval on the "
+                    "first %d training pairs", cfg.data, len(captions))
+    return ZeroShotEvaluator(images, captions, tokenizer, labels=labels, classes=classes,
+                             every=cfg.eval_every, at_start=cfg.eval_at_start)
+
+
+class BestKeeper:
+    """The best value of ``metric`` so far (higher is better) and its step; an extra of the
+    checkpoint (``checkpoint_state`` / ``load_checkpoint_state``), so a resume keeps it."""
+
+    def __init__(self, metric: str) -> None:
+        self.metric = metric
+        self.value: float | None = None
+        self.step: int | None = None
+
+    def update(self, metrics: dict[str, float], step: int) -> bool:
+        """Whether ``metrics`` holds a new best (then it is remembered)."""
+        v = metrics.get(self.metric)
+        if v is None or (self.value is not None and v <= self.value):
+            return False
+        self.value, self.step = float(v), step
+        return True
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"metric": self.metric, "value": self.value, "step": self.step}
+
+    def load_checkpoint_state(self, state: dict[str, Any]) -> None:
+        if state.get("metric") == self.metric:
+            self.value, self.step = state.get("value"), state.get("step")
