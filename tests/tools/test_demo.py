@@ -48,6 +48,7 @@ def test_demo_json_records_figures_and_what_they_depend_on(tmp_path):
     assert summary["results"]["random init"] == {"linear_top1": 37.5, "knn_top1": 18.3}
     assert summary["environment"]["torch"] == torch.__version__
     assert summary["environment"]["torch_threads"] == torch.get_num_threads()
+    assert summary["environment"]["cpu_kind"]["capability"] == torch.backends.cpu.get_cpu_capability()
     demo.record(summary, tmp_path / "runs.json")
     demo.record(summary, tmp_path / "runs.json")
     assert json.loads((tmp_path / "runs.json").read_text())["runs"] == [summary, summary]
@@ -67,6 +68,9 @@ def test_readme_quotes_the_recorded_demo_figures():
     assert len(runs) >= 2, "record at least two runs (python tools/demo.py --record ...)"
     for run in runs:
         check_demo_json(run)
+        kind = run["environment"]["cpu_kind"]  # figures differ by CPU kind and precision
+        assert kind["capability"] and isinstance(kind["native_bf16"], bool), kind
+        assert run["environment"]["precision"] in ("no", "bf16"), run["environment"]
     rows = list(runs[0]["results"])
     assert all(list(run["results"]) == rows for run in runs), "the runs have different encoder rows"
     seen = [run["results"] for run in runs]
