@@ -263,18 +263,24 @@ class _Params:
     sigma: Tensor
     solarize: Tensor
     flip: Tensor
+    hue_idx: list[Tensor] | None  # per jitter step, the samples that rotate their hue there
 
 
 def _draw(
     n: int, cfg: ViewConfig, generator: torch.Generator | None, dev: torch.device, sort: bool = True
 ) -> _Params:
-    u = _rand((n, _NCOL), generator, dev)
-    jittered = (u[:, _JIT] < cfg.jitter_p) & cfg.jitters
-    if cfg.jitter_order == "random":
-        perm = u[:, _ORD:_ORD + 4].argsort(dim=1)  # a uniformly random order of the 4 ops
-    else:
-        perm = torch.arange(4, device=dev).expand(n, 4)
     p = _Params()
+    p.hue_idx = None
+    if generator is not None and generator.device.type == "cpu":
+        u_host = torch.rand((n, _NCOL), generator=generator)
+        u = u_host.to(dev, non_blocking=True)
+        if not sort and cfg.hue > 0:  # drawn on the host: pick the hue subsets there, no sync
+            jit_h, perm_h = _jitter_order(u_host, cfg)
+            p.hue_idx = [(jit_h & (perm_h[:, k] == 3)).nonzero().squeeze(1)
+                         .to(dev, non_blocking=True) for k in range(4)]
+    else:
+        u = _rand((n, _NCOL), generator, dev)
+    jittered, perm = _jitter_order(u, cfg)
     if sort:
         code = perm[:, 0] * 6 + _lehmer_tail(perm) if cfg.jitter_order == "random" else perm[:, 0] * 0
         code = torch.where(jittered, code, torch.full_like(code, _NOT_JITTERED))
@@ -302,9 +308,22 @@ def _draw(
     return p
 
 
+def _jitter_order(u: Tensor, cfg: ViewConfig) -> tuple[Tensor, Tensor]:
+    """(jittered (B,), perm (B, 4)) from a view's draw ``u``: which samples are jittered and
+    the operation index at each of the four jitter steps."""
+    jittered = (u[:, _JIT] < cfg.jitter_p) & cfg.jitters
+    if cfg.jitter_order == "random":
+        perm = u[:, _ORD:_ORD + 4].argsort(dim=1)  # a uniformly random order of the 4 ops
+    else:
+        perm = torch.arange(4, device=u.device).expand(u.shape[0], 4)
+    return jittered, perm
+
+
 def _augment_dense(x: Tensor, cfg: ViewConfig, p: _Params, mean: Tensor, std: Tensor, timer: _Timer) -> Tensor:
-    """The "dense" strategy of :class:`DeviceAugment` (whole batch, masks; one small host sync per
-    jitter step to pick the samples that rotate their hue)."""
+    """The "dense" strategy of :class:`DeviceAugment` (whole batch, masks). No host sync when the
+    numbers are drawn by a CPU generator (the engine's :func:`~contrastive.engine.loader.step_generator`):
+    the samples that rotate their hue are then picked on the host; else one small sync per
+    jitter step picks them."""
     with timer("to_float"):
         xs = x.float().mul_(1.0 / 255.0)
 
@@ -362,7 +381,7 @@ def _jitter_step_dense(xs: Tensor, cfg: ViewConfig, p: _Params, step: int) -> No
             xs.mul_(a.view(-1, 1, 1, 1))
         xs.clamp_(0.0, 1.0)
     if cfg.hue > 0:
-        idx = chosen[3].nonzero().squeeze(1)
+        idx = p.hue_idx[step] if p.hue_idx is not None else chosen[3].nonzero().squeeze(1)
         if idx.numel():
             xs.index_copy_(0, idx, AF.adjust_hue_(xs.index_select(0, idx), p.factors["hue"][idx]))
 

@@ -219,9 +219,11 @@ class TrainConfig(RunConfig):
         "image in the loader workers, 'auto' = on (faster on the CPU and the GPU alike)",
         choices=("auto", "on", "off"),
     )
-    channels_last: bool = help_field(
-        False, "channels_last memory format for convnets (faster on GPUs, and on AVX-512 CPUs with "
-        "torch 2.14: +10 %% measured; not with split BN, which works in NCHW)")
+    channels_last: bool | None = help_field(
+        None, "channels_last memory format for convnets (faster on GPUs, and on AVX-512 CPUs with "
+        "torch 2.14: +10 %% measured; not with split BN, which works in NCHW). Unset: on for "
+        "CUDA devices unless the recipe uses split BN, off on the CPU; config.json records the "
+        "resolved value")
     pass_indices: bool = help_field(
         False, "MoCo recipes: store each queued key's data-set index beside it (queue_labels; "
         "the method then needs batch['indices']): diagnostics, tests")

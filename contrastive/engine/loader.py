@@ -115,7 +115,11 @@ def build_train_loader(dataset: Any, sampler: GlobalBatchSampler, *, seed: int, 
 
 def step_generator(device: torch.device, seed: int, step: int, micro: int,
                    rank: int) -> torch.Generator:
-    """Generator on ``device`` for the batched augmentation of one micro-step of one process."""
-    g = torch.Generator(device=device)
+    """Generator for the batched augmentation of one micro-step of one process: on the host
+    whatever the training ``device`` (the per-sample numbers are few; drawn on the host, the
+    dense GPU path picks its hue subsets without a device sync, and CPU and GPU runs draw the
+    same numbers). ``device`` is kept for callers; it does not change the stream."""
+    del device
+    g = torch.Generator()
     g.manual_seed(mix_seed(seed, 0xA46, step, micro, rank))
     return g

@@ -25,7 +25,7 @@ from contrastive.engine.probe import OnlineProbe
 from contrastive.engine.schedules import scaled_lr
 from contrastive.hardware import resolve_precision, warn_if_emulated_bf16
 
-__all__ = ["resolve_run_precision", "make_accelerator", "check_fresh_output_dir", "TrainData", "build_data", "Model", "build_model", "method_inputs", "build_probe"]
+__all__ = ["resolve_run_precision", "default_channels_last", "compile_encoders", "make_accelerator", "check_fresh_output_dir", "TrainData", "build_data", "Model", "build_model", "method_inputs", "build_probe"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,13 @@ def resolve_run_precision(cfg: RunConfig, out: Path) -> tuple[str, str]:
     if cfg.float64 and cfg.mixed_precision == "auto":
         return "no", "auto: --float64 trains in float64"
     return resolve_precision(cfg.mixed_precision, on_cpu=on_cpu, recorded=recorded)
+
+
+def default_channels_last(cfg: Any, device: torch.device) -> bool:
+    """``--channels-last`` when unset: on CUDA devices (cuDNN's fast convolution layout, the
+    tensor cores' too), except with split BN (``split_bn > 1``), which computes in NCHW and
+    would convert the layout twice per BN layer; off on the CPU."""
+    return device.type == "cuda" and getattr(cfg, "split_bn", 0) <= 1
 
 
 def make_accelerator(cfg: RunConfig, project_dir: str | Path) -> Any:
@@ -203,7 +210,7 @@ def build_model(cfg: RunConfig, build_method: Callable[[Any], nn.Module],
             logger.warning("--sync-bn ignored: SyncBatchNorm needs GPU processes")
     if cfg.float64:
         method = method.double()  # inputs follow in the step and the kNN monitor
-    if getattr(cfg, "channels_last", False):
+    if getattr(cfg, "channels_last", False):  # resolved by train(): None counts as off here
         method = method.to(memory_format=torch.channels_last)
         from contrastive.nn.norm import SplitBatchNorm2d
 
@@ -212,7 +219,7 @@ def build_model(cfg: RunConfig, build_method: Callable[[Any], nn.Module],
                            "computes in NCHW, so every BN layer converts the layout twice "
                            "(measured 0.7-0.95x on the CPU); use one or the other")
     if cfg.compile:
-        encoder_of(method).compile()
+        logger.info("compiled: %s", ", ".join(compile_encoders(method)))
     peak_lr = scaled_lr(cfg.lr, cfg.batch_size, cfg.lr_scaling)
     optimizer = build_optimizer(method, cfg.optimizer, lr=peak_lr, weight_decay=cfg.weight_decay,
                                 momentum=cfg.sgd_momentum, nesterov=cfg.nesterov,
@@ -223,3 +230,20 @@ def build_model(cfg: RunConfig, build_method: Callable[[Any], nn.Module],
     after_step = getattr(module, "after_optimizer_step", None)
     return Model(model, module, optimizer, needs, schedules, signature, peak_lr,
                  after_step if callable(after_step) else None)
+
+
+def compile_encoders(method: nn.Module) -> list[str]:
+    """``torch.compile`` in place (``nn.Module.compile``) the method's backbone and every
+    momentum (EMA) copy it keeps (MoCo's key network, BYOL's target, DINO's teacher ...):
+    the query and the key paths are the step's two big forward passes. Returns the names of
+    the compiled submodules. Heads stay eager (small matrix products); recompilation is not
+    forced: the EMA update changes parameter values in place, not the graph."""
+    from contrastive.nn.momentum import MomentumEncoder
+
+    encoder_of(method).compile()
+    names = ["encoder"]
+    for name, module in method.named_modules():
+        if isinstance(module, MomentumEncoder):
+            module.module.compile()
+            names.append(f"{name}.module")
+    return names

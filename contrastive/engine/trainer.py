@@ -78,6 +78,7 @@ from contrastive.engine.setup import (
     build_probe,
     check_fresh_output_dir,
     make_accelerator,
+    default_channels_last,
     resolve_run_precision,
 )
 from contrastive.engine.step import (
@@ -140,6 +141,8 @@ def train(cfg: RunConfig, build_method: Callable[[Any], nn.Module],
     cfg = copy.copy(cfg)
     cfg.mixed_precision = precision  # config.json and the checkpoints record the resolved value
     accelerator = make_accelerator(cfg, out)
+    if hasattr(cfg, "channels_last") and cfg.channels_last is None:
+        cfg.channels_last = default_channels_last(cfg, accelerator.device)
     is_main = accelerator.is_main_process
     if not is_main:  # nothing printed from other ranks
         logging.getLogger().setLevel(logging.ERROR)

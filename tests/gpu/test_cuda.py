@@ -1,0 +1,112 @@
+"""What the engine adds for GPUs, checked on a CUDA device (skipped elsewhere, with the reason):
+channels_last by default, ``--compile`` of both encoders, no host synchronisation inside the
+training step (``torch.cuda.set_sync_debug_mode("error")`` around the batch preparation and the
+optimisation step), and the batched nvJPEG decode against the CPU decoders.
+
+Run on a GPU machine: ``python -m pytest tests/gpu -q``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+
+import pytest
+import torch
+
+from contrastive.engine import TrainConfig, train
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
+                                reason="needs a CUDA device (GPU-only code paths)")
+
+
+@dataclasses.dataclass
+class _Cfg(TrainConfig):
+    data: str = "synthetic:n=512,size=40"
+    encoder: str = "torchvision:resnet18"
+    image_size: int = 32
+    batch_size: int = 64
+    epochs: int = 1
+    num_workers: int = 2
+    progress: bool = False
+    mixed_precision: str = "auto"
+    save_every_steps: int = 0
+    save_every_epochs: int = 0
+    log_every: int = 1000
+
+
+def _method(cfg):
+    from contrastive.methods import MoCo
+
+    return MoCo(encoder=cfg.encoder, version=2, dim=64, mlp_hidden=256, queue_size=1024,
+                momentum=0.99, temperature=0.2, shuffle_bn=False)
+
+
+def _pipeline(cfg):
+    from contrastive.augment import get_pipeline
+
+    return get_pipeline("mocov2", image_size=cfg.image_size)  # jitter with hue, blur, gray
+
+
+def _guarded(monkeypatch, seen: dict) -> None:
+    """Raise on any synchronising CUDA call inside the batch preparation and the step (from the
+    third step on: the first steps may initialise lazily)."""
+    from contrastive.engine import adapters, trainer
+
+    step_fn, batch_fn = trainer.optimisation_step, adapters.ImageAdapter.batch
+
+    def guarded(fn, at_step, *a, **kw):
+        if at_step >= 2:
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            return fn(*a, **kw)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+
+    def step(model, batch, optimizer, acc, cfg, step_, *a, **kw):
+        seen["steps"] = seen.get("steps", 0) + 1
+        return guarded(step_fn, step_, model, batch, optimizer, acc, cfg, step_, *a, **kw)
+
+    def batch(self, sample, needs, sched, *, device, step, micro, rank):
+        out = guarded(batch_fn, step, self, sample, needs, sched, device=device, step=step,
+                      micro=micro, rank=rank)
+        seen["channels_last"] = out["views"][0].is_contiguous(memory_format=torch.channels_last)
+        return out
+
+    monkeypatch.setattr(trainer, "optimisation_step", step)
+    monkeypatch.setattr(adapters.ImageAdapter, "batch", batch)
+
+
+@pytest.mark.parametrize("compile_", [False, True], ids=["eager", "compiled"])
+def test_the_step_never_syncs_with_the_host_and_channels_last_is_the_default(
+        tmp_path, fresh_accelerate, monkeypatch, caplog, compile_):
+    seen: dict = {}
+    _guarded(monkeypatch, seen)
+    cfg = _Cfg(output_dir=str(tmp_path / "run"), compile=compile_)
+    with caplog.at_level(logging.INFO):
+        train(cfg, _method, _pipeline, recipe="gpu")
+    assert seen["steps"] == 8  # 512 images / 64, all of them under the guard from step 2
+    assert seen["channels_last"] is True
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["channels_last"] is True and config["mixed_precision"] == "bf16"
+    if compile_:
+        assert "compiled: encoder, key_net.module" in caplog.text
+    metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(torch.isfinite(torch.tensor(r["loss"])) for r in metrics if "loss" in r)
+
+
+def test_split_bn_keeps_nchw_by_default(tmp_path, fresh_accelerate):
+    @dataclasses.dataclass
+    class _Split(_Cfg):
+        split_bn: int = 4
+
+    def method(cfg):
+        from contrastive.methods import MoCo
+
+        return MoCo(encoder=cfg.encoder, version=2, dim=64, mlp_hidden=256, queue_size=1024,
+                    split_bn=cfg.split_bn)
+
+    train(_Split(output_dir=str(tmp_path / "run"), data="synthetic:n=128,size=40"), method,
+          _pipeline, recipe="gpu")
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["channels_last"] is False
