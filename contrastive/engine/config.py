@@ -219,6 +219,11 @@ class TrainConfig(RunConfig):
         "image in the loader workers, 'auto' = on (faster on the CPU and the GPU alike)",
         choices=("auto", "on", "off"),
     )
+    decode: str = help_field(
+        "worker", "where JPEGs are decoded: 'worker' = in the loader workers (libjpeg-turbo), "
+        "'device' = on the training device in one batched call per step (nvJPEG on CUDA through "
+        "torchvision; the workers only read the file bytes and draw the crop boxes); needs "
+        "--batched-augment on/auto", choices=("worker", "device"))
     channels_last: bool = help_field(
         False, "channels_last memory format for convnets (faster on GPUs, and on AVX-512 CPUs with "
         "torch 2.14: +10 %% measured; not with split BN, which works in NCHW)")
@@ -257,6 +262,9 @@ class TrainConfig(RunConfig):
         for name in ("knn_every", "knn_max_train", "knn_max_test"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
+        if self.decode == "device" and self.batched_augment == "off":
+            raise ValueError("--decode device needs the batched augmentation: use --batched-augment "
+                             "on (or auto) with it, or --decode worker with --batched-augment off")
         self.encoder_options()  # a bad --encoder-kwargs JSON fails here
 
 
