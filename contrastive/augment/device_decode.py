@@ -269,8 +269,8 @@ def decode_and_crop(batch: DeviceDecodeBatch, sizes: Sequence[int],
             raise ValueError(f"the batch has {len(batch.crops)} worker-cropped views, the "
                              f"pipeline {len(sizes)}")
         slots = batch.cropped.to(device)
-        for v, crops in zip(views, batch.crops):
-            v.index_copy_(0, slots, crops.to(device, non_blocking=True))
+        for view, crops in zip(views, batch.crops):
+            view.index_copy_(0, slots, crops.to(device, non_blocking=True))
     if not len(batch.encoded):
         return views
     if batch.boxes.shape[1] != len(sizes):
@@ -284,10 +284,10 @@ def decode_and_crop(batch: DeviceDecodeBatch, sizes: Sequence[int],
         idx = torch.tensor(chunk, device=device)
         b = boxes.index_select(0, idx)
         slot = batch.encoded.to(device).index_select(0, idx)
-        first = torch.arange(len(chunk), device=device, dtype=torch.float32)
+        image = torch.arange(len(chunk), device=device, dtype=torch.float32)  # in ``padded``
         for v, (out, size) in enumerate(zip(views, sizes)):
             top, left, h, w = b[:, v].unbind(1)
-            rois = torch.stack([first, left, top, left + w, top + h], dim=1)  # (K, 5): x1 y1 x2 y2
+            rois = torch.stack([image, left, top, left + w, top + h], dim=1)  # (K, 5): x1 y1 x2 y2
             crop = roi_align(padded, rois, output_size=size, spatial_scale=1.0,
                              sampling_ratio=-1, aligned=True)
             out.index_copy_(0, slot, crop.round_().clamp_(0, 255).to(torch.uint8))
