@@ -105,6 +105,7 @@ class ImageAdapter:
         self.artefacts: Artefacts = EncoderArtefacts(pipeline)
         self._cfg: Any = None
         self._decode = "worker"
+        self._told = False  # warned that the workers decoded a whole micro-batch
         self._size = 0
 
     def train_set(self, cfg: Any, accelerator: Any) -> Any:
@@ -132,6 +133,11 @@ class ImageAdapter:
         cfg = self._cfg
         views = sample[0]
         if isinstance(views, DeviceDecodeBatch):
+            if not len(views.encoded) and not self._told:
+                self._told = True
+                logger.warning("--decode device: this micro-batch came decoded from the workers "
+                               "(the data set hands decoded images, or none of them is a plain "
+                               "JPEG): --decode device pays only on JPEG files or shards")
             views = decode_and_crop(views, self.pipeline.view_sizes, device)
         views = prepare_views(views, device, self.device_fn, seed=cfg.seed, step=step,
                               micro=micro, rank=rank, channels_last=cfg.channels_last,

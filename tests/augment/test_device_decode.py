@@ -113,15 +113,18 @@ def test_device_crops_are_close_to_the_worker_crops():
 def test_a_box_that_needs_no_resize_gives_the_decoded_pixels_exactly():
     """S x S boxes at integer offsets (corners and edges of images of different sizes, so that
     the batch is padded): roi_align samples exactly at the pixel centres."""
-    datas = [_jpeg(150, 200, 0), _jpeg(97, 131, 1), _jpeg(200, 150, 2)]
+    gray = _encode(_smooth(64, 80, 3).convert("L"))  # decoded to RGB (3 equal channels)
+    datas = [_jpeg(150, 200, 0), _jpeg(97, 131, 1, progressive=True), _jpeg(200, 150, 2), gray]
+    assert all(device_decodable(d) for d in datas)
     s = 24
     boxes = [[(0, 0, s, s), (150 - s, 200 - s, s, s)],
              [(97 - s, 0, s, s), (13, 131 - s, s, s)],
-             [(200 - s, 150 - s, s, s), (31, 7, s, s)]]
+             [(200 - s, 150 - s, s, s), (31, 7, s, s)],
+             [(64 - s, 80 - s, s, s), (5, 6, s, s)]]
     batch = DeviceDecodeBatch([_item(d, b) for d, b in zip(datas, boxes)])
     views = decode_and_crop(batch, [s, s], "cpu")
     for k, data in enumerate(datas):
-        full = _decoded(data)
+        full = _decoded(data).expand(3, -1, -1)
         for v, (top, left, h, w) in enumerate(boxes[k]):
             assert torch.equal(views[v][k], full[:, top:top + h, left:left + w]), (k, v)
 
@@ -301,3 +304,21 @@ def test_a_run_decodes_on_the_device(tmp_path, fresh_accelerate, monkeypatch):
     losses = [r["loss"] for r in map(json.loads, lines) if "loss" in r]
     assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
     assert len(calls) == 2 and all(len(b.encoded) == 8 for b in calls)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_nvjpeg_views_are_close_to_the_cpu_decoders():
+    """nvJPEG (its own IDCT and chroma upsampling) against libjpeg-turbo, through the whole
+    device path from a pinned batch. Bounds not yet measured on a GPU: generous."""
+    crops = EncodedCrops(_views(64))
+    items = []
+    for seed, (h, w) in enumerate(SIZES):
+        torch.manual_seed(seed)
+        items.append((crops(EncodedImage(_jpeg(h, w, seed), f"{seed}.jpg")), 0))
+    batch = collate(items)[0].pin_memory()
+    assert batch.data.is_pinned()
+    on_cpu = decode_and_crop(batch, [64, 64], "cpu")
+    on_gpu = decode_and_crop(batch, [64, 64], "cuda")
+    for c, g in zip(on_cpu, on_gpu):
+        assert g.device.type == "cuda" and g.dtype == torch.uint8 and g.shape == c.shape
+        assert (g.cpu().float() - c.float()).abs().mean() < 1.5 and _psnr(g.cpu(), c) > 35
