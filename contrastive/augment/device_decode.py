@@ -181,13 +181,13 @@ def _decode_all(batch: DeviceDecodeBatch, device: torch.device) -> list[Tensor]:
     data = [batch.chunk(k) for k in range(len(batch.encoded))]
     if not data:
         return []
-    with warnings.catch_warnings():  # torchvision warns about the batched GPU decoder's API
+    with warnings.catch_warnings():  # torchvision 0.29 deprecates its decoders (for TorchCodec)
         warnings.simplefilter("ignore")
         try:
             out = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
             if all(_fits(t, s) for t, s in zip(out, batch.sizes)):
                 return out
-        except RuntimeError as e:
+        except (RuntimeError, ValueError) as e:
             logger.debug("batched decode_jpeg on %s failed (%s): decoding one by one", device, e)
         return [_decode_one(d, s, n, device) for d, s, n in zip(data, batch.sizes, batch.names)]
 
@@ -204,7 +204,7 @@ def _decode_one(data: Tensor, size: tuple[int, int], name: str, device: torch.de
             out = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
             if _fits(out, size):
                 return out
-        except RuntimeError:
+        except (RuntimeError, ValueError):
             pass
     logger.debug("decoding %s on the CPU: the %s decoder cannot read it", name, device.type)
     try:
