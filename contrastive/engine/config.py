@@ -219,17 +219,17 @@ class TrainConfig(RunConfig):
         "image in the loader workers, 'auto' = on (faster on the CPU and the GPU alike)",
         choices=("auto", "on", "off"),
     )
-    decode: str = help_field(
-        "worker", "where JPEGs are decoded: 'worker' = in the loader workers (libjpeg-turbo), "
-        "'device' = on the training device in one batched call per step (nvJPEG on CUDA through "
-        "torchvision; the workers only read the file bytes and draw the crop boxes); needs "
-        "--batched-augment on/auto", choices=("worker", "device"))
     channels_last: bool = help_field(
         False, "channels_last memory format for convnets (faster on GPUs, and on AVX-512 CPUs with "
         "torch 2.14: +10 %% measured; not with split BN, which works in NCHW)")
     pass_indices: bool = help_field(
         False, "MoCo recipes: store each queued key's data-set index beside it (queue_labels; "
         "the method then needs batch['indices']): diagnostics, tests")
+    decode: str = help_field(
+        "worker", "where JPEGs are decoded: 'worker' = in the loader workers (libjpeg-turbo), "
+        "'device' = on the training device in one batched call per step (nvJPEG on CUDA through "
+        "torchvision; the workers only read the file bytes and draw the crop boxes); needs "
+        "--batched-augment on/auto", choices=("worker", "device"))
 
     # --- online kNN monitor ---------------------------------------------------------------
     knn_every: int = help_field(0, "weighted-kNN top-1 on the held-out labelled split every N "
