@@ -20,6 +20,7 @@ from contrastive.augment.config import (
     ViewConfig,
     default_blur_kernel_size,
 )
+from contrastive.augment.device_decode import EncodedCrops
 from contrastive.augment.pipeline import MultiView, Pipeline
 from contrastive.augment.registry import (
     UnknownPipelineError,
@@ -30,6 +31,7 @@ from contrastive.augment.registry import (
 
 __all__ = [
     "DeviceAugment",
+    "EncodedCrops",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "MultiView",

@@ -9,6 +9,7 @@ from torch import Tensor
 
 from contrastive.augment.batched import DeviceAugment, WorkerCrops
 from contrastive.augment.config import IMAGENET_MEAN, IMAGENET_STD, ViewConfig
+from contrastive.augment.device_decode import EncodedCrops
 from contrastive.augment.per_image import ImageLike, PerImageView, prepare
 
 
@@ -62,9 +63,18 @@ class Pipeline:
         t = prepare(img)  # one conversion (or one encoded image) for all views
         return [view(t) for view in self._per_image]
 
-    def split(self) -> tuple[WorkerCrops, DeviceAugment]:
-        """(worker_fn, device_fn) of the batched path; both picklable."""
-        return WorkerCrops(self.views), DeviceAugment(self.views, self.mean, self.std)
+    def split(self, decode: str = "worker") -> tuple[WorkerCrops | EncodedCrops, DeviceAugment]:
+        """(worker_fn, device_fn) of the batched path; both picklable.
+
+        ``decode="device"``: the worker half only reads the JPEG header and draws the crop boxes
+        (:class:`~contrastive.augment.device_decode.EncodedCrops`); the training process decodes
+        and crops with :func:`~contrastive.augment.device_decode.decode_and_crop` before
+        ``device_fn``. Needs random-resized-crop views (``ValueError`` otherwise).
+        """
+        if decode not in ("worker", "device"):
+            raise ValueError(f"decode must be 'worker' or 'device'; got {decode!r}")
+        worker = EncodedCrops(self.views) if decode == "device" else WorkerCrops(self.views)
+        return worker, DeviceAugment(self.views, self.mean, self.std)
 
     def __repr__(self) -> str:
         views = ",\n  ".join(repr(v) for v in self.views)

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from contrastive.data.io import CorruptImageError, to_rgb
 
-__all__ = ["EncodedImage", "fast_resized_crop", "reduced_scale", "map_box"]
+__all__ = ["EncodedImage", "fast_resized_crop", "reduced_scale", "map_box", "jpeg_header", "jpeg_info"]
 
 _ORIENTATION = 0x0112
 _SCALES = (8, 4, 2)
@@ -96,9 +96,17 @@ _SJ = None
 def jpeg_header(data: bytes) -> tuple[int, int, bool] | None:
     """(height, width, has an Exif segment) from a JPEG's markers (no decoding), or None when
     ``data`` is not a JPEG this simple scan understands (PIL then reads the header)."""
+    info = jpeg_info(data)
+    return None if info is None else info[:3]
+
+
+def jpeg_info(data: bytes) -> tuple[int, int, bool, int] | None:
+    """:func:`jpeg_header` and the number of colour components of the frame (1 gray, 3 YCbCr
+    or RGB, 4 CMYK / YCCK), or None when the scan does not understand ``data``."""
     if data[:2] != b"\xff\xd8":
         return None
-    i, n, exif, hw = 2, len(data), False, None
+    i, n, exif = 2, len(data), False
+    sof: tuple[int, int, int] | None = None  # height, width, components
     while i + 4 <= n:
         if data[i] != 0xFF:
             return None
@@ -110,15 +118,16 @@ def jpeg_header(data: bytes) -> tuple[int, int, bool] | None:
             i += 2
             continue
         if marker == 0xDA:  # start of scan: the header is over
-            return (*hw, exif) if hw else None
+            return (sof[0], sof[1], exif, sof[2]) if sof else None
         length = int.from_bytes(data[i + 2:i + 4], "big")
         if length < 2:
             return None
         if marker == 0xE1 and data[i + 4:i + 10] == b"Exif\x00\x00":
             exif = True
-        elif 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC) and i + 9 <= n:
-            hw = (int.from_bytes(data[i + 5:i + 7], "big"), int.from_bytes(data[i + 7:i + 9], "big"))
-            if not all(hw):
+        elif 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC) and i + 10 <= n:
+            sof = (int.from_bytes(data[i + 5:i + 7], "big"), int.from_bytes(data[i + 7:i + 9], "big"),
+                   data[i + 9])
+            if not all(sof[:2]):
                 return None
         i += 2 + length
     return None

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from contrastive.data.base import UNLABELLED, LabelledDataset
+from contrastive.data.decode import EncodedImage
 from contrastive.data.io import (
     IMAGE_EXTENSIONS,
     CorruptImageError,
@@ -82,7 +83,8 @@ class ImageFolderDataset(LabelledDataset):
     torchvision's ImageFolder) or images anywhere under ``root`` (``labels=False``: label -1).
     ``labels=None`` picks labelled when ``root`` has subfolders holding images, else unlabelled.
     Files without an image extension are ignored; images are converted to RGB with their EXIF
-    orientation applied (:func:`contrastive.data.io.load_rgb`).
+    orientation applied (:func:`contrastive.data.io.load_rgb`); a transform that
+    ``wants_encoded`` (``--decode device``) gets the file's bytes instead (:meth:`load`).
 
     Unreadable images: with ``strict=False`` (default) a corrupt file is logged once (naming
     it), counted in :attr:`num_skipped` (across loader workers) and replaced by the next
@@ -184,7 +186,17 @@ class ImageFolderDataset(LabelledDataset):
             )
 
     def load(self, index: int) -> Any:
-        return load_rgb(self.paths[index])
+        """The image at ``index``: an RGB PIL image, or its undecoded bytes (an
+        :class:`~contrastive.data.decode.EncodedImage`, full-size decoding) for a transform that
+        ``wants_encoded`` (JPEGs decoded on the training device)."""
+        path = self.paths[index]
+        if not getattr(self.transform, "wants_encoded", False):
+            return load_rgb(path)
+        try:
+            data = path.read_bytes()
+        except OSError as e:
+            raise CorruptImageError(f"cannot read image {path}: {type(e).__name__}: {e}") from e
+        return EncodedImage(data, str(path), reduced=False)  # a bad header: CorruptImageError
 
     @property
     def num_skipped(self) -> int:
@@ -212,7 +224,17 @@ class ImageFolderDataset(LabelledDataset):
                 self._mark_bad(j)
                 continue
             if self.transform is not None:
-                img = self.transform(img)
+                # undecoded bytes fail inside the transform: restore the generator so that the
+                # replacement draws what it would have drawn had the bad file been skipped first
+                state = torch.get_rng_state() if isinstance(img, EncodedImage) else None
+                try:
+                    img = self.transform(img)
+                except CorruptImageError:
+                    if self.strict or state is None:
+                        raise
+                    self._mark_bad(j)
+                    torch.set_rng_state(state)
+                    continue
             return img, self.targets[j]
         raise CorruptImageError(f"no readable image under {self.root} ({n} files, all unreadable)")
 

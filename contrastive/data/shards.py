@@ -262,8 +262,9 @@ class ShardDataset(LabelledDataset):
             as "pil", faster); ``"reduced"``: also reduced-scale decoding where a crop allows;
             ``"fast"`` (opt-in): "reduced" with libjpeg-turbo's fast inverse DCT and chroma
             upsampling (less exact: PSNR in ``benchmarks/results/decode.md``; needs simplejpeg);
-            ``"auto"`` (default): "reduced" when the transform takes encoded images (the
-            pipelines of :mod:`contrastive.augment`), else "pil".
+            ``"auto"`` (default): "full" when the transform decodes on the training device
+            (``wants_encoded``: ``--decode device``), "reduced" when it takes encoded images
+            (the pipelines of :mod:`contrastive.augment`), else "pil".
         cache_index: write each shard's index beside it (``NAME.tar.idx.json``).
         with_text: items are ``(image, label, captions)``, the captions the lines of the
             sample's ``.txt`` member (every sample must have one; see :meth:`captions`).
@@ -391,6 +392,8 @@ class ShardDataset(LabelledDataset):
     def _mode(self) -> str:
         if self.decode != "auto":
             return self.decode
+        if getattr(self.transform, "wants_encoded", False):
+            return "full"  # decoded on the training device: a reduced scale has no meaning there
         return "reduced" if getattr(self.transform, "accepts_encoded", False) else "pil"
 
     def load(self, index: int) -> Any:

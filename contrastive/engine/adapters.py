@@ -6,7 +6,7 @@ A :class:`DataAdapter` owns everything modality-specific between the data spec a
   resumable sampler and loader, :mod:`contrastive.engine.loader`);
 - ``batch(sample, needs, sched, ...)``: one collated loader sample -> the method's ``batch``
   mapping, on the device (the image adapter's device seam: batched augmentation there, and
-  where GPU decoding will plug in);
+  JPEG decoding with ``--decode device``);
 - ``unit`` and ``count(batch)``: what throughput means (``images_per_s``, ``samples_per_s``,
   ``tokens_per_s``): ``count`` returns the micro-batch's units on the device (tokens: the sum of
   the attention mask) or None when a sample is the unit (then ``batch_size`` per step);
@@ -104,23 +104,42 @@ class ImageAdapter:
         self.device_fn: Callable[..., list[Tensor]] | None = None
         self.artefacts: Artefacts = EncoderArtefacts(pipeline)
         self._cfg: Any = None
+        self._decode = "worker"
+        self._told = False  # warned that the workers decoded a whole micro-batch
         self._size = 0
 
     def train_set(self, cfg: Any, accelerator: Any) -> Any:
         from contrastive.data import get_dataset
 
         self._cfg = cfg
+        self._decode = getattr(cfg, "decode", "worker")
+        if self._decode == "device" and cfg.batched_augment == "off":
+            raise ValueError("--decode device needs the batched augmentation: use "
+                             "--batched-augment on (or auto) with it")
         transform = self.pipeline
         if cfg.batched_augment != "off":
-            transform, self.device_fn = self.pipeline.split()
+            transform, self.device_fn = self.pipeline.split(decode=self._decode)
         ds: Any = get_dataset(cfg.data, "train", transform=transform, strict=cfg.strict_data)
         self._size = len(ds)
+        logger.info("JPEG decoding: %s", "on the training device (the workers read the bytes "
+                    "and draw the crop boxes; other images are cropped in the workers)"
+                    if self._decode == "device" else "in the loader workers")
         return ds
 
     def batch(self, sample: tuple[Any, ...], needs: tuple[str, ...], sched: dict[str, float], *,
               device: torch.device, step: int, micro: int, rank: int) -> dict[str, Any]:
+        from contrastive.augment.device_decode import DeviceDecodeBatch, decode_and_crop
+
         cfg = self._cfg
-        views = prepare_views(sample[0], device, self.device_fn, seed=cfg.seed, step=step,
+        views = sample[0]
+        if isinstance(views, DeviceDecodeBatch):
+            if not len(views.encoded) and not self._told:
+                self._told = True
+                logger.warning("--decode device: this micro-batch came decoded from the workers "
+                               "(the data set hands decoded images, or none of them is a plain "
+                               "JPEG): --decode device pays only on JPEG files or shards")
+            views = decode_and_crop(views, self.pipeline.view_sizes, device)
+        views = prepare_views(views, device, self.device_fn, seed=cfg.seed, step=step,
                               micro=micro, rank=rank, channels_last=cfg.channels_last,
                               float64=cfg.float64)
         return make_batch(views, sample, needs, sched, device)
@@ -135,12 +154,13 @@ class ImageAdapter:
         return [] if knn is None else [knn]
 
     def resolved(self) -> dict[str, Any]:
-        return {"batched_augment": self.device_fn is not None, "train_images": self._size,
-                "encoder_kwargs": self._cfg.encoder_options()}
+        return {"batched_augment": self.device_fn is not None, "decode": self._decode,
+                "train_images": self._size, "encoder_kwargs": self._cfg.encoder_options()}
 
     def describe(self) -> str:
-        return "augmentation " + ("batched on device" if self.device_fn is not None
+        text = "augmentation " + ("batched on device" if self.device_fn is not None
                                   else "per image")
+        return text + (", decode on device" if self._decode == "device" else "")
 
 
 def eval_pipeline(image_size: int) -> Any:

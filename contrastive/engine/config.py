@@ -227,6 +227,11 @@ class TrainConfig(RunConfig):
     pass_indices: bool = help_field(
         False, "MoCo recipes: store each queued key's data-set index beside it (queue_labels; "
         "the method then needs batch['indices']): diagnostics, tests")
+    decode: str = help_field(
+        "worker", "where JPEGs are decoded: 'worker' = in the loader workers (libjpeg-turbo), "
+        "'device' = on the training device in one batched call per step (nvJPEG on CUDA through "
+        "torchvision; the workers only read the file bytes and draw the crop boxes); needs "
+        "--batched-augment on/auto", choices=("worker", "device"))
 
     # --- online kNN monitor ---------------------------------------------------------------
     knn_every: int = help_field(0, "weighted-kNN top-1 on the held-out labelled split every N "
@@ -259,6 +264,9 @@ class TrainConfig(RunConfig):
         for name in ("knn_every", "knn_max_train", "knn_max_test"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
+        if self.decode == "device" and self.batched_augment == "off":
+            raise ValueError("--decode device needs the batched augmentation: use --batched-augment "
+                             "on (or auto) with it, or --decode worker with --batched-augment off")
         self.encoder_options()  # a bad --encoder-kwargs JSON fails here
 
 

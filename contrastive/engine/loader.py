@@ -23,12 +23,13 @@ per-image path) not the same views when the number of processes changes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from contrastive.augment.device_decode import collate
 from contrastive.data.loader import (
     SeededDataset,
     epoch_order,
@@ -93,9 +94,14 @@ class GlobalBatchSampler(Sampler[list[tuple[int, int]]]):
 
 
 def build_train_loader(dataset: Any, sampler: GlobalBatchSampler, *, seed: int, num_workers: int,
-                       pin_memory: bool, prefetch_factor: int = 2) -> DataLoader:
+                       pin_memory: bool, prefetch_factor: int = 2,
+                       collate_fn: Callable[[list], Any] | None = None) -> DataLoader:
     """A DataLoader over ``SeededDataset(dataset, seed)`` (items ``(*dataset[i], i)``) driven by
     ``sampler``.
+
+    ``collate_fn`` (None: :func:`contrastive.augment.device_decode.collate`, torch's default
+    collate except for the samples of ``--decode device``, whose bytes and crop boxes it packs
+    into one :class:`~contrastive.augment.device_decode.DeviceDecodeBatch`).
 
     Its own ``generator`` keeps the loader from drawing worker base seeds out of the global torch
     generator (which would make a resumed run's model-side randomness differ); persistent
@@ -110,6 +116,7 @@ def build_train_loader(dataset: Any, sampler: GlobalBatchSampler, *, seed: int, 
         prefetch_factor=prefetch_factor if num_workers > 0 else None,
         generator=torch.Generator().manual_seed(seed),
         worker_init_fn=ignore_stop_signals,
+        collate_fn=collate if collate_fn is None else collate_fn,
     )
 
 
