@@ -49,9 +49,9 @@ def _pipeline(cfg):
     return get_pipeline("mocov2", image_size=cfg.image_size)  # jitter with hue, blur, gray
 
 
-def _guarded(monkeypatch, seen: dict) -> None:
-    """Raise on any synchronising CUDA call inside the batch preparation and the step (from the
-    third step on: the first steps may initialise lazily)."""
+def _guarded(monkeypatch, seen: dict, guard_batch: bool = True) -> None:
+    """Raise on any synchronising CUDA call inside the batch preparation (``guard_batch``) and
+    the step (from the third step on: the first steps may initialise lazily)."""
     from contrastive.engine import adapters, trainer
 
     step_fn, batch_fn = trainer.optimisation_step, adapters.ImageAdapter.batch
@@ -69,8 +69,8 @@ def _guarded(monkeypatch, seen: dict) -> None:
         return guarded(step_fn, step_, model, batch, optimizer, acc, cfg, step_, *a, **kw)
 
     def batch(self, sample, needs, sched, *, device, step, micro, rank):
-        out = guarded(batch_fn, step, self, sample, needs, sched, device=device, step=step,
-                      micro=micro, rank=rank)
+        out = guarded(batch_fn, step if guard_batch else -1, self, sample, needs, sched,
+                      device=device, step=step, micro=micro, rank=rank)
         seen["channels_last"] = out["views"][0].is_contiguous(memory_format=torch.channels_last)
         return out
 
@@ -78,18 +78,40 @@ def _guarded(monkeypatch, seen: dict) -> None:
     monkeypatch.setattr(adapters.ImageAdapter, "batch", batch)
 
 
-@pytest.mark.parametrize("compile_", [False, True], ids=["eager", "compiled"])
+def _jpeg_folder(root, n: int = 512) -> str:
+    """``n`` small JPEGs (two classes) of assorted sizes, for ``--decode device``."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        (root / f"c{i % 2}").mkdir(parents=True, exist_ok=True)
+        h, w = (int(v) for v in rng.integers(40, 90, 2))
+        small = rng.integers(0, 256, (6, 6, 3)).astype("uint8")
+        Image.fromarray(small).resize((w, h), Image.BICUBIC).save(root / f"c{i % 2}" / f"{i}.jpg",
+                                                                  quality=90)
+    return str(root)
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled", "decode_device"])
 def test_the_step_never_syncs_with_the_host_and_channels_last_is_the_default(
-        tmp_path, fresh_accelerate, monkeypatch, caplog, compile_):
+        tmp_path, fresh_accelerate, monkeypatch, caplog, mode):
+    """The batch preparation too, except with ``--decode device`` (nvJPEG's batched decode
+    waits for its own work)."""
     seen: dict = {}
-    _guarded(monkeypatch, seen)
-    cfg = _Cfg(output_dir=str(tmp_path / "run"), compile=compile_)
+    _guarded(monkeypatch, seen, guard_batch=mode != "decode_device")
+    extra = {"compile": True} if mode == "compiled" else {}
+    if mode == "decode_device":
+        extra = {"decode": "device", "data": _jpeg_folder(tmp_path / "jpegs")}
+    cfg = _Cfg(output_dir=str(tmp_path / "run"), **extra)
+    compile_ = mode == "compiled"
     with caplog.at_level(logging.INFO):
         train(cfg, _method, _pipeline, recipe="gpu")
     assert seen["steps"] == 8  # 512 images / 64, all of them under the guard from step 2
     assert seen["channels_last"] is True
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["channels_last"] is True and config["mixed_precision"] == "bf16"
+    assert config["decode"] == ("device" if mode == "decode_device" else "worker")
     if compile_:
         assert "compiled: encoder, key_net.module" in caplog.text
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
