@@ -175,12 +175,42 @@ def collate(batch: list[Any]) -> Any:
 
 def _decode_all(batch: DeviceDecodeBatch, device: torch.device) -> list[Tensor]:
     """Every encoded sample decoded to uint8 (3, H, W) on ``device``: one batched call; if it
-    fails, one call per image, and the CPU for those the device decoder still refuses."""
-    from torchvision.io import ImageReadMode, decode_jpeg
+    fails, one call per image, and the CPU for those the device decoder still refuses.
 
+    On CUDA the decoder runs with a side stream current (:func:`_side_stream`): torchvision's
+    CUDA ``decode_jpeg`` allocates its outputs on the current stream and writes them from its
+    own stream without waiting for the current one, so with the previous step's kernels still
+    queued it can overwrite memory they have yet to read (NaN losses seen on an H200;
+    pytorch/vision PR #9606, meta-pytorch/torchcodec PR #1634). Outputs allocated on a side
+    stream never reuse the training stream's freed blocks."""
     data = [batch.chunk(k) for k in range(len(batch.encoded))]
     if not data:
         return []
+    if device.type != "cuda":
+        return _decode_list(batch, data, device)
+    main, side = torch.cuda.current_stream(device), _side_stream(device)
+    side.wait_stream(main)  # ordering only: no host wait
+    with torch.cuda.stream(side):
+        out = _decode_list(batch, data, device)
+    main.wait_stream(side)
+    for t in out:
+        t.record_stream(main)  # not recycled on the side stream while the step still reads it
+    return out
+
+
+_SIDE_STREAMS: dict[torch.device, Any] = {}
+
+
+def _side_stream(device: torch.device) -> Any:
+    """One CUDA stream per device for the decoder (:func:`_decode_all`)."""
+    if device not in _SIDE_STREAMS:
+        _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    return _SIDE_STREAMS[device]
+
+
+def _decode_list(batch: DeviceDecodeBatch, data: list[Tensor], device: torch.device) -> list[Tensor]:
+    from torchvision.io import ImageReadMode, decode_jpeg
+
     with warnings.catch_warnings():  # torchvision 0.29 deprecates its decoders (for TorchCodec)
         warnings.simplefilter("ignore")
         try:

@@ -124,6 +124,12 @@ class ImageAdapter:
         logger.info("JPEG decoding: %s", "on the training device (the workers read the bytes "
                     "and draw the crop boxes; other images are cropped in the workers)"
                     if self._decode == "device" else "in the loader workers")
+        if self._decode == "device" and accelerator.device.type == "cuda":
+            logger.warning("--decode device on CUDA is experimental: its last GPU measurement (an "
+                           "H200, 2026-11-26) hit a NaN loss, from torchvision's decoder writing "
+                           "memory the training stream still used; decoding on a side stream "
+                           "fixes that but has not yet been measured on a GPU (benchmarks/"
+                           "RESULTS.md, 'GPU'). --decode worker is the measured path")
         return ds
 
     def batch(self, sample: tuple[Any, ...], needs: tuple[str, ...], sched: dict[str, float], *,

@@ -132,3 +132,39 @@ def test_split_bn_keeps_nchw_by_default(tmp_path, fresh_accelerate):
     train(_Split(output_dir=str(tmp_path / "run"), data="synthetic:n=128,size=40"), method,
           _pipeline, recipe="gpu")
     assert json.loads((tmp_path / "run" / "config.json").read_text())["channels_last"] is False
+
+
+def test_the_device_decoder_never_writes_memory_queued_kernels_still_read():
+    """torchvision's CUDA decode_jpeg writes from its own stream into blocks the caching
+    allocator may have just recycled from the current stream (pytorch/vision PR #9606): with
+    kernels still queued there, they would read decoded pixels. ``decode_and_crop`` decodes
+    with a side stream current; here kernels queued behind a long sleep read tensors freed
+    just before the decode, which must still hold their values."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from contrastive.augment import get_pipeline
+    from contrastive.augment.device_decode import EncodedCrops, collate, decode_and_crop
+    from contrastive.data.decode import EncodedImage
+
+    crops = EncodedCrops(get_pipeline("mocov2", image_size=32).views)
+    items, rng = [], np.random.default_rng(0)
+    for i in range(16):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (64, 64, 3)).astype("uint8")).save(buf, "JPEG")
+        items.append((crops(EncodedImage(buf.getvalue(), f"{i}.jpg")), 0))
+    batch = collate(items)[0].pin_memory()
+    bad = 0
+    for _ in range(20):
+        victims = [torch.full((3 * 64 * 64 // 4,), float(i + 1), device="cuda") for i in range(16)]
+        torch.cuda.synchronize()
+        torch.cuda._sleep(50_000_000)  # keeps the sums below queued while the decoder runs
+        sums = torch.stack([v.sum() for v in victims])
+        del victims  # freed on the current stream while their sums are still queued
+        decode_and_crop(batch, [32, 32], "cuda")
+        torch.cuda.synchronize()
+        expected = torch.arange(1, 17, device="cuda", dtype=torch.float32) * (3 * 64 * 64 // 4)
+        bad += int((sums != expected).sum())
+    assert bad == 0
