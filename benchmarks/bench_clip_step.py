@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -28,6 +27,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from contrastive.hardware import cpu_kind_line
 
 ROOT = Path(__file__).resolve().parents[1]
 BATCH = 128
@@ -73,6 +74,7 @@ def engine_seconds_per_step(warmup: int, steps: int, seed: int = 0) -> float:
 
     spec = importlib.util.spec_from_file_location("recipe_clip", ROOT / "recipes" / "clip.py")
     mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules["recipe_clip"] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)  # type: ignore[union-attr]
     with tempfile.TemporaryDirectory() as tmp:
         for s in (AcceleratorState, GradientState, PartialState):
@@ -110,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"repeat {r} {name}: {t * 1000:.1f} ms/step", flush=True)
     med = {k: statistics.median(v) for k, v in times.items()}
     print(json.dumps({
-        "cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+        "cpu": cpu_kind_line(), "threads": torch.get_num_threads(),
         "load_average": os.getloadavg(), "torch": torch.__version__,
         "ms_per_step_median": {k: round(v * 1000, 1) for k, v in med.items()},
         "ms_per_step_spread": {k: [round(min(v) * 1000, 1), round(max(v) * 1000, 1)]

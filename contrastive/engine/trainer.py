@@ -77,8 +77,8 @@ from contrastive.engine.setup import (
     build_model,
     build_probe,
     check_fresh_output_dir,
-    make_accelerator,
     default_channels_last,
+    make_accelerator,
     resolve_run_precision,
 )
 from contrastive.engine.step import (
@@ -243,6 +243,7 @@ class _Run:
         self.adapter, self.data, self.m, self.state, self.ckpt = adapter, data, m, state, ckpt
         self.stop, self.evaluators, self.probe = stop, evaluators, probe
         self.best, self.resume_path = best, resume_path
+        self.best_unsaved = False  # a new best after this step's checkpoint was written
         self.last_eval: dict[str, int] = {}  # evaluator name -> step of its last measurement
         self.is_main = accelerator.is_main_process
         self.start_step = state.step
@@ -319,11 +320,14 @@ class _Run:
                     ", ".join(f"{k} {v:.2f}" for k, v in metrics.items()))
         if self.cfg.report_to != "none":
             self.acc.log(metrics, step=state.step)
-        if self.best is not None and self.best.update(metrics, state.step) and self.is_main:
-            self.adapter.artefacts.write(self.out / BEST_DIR, self.cfg, self.m.module,
-                                         self.recipe, state.step)
-            logger.info("best %s so far (%.4g): artefacts in %s", self.best.metric,
-                        self.best.value, self.out / BEST_DIR)
+        if self.best is not None and self.best.update(metrics, state.step):
+            # a checkpoint already written at this step lacks the new best: write it again
+            self.best_unsaved = self.ckpt.last_saved_step == state.step
+            if self.is_main:
+                self.adapter.artefacts.write(self.out / BEST_DIR, self.cfg, self.m.module,
+                                             self.recipe, state.step)
+                logger.info("best %s so far (%.4g): artefacts in %s", self.best.metric,
+                            self.best.value, self.out / BEST_DIR)
 
     def due(self, per: str, epoch: int | None = None) -> list[Evaluator]:
         """The evaluators due after this optimiser step (``per="step"``) or at the end of
@@ -334,6 +338,7 @@ class _Run:
 
     def save(self) -> Path:
         path = self.ckpt.save()
+        self.best_unsaved = False
         self.result.checkpoint = path
         return path
 
@@ -457,8 +462,9 @@ class _Run:
                 self.check_finite()
                 for ev in self.due("epoch", epoch):
                     self.measure(ev, f"epoch {epoch + 1}")
-                if (cfg.save_every_epochs and (epoch + 1) % cfg.save_every_epochs == 0
-                        and self.ckpt.last_saved_step != state.step):
+                if self.best_unsaved or (cfg.save_every_epochs
+                                         and (epoch + 1) % cfg.save_every_epochs == 0
+                                         and self.ckpt.last_saved_step != state.step):
                     self.save()
         if status != "interrupted":
             for ev in self.evaluators:
@@ -475,7 +481,7 @@ class _Run:
         state, result, out = self.state, self.result, self.out
         saved = self.ckpt.last_saved_step if self.ckpt.last_saved_step is not None else (
             self.start_step if self.resume_path is not None else None)
-        if saved != state.step:
+        if saved != state.step or self.best_unsaved:
             self.save()
         result.status, result.step, result.epoch = status, state.step, state.epoch
         result.steps_trained = state.step - self.start_step

@@ -343,3 +343,32 @@ def test_a_budget_in_steps_ends_inside_an_epoch_and_the_schedule_follows_it(tmp_
     assert _run_state(tmp_path)["state"] == "completed"
     assert _train(tmp_path, steps=6, epochs=1, lr_schedule="linear", warmup_steps=2,
                   lr_scaling="none", lr=0.1, resume="auto").steps_trained == 0
+
+
+def test_a_resume_keeps_the_best_value_its_step_and_its_artefacts(tmp_path, fresh_accelerate,
+                                                                  monkeypatch):
+    """``--keep-best``: the best value is checkpointed, so a lower value after a resume
+    neither becomes the best nor overwrites ``best/``."""
+    from contrastive.engine import adapters
+
+    values = iter([0.5, 0.9])  # epochs 1 and 2; every later evaluation scores 0.1
+
+    class Scripted:
+        name, per, every, at_start = "scripted", "epoch", 1, False
+
+        def __call__(self, module, accelerator):
+            return {"score": next(values, 0.1)}
+
+    monkeypatch.setattr(adapters.ImageAdapter, "evaluators", lambda self, cfg, world: [Scripted()])
+    _train(tmp_path, epochs=4, max_steps=8, keep_best="score", save_every_steps=4)
+    best_file = tmp_path / "run" / "best" / "encoder.pt"
+    written = best_file.read_bytes()
+    first = torch.load(tmp_path / "run" / "checkpoints" / "step_00000008" / "best.pt",
+                       weights_only=True)
+    assert (first["value"], first["step"]) == (0.9, 8)
+    _reset_accelerate()
+    _train(tmp_path, epochs=4, keep_best="score", save_every_steps=4, resume="auto")
+    last = torch.load(tmp_path / "run" / "checkpoints" / "step_00000016" / "best.pt",
+                      weights_only=True)
+    assert (last["value"], last["step"]) == (0.9, 8)
+    assert best_file.read_bytes() == written
