@@ -40,8 +40,10 @@ from contrastive.text.encoders import TextEncoder
 
 __all__ = [
     "ST_MODES",
+    "TEXT_FORMATS",
     "SentencePooling",
     "export_classifier",
+    "export_folder",
     "export_sentence_encoder",
     "read_sentence_pooling",
 ]
@@ -386,3 +388,63 @@ def _verify_sentence_folder(encoder: TextEncoder, folder: Path) -> None:
         _check_close(ours, theirs, "sentence embeddings", folder)
     finally:
         encoder.train(was_training)
+
+
+# -- the contrastive-export entry ----------------------------------------------------------------
+
+TEXT_FORMATS = ("hf", "sentence-transformers")
+
+
+def export_folder(source: str | Path, out: str | Path, fmt: str, *, head: bool = True,
+                  pooling: str | None = None, normalize: bool = False) -> str:
+    """``contrastive-export --format hf|sentence-transformers``: one of our saved text models
+    as a folder other tools load; returns how to load it.
+
+    Args:
+        source: a classifier folder (``classifier.json``: recipes/bert_finetune.py's or
+            recipes/lrc_bert.py's ``OUTPUT_DIR/model``) or, for ``sentence-transformers``, also
+            a Hugging Face encoder folder (recipes/simcse.py's ``OUT/model``, with its
+            ``simcse.json``).
+        fmt: ``"hf"`` (classifier) or ``"sentence-transformers"`` (encoder + pooling).
+        head: ``hf``: with the classifier head (``AutoModelForSequenceClassification``).
+        pooling: ``sentence-transformers``: cls, mean or pooler (default: the source's own).
+        normalize: ``sentence-transformers``: add a Normalize module.
+    """
+    from contrastive.text.encoders import load_text_encoder
+    from contrastive.text.finetune import CLASSIFIER_FILE, load_classifier
+    from contrastive.text.tokenizer import TOKENIZER_FILE, load_tokenizer
+
+    if fmt not in TEXT_FORMATS:
+        raise ValueError(f"format {fmt!r} is not one of {TEXT_FORMATS}")
+    src = Path(source)
+    has_tokenizer = (src / TOKENIZER_FILE).is_file() or (src / "vocab.txt").is_file()
+    tokenizer = load_tokenizer(src) if has_tokenizer else None
+    if (src / CLASSIFIER_FILE).is_file():
+        model, meta = load_classifier(src)
+        if fmt == "hf":
+            from contrastive.text.glue import GLUE_TASKS
+
+            task = GLUE_TASKS.get(str(meta.get("task", "")))
+            export_classifier(model, out, tokenizer, head=head,
+                              label_names=task.label_names if task and head else None)
+            return ("AutoModelForSequenceClassification.from_pretrained(folder) (the classifier) "
+                    "or AutoModel.from_pretrained(folder)" if head
+                    else "AutoModel.from_pretrained(folder)")
+        encoder = model.encoder
+    elif fmt == "hf":
+        raise ValueError(f"{src} has no {CLASSIFIER_FILE}: --format hf exports a classifier "
+                         "folder (recipes/bert_finetune.py or recipes/lrc_bert.py OUTPUT_DIR/model)")
+    else:
+        from contrastive.text.sts import SIMCSE_CONFIG
+
+        config = src / SIMCSE_CONFIG
+        own = (json.loads(config.read_text(encoding="utf-8")).get("pooling")
+               if config.is_file() else None)
+        encoder = load_text_encoder(src, pooling=own or "auto")
+    if pooling is not None and pooling != encoder.pooling:
+        encoder = TextEncoder(encoder.model, pooling=pooling)
+    if tokenizer is None:
+        raise ValueError(f"{src} has no {TOKENIZER_FILE} or vocab.txt: a sentence-transformers "
+                         "folder needs its tokenizer; copy it into the folder first")
+    export_sentence_encoder(encoder, out, tokenizer, normalize=normalize)
+    return f"SentenceTransformer(folder) ({encoder.pooling} pooling), or contrastive-sts-eval"
