@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GENERATED_TASKS", "TextTask", "load_task", "generated_tokenizer"]
+__all__ = ["GENERATED_TASKS", "TextTask", "check_task", "load_task", "generated_tokenizer"]
 
 GENERATED_TASKS = {"generated": "sst2", "generated-nli": "mnli", "generated-sts": "stsb"}
 
@@ -32,6 +32,21 @@ class TextTask:
     regression: bool
 
 
+def check_task(name: str) -> str:
+    """The canonical name of task ``name`` (generated or GLUE); an unknown name fails listing
+    both kinds, before any data is read."""
+    from contrastive.text.glue import GLUE_TASKS, _task
+
+    key = name.lower()
+    if key in GENERATED_TASKS:
+        return key
+    try:
+        return _task(key).name
+    except ValueError:
+        raise ValueError(f"unknown task {name!r}: use a GLUE task {sorted(GLUE_TASKS)} (with "
+                         f"--glue-dir) or a generated one {sorted(GENERATED_TASKS)}") from None
+
+
 def load_task(name: str, glue_dir: str | Path | None = None, *, n_train: int = 4000,
               n_dev: int = 1000, seed: int = 0) -> TextTask:
     """The task ``name`` (a generated task, or a GLUE task read from ``glue_dir``).
@@ -40,7 +55,7 @@ def load_task(name: str, glue_dir: str | Path | None = None, *, n_train: int = 4
     """
     from contrastive.text import generated as gen
 
-    key = name.lower()
+    key = check_task(name)
     if key in GENERATED_TASKS:
         if key == "generated":
             train, dev = (gen.generate_sentiment(n, seed, s) for n, s in ((n_train, "train"),
