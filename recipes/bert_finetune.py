@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     with bad_input():  # flags first, then the data and the model
-        check_task(args.task)
+        check_task(args.task, args.glue_dir)
         tok = tokenizer_for(args, args.model)
         task = load_task(args.task, args.glue_dir, n_train=args.n_train, n_dev=args.n_dev,
                          seed=args.seed)

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     with bad_input():  # the user's input: one line when run as a script
-        check_task(args.task)
+        check_task(args.task, args.glue_dir)
         teacher, meta = load_classifier(args.teacher)
         task = load_task(args.task, args.glue_dir, n_train=args.n_train, n_dev=args.n_dev,
                          seed=args.seed)
