@@ -78,7 +78,7 @@ def bad_input() -> Iterator[None]:
     try:
         yield
     except (ValueError, OSError) as e:
-        e.bad_input = True  # type: ignore[union-attr]
+        e.bad_input = True  # type: ignore[attr-defined]
         raise
 
 

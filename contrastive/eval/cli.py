@@ -219,7 +219,7 @@ def export_main(argv: Sequence[str] | None = None) -> int:
             how = export_folder(args.checkpoint, args.out, args.format,
                                 head=not args.encoder_only, pooling=args.pooling,
                                 normalize=args.normalize)
-        except (ValueError, FileNotFoundError) as e:  # the user's input: one line
+        except (ValueError, FileNotFoundError, ImportError) as e:  # input / the text extra: one line
             p.exit(2, f"{p.prog}: error: {e}\n")
         _emit(f"wrote {args.out}; load with {how}")
         return 0

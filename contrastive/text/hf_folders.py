@@ -241,7 +241,7 @@ def export_classifier(model: Any, folder: str | Path, tokenizer: Any = None, *,
     transformers = require("transformers", "Hugging Face export")
     out = Path(folder)
     encoder: TextEncoder = model.encoder
-    base = encoder.model
+    base: Any = encoder.model  # a transformers PreTrainedModel
     state = {k: v.detach().cpu() for k, v in base.state_dict().items()}
     if head and encoder.pooling != "pooler":
         raise ValueError(f"export: the classifier pools with {encoder.pooling!r} but "
@@ -328,7 +328,8 @@ def export_sentence_encoder(encoder: TextEncoder, folder: str | Path, tokenizer:
         raise ValueError(f"export: pooling {encoder.pooling!r} is not one of cls, mean, pooler")
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    encoder.model.save_pretrained(str(out), safe_serialization=True)
+    base: Any = encoder.model  # a transformers PreTrainedModel
+    base.save_pretrained(str(out), safe_serialization=True)
     _tokenizer_files(out, tokenizer)
     hidden = int(encoder.hidden_size)
     modules: list[dict[str, Any]] = [{"idx": 0, "name": "0", "path": "",
@@ -342,7 +343,7 @@ def export_sentence_encoder(encoder: TextEncoder, folder: str | Path, tokenizer:
     (out / ST_POOLING_DIR / "config.json").write_text(json.dumps(pooling, indent=1),
                                                       encoding="utf-8")
     if encoder.pooling == "pooler":  # BERT's pooler = dense + tanh on [CLS]
-        dense = encoder.model.pooler.dense
+        dense = base.pooler.dense
         (out / ST_DENSE_DIR).mkdir(exist_ok=True)
         save_file({"linear.weight": dense.weight.detach().cpu().contiguous(),
                    "linear.bias": dense.bias.detach().cpu().contiguous()},
