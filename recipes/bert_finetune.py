@@ -22,6 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +33,7 @@ import torch
 from contrastive.text.encoders import build_text_encoder, load_text_encoder
 from contrastive.text.finetune import TextClassifier, evaluate, save_classifier
 from contrastive.text.loop import TextTrainConfig, train_text
-from contrastive.text.tasks import GENERATED_TASKS, generated_tokenizer, load_task
+from contrastive.text.tasks import GENERATED_TASKS, check_task, generated_tokenizer, load_task
 
 
 def add_common(p: argparse.ArgumentParser, steps: int, batch: int, lr: float) -> None:
@@ -67,17 +70,44 @@ def add_model(p: argparse.ArgumentParser, prefix: str, layers: int, hidden: int,
     p.add_argument("--tokenizer", default=None, help="folder with tokenizer.json or vocab.txt")
 
 
+@contextmanager
+def bad_input() -> Iterator[None]:
+    """Mark the errors of the setup (the user's input: missing files, unknown task, a folder that
+    is not one) so that :func:`cli` reports them in one line; called in-process (tests), they
+    raise as they are. Errors of training itself keep their traceback."""
+    try:
+        yield
+    except (ValueError, OSError) as e:
+        e.bad_input = True  # type: ignore[attr-defined]
+        raise
+
+
+def cli(main: Callable[[list[str] | None], Any], prog: str, argv: list[str] | None = None) -> int:
+    """Run ``main`` as a script: bad input is one line ``prog: error: ...``, exit status 2."""
+    try:
+        main(argv)
+    except (ValueError, OSError) as e:
+        if not getattr(e, "bad_input", False):
+            raise
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def tokenizer_for(args: argparse.Namespace, model: str) -> Any:
     from contrastive.text.tokenizer import load_tokenizer
 
+    if model != "bert" and not model.startswith("hf:"):
+        raise ValueError(f"model must be 'bert' or 'hf:FOLDER', got {model!r}")
     if args.tokenizer:
         return load_tokenizer(args.tokenizer, args.max_length)
     if model.startswith("hf:"):
         return load_tokenizer(model[3:], args.max_length)
     if args.task.lower() in GENERATED_TASKS:
         return generated_tokenizer(max_length=min(args.max_length, 64))
-    raise ValueError("a 'bert' model from a configuration on a GLUE task needs --tokenizer "
-                     "FOLDER (a BERT vocab.txt / tokenizer.json)")
+    raise ValueError(f"a 'bert' model with random weights on GLUE task {args.task!r} has no "
+                     "tokenizer: pass --tokenizer FOLDER (a BERT vocab.txt / tokenizer.json) or "
+                     "--model hf:FOLDER (a checkpoint folder with its tokenizer)")
 
 
 def build_encoder(args: argparse.Namespace, model: str, vocab_size: int) -> Any:
@@ -104,12 +134,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     add_model(p, "model", 12, 768, 12, 3072)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    task = load_task(args.task, args.glue_dir, n_train=args.n_train, n_dev=args.n_dev,
-                     seed=args.seed)
-    tok = tokenizer_for(args, args.model)
-    torch.manual_seed(args.seed)
-    model = TextClassifier(build_encoder(args, args.model, tok.vocab_size), task.num_labels,
-                           regression=task.regression).to(args.device)
+    with bad_input():  # flags first, then the data and the model
+        check_task(args.task, args.glue_dir)
+        tok = tokenizer_for(args, args.model)
+        task = load_task(args.task, args.glue_dir, n_train=args.n_train, n_dev=args.n_dev,
+                         seed=args.seed)
+        torch.manual_seed(args.seed)
+        model = TextClassifier(build_encoder(args, args.model, tok.vocab_size), task.num_labels,
+                               regression=task.regression).to(args.device)
     out = Path(args.output_dir)
     train_text(model, task.train, tok.collate, train_config(args), out, resume=args.resume,
                on_log=lambda r: print(json.dumps(r), flush=True))
@@ -122,4 +154,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli(main, "bert_finetune.py"))

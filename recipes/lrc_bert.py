@@ -33,7 +33,14 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bert_finetune import add_common, add_model, build_encoder, train_config  # noqa: E402
+from bert_finetune import (  # noqa: E402
+    add_common,
+    add_model,
+    bad_input,
+    build_encoder,
+    cli,
+    train_config,
+)
 
 from contrastive.text.finetune import (  # noqa: E402
     TextClassifier,
@@ -43,7 +50,7 @@ from contrastive.text.finetune import (  # noqa: E402
 )
 from contrastive.text.loop import train_text  # noqa: E402
 from contrastive.text.lrc_bert import REPRESENTATIONS, LRCBert  # noqa: E402
-from contrastive.text.tasks import load_task  # noqa: E402
+from contrastive.text.tasks import check_task, load_task  # noqa: E402
 from contrastive.text.tokenizer import load_tokenizer  # noqa: E402
 
 
@@ -65,20 +72,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--temperature", type=float, default=1.1)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    teacher, meta = load_classifier(args.teacher)
-    task = load_task(args.task, args.glue_dir, n_train=args.n_train, n_dev=args.n_dev,
-                     seed=args.seed)
-    if (task.num_labels, task.regression) != (teacher.num_labels, teacher.regression):
-        raise ValueError(f"the teacher in {args.teacher} predicts {teacher.num_labels} labels "
-                         f"(regression={teacher.regression}), task {task.name} has "
-                         f"{task.num_labels} (regression={task.regression})")
-    tok = load_tokenizer(args.tokenizer or args.teacher, args.max_length)
-    torch.manual_seed(args.seed)
-    student = build_encoder(args, args.student, tok.vocab_size)
-    if student.config.vocab_size < tok.vocab_size:
-        raise ValueError(f"the student's vocabulary ({student.config.vocab_size}) is smaller than "
-                         f"the teacher's tokenizer ({tok.vocab_size}): teacher and student read "
-                         "the same token ids; use a student with the teacher's vocabulary")
+    with bad_input():  # the user's input: one line when run as a script
+        check_task(args.task, args.glue_dir)
+        teacher, meta = load_classifier(args.teacher)
+        task = load_task(args.task, args.glue_dir, n_train=args.n_train, n_dev=args.n_dev,
+                         seed=args.seed)
+        if (task.num_labels, task.regression) != (teacher.num_labels, teacher.regression):
+            raise ValueError(f"the teacher in {args.teacher} predicts {teacher.num_labels} labels "
+                             f"(regression={teacher.regression}), task {task.name} has "
+                             f"{task.num_labels} (regression={task.regression}): fine-tune a "
+                             f"teacher on {task.name} (recipes/bert_finetune.py --task "
+                             f"{task.name})")
+        tok = load_tokenizer(args.tokenizer or args.teacher, args.max_length)
+        torch.manual_seed(args.seed)
+        student = build_encoder(args, args.student, tok.vocab_size)
+        if student.config.vocab_size < tok.vocab_size:
+            raise ValueError(f"the student's vocabulary ({student.config.vocab_size}) is smaller "
+                             f"than the teacher's tokenizer ({tok.vocab_size}): teacher and "
+                             "student read the same token ids; use a student with the teacher's "
+                             "vocabulary")
     stages = ((1.0, 1.0, 3.0),) * 2 if args.no_two_stage else ((1.0, 0.0, 0.0), (1.0, 1.0, 3.0))
     method = LRCBert(teacher, student, representation=args.representation,
                      intermediate=args.intermediate, stage_weights=stages,
@@ -101,4 +113,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli(main, "lrc_bert.py"))

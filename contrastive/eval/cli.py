@@ -181,22 +181,48 @@ def knn_eval_main(argv: Sequence[str] | None = None) -> int:
 
 
 def export_main(argv: Sequence[str] | None = None) -> int:
-    """``contrastive-export``: backbone weights under timm's / torchvision's key names."""
+    """``contrastive-export``: backbone weights under timm's / torchvision's key names, or a text
+    model as a Hugging Face / sentence-transformers folder."""
     p = argparse.ArgumentParser(
         prog="contrastive-export",
         description="Write the backbone of a checkpoint with timm or torchvision key names, loadable "
         "with strict=True into timm.create_model(name, num_classes=0) / the torchvision model with "
         "its classifier set to nn.Identity() (and into the default models with only the "
-        "classifier missing).",
+        "classifier missing). Text: --format hf writes a fine-tuned teacher or distilled student "
+        "as a Hugging Face folder (AutoModel / AutoModelForSequenceClassification); --format "
+        "sentence-transformers an encoder and its pooling (e.g. SimCSE) as a folder "
+        "SentenceTransformer loads. Every export is read back and checked before it is kept.",
     )
-    p.add_argument("--checkpoint", required=True, help=_CHECKPOINT_HELP)
-    p.add_argument("--format", required=True, choices=("timm", "torchvision"))
-    p.add_argument("--out", required=True, help="output file (.pth / .pt, or .safetensors)")
+    p.add_argument("--checkpoint", required=True,
+                   help=f"{_CHECKPOINT_HELP}; text formats: a classifier folder "
+                   "(classifier.json) or, for sentence-transformers, a Hugging Face model folder")
+    p.add_argument("--format", required=True,
+                   choices=("timm", "torchvision", "hf", "sentence-transformers"))
+    p.add_argument("--out", required=True,
+                   help="output file (.pth / .pt, or .safetensors); a folder for the text formats")
     p.add_argument("--model", default=None, help="target model name (default: from the encoder name)")
     p.add_argument("--encoder", default=None, help="the checkpoint's encoder name, if it does not record it")
     p.add_argument("--prefix", default=None, help="key prefix of the backbone inside the checkpoint")
+    p.add_argument("--encoder-only", action="store_true",
+                   help="hf: the encoder without the classifier head (AutoModel only)")
+    p.add_argument("--pooling", default=None, choices=("cls", "mean", "pooler"),
+                   help="sentence-transformers: the pooling (default: the folder's own: "
+                   "simcse.json / classifier.json, else the model's pooler if it has one)")
+    p.add_argument("--normalize", action="store_true",
+                   help="sentence-transformers: add a Normalize module (unit-length embeddings)")
     args = p.parse_args(argv)
     _setup_logging()
+    if args.format in ("hf", "sentence-transformers"):
+        from contrastive.text.hf_folders import export_folder
+
+        try:
+            how = export_folder(args.checkpoint, args.out, args.format,
+                                head=not args.encoder_only, pooling=args.pooling,
+                                normalize=args.normalize)
+        except (ValueError, FileNotFoundError, ImportError) as e:  # input / the text extra: one line
+            p.exit(2, f"{p.prog}: error: {e}\n")
+        _emit(f"wrote {args.out}; load with {how}")
+        return 0
     from contrastive.eval.export import export_state_dict, save_export
 
     state, model = export_state_dict(args.checkpoint, args.format, model=args.model,

@@ -31,6 +31,10 @@ reading / metrics and the generated task need neither.
   teacher), :func:`evaluate`, :func:`save_classifier` / :func:`load_classifier`
   (:mod:`contrastive.text.finetune`); :func:`train_text` (:mod:`contrastive.text.loop`, the
   text recipes' resumable loop); :func:`load_task` (generated or GLUE task).
+- Folders other tools load (:mod:`contrastive.text.hf_folders`): :func:`export_classifier`
+  (a teacher / student as a Hugging Face folder), :func:`export_sentence_encoder` (a
+  sentence-transformers folder), :func:`read_sentence_pooling` (such a folder's pooling); the
+  ``contrastive-export --format hf|sentence-transformers`` command.
 """
 
 from __future__ import annotations
@@ -75,6 +79,10 @@ _LAZY: dict[str, str] = {
     "TextTrainConfig": "contrastive.text.loop",
     "train_text": "contrastive.text.loop",
     "load_task": "contrastive.text.tasks",
+    "SentencePooling": "contrastive.text.hf_folders",
+    "export_classifier": "contrastive.text.hf_folders",
+    "export_sentence_encoder": "contrastive.text.hf_folders",
+    "read_sentence_pooling": "contrastive.text.hf_folders",
 }
 
 __all__ = sorted(_LAZY)

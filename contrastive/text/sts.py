@@ -9,7 +9,9 @@ the 0-1 scale (the paper multiplies by 100). SimCSE selects checkpoints on the S
 - :func:`sts_correlation`: correlations of (N, D) x (N, D) embeddings with (N,) gold scores.
 - :func:`evaluate_sts`: embed the pairs of a data set with a model and a tokenizer, then the above.
 - ``contrastive-sts-eval`` (:func:`main`): a saved model folder on the GLUE STS-B TSV or on the
-  generated task's graded pairs (:func:`contrastive.text.generated.generate_sts`).
+  generated task's graded pairs (:func:`contrastive.text.generated.generate_sts`); a
+  sentence-transformers folder is embedded with its own pooling (and Dense / Normalize
+  modules) unless ``--pooling`` says otherwise.
 """
 
 from __future__ import annotations
@@ -130,45 +132,78 @@ def load_sts_pairs(data: str, split: str = "dev", n: int = 2000, seed: int = 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``contrastive-sts-eval``: STS Spearman of a saved model folder; prints one JSON line."""
+    """``contrastive-sts-eval``: STS Spearman of a saved model folder; prints one JSON line.
+
+    The sentence embedding is, in this order: ``--pooling``; the folder's ``simcse.json``
+    (recipes/simcse.py); a sentence-transformers folder's own pipeline (``modules.json``:
+    ``1_Pooling/config.json``, Dense layers, Normalize); else ``auto``. The choice and its
+    reason are logged and written in the JSON line.
+    """
     p = argparse.ArgumentParser(
         prog="contrastive-sts-eval",
         description="Spearman correlation of cosine similarities with STS gold scores (SimCSE's "
-                    "protocol) for a local Hugging Face model folder (e.g. exported by "
-                    "recipes/simcse.py).")
+                    "protocol) for a local Hugging Face or sentence-transformers model folder "
+                    "(e.g. exported by recipes/simcse.py or contrastive-export).")
     p.add_argument("--model", required=True,
-                   help="model folder: config.json + model.safetensors (or pytorch_model.bin)")
+                   help="model folder: config.json + model.safetensors (or pytorch_model.bin), "
+                        "or a sentence-transformers folder (modules.json)")
     p.add_argument("--tokenizer", default=None,
-                   help="tokenizer folder (tokenizer.json or vocab.txt); default: --model")
+                   help="tokenizer folder (tokenizer.json or vocab.txt); default: the model's")
     p.add_argument("--data", default="generated",
                    help="'generated' (the generated task's graded pairs) or the GLUE STS-B "
                         "folder / a TSV file in its layout (default: generated)")
     p.add_argument("--split", default="dev", help="GLUE split (dev; test has no scores)")
-    p.add_argument("--pooling", default=None, choices=("auto", "pooler", "cls", "mean"),
-                   help=f"sentence embedding; default: the folder's {SIMCSE_CONFIG}, else auto "
-                        "(the model's pooler when it has one, as SimCSE's 'cls' on its released "
-                        "checkpoints; use cls for unsupervised SimCSE)")
+    p.add_argument("--pooling", default=None, choices=("auto", "pooler", "cls", "mean", "max"),
+                   help=f"sentence embedding; default: the folder's {SIMCSE_CONFIG}, else a "
+                        "sentence-transformers folder's own pooling (1_Pooling/config.json), "
+                        "else auto (the model's pooler when it has one, as SimCSE's 'cls' on "
+                        "its released checkpoints; use cls for unsupervised SimCSE)")
     p.add_argument("--n", type=int, default=2000, help="generated pairs (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="generated data seed (default 0)")
-    p.add_argument("--max-length", type=int, default=128, help="tokens per sentence (128)")
+    p.add_argument("--max-length", type=int, default=None,
+                   help="tokens per sentence (default: a sentence-transformers folder's "
+                        "max_seq_length, else 128)")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--device", default="cpu")
     args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
+                        stream=sys.stderr)
 
-    from contrastive.text.encoders import load_text_encoder
+    from contrastive.text.encoders import POOLINGS, load_text_encoder
+    from contrastive.text.hf_folders import SentencePooling, read_sentence_pooling
     from contrastive.text.tokenizer import load_tokenizer
 
-    pooling = args.pooling
-    config = Path(args.model) / SIMCSE_CONFIG
+    folder = Path(args.model)
+    pooling, why = args.pooling, "--pooling"
+    config = folder / SIMCSE_CONFIG
     if pooling is None and config.is_file():
-        pooling = json.loads(config.read_text(encoding="utf-8")).get("pooling")
-    encoder = load_text_encoder(args.model, pooling=pooling or "auto").to(args.device)
-    tokenizer = load_tokenizer(args.tokenizer or args.model, max_length=args.max_length)
+        pooling, why = json.loads(config.read_text(encoding="utf-8")).get("pooling"), SIMCSE_CONFIG
+    pipeline: SentencePooling | None = None
+    if pooling is None:
+        try:
+            pipeline = read_sentence_pooling(folder)
+        except ValueError as e:  # a module we do not apply: one line, no traceback
+            p.exit(2, f"{p.prog}: error: {e}\n")
+        if pipeline is not None:
+            why = "the folder's sentence-transformers modules.json and 1_Pooling/config.json"
+        else:
+            pooling, why = "auto", ("no --pooling, no simcse.json, not a sentence-transformers "
+                                    "folder: the model's pooler if it has one, else cls")
+    if pooling == "max":  # not a TextEncoder pooling: sentence-transformers' max over tokens
+        pipeline = SentencePooling(("max",))
+    model_dir = pipeline.transformer_dir if pipeline and pipeline.transformer_dir else folder
+    encoder = load_text_encoder(model_dir, pooling=pooling if pooling in POOLINGS else "auto")
+    encoder = encoder.to(args.device)
+    max_length = args.max_length or (pipeline.max_seq_length if pipeline else None) or 128
+    tokenizer = load_tokenizer(args.tokenizer or model_dir, max_length=max_length)
+    name = pipeline.describe() if pipeline else encoder.pooling
+    log.info("pooling: %s (%s); max length %d", name, why, max_length)
     a, b, gold = load_sts_pairs(args.data, args.split, args.n, args.seed)
-    result = evaluate_sts(encoder, tokenizer, a, b, gold, batch_size=args.batch_size)
+    embed = pipeline.embedder(encoder) if pipeline else None
+    result = evaluate_sts(encoder, tokenizer, a, b, gold, batch_size=args.batch_size, embed=embed)
     # the command's result on stdout (its output, not a log line: logs go to stderr)
-    sys.stdout.write(json.dumps({"data": args.data, "split": args.split,
-                                 "pooling": encoder.pooling, **result}) + "\n")
+    sys.stdout.write(json.dumps({"data": args.data, "split": args.split, "pooling": name,
+                                 "pooling_from": why, **result}) + "\n")
     return 0
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GENERATED_TASKS", "TextTask", "load_task", "generated_tokenizer"]
+__all__ = ["GENERATED_TASKS", "TextTask", "check_task", "load_task", "generated_tokenizer"]
 
 GENERATED_TASKS = {"generated": "sst2", "generated-nli": "mnli", "generated-sts": "stsb"}
 
@@ -32,6 +32,26 @@ class TextTask:
     regression: bool
 
 
+def check_task(name: str, glue_dir: str | Path | None = None) -> str:
+    """The canonical name of task ``name`` (generated or GLUE), before any data is read: an
+    unknown name fails listing both kinds, a GLUE task without ``glue_dir`` names the flag."""
+    from contrastive.text.glue import GLUE_TASKS, _task
+
+    key = name.lower()
+    if key in GENERATED_TASKS:
+        return key
+    try:
+        task = _task(key)
+    except ValueError:
+        raise ValueError(f"unknown task {name!r}: use a GLUE task {sorted(GLUE_TASKS)} (with "
+                         f"--glue-dir) or a generated one {sorted(GENERATED_TASKS)}") from None
+    if glue_dir is None:
+        raise ValueError(f"task {name!r} is a GLUE task: pass --glue-dir /path/to/glue_data "
+                         f"(the folder holding {task.folder}/), or use one of "
+                         f"{sorted(GENERATED_TASKS)}")
+    return task.name
+
+
 def load_task(name: str, glue_dir: str | Path | None = None, *, n_train: int = 4000,
               n_dev: int = 1000, seed: int = 0) -> TextTask:
     """The task ``name`` (a generated task, or a GLUE task read from ``glue_dir``).
@@ -40,7 +60,7 @@ def load_task(name: str, glue_dir: str | Path | None = None, *, n_train: int = 4
     """
     from contrastive.text import generated as gen
 
-    key = name.lower()
+    key = check_task(name, glue_dir)
     if key in GENERATED_TASKS:
         if key == "generated":
             train, dev = (gen.generate_sentiment(n, seed, s) for n, s in ((n_train, "train"),
@@ -54,10 +74,7 @@ def load_task(name: str, glue_dir: str | Path | None = None, *, n_train: int = 4
                         not train.label_names)
     from contrastive.text.glue import _task, load_glue
 
-    if glue_dir is None:
-        raise ValueError(f"task {name!r} is a GLUE task: pass --glue-dir /path/to/glue_data "
-                         f"(the folder holding {_task(name).folder}/), or use one of "
-                         f"{sorted(GENERATED_TASKS)}")
+    assert glue_dir is not None  # check_task
     task = _task(name)
     dev_split = "dev_matched" if task.name == "mnli" else "dev"
     return TextTask(task.name, load_glue(task.name, glue_dir, "train"),

@@ -203,6 +203,9 @@ def load_tokenizer(folder: str | Path, max_length: int = 128) -> TextTokenizer:
     if path.is_file():
         path = path.parent
     tokenizers = require("tokenizers", _FEATURE)
+    if not path.exists():
+        raise FileNotFoundError(f"load_tokenizer: {path} does not exist; give a folder holding "
+                                f"{TOKENIZER_FILE} or vocab.txt (a BERT checkpoint folder)")
     if (path / TOKENIZER_FILE).is_file():
         return TextTokenizer(tokenizers.Tokenizer.from_file(str(path / TOKENIZER_FILE)), max_length)
     vocab_file = path / "vocab.txt"

@@ -69,3 +69,65 @@ def test_incompatible_checkpoint_before_training(rx, moco_run, recipe, argv, wor
     assert words in str(exc.value)
     assert (moco_run / "metrics.jsonl").read_text() == before  # nothing trained, nothing logged
     assert sorted(p.name for p in (moco_run / "checkpoints").iterdir()) == ["step_00000002"]
+
+
+# -- the text recipes (recipes/bert_finetune.py, recipes/lrc_bert.py; not on the engine yet) ----
+
+def _sst2(root):
+    """A GLUE folder with SST-2's two files in the official layout (tiny)."""
+    folder = root / "glue_data" / "SST-2"
+    folder.mkdir(parents=True)
+    rows = "sentence\tlabel\nthe film was great \t1\nan awful plot \t0\n"
+    for split in ("train", "dev"):
+        (folder / f"{split}.tsv").write_text(rows)
+    return root / "glue_data"
+
+
+def test_text_recipe_without_tokenizer_is_one_line(rx, tmp_path):
+    """The issue's command: a random-init model on GLUE without --tokenizer; one line, exit 2,
+    no traceback, nothing written."""
+    pytest.importorskip("transformers")
+    out = tmp_path / "run"
+    proc = rx.run_recipe("bert_finetune", "--task", "sst2", "--glue-dir", str(_sst2(tmp_path)),
+                         "--output-dir", str(out), tiny=False, check=False, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith("bert_finetune.py: error: ") and "--tokenizer FOLDER" in lines[0]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("recipe, argv, words", [
+    ("bert_finetune", ["--task", "sst2", "--glue-dir", "{empty}", "--tokenizer", "{tok}"],
+     "no train.tsv in"),
+    ("bert_finetune", ["--task", "sst2", "--tokenizer", "{tok}"], "pass --glue-dir"),
+    ("bert_finetune", ["--task", "sst3"], "unknown task 'sst3': use a GLUE task"),
+    ("bert_finetune", ["--task", "sst2", "--glue-dir", "{glue}", "--model", "roberta"],
+     "'bert' or 'hf:FOLDER'"),
+    ("bert_finetune", ["--task", "sst2", "--glue-dir", "{glue}", "--model", "hf:{empty}/bert"],
+     "empty/bert does not exist; give a folder holding tokenizer.json"),
+    ("bert_finetune", ["--task", "sst2", "--glue-dir", "{glue}", "--tokenizer", "{empty}"],
+     "holds neither tokenizer.json nor vocab.txt"),
+    ("lrc_bert", ["--task", "sst2", "--glue-dir", "{glue}", "--teacher", "{empty}"],
+     "lacks classifier.json or model.safetensors; make a teacher with recipes/bert_finetune.py"),
+    ("lrc_bert", ["--task", "sst2", "--glue-dir", "{glue}", "--teacher", "{empty}/none"],
+     "lacks classifier.json"),
+    ("lrc_bert", ["--task", "nli", "--teacher", "{empty}"], "unknown task 'nli'"),
+])
+def test_text_recipe_bad_input(rx, tmp_path, capsys, recipe, argv, words):
+    """Each names the problem and the fix in one line (``prog: error: ...``, exit status 2)
+    before anything is trained or written."""
+    pytest.importorskip("transformers")
+    from contrastive.text.tasks import generated_tokenizer
+
+    (tmp_path / "empty").mkdir()
+    generated_tokenizer().save(tmp_path / "tok")
+    paths = {"empty": tmp_path / "empty", "tok": tmp_path / "tok", "glue": _sst2(tmp_path)}
+    argv = [a.format(**paths) for a in argv]
+    mod = rx.load_recipe(recipe)
+    out = tmp_path / "run"
+    capsys.readouterr()
+    assert mod.cli(mod.main, f"{recipe}.py", [*argv, "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"{recipe}.py: error: ") and words in err[0], err
+    assert not out.exists()
