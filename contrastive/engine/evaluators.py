@@ -162,9 +162,9 @@ class STSEvaluator:
     def __call__(self, module: nn.Module, accelerator: Any) -> dict[str, float]:
         from contrastive.text.sts import evaluate_sts
 
-        embed = getattr(module, "embed", None)
+        embed: Any = getattr(module, "embed", None)
         if not callable(embed):
-            embed = getattr(module, "encoder")
+            embed = module.encoder
         res = evaluate_sts(module, self.tokenizer, self.text_a, self.text_b, self.scores,
                            batch_size=self.batch_size, embed=embed)
         return {"sts_spearman": round(res["spearman"], 6), "sts_pearson": round(res["pearson"], 6)}

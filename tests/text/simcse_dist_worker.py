@@ -20,8 +20,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import contrastive.methods.simcse as simcse_module
-from contrastive.nn import distributed as D
 from contrastive.methods.simcse import SimCSE
+from contrastive.nn import distributed as D
 
 B, T, VOCAB, STEPS = 4, 7, 40, 2
 NAMES = ("sup", "pair", "unsup", "sup_nograd")
