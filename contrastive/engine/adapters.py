@@ -255,6 +255,7 @@ class TextExamples(Dataset):
     the data set's per-sample fields (``extra_keys``, checked against the method's ``needs``)."""
 
     extra_keys = ("input_ids", "attention_mask", "token_type_ids")
+    seeded_items = False  # nothing random in an item: the loader skips the per-item seeding
 
     def __init__(self, groups: Any) -> None:
         self.groups = groups
