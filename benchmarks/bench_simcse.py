@@ -1,7 +1,8 @@
 """SimCSE on the generated task: STS Spearman of the random-init and the trained encoder, per seed.
 
-Runs ``recipes/simcse.py`` in-process (its ``train``) for a few settings and seeds and prints a
-markdown table (and one JSON line per run). The settings are the learning check's
+Runs ``recipes/simcse.py`` in-process (through the engine, fp32) for a few settings and seeds and
+prints a markdown table (and one JSON line per run); the figures are its STS evaluator's records
+(``sts_when`` start and end) in ``metrics.jsonl``. The settings are the learning check's
 (tests/text/test_simcse_recipe.py ``FAST`` / ``SLOW``) plus the paper's [CLS] pooling and the
 unsupervised variant at the SLOW budget (no learning claim for those).
 
@@ -17,12 +18,14 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--layers", "2", "--hidden", "64", "--heads", "2", "--vocab-size", "300",
-        "--log-every", "0"]
+        "--log-every", "50", "--progress", "false", "--mixed-precision", "no", "--num-workers",
+        "0", "--save-every-steps", "0"]
 FAST = ["--mode", "sup", "--pooling", "avg", "--lr", "1e-3", "--n-train", "2000",
         "--batch-size", "32", "--steps", "40", "--eval-every", "0", "--n-eval", "500", *TINY]
 SLOW = ["--lr", "1e-3", "--n-train", "8000", "--batch-size", "64", "--steps", "100",
@@ -44,6 +47,22 @@ def _recipe():
     return module
 
 
+def _train(recipe, argv: list[str]) -> dict[str, float]:
+    """One run through the engine: STS Spearman before (``initial``) and after (``final``)."""
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    with tempfile.TemporaryDirectory() as tmp:
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+        PartialState._reset_state()
+        out = Path(tmp) / "run"
+        start = time.time()
+        recipe.main([*argv, "--output-dir", str(out)])
+        recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = {r["sts_when"]: r["sts_spearman"] for r in recs if "sts_when" in r}
+    return {"initial": evals["start"], "final": evals["end"], "seconds": time.time() - start}
+
+
 def main() -> None:
     from contrastive.hardware import cpu_kind_line
 
@@ -57,7 +76,7 @@ def main() -> None:
         initial, final = [], []
         start = time.time()
         for seed in args.seeds:
-            res = recipe.train(recipe.parse_args([*SETTINGS[name], "--seed", str(seed)]))
+            res = _train(recipe, [*SETTINGS[name], "--seed", str(seed)])
             initial.append(res["initial"])
             final.append(res["final"])
             print(json.dumps({"setting": name, "seed": seed, "initial": res["initial"],

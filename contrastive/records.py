@@ -24,6 +24,9 @@ The run folder (``--output-dir``)::
     run_state.json         running / stopped / completed / failed
     encoder.pt             the record above (written at the end of a run)
     clip.pt, tokenizer/    image-text runs: the whole model (:func:`save_clip_record`)
+    model/                 text runs: a Hugging Face model folder (config.json,
+                           model.safetensors, tokenizer.json) and simcse.json, its evaluation
+                           pooling and step (:func:`save_sentence_model`)
     best/                  ``--keep-best``: the same artefacts at the best evaluation
     checkpoints/step_<8 digits>/   a complete checkpoint has ``meta.json`` (written last)
 """
@@ -45,7 +48,8 @@ __all__ = [
     "ENCODER_FILE", "CONFIG_FILE", "CHECKPOINTS", "META", "MODEL_FILE", "SCHEMA", "STEP_PREFIX",
     "EncoderRecord", "RecordError", "step_dir_name", "complete_checkpoints", "find_latest",
     "resolve_run_path", "encoder_fields_from_config", "CLIP_FILE", "TOKENIZER_DIR",
-    "BEST_DIR", "save_clip_record", "load_clip_record",
+    "BEST_DIR", "save_clip_record", "load_clip_record", "SENTENCE_MODEL_DIR", "SENTENCE_CONFIG",
+    "save_sentence_model", "sentence_model_step",
 ]
 
 ENCODER_FILE = "encoder.pt"
@@ -58,6 +62,8 @@ SCHEMA = 1
 CLIP_FILE = "clip.pt"
 TOKENIZER_DIR = "tokenizer"
 BEST_DIR = "best"
+SENTENCE_MODEL_DIR = "model"  # text runs: a Hugging Face folder
+SENTENCE_CONFIG = "simcse.json"  # in it: the evaluation pooling (contrastive-sts-eval reads it)
 STEP_PREFIX = "step_"  # checkpoints/step_<8 digits>; saves in progress: .tmp-step_<8 digits>
 _STEP_DIR = re.compile(rf"^{STEP_PREFIX}(\d+)$")
 _OPTIONAL = ("image_size", "mean", "std", "num_features", "step", "recipe", "method")
@@ -261,3 +267,36 @@ def load_clip_record(folder: str | Path) -> tuple[dict[str, Tensor], dict[str, A
                                 "recipes/clip.py")
     blob = torch.load(path, map_location="cpu", weights_only=True)
     return dict(blob["state_dict"]), dict(blob["config"])
+
+
+# ----------------------------------------------------------------------------------------------
+# text runs: model/ (a Hugging Face folder) with simcse.json
+
+
+def save_sentence_model(folder: str | Path, encoder: Any, tokenizer: Any,
+                        config: Mapping[str, Any]) -> Path:
+    """Write a sentence encoder as a Hugging Face folder: ``encoder.model.save_pretrained``
+    (``config.json``, ``model.safetensors``), the tokenizer (``tokenizer.json``) and
+    :data:`SENTENCE_CONFIG` (``{"pooling": encoder.pooling, **config}``, plain values; written
+    last and atomically, so its ``step`` marks a complete folder). ``create_encoder("hf:FOLDER")``
+    and ``contrastive-sts-eval --model FOLDER`` read it. Returns the :data:`SENTENCE_CONFIG`
+    path."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    encoder.model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save(folder)
+    text = json.dumps({"pooling": encoder.pooling, **config}, indent=1)
+    tmp = folder / (SENTENCE_CONFIG + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, folder / SENTENCE_CONFIG)
+    return folder / SENTENCE_CONFIG
+
+
+def sentence_model_step(folder: str | Path) -> int | None:
+    """The ``step`` recorded in ``folder``'s :data:`SENTENCE_CONFIG` (None: absent, unreadable
+    or without one)."""
+    try:
+        step = json.loads((Path(folder) / SENTENCE_CONFIG).read_text(encoding="utf-8")).get("step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None

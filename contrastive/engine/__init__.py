@@ -6,13 +6,15 @@ the paper's hyper-parameters (a :class:`TrainConfig` subclass) plus one call::
     from contrastive.engine import TrainConfig, run
     run(MyConfig, build_method, build_pipeline)          # images
     run(MyConfig, build_method, adapter=ImageTextAdapter(model_config))  # image-text
+    run(MyConfig, build_method, adapter=TextAdapter(training_groups))    # text
 
 - :mod:`~contrastive.engine.config`: dataclass -> argparse, every field a flag
   (:class:`RunConfig` what every run has; :class:`TrainConfig` images, :class:`ImageTextConfig`
-  image-text pairs);
+  image-text pairs, :class:`TextConfig` text);
 - :mod:`~contrastive.engine.adapters`: the data seam (data set, batch on the device,
   throughput unit, default evaluators and artefacts) a recipe chooses;
-- :mod:`~contrastive.engine.evaluators`: monitors (kNN; zero-shot and retrieval), keep-best;
+- :mod:`~contrastive.engine.evaluators`: monitors (kNN; zero-shot and retrieval; STS Spearman),
+  keep-best;
 - :mod:`~contrastive.engine.optim`: SGD / AdamW / LARS with bias and norm parameters excluded;
 - :mod:`~contrastive.engine.schedules`: lr schedules as plain functions of the step;
 - :mod:`~contrastive.engine.loader`: deterministic, resumable data order (built on the seeded
@@ -30,7 +32,7 @@ What a run leaves on disk (``encoder.pt``, the run-folder layout) is defined in
 :mod:`contrastive.records`, which evaluation reads.
 """
 
-from contrastive.engine.adapters import DataAdapter, ImageAdapter, ImageTextAdapter
+from contrastive.engine.adapters import DataAdapter, ImageAdapter, ImageTextAdapter, TextAdapter
 from contrastive.engine.checkpoint import (
     IncompatibleCheckpointError,
     ResumeMismatchError,
@@ -42,6 +44,7 @@ from contrastive.engine.config import (
     DIMConfig,
     ImageTextConfig,
     RunConfig,
+    TextConfig,
     TrainConfig,
     config_from_dict,
     config_to_dict,
@@ -66,6 +69,8 @@ __all__ = [
     "IncompatibleCheckpointError",
     "NonFiniteLossError",
     "ResumeMismatchError",
+    "TextAdapter",
+    "TextConfig",
     "TrainConfig",
     "TrainResult",
     "build_optimizer",

@@ -14,12 +14,14 @@ A :class:`DataAdapter` owns everything modality-specific between the data spec a
   (:mod:`contrastive.engine.evaluators`);
 - ``artefacts``: what the run leaves besides checkpoints (:mod:`contrastive.engine.artefacts`,
   formats in :mod:`contrastive.records`);
-- ``resolved()``: values resolved at run time, for ``config.json``.
+- ``resolved()``: values resolved at run time, for ``config.json``;
+- optionally ``collate(items)``: the loader's collate function (in the workers), when torch's
+  default stacking does not fit (text: tokenise a batch and pad it to its longest sentence).
 
 :class:`ImageAdapter` is today's image path (views from an augmentation pipeline);
 :class:`ImageTextAdapter` serves image-text pairs (CLIP: one centre-cropped image in [0, 1] and
-the caption's token ids). A text adapter (next issue) needs only ``train_set``, ``batch`` with
-no image fields, and ``unit = "tokens"``.
+the caption's token ids); :class:`TextAdapter` serves examples of 1-3 sentences as token
+tensors (SimCSE), with no image fields, and counts tokens.
 """
 
 from __future__ import annotations
@@ -30,12 +32,19 @@ from typing import Any, Protocol
 
 import torch
 from torch import Tensor
+from torch.utils.data import Dataset
 
-from contrastive.engine.artefacts import Artefacts, ClipArtefacts, EncoderArtefacts
+from contrastive.engine.artefacts import (
+    Artefacts,
+    ClipArtefacts,
+    EncoderArtefacts,
+    SentenceModelArtefacts,
+)
 from contrastive.engine.extras import add_extras, split_item
 from contrastive.engine.loader import step_generator
 
-__all__ = ["DataAdapter", "ImageAdapter", "ImageTextAdapter", "prepare_views", "make_batch"]
+__all__ = ["DataAdapter", "ImageAdapter", "ImageTextAdapter", "TextAdapter", "prepare_views",
+           "make_batch"]
 
 logger = logging.getLogger(__name__)
 
@@ -238,3 +247,108 @@ class ImageTextAdapter:
 
     def describe(self) -> str:
         return "image-text pairs, centre crops on device"
+
+
+class TextExamples(Dataset):
+    """Examples of S sentences (a :class:`~contrastive.text.batches.SentenceGroups`) as the
+    engine's loader wants items: a tuple (``(sentences,)``); the token tensors it yields are
+    the data set's per-sample fields (``extra_keys``, checked against the method's ``needs``)."""
+
+    extra_keys = ("input_ids", "attention_mask", "token_type_ids")
+    seeded_items = False  # nothing random in an item: the loader skips the per-item seeding
+
+    def __init__(self, groups: Any) -> None:
+        self.groups = groups
+        self.size = int(groups.size)
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def __getitem__(self, i: int) -> tuple[tuple[str, ...]]:
+        return (self.groups.groups[i],)
+
+
+class TokenCollate:
+    """The text loader's collate: items ``(sentences, index)`` -> ``(fields, indices)``, the
+    B x S sentences tokenised in one call and padded to the batch's longest
+    (:class:`~contrastive.text.batches.GroupCollate`: ``input_ids`` / ``attention_mask`` /
+    ``token_type_ids`` (B, S, T)), as the official SimCSE's data collator pads per batch."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        from contrastive.text.batches import GroupCollate
+
+        self.group_collate = GroupCollate(tokenizer)
+
+    def __call__(self, items: list[tuple[Any, ...]]) -> tuple[dict[str, Tensor], Tensor]:
+        fields = self.group_collate([{"sentences": item[0]} for item in items])
+        return fields, torch.tensor([item[-1] for item in items], dtype=torch.long)
+
+
+class TextAdapter:
+    """Text examples of 1-3 sentences (SimCSE: one sentence; (anchor, positive); (anchor,
+    positive, hard negative)), tokenised in the loader workers and padded per batch; the
+    method's batch holds the token tensors it ``needs`` ((B, S, T), on the device).
+    Throughput in tokens/s (the attention mask's sum); the STS evaluator
+    (:func:`~contrastive.engine.evaluators.build_sts_evaluator`: ``--eval``, ``--eval-every``);
+    ``model/``, a Hugging Face folder (:class:`~contrastive.engine.artefacts.SentenceModelArtefacts`).
+
+    ``groups(cfg)`` (from the recipe) returns the training examples, a
+    :class:`~contrastive.text.batches.SentenceGroups`. The tokenizer is ``--tokenizer`` (a
+    folder) or a WordPiece vocabulary of ``--vocab-size`` trained on the training sentences
+    (deterministic, so every process builds the same one); it is known after :meth:`train_set`
+    (the recipe's ``build_method`` reads its ``vocab_size``).
+    """
+
+    unit = "tokens"
+
+    def __init__(self, groups: Callable[[Any], Any]) -> None:
+        self.groups = groups
+        self.tokenizer: Any = None
+        self.collate: TokenCollate | None = None
+        self.artefacts: Artefacts = SentenceModelArtefacts(self)
+        self._cfg: Any = None
+        self._data: TextExamples | None = None
+
+    def train_set(self, cfg: Any, accelerator: Any) -> Any:
+        from contrastive.text.tokenizer import load_tokenizer, train_wordpiece
+
+        self._cfg = cfg
+        groups = self.groups(cfg)
+        if cfg.tokenizer:
+            self.tokenizer = load_tokenizer(cfg.tokenizer, max_length=cfg.max_length)
+        else:
+            corpus = [sentence for group in groups.groups for sentence in group]
+            self.tokenizer = train_wordpiece(corpus, vocab_size=cfg.vocab_size,
+                                             max_length=cfg.max_length)
+        self.collate = TokenCollate(self.tokenizer)
+        self._data = TextExamples(groups)
+        return self._data
+
+    def batch(self, sample: tuple[Any, ...], needs: tuple[str, ...], sched: dict[str, float], *,
+              device: torch.device, step: int, micro: int, rank: int) -> dict[str, Any]:
+        fields, indices = sample
+        batch: dict[str, Any] = dict(sched)
+        if "indices" in needs:
+            batch["indices"] = indices.to(device, non_blocking=True)
+        add_extras(batch, fields, needs, device)
+        return batch
+
+    def count(self, batch: dict[str, Any]) -> Tensor | None:
+        mask = batch.get("attention_mask")
+        return None if mask is None else mask.sum()
+
+    def evaluators(self, cfg: Any, world: int) -> list[Any]:
+        from contrastive.engine.evaluators import build_sts_evaluator
+
+        ev = build_sts_evaluator(cfg, self.tokenizer)
+        return [] if ev is None else [ev]
+
+    def resolved(self) -> dict[str, Any]:
+        assert self._data is not None
+        return {"train_examples": len(self._data), "sentences_per_example": self._data.size,
+                "vocab_size": int(self.tokenizer.vocab_size)}
+
+    def describe(self) -> str:
+        size = self._data.size if self._data is not None else 0
+        return (f"{size} sentence(s) per example, tokenised in the loader (max length "
+                f"{self._cfg.max_length if self._cfg is not None else '?'})")

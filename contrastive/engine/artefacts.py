@@ -7,7 +7,10 @@ which evaluation reads):
   kwargs, crop size and normalisation;
 - :class:`ClipArtefacts` (image-text runs): ``clip.pt`` + ``tokenizer/`` (the whole model, which
   ``contrastive-zeroshot`` reads) and the image tower's ``encoder.pt`` (for the linear probe and
-  kNN tools).
+  kNN tools);
+- :class:`SentenceModelArtefacts` (text runs): ``model/``, the method's sentence encoder as a
+  Hugging Face folder with its tokenizer and ``simcse.json`` (evaluation pooling, step), which
+  ``contrastive-sts-eval`` and ``create_encoder("hf:...")`` read.
 
 ``write(out, cfg, module, recipe, step)`` returns the main file; ``step_of(out)`` the step it
 was written at (None when absent or unreadable: a requeued finished run rewrites it).
@@ -24,12 +27,17 @@ from contrastive.engine.monitor import encoder_of
 from contrastive.records import (
     CLIP_FILE,
     ENCODER_FILE,
+    SENTENCE_CONFIG,
+    SENTENCE_MODEL_DIR,
     EncoderRecord,
     RecordError,
     save_clip_record,
+    save_sentence_model,
+    sentence_model_step,
 )
 
-__all__ = ["Artefacts", "EncoderArtefacts", "ClipArtefacts", "write_encoder"]
+__all__ = ["Artefacts", "EncoderArtefacts", "ClipArtefacts", "SentenceModelArtefacts",
+           "write_encoder"]
 
 
 class Artefacts(Protocol):
@@ -102,3 +110,30 @@ class ClipArtefacts:
 
     def main_file(self, out: Path) -> Path:
         return out / CLIP_FILE
+
+
+class SentenceModelArtefacts:
+    """``model/``: the method's ``sentence_encoder()`` (SimCSE: the encoder whose pooled output
+    is the evaluation embedding, the supervised MLP as its pooler, as the authors'
+    ``simcse_to_huggingface.py``) with the training tokenizer. ``adapter``: the
+    :class:`~contrastive.engine.adapters.TextAdapter` (its tokenizer)."""
+
+    def __init__(self, adapter: Any) -> None:
+        self.adapter = adapter
+
+    def write(self, out: Path, cfg: Any, module: nn.Module, recipe: str, step: int) -> Path:
+        make = getattr(module, "sentence_encoder", None)
+        if not callable(make):
+            raise TypeError(f"{type(module).__name__} has no sentence_encoder(): a text run's "
+                            "artefact is the method's sentence encoder")
+        config = {"method": type(module).__name__.lower(), "recipe": recipe, "step": step,
+                  "temperature": getattr(module, "temperature", None),
+                  "mode": getattr(cfg, "mode", None)}
+        return save_sentence_model(out / SENTENCE_MODEL_DIR, make(), self.adapter.tokenizer,
+                                   config)
+
+    def step_of(self, out: Path) -> int | None:
+        return sentence_model_step(out / SENTENCE_MODEL_DIR)
+
+    def main_file(self, out: Path) -> Path:
+        return out / SENTENCE_MODEL_DIR / SENTENCE_CONFIG

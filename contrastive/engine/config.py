@@ -26,7 +26,7 @@ from typing import Any, Literal, TypeVar
 
 from contrastive.hardware import PRECISIONS
 
-__all__ = ["RunConfig", "TrainConfig", "ImageTextConfig", "CifarConfig", "SCHEDULES", "parse_config",
+__all__ = ["RunConfig", "TrainConfig", "ImageTextConfig", "TextConfig", "CifarConfig", "SCHEDULES", "parse_config",
            "config_to_dict", "config_from_dict", "help_field", "parse_json_object"]
 
 C = TypeVar("C", bound="RunConfig")
@@ -297,6 +297,37 @@ class ImageTextConfig(RunConfig):
         if self.image_size <= 0 or self.eval_every < 0 or self.eval_max < 0:
             raise ValueError("--image-size must be positive, --eval-every and --eval-max >= 0")
         self.encoder_options()
+
+
+@dataclass
+class TextConfig(RunConfig):
+    """A run on text (SimCSE): the fields every run has, the tokenizer (a saved one or a
+    WordPiece vocabulary trained on the training sentences) and the STS evaluator's pairs and
+    cadence. No image fields. Recipes add their data and model fields."""
+
+    data: str = help_field("generated", "training text (the recipe says which forms it reads)")
+    data_seed: int = help_field(0, "seed of generated data (--seed drives model and order)")
+    tokenizer: str = help_field(
+        "", "folder with tokenizer.json or vocab.txt; empty = train a WordPiece vocabulary on "
+        "the training sentences (deterministic)")
+    vocab_size: int = help_field(1000, "trained WordPiece vocabulary size")
+    max_length: int = help_field(128, "tokens per sentence (longer ones are truncated)")
+    eval: str = help_field(
+        "generated", "STS pairs the evaluator scores (Spearman of cosine similarities): "
+        "generated | a GLUE STS-B folder or TSV | none")
+    eval_split: str = help_field("dev", "STS-B split (dev; test has no scores)")
+    n_eval: int = help_field(2000, "generated STS pairs (the test stream, --data-seed)")
+    eval_every: int = help_field(0, "STS evaluation every N optimiser steps (0 = at the end only)")
+    eval_at_start: bool = help_field(True, "also evaluate before training (random init)")
+
+    def validate(self) -> None:
+        """The checks of every run, and positive sizes."""
+        super().validate()
+        for name in ("vocab_size", "max_length", "n_eval"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
+        if self.eval_every < 0:
+            raise ValueError(f"--eval-every must be >= 0, got {self.eval_every}")
 
 
 @dataclass

@@ -10,6 +10,11 @@ as a record of their own (``{"step", "epoch", <metrics>, "<name>_when": "start" 
 - :class:`ZeroShotEvaluator` (image-text runs): zero-shot top-1 / top-5 over the held-out
   split's class names and image-text retrieval recall@1/5 both ways
   (:mod:`contrastive.eval.zeroshot`); metrics ``zeroshot_top1`` ... ``text_to_image_R@5``.
+- :class:`STSEvaluator` (text runs): Spearman (and Pearson) of the cosine similarities of sentence
+  embeddings with the gold scores of STS pairs, SimCSE's protocol (:mod:`contrastive.text.sts`);
+  metrics ``sts_spearman``, ``sts_pearson``. SimCSE selects its checkpoint on STS-B dev
+  Spearman (the official ``run_sup_example.sh``: ``--metric_for_best_model stsb_spearman
+  --load_best_model_at_end``): ``--keep-best sts_spearman``.
 - :class:`BestKeeper` (``--keep-best METRIC``): the best value of one metric and its step,
   checkpointed with the run (a resume keeps it); the loop writes the run's artefacts into
   ``best/`` when the value improves.
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -26,8 +32,8 @@ from torch import nn
 
 from contrastive.engine.monitor import KNNMonitor, feature_fn
 
-__all__ = ["Evaluator", "KNNEvaluator", "ZeroShotEvaluator", "BestKeeper",
-           "build_knn_evaluator", "build_zeroshot_evaluator"]
+__all__ = ["Evaluator", "KNNEvaluator", "ZeroShotEvaluator", "STSEvaluator", "BestKeeper",
+           "build_knn_evaluator", "build_zeroshot_evaluator", "build_sts_evaluator"]
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +138,51 @@ def build_zeroshot_evaluator(cfg: Any, pipeline: Any, tokenizer: Any
                     "first %d training pairs", cfg.data, len(captions))
     return ZeroShotEvaluator(images, captions, tokenizer, labels=labels, classes=classes,
                              every=cfg.eval_every, at_start=cfg.eval_at_start)
+
+
+class STSEvaluator:
+    """STS Spearman of a text method's sentence embeddings every ``every`` optimiser steps.
+
+    The embedding is the method's ``embed(input_ids, attention_mask, token_type_ids)`` (SimCSE:
+    the official ``sentemb_forward``, MLP at test only when supervised) or, without one, its
+    ``encoder``'s pooled output; in eval mode (no dropout). Every process computes the same
+    figures on its own (no collective): the pairs are monitor-sized (``--n-eval``; STS-B dev
+    has 1,500).
+    """
+
+    name, per = "sts", "step"
+
+    def __init__(self, text_a: Sequence[str], text_b: Sequence[str], scores: Any,
+                 tokenizer: Any, *, every: int = 0, at_start: bool = False,
+                 batch_size: int = 128) -> None:
+        self.text_a, self.text_b, self.scores = list(text_a), list(text_b), scores
+        self.tokenizer, self.batch_size = tokenizer, batch_size
+        self.every, self.at_start = every, at_start
+
+    def __call__(self, module: nn.Module, accelerator: Any) -> dict[str, float]:
+        from contrastive.text.sts import evaluate_sts
+
+        embed: Any = getattr(module, "embed", None)
+        if not callable(embed):
+            embed = module.encoder
+        res = evaluate_sts(module, self.tokenizer, self.text_a, self.text_b, self.scores,
+                           batch_size=self.batch_size, embed=embed)
+        return {"sts_spearman": round(res["spearman"], 6), "sts_pearson": round(res["pearson"], 6)}
+
+
+def build_sts_evaluator(cfg: Any, tokenizer: Any) -> STSEvaluator | None:
+    """The STS evaluator of a text run (``--eval``: ``generated`` = ``--n-eval`` pairs of the
+    generated task's test stream, or a GLUE STS-B folder / TSV and ``--eval-split``; ``none``
+    = no evaluator), every ``--eval-every`` steps and at the end."""
+    if cfg.eval == "none":
+        return None
+    from contrastive.text.sts import load_sts_pairs
+
+    if cfg.eval != "generated" and not Path(cfg.eval).exists():
+        raise FileNotFoundError(f"--eval {cfg.eval}: no such STS-B folder or file; give "
+                                "'generated', a GLUE STS-B folder / TSV, or 'none'")
+    a, b, gold = load_sts_pairs(cfg.eval, cfg.eval_split, cfg.n_eval, cfg.data_seed)
+    return STSEvaluator(a, b, gold, tokenizer, every=cfg.eval_every, at_start=cfg.eval_at_start)
 
 
 class BestKeeper:

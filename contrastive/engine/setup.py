@@ -125,7 +125,8 @@ def build_data(cfg: RunConfig, adapter: Any, accelerator: Any) -> TrainData:
                                  world_size=world, seed=cfg.seed,
                                  num_batches=micro_per_epoch)  # whole optimiser steps only
     loader = build_train_loader(train_set, sampler, seed=cfg.seed, num_workers=cfg.num_workers,
-                                pin_memory=accelerator.device.type == "cuda")
+                                pin_memory=accelerator.device.type == "cuda",
+                                collate_fn=getattr(adapter, "collate", None))  # text: tokenise
     total_steps = cfg.steps or steps_per_epoch * cfg.epochs
     epochs = -(-total_steps // steps_per_epoch)
     last_step = min(total_steps, cfg.max_steps) if cfg.max_steps else total_steps

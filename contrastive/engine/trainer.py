@@ -274,7 +274,8 @@ class _Run:
                                                            indent=1))
             logger.info("training %s: %d %s, %d steps/epoch, %d steps, global batch %d on %d "
                         "process(es), lr %.4g, precision %s, %s", self.recipe,
-                        len(data.train_set), self.adapter.unit, data.steps_per_epoch,
+                        len(data.train_set), "examples" if self.adapter.unit == "tokens"
+                        else self.adapter.unit, data.steps_per_epoch,
                         data.total_steps, cfg.batch_size, world, self.m.peak_lr,
                         acc.mixed_precision, self.adapter.describe())
         if cfg.report_to != "none":

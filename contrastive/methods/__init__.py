@@ -5,8 +5,8 @@
 the two-view family without (or with other) negatives: ``BYOL``, ``SimSiam``, ``SupCon``,
 ``NNCLR``, ``BarlowTwins``, ``VICReg``; multi-crop clustering and self-distillation: ``SwAV``,
 ``DINO``; mutual information: ``DeepInfoMax``; image-text: ``CLIP`` (reads ``input_ids`` and
-``attention_mask`` besides the image); sentence embeddings: ``SimCSE``
-(:mod:`contrastive.text.simcse`, registered as ``"simcse"``).
+``attention_mask`` besides the image); sentence embeddings: ``SimCSE`` (reads ``input_ids`` and
+``attention_mask``).
 
 The contract (every method; the training engine relies on nothing else)
 -----------------------------------------------------------------------
@@ -67,11 +67,11 @@ from contrastive.methods.registry import (
     register_method,
 )
 from contrastive.methods.simclr import SimCLR
+from contrastive.methods.simcse import SimCSE
 from contrastive.methods.simsiam import SimSiam
 from contrastive.methods.supcon import SupCon
 from contrastive.methods.swav import SwAV
 from contrastive.methods.vicreg import VICReg
-from contrastive.text import simcse as _simcse  # noqa: E402, F401  (registers "simcse")
 
 __all__ = [
     "BATCH_KEYS",
@@ -88,6 +88,7 @@ __all__ = [
     "ParamGroup",
     "Schedule",
     "SimCLR",
+    "SimCSE",
     "SimSiam",
     "SupCon",
     "SwAV",

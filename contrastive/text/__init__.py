@@ -22,8 +22,8 @@ reading / metrics and the generated task need neither.
 - Text batches (:mod:`contrastive.text.batches`): :class:`SentenceGroups` (examples of 1-3
   sentences), :class:`GroupCollate` (``input_ids`` / ``attention_mask`` / ``token_type_ids``
   (B, S, T)), readers of SimCSE's files :func:`read_simcse_csv`, :func:`read_sentence_file`.
-- SimCSE (:mod:`contrastive.text.simcse`): :class:`SimCSE`, the method ``"simcse"``
-  (unsupervised and supervised contrastive sentence embeddings).
+- SimCSE lives with the other methods (:mod:`contrastive.methods.simcse`; ``SimCSE`` here is
+  that class, kept for old imports).
 - STS evaluation (:mod:`contrastive.text.sts`): :func:`evaluate_sts`, :func:`sts_correlation`
   (Spearman of cosine similarities), the ``contrastive-sts-eval`` command.
 - LRC-BERT (:mod:`contrastive.text.lrc_bert`): :class:`LRCBert` (COS-NCE distillation of a
@@ -65,7 +65,7 @@ _LAZY: dict[str, str] = {
     "nli_groups": "contrastive.text.batches",
     "read_sentence_file": "contrastive.text.batches",
     "read_simcse_csv": "contrastive.text.batches",
-    "SimCSE": "contrastive.text.simcse",
+    "SimCSE": "contrastive.methods.simcse",
     "evaluate_sts": "contrastive.text.sts",
     "sts_correlation": "contrastive.text.sts",
     "TextTokenizer": "contrastive.text.tokenizer",

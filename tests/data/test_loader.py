@@ -77,6 +77,20 @@ def test_an_items_draws_depend_on_seed_epoch_and_index_only():
     assert len(SeededDataset(_Draws(), with_index=False)[(0, 1)]) == 5
 
 
+def test_items_without_randomness_skip_the_seeding():
+    """``seeded_items = False`` (text examples): the item is loaded as it is, no generator is
+    seeded (the draws follow the caller's stream; with seeding they would repeat per key)."""
+    class Unseeded(_Draws):
+        seeded_items = False
+
+    ds = SeededDataset(Unseeded(), seed=3)
+    torch.manual_seed(0)
+    a, b = ds[(1, 4)], ds[(1, 4)]
+    assert not torch.equal(a[0], b[0]) and a[-1] == b[-1] == 4
+    torch.manual_seed(0)
+    assert torch.equal(ds[(0, 4)][0], a[0])  # the caller's stream, whatever the key
+
+
 @pytest.mark.parametrize("seed", [0, 1, 12345, 2**31 - 1, 2**32 + 7, 2**62 + 3, 2**63 - 1])
 def test_cheap_item_seeding_gives_the_torch_manual_seed_stream(seed):
     """``torch.default_generator.manual_seed`` (~3 us) leaves the CPU generator in the very state

@@ -9,7 +9,7 @@ start (:meth:`cleanup_partial` then ``--resume auto``) must find the newest comp
 and load exactly the state that was saved in it.
 
 The same with the real trainer, once per data adapter (``moco_cifar``: images; ``clip``:
-image-text pairs; both tiny): killed at each step of a save, then ``--resume auto`` ends
+image-text pairs; ``simcse``: text; all tiny): killed at each step of a save, then ``--resume auto`` ends
 bit-identical to the uninterrupted run (``slow``; one case in the default run: the kill between
 the two renames of a re-save). Also: a torn last line of metrics.jsonl, an ``--output-dir`` that
 is a file, read-only or on a full disk.
@@ -42,7 +42,7 @@ from contrastive.engine.checkpoint import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_safe_resume import CLIP, MOCO, _run  # noqa: E402
+from test_safe_resume import CLIP, MOCO, SIMCSE, _run  # noqa: E402
 
 OPS = ("_mkdir", "_write", "_fsync", "_replace", "_rmtree")
 
@@ -224,7 +224,10 @@ def test_torn_last_metrics_line_is_dropped(tmp_path, caplog):
 # the real trainer, per adapter: 8 steps (2 epochs of 4), a checkpoint every 3 steps + epoch ends
 
 SAVES = ["--save-every-steps", "3", "--keep-last", "1"]
-CASES = {"image": ("moco_cifar", [*MOCO, *SAVES]), "image-text": ("clip", [*CLIP, *SAVES])}
+CASES = {"image": ("moco_cifar", [*MOCO, *SAVES]), "image-text": ("clip", [*CLIP, *SAVES]),
+         "text": ("simcse", [*SIMCSE, *SAVES])}
+#: each recipe's main artefact (the file a requeued finished run rewrites when it is missing)
+MAIN = {"moco_cifar": "encoder.pt", "clip": "clip.pt", "simcse": "model/simcse.json"}
 
 
 def _with(case: tuple[str, list[str]], *extra: str) -> tuple[str, list[str]]:
@@ -247,7 +250,7 @@ def _final(out: Path, step: int = 8):
 def _assert_same(ref: Path, out: Path) -> None:
     (ma, oa), (mb, ob) = _final(ref), _final(out)
     assert set(ma) == set(mb) and all(torch.equal(ma[k], mb[k]) for k in ma), "weights differ"
-    assert "queue.queue" in ma or "logit_scale" in ma
+    assert "queue.queue" in ma or "logit_scale" in ma or "mlp.0.weight" in ma
     for pid, st in oa["state"].items():
         for name, value in st.items():
             assert torch.equal(value, ob["state"][pid][name]), f"optimizer {pid}.{name}"
@@ -446,7 +449,8 @@ def test_full_disk_during_a_save(case, reference, at_step_4, tmp_path, monkeypat
 
 def test_a_finished_run_requeued_changes_nothing(case, reference, tmp_path, caplog):
     """A requeued job whose run already ended trains nothing and rewrites nothing; a missing
-    main artefact (encoder.pt; clip.pt for image-text) is written at the run's last step."""
+    main artefact (encoder.pt; clip.pt for image-text; model/ for text) is written at the run's
+    last step."""
     out = _copy(reference, tmp_path)
     snapshot = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     caplog.set_level(logging.INFO)
@@ -454,9 +458,12 @@ def test_a_finished_run_requeued_changes_nothing(case, reference, tmp_path, capl
     assert result.steps_trained == 0 and "nothing to train" in caplog.text
     after = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert after == snapshot
-    main = "clip.pt" if case[0] == "clip" else "encoder.pt"
+    main = MAIN[case[0]]
     (out / main).unlink()
     result = _run(*_with(case, "--output-dir", str(out), "--resume", "auto"))
     assert result.steps_trained == 0 and result.encoder_path == out / main
-    assert torch.load(out / "encoder.pt", weights_only=True)["step"] == 8
+    if main.endswith(".json"):  # text: model/simcse.json records the step
+        assert json.loads((out / main).read_text())["step"] == 8
+    else:
+        assert torch.load(out / "encoder.pt", weights_only=True)["step"] == 8
     assert (out / main).is_file()

@@ -5,7 +5,7 @@ alone, or to the launcher alone: the run saves a checkpoint, exits with status 7
 "stopped" in ``run_state.json``, and ``--resume auto`` ends bit-identical to the uninterrupted
 run (model, optimiser and RNG fingerprints of the final checkpoint, every logged loss). The
 tests with a reference run go through each data adapter (``moco_cifar``: images, ``clip``:
-image-text pairs).
+image-text pairs, ``simcse``: text).
 """
 
 from __future__ import annotations
@@ -31,13 +31,14 @@ rx = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(rx)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_safe_resume import CLIP  # noqa: E402
+from test_safe_resume import CLIP, SIMCSE  # noqa: E402
 
 EXIT_STOPPED = 75
 N = 20  # 64 images / batch 16 = 4 steps per epoch x 5 epochs
 ARGS = ["--epochs", "5", "--save-every-steps", "0", "--knn-every", "0", "--pass-indices"]
 CASES = {"image": ("moco_cifar", [*rx.TINY, *rx.SMALL["moco_cifar"], *ARGS]),
-         "image-text": ("clip", [*CLIP, "--epochs", "5", "--save-every-steps", "0"])}
+         "image-text": ("clip", [*CLIP, "--epochs", "5", "--save-every-steps", "0"]),
+         "text": ("simcse", [*SIMCSE, "--epochs", "5", "--save-every-steps", "0"])}
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))

@@ -19,9 +19,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import contrastive.text.simcse as simcse_module
+import contrastive.methods.simcse as simcse_module
+from contrastive.methods.simcse import SimCSE
 from contrastive.nn import distributed as D
-from contrastive.text.simcse import SimCSE
 
 B, T, VOCAB, STEPS = 4, 7, 40, 2
 NAMES = ("sup", "pair", "unsup", "sup_nograd")

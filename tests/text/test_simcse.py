@@ -1,4 +1,4 @@
-"""SimCSE (contrastive.text.simcse): the loss as the paper writes it, pooling / MLP at test, the
+"""SimCSE (contrastive.methods.simcse): the loss as the paper writes it, pooling / MLP at test, the
 two dropout passes, presets and registry, export, bad input."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch.nn.functional as F
 pytest.importorskip("transformers")
 
 from contrastive.methods import get_method  # noqa: E402
+from contrastive.methods.simcse import SimCSE  # noqa: E402
 from contrastive.text.encoders import load_text_encoder  # noqa: E402
-from contrastive.text.simcse import SimCSE  # noqa: E402
 
 VOCAB, T = 30, 6
 
