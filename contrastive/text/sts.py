@@ -29,13 +29,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from contrastive.records import SENTENCE_CONFIG
+
 __all__ = ["SIMCSE_CONFIG", "embed_texts", "evaluate_sts", "load_sts_pairs", "main",
            "sts_correlation"]
 
 log = logging.getLogger(__name__)
 
-SIMCSE_CONFIG = "simcse.json"
-"""File in an exported model folder naming its evaluation pooling (written by recipes/simcse.py)."""
+SIMCSE_CONFIG = SENTENCE_CONFIG
+"""File in an exported model folder naming its evaluation pooling (written by recipes/simcse.py
+through :func:`contrastive.records.save_sentence_model`; the name's one home is there)."""
 
 EmbedFn = Callable[..., Tensor]
 
