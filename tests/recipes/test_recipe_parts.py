@@ -100,11 +100,13 @@ RECIPE_PRESETS = {
     "simsiam_r50": ("SimSiam", "resnet50"), "supcon_cifar": ("SupCon", "cifar"),
     "swav_cifar": ("SwAV", "cifar"), "swav_r50": ("SwAV", "resnet50"),
     "vicreg_cifar": ("VICReg", "cifar"), "vicreg_r50": ("VICReg", "resnet50"),
+    "simcse": ("SimCSE", "sup"),  # the default --mode; --mode unsup builds the other preset
 }
 # presets no recipe builds (a variant of a recipe's preset, or a model size without a recipe)
 PRESETS_WITHOUT_RECIPE = {("MoCo", "cifar_symmetric"), ("MoCoV3", "resnet50_1000ep"),
                           ("MoCoV3", "vit_base"), ("DeepInfoMax", "*"),
-                          ("NNCLR", "resnet50"), ("SupCon", "resnet50")}
+                          ("NNCLR", "resnet50"), ("SupCon", "resnet50"),
+                          ("SimCSE", "unsup")}  # recipes/simcse.py --mode unsup
 
 # where a recipe deliberately departs from its preset, and why
 RECIPE_OVERRIDES = {
@@ -123,7 +125,7 @@ def _constructor_arguments(rx, monkeypatch, recipe: str, cls) -> dict:
     recipe's default configuration; nothing is built."""
     import inspect
 
-    from contrastive.engine import parse_config
+    from contrastive.engine import RunConfig, parse_config
 
     seen: dict = {}
     init = cls.__init__
@@ -137,9 +139,12 @@ def _constructor_arguments(rx, monkeypatch, recipe: str, cls) -> dict:
     monkeypatch.setattr(cls, "__init__", capture)
     mod = rx.load_recipe(recipe)
     config_class = next(v for v in vars(mod).values() if isinstance(v, type)
-                        and v.__module__ == mod.__name__ and hasattr(v, "encoder_options"))
+                        and v.__module__ == mod.__name__ and issubclass(v, RunConfig))
     with pytest.raises(_Built):
-        mod.build_method(parse_config(config_class, ["--data", "shapes"]))
+        if hasattr(mod, "build_method"):
+            mod.build_method(parse_config(config_class, ["--data", "shapes"]))
+        else:  # a text recipe: its method's arguments, the tokenizer's vocabulary aside
+            cls(**mod.method_kwargs(parse_config(config_class, []), 100))
     return seen
 
 
