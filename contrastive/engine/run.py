@@ -61,9 +61,23 @@ def run(config_cls: type[RunConfig], build_method: Callable[[Any], nn.Module],
             raise
         path = Path(e.filename) if e.filename else Path(cfg.output_dir or ".")
         raise SystemExit(f"{name}: error: {os_error_message(e, path)}") from None
+    close_process_group()  # not after an error: a rank still in a collective would hang it
     if result.exit_code:
         logging.getLogger(__name__).warning(
             "stopped (%s) at step %d with a checkpoint: continue with --resume auto "
             "(exit status %d)", result.stop_reason, result.step, result.exit_code)
         raise SystemExit(result.exit_code)
     return result
+
+
+def close_process_group() -> None:
+    """Destroy the default process group of a multi-process run that ended normally (finished
+    or stopped with its checkpoint), before the interpreter exits: left to exit-time
+    destruction, gloo's worker threads can abort a finished rank ("terminate called without an
+    active exception", exit -6: seen once here, and pytorch/pytorch issue #190489, PR #179291).
+    Not after an error (torchtitan PR #1342: a rank still in a collective would hang). A no-op
+    in one process."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
