@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _recipe():
     spec = importlib.util.spec_from_file_location("recipe_clip", ROOT / "recipes" / "clip.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
     spec.loader.exec_module(module)
     return module
 
