@@ -26,7 +26,7 @@ import time
 import torch
 
 from contrastive.hardware import cpu_kind_line
-from contrastive.text.encoders import build_text_encoder
+from contrastive.nn.text_encoders import build_text_encoder
 
 SIZES = {"teacher 12x768 (BERT-base)": (12, 768, 12, 3072),
          "student 4x312 (LRC-BERT / TinyBERT-4)": (4, 312, 12, 1200)}

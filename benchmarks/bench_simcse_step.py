@@ -38,9 +38,9 @@ MODEL = dict(layers=2, hidden=64, heads=2, vocab_size=300)
 
 
 def _data(n_train: int):
-    from contrastive.text.batches import nli_groups
-    from contrastive.text.generated import generate_nli
-    from contrastive.text.tokenizer import train_wordpiece
+    from contrastive.data.generated_text import generate_nli
+    from contrastive.data.text_batches import nli_groups
+    from contrastive.data.tokenizer import train_wordpiece
 
     groups = nli_groups(generate_nli(n_train, seed=0, split="train"))
     tok = train_wordpiece([s for g in groups.groups for s in g], vocab_size=MODEL["vocab_size"],
@@ -52,8 +52,8 @@ def loop_seconds_per_step(args: argparse.Namespace, seed: int = 0) -> float:
     """The old loop's time per step over ``--steps`` steps after ``--warmup`` untimed ones."""
     from torch.utils.data import DataLoader
 
+    from contrastive.data.text_batches import GroupCollate
     from contrastive.methods import SimCSE
-    from contrastive.text.batches import GroupCollate
 
     groups, tok = _data(args.n_train)
     torch.manual_seed(seed)

@@ -30,10 +30,10 @@ from typing import Any
 
 import torch
 
-from contrastive.text.encoders import build_text_encoder, load_text_encoder
-from contrastive.text.finetune import TextClassifier, evaluate, save_classifier
+from contrastive.data.text_tasks import GENERATED_TASKS, check_task, generated_tokenizer, load_task
+from contrastive.methods.text_classifier import TextClassifier, evaluate, save_classifier
+from contrastive.nn.text_encoders import build_text_encoder, load_text_encoder
 from contrastive.text.loop import TextTrainConfig, train_text
-from contrastive.text.tasks import GENERATED_TASKS, check_task, generated_tokenizer, load_task
 
 
 def add_common(p: argparse.ArgumentParser, steps: int, batch: int, lr: float) -> None:
@@ -95,7 +95,7 @@ def cli(main: Callable[[list[str] | None], Any], prog: str, argv: list[str] | No
 
 
 def tokenizer_for(args: argparse.Namespace, model: str) -> Any:
-    from contrastive.text.tokenizer import load_tokenizer
+    from contrastive.data.tokenizer import load_tokenizer
 
     if model != "bert" and not model.startswith("hf:"):
         raise ValueError(f"model must be 'bert' or 'hf:FOLDER', got {model!r}")

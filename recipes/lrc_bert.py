@@ -16,7 +16,7 @@ Paper settings (defaults): batch 16 (K = 15 in-batch negatives), uniform layer m
 alpha:beta:gamma = 1:0:0 for the first 80 % of the steps then 1:1:3, perturbation norm 1.
 Ablations: ``--no-two-stage`` (1:1:3 throughout), ``--no-perturb``, ``--intermediate mse``.
 The tokenizer is the teacher's (``tokenizer.json`` in the teacher folder). Output: ``model/``
-(the student and its prediction layer, loadable with contrastive.text.finetune.load_classifier),
+(the student and its prediction layer, loadable with contrastive.methods.text_classifier.load_classifier),
 ``metrics.jsonl``, ``checkpoint/`` (``--resume``), ``results.json`` (dev metric).
 Not included: the paper's pre-training-stage distillation and its augmented training data.
 """
@@ -42,16 +42,16 @@ from bert_finetune import (  # noqa: E402
     train_config,
 )
 
-from contrastive.text.finetune import (  # noqa: E402
+from contrastive.data.text_tasks import check_task, load_task  # noqa: E402
+from contrastive.data.tokenizer import load_tokenizer  # noqa: E402
+from contrastive.methods.lrc_bert import REPRESENTATIONS, LRCBert  # noqa: E402
+from contrastive.methods.text_classifier import (  # noqa: E402
     TextClassifier,
     evaluate,
     load_classifier,
     save_classifier,
 )
 from contrastive.text.loop import train_text  # noqa: E402
-from contrastive.text.lrc_bert import REPRESENTATIONS, LRCBert  # noqa: E402
-from contrastive.text.tasks import check_task, load_task  # noqa: E402
-from contrastive.text.tokenizer import load_tokenizer  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

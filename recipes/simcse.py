@@ -108,9 +108,9 @@ class SimCSEConfig(TextConfig):
 
 
 def training_data(cfg: SimCSEConfig) -> Any:
-    """The training examples (``--data``), a :class:`~contrastive.text.batches.SentenceGroups`;
+    """The training examples (``--data``), a :class:`~contrastive.data.text_batches.SentenceGroups`;
     a file's sentence count per example must fit ``--mode``."""
-    from contrastive.text.batches import (
+    from contrastive.data.text_batches import (
         SentenceGroups,
         nli_groups,
         read_sentence_file,
@@ -118,7 +118,7 @@ def training_data(cfg: SimCSEConfig) -> Any:
     )
 
     if cfg.data == "generated":
-        from contrastive.text.generated import generate_nli
+        from contrastive.data.generated_text import generate_nli
 
         nli = generate_nli(cfg.n_train, seed=cfg.data_seed, split="train")
         if cfg.mode == "unsup":

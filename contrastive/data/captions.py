@@ -69,7 +69,7 @@ def caption_tokenizer(captions: Iterable[str | Sequence[str]], vocab_size: int =
                       max_length: int = 16) -> Any:
     """A WordPiece tokenizer trained on ``captions`` (strings or lists of them), deterministic:
     the same captions always give the same vocabulary and ids (needs the ``text`` extra)."""
-    from contrastive.text.tokenizer import train_wordpiece
+    from contrastive.data.tokenizer import train_wordpiece
 
     def flat() -> Iterable[str]:
         for c in captions:
@@ -281,7 +281,7 @@ def _register_specs() -> None:
         ds = ShardDataset(found[0], transform, classes=found[1], strict=strict,
                           decode=str(decode), with_text=True)
         if tokenizer is not None:
-            from contrastive.text.tokenizer import load_tokenizer
+            from contrastive.data.tokenizer import load_tokenizer
 
             tok = load_tokenizer(str(tokenizer), max_length=int(max_length))
         else:

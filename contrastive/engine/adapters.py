@@ -250,7 +250,7 @@ class ImageTextAdapter:
 
 
 class TextExamples(Dataset):
-    """Examples of S sentences (a :class:`~contrastive.text.batches.SentenceGroups`) as the
+    """Examples of S sentences (a :class:`~contrastive.data.text_batches.SentenceGroups`) as the
     engine's loader wants items: a tuple (``(sentences,)``); the token tensors it yields are
     the data set's per-sample fields (``extra_keys``, checked against the method's ``needs``)."""
 
@@ -271,11 +271,11 @@ class TextExamples(Dataset):
 class TokenCollate:
     """The text loader's collate: items ``(sentences, index)`` -> ``(fields, indices)``, the
     B x S sentences tokenised in one call and padded to the batch's longest
-    (:class:`~contrastive.text.batches.GroupCollate`: ``input_ids`` / ``attention_mask`` /
+    (:class:`~contrastive.data.text_batches.GroupCollate`: ``input_ids`` / ``attention_mask`` /
     ``token_type_ids`` (B, S, T)), as the official SimCSE's data collator pads per batch."""
 
     def __init__(self, tokenizer: Any) -> None:
-        from contrastive.text.batches import GroupCollate
+        from contrastive.data.text_batches import GroupCollate
 
         self.group_collate = GroupCollate(tokenizer)
 
@@ -293,7 +293,7 @@ class TextAdapter:
     ``model/``, a Hugging Face folder (:class:`~contrastive.engine.artefacts.SentenceModelArtefacts`).
 
     ``groups(cfg)`` (from the recipe) returns the training examples, a
-    :class:`~contrastive.text.batches.SentenceGroups`. The tokenizer is ``--tokenizer`` (a
+    :class:`~contrastive.data.text_batches.SentenceGroups`. The tokenizer is ``--tokenizer`` (a
     folder) or a WordPiece vocabulary of ``--vocab-size`` trained on the training sentences
     (deterministic, so every process builds the same one); it is known after :meth:`train_set`
     (the recipe's ``build_method`` reads its ``vocab_size``).
@@ -310,7 +310,7 @@ class TextAdapter:
         self._data: TextExamples | None = None
 
     def train_set(self, cfg: Any, accelerator: Any) -> Any:
-        from contrastive.text.tokenizer import load_tokenizer, train_wordpiece
+        from contrastive.data.tokenizer import load_tokenizer, train_wordpiece
 
         self._cfg = cfg
         groups = self.groups(cfg)

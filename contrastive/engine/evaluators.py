@@ -11,7 +11,7 @@ as a record of their own (``{"step", "epoch", <metrics>, "<name>_when": "start" 
   split's class names and image-text retrieval recall@1/5 both ways
   (:mod:`contrastive.eval.zeroshot`); metrics ``zeroshot_top1`` ... ``text_to_image_R@5``.
 - :class:`STSEvaluator` (text runs): Spearman (and Pearson) of the cosine similarities of sentence
-  embeddings with the gold scores of STS pairs, SimCSE's protocol (:mod:`contrastive.text.sts`);
+  embeddings with the gold scores of STS pairs, SimCSE's protocol (:mod:`contrastive.eval.sts`);
   metrics ``sts_spearman``, ``sts_pearson``. SimCSE selects its checkpoint on STS-B dev
   Spearman (the official ``run_sup_example.sh``: ``--metric_for_best_model stsb_spearman
   --load_best_model_at_end``): ``--keep-best sts_spearman``.
@@ -160,7 +160,7 @@ class STSEvaluator:
         self.every, self.at_start = every, at_start
 
     def __call__(self, module: nn.Module, accelerator: Any) -> dict[str, float]:
-        from contrastive.text.sts import evaluate_sts
+        from contrastive.eval.sts import evaluate_sts
 
         embed: Any = getattr(module, "embed", None)
         if not callable(embed):
@@ -176,7 +176,7 @@ def build_sts_evaluator(cfg: Any, tokenizer: Any) -> STSEvaluator | None:
     = no evaluator), every ``--eval-every`` steps and at the end."""
     if cfg.eval == "none":
         return None
-    from contrastive.text.sts import load_sts_pairs
+    from contrastive.eval.sts import load_sts_pairs
 
     if cfg.eval != "generated" and not Path(cfg.eval).exists():
         raise FileNotFoundError(f"--eval {cfg.eval}: no such STS-B folder or file; give "

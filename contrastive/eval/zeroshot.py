@@ -167,9 +167,9 @@ def evaluate_pairs(model: Any, tokenizer: Any, images: Tensor, captions: Sequenc
 def load_clip_run(folder: str | Path) -> tuple[Any, Any, dict[str, Any]]:
     """(CLIP model in eval mode, tokenizer, config) of a run of ``recipes/clip.py``
     (:func:`contrastive.records.load_clip_record`: nothing in the files can run code)."""
+    from contrastive.data.tokenizer import load_tokenizer
     from contrastive.methods import CLIP
     from contrastive.records import TOKENIZER_DIR, load_clip_record
-    from contrastive.text.tokenizer import load_tokenizer
 
     state, config = load_clip_record(folder)
     tokenizer = load_tokenizer(Path(folder) / TOKENIZER_DIR, max_length=int(config["max_length"]))

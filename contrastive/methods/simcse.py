@@ -38,7 +38,7 @@ Not included: ``hard_negative_weight`` (the official default 0, i.e. weight 1, i
 and the MLM auxiliary objective (``do_mlm``, off by default in the official code).
 
 Evaluation embeddings: :meth:`SimCSE.embed` (eval mode), or :meth:`SimCSE.sentence_encoder`,
-a plain :class:`~contrastive.text.encoders.TextEncoder` whose pooled output is the embedding
+a plain :class:`~contrastive.nn.text_encoders.TextEncoder` whose pooled output is the embedding
 (the MLP becomes the model's pooler, as the authors' ``simcse_to_huggingface.py``), so
 ``save_pretrained`` gives a folder any BERT user can load.
 """
@@ -70,7 +70,7 @@ class SimCSE(Method):
     """SimCSE on a text encoder (see the module docstring for the step and the paper).
 
     Args:
-        encoder: a :class:`~contrastive.text.encoders.TextEncoder` or an encoder name
+        encoder: a :class:`~contrastive.nn.text_encoders.TextEncoder` or an encoder name
             (``"bert"`` with ``encoder_kwargs`` sizes, ``"hf:FOLDER"``); ``self.encoder``.
         pooling: one of :data:`POOLERS` (official ``pooler_type``; default ``"cls"``).
         mlp_only_train: use the MLP in training only (unsupervised SimCSE); with ``"cls"`` only.
@@ -199,7 +199,7 @@ def _grouped(ids: Any, mask: Any, types: Any) -> tuple[Tensor, Tensor, Tensor | 
     if not isinstance(ids, Tensor) or ids.dim() not in (2, 3) or ids.is_floating_point():
         got = tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
         raise ValueError(f"{_NAME}: batch['input_ids'] must be int token ids (B, S, T) or "
-                         f"(B, T), got {got}; build batches with contrastive.text.batches."
+                         f"(B, T), got {got}; build batches with contrastive.data.text_batches."
                          "GroupCollate")
     if ids.dim() == 2:
         ids = ids[:, None]

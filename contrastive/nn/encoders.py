@@ -15,7 +15,7 @@ Names:
 - text (the ``text`` extra): ``"hf:<folder>"``, a local Hugging Face checkpoint folder with its
   weights (offline, no remote code, safetensors or ``weights_only`` pickles), and ``"bert"``,
   a BERT with random weights from sizes (``num_layers``, ``hidden_size``, ``num_heads``, ...)
-  or from ``config=<folder>``; they take token ids, see :mod:`contrastive.text.encoders`.
+  or from ``config=<folder>``; they take token ids, see :mod:`contrastive.nn.text_encoders`.
 
 Every encoder has ``num_features`` and maps (N, 3, H, W) -> (N, num_features). State-dict keys
 are the library's own (timm / torchvision) minus the classifier, so exported weights load into
@@ -170,7 +170,7 @@ def create_encoder(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Mod
     elif name.startswith("torchvision:"):
         net = _create_torchvision(name[len("torchvision:") :], pretrained, **kwargs)
     elif name.startswith("hf:"):  # the folder is the pretrained model: its weights always load
-        from contrastive.text.encoders import load_text_encoder
+        from contrastive.nn.text_encoders import load_text_encoder
 
         net = load_text_encoder(name[len("hf:") :], **kwargs)
     elif name in _REGISTRY:
@@ -297,7 +297,7 @@ def alexnet64(pretrained: bool = False, **kwargs: Any) -> nn.Module:
 @register_encoder("bert")
 def bert(pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """BERT with random weights (``contrastive.text.build_text_encoder``); input token ids."""
-    from contrastive.text.encoders import build_text_encoder
+    from contrastive.nn.text_encoders import build_text_encoder
 
     if pretrained:
         raise ValueError("'bert' builds random weights; for a pretrained BERT use 'hf:<folder>'")

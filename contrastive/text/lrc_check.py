@@ -23,11 +23,11 @@ from typing import Any
 
 import torch
 
-from contrastive.text.encoders import build_text_encoder
-from contrastive.text.finetune import TextClassifier, evaluate
+from contrastive.data.text_tasks import generated_tokenizer, load_task
+from contrastive.methods.lrc_bert import LRCBert
+from contrastive.methods.text_classifier import TextClassifier, evaluate
+from contrastive.nn.text_encoders import build_text_encoder
 from contrastive.text.loop import TextTrainConfig, train_text
-from contrastive.text.lrc_bert import LRCBert
-from contrastive.text.tasks import generated_tokenizer, load_task
 
 __all__ = ["STUDENT", "TEACHER", "VARIANTS", "learning_check"]
 

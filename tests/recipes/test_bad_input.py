@@ -118,7 +118,7 @@ def test_text_recipe_bad_input(rx, tmp_path, capsys, recipe, argv, words):
     """Each names the problem and the fix in one line (``prog: error: ...``, exit status 2)
     before anything is trained or written."""
     pytest.importorskip("transformers")
-    from contrastive.text.tasks import generated_tokenizer
+    from contrastive.data.text_tasks import generated_tokenizer
 
     (tmp_path / "empty").mkdir()
     generated_tokenizer().save(tmp_path / "tok")

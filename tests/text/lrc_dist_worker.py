@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from contrastive.text.encoders import build_text_encoder
-from contrastive.text.finetune import TextClassifier
-from contrastive.text.lrc_bert import LRCBert
+from contrastive.methods.lrc_bert import LRCBert
+from contrastive.methods.text_classifier import TextClassifier
+from contrastive.nn.text_encoders import build_text_encoder
 
 B, STEPS, VOCAB = 3, 2, 30
 

@@ -12,7 +12,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from contrastive.nn import create_encoder, stage_features  # noqa: E402
-from contrastive.text.encoders import (  # noqa: E402
+from contrastive.nn.text_encoders import (  # noqa: E402
     TextEncoder,
     TextEncoderOutput,
     UnsafeCheckpointError,

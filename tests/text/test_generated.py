@@ -7,7 +7,7 @@ from difflib import SequenceMatcher
 import numpy as np
 import pytest
 
-from contrastive.text.generated import (
+from contrastive.data.generated_text import (
     ADJECTIVES,
     NEGATORS,
     SUBJECTS,

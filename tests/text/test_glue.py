@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from contrastive.text.glue import GLUE_TASKS, GlueFormatError, glue_metrics, load_glue
+from contrastive.data.glue import GLUE_TASKS, GlueFormatError, glue_metrics, load_glue
 
 # a sentence opening with an unbalanced double quote, as GLUE has them: with quoting on, a
 # CSV reader takes the quote as the start of a quoted field and swallows the following rows
@@ -129,7 +129,7 @@ def test_pair_tasks_columns_and_label_ids(glue_root: Path):
 
 
 def test_malformed_rows_skipped_below_one_percent(glue_root: Path, caplog):
-    with caplog.at_level(logging.WARNING, logger="contrastive.text.glue"):
+    with caplog.at_level(logging.WARNING, logger="contrastive.data.glue"):
         qqp = load_glue("qqp", glue_root, "train")
     assert len(qqp) == 150 and qqp.text_a[0] == "q0 one ?" and qqp.labels[:4].tolist() == [0, 1, 0, 1]
     assert "skipped 1 malformed rows of 151" in caplog.text and "lines 43" in caplog.text

@@ -15,16 +15,16 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from contrastive.text.encoders import TextEncoder, build_text_encoder  # noqa: E402
-from contrastive.text.finetune import TextClassifier, save_classifier  # noqa: E402
-from contrastive.text.hf_folders import (  # noqa: E402
+from contrastive.data.text_tasks import generated_tokenizer  # noqa: E402
+from contrastive.eval.sts import evaluate_sts, load_sts_pairs  # noqa: E402
+from contrastive.eval.sts import main as sts_main  # noqa: E402
+from contrastive.methods.text_classifier import TextClassifier, save_classifier  # noqa: E402
+from contrastive.nn.hf_folders import (  # noqa: E402
     export_classifier,
     export_sentence_encoder,
     read_sentence_pooling,
 )
-from contrastive.text.sts import evaluate_sts, load_sts_pairs  # noqa: E402
-from contrastive.text.sts import main as sts_main  # noqa: E402
-from contrastive.text.tasks import generated_tokenizer  # noqa: E402
+from contrastive.nn.text_encoders import TextEncoder, build_text_encoder  # noqa: E402
 
 SENTENCES = ["the film was great , not dull", "an awful plot", "moving and warm , a fine cast"]
 DATA = Path(__file__).resolve().parents[3] / "shared" / "data"

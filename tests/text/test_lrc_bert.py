@@ -1,4 +1,4 @@
-"""LRC-BERT on text (contrastive.text.lrc_bert): the loss against a hand-written float64 version,
+"""LRC-BERT on text (contrastive.methods.lrc_bert): the loss against a hand-written float64 version,
 the representation of a layer output, the two stages, regression, bad input."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import torch.nn.functional as F
 
 pytest.importorskip("transformers")
 
-from contrastive.text.encoders import build_text_encoder  # noqa: E402
-from contrastive.text.finetune import TextClassifier  # noqa: E402
-from contrastive.text.lrc_bert import LRCBert, layer_representation  # noqa: E402
+from contrastive.methods.lrc_bert import LRCBert, layer_representation  # noqa: E402
+from contrastive.methods.text_classifier import TextClassifier  # noqa: E402
+from contrastive.nn.text_encoders import build_text_encoder  # noqa: E402
 
 B, T, VOCAB = 4, 7, 40
 

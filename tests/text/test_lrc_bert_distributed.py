@@ -8,7 +8,7 @@ same parameters on both ranks, equal to the one-process run (float64).
 
 Mutation: negatives from the process's own batch only (no gather) must differ. A gather
 WITHOUT gradient is not a mutation here: the negatives are the frozen teacher's features, so no
-gradient flows through them either way (contrastive.text.lrc_bert docstring).
+gradient flows through them either way (contrastive.methods.lrc_bert docstring).
 """
 
 from __future__ import annotations

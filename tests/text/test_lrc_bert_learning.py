@@ -21,11 +21,11 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from contrastive.text.encoders import build_text_encoder  # noqa: E402
-from contrastive.text.finetune import TextClassifier  # noqa: E402
+from contrastive.data.text_tasks import generated_tokenizer, load_task  # noqa: E402
+from contrastive.methods.lrc_bert import LRCBert  # noqa: E402
+from contrastive.methods.text_classifier import TextClassifier  # noqa: E402
+from contrastive.nn.text_encoders import build_text_encoder  # noqa: E402
 from contrastive.text.loop import TextTrainConfig, train_text  # noqa: E402
-from contrastive.text.lrc_bert import LRCBert  # noqa: E402
-from contrastive.text.tasks import generated_tokenizer, load_task  # noqa: E402
 
 
 def test_cosnce_aligns_student_layers_on_held_out_sentences() -> None:

@@ -14,10 +14,10 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from contrastive.text.encoders import build_text_encoder  # noqa: E402
-from contrastive.text.finetune import TextClassifier, evaluate, load_classifier  # noqa: E402
+from contrastive.data.text_tasks import generated_tokenizer, load_task  # noqa: E402
+from contrastive.methods.text_classifier import TextClassifier, evaluate, load_classifier  # noqa: E402
+from contrastive.nn.text_encoders import build_text_encoder  # noqa: E402
 from contrastive.text.loop import TextTrainConfig, train_text  # noqa: E402
-from contrastive.text.tasks import generated_tokenizer, load_task  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMON = ["--task", "generated", "--n-train", "64", "--n-dev", "32", "--batch-size", "8",

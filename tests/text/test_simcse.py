@@ -14,7 +14,7 @@ pytest.importorskip("transformers")
 
 from contrastive.methods import get_method  # noqa: E402
 from contrastive.methods.simcse import SimCSE  # noqa: E402
-from contrastive.text.encoders import load_text_encoder  # noqa: E402
+from contrastive.nn.text_encoders import load_text_encoder  # noqa: E402
 
 VOCAB, T = 30, 6
 

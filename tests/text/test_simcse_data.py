@@ -1,5 +1,5 @@
-"""Text batches (contrastive.text.batches), SimCSE's file layouts, and STS evaluation
-(contrastive.text.sts + the contrastive-sts-eval command)."""
+"""Text batches (contrastive.data.text_batches), SimCSE's file layouts, and STS evaluation
+(contrastive.eval.sts + the contrastive-sts-eval command)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ import pytest
 import torch
 from scipy import stats
 
-from contrastive.text.batches import (
+from contrastive.data.generated_text import generate_nli
+from contrastive.data.text_batches import (
     GroupCollate,
     SentenceGroups,
     nli_groups,
     read_sentence_file,
     read_simcse_csv,
 )
-from contrastive.text.generated import generate_nli
-from contrastive.text.sts import sts_correlation
+from contrastive.eval.sts import sts_correlation
 
 
 def test_simcse_csv_triples_pairs_tsv_and_quoting(tmp_path: Path):
@@ -64,7 +64,7 @@ def test_sentence_file_one_a_line(tmp_path: Path):
 
 def test_group_collate_shapes_and_order():
     pytest.importorskip("tokenizers")
-    from contrastive.text.tokenizer import train_wordpiece
+    from contrastive.data.tokenizer import train_wordpiece
 
     nli = generate_nli(6, seed=0)
     tok = train_wordpiece([s for trio in zip(nli.premise, nli.entailment, nli.contradiction)
@@ -110,9 +110,9 @@ def test_sts_command_on_a_glue_stsb_tsv(tmp_path: Path, capsys):
     """contrastive-sts-eval on a folder exported as recipes/simcse.py does, on an STS-B dev TSV
     in the official layout: the figure equals evaluate_sts with the same model."""
     pytest.importorskip("transformers")
-    from contrastive.text.encoders import build_text_encoder, load_text_encoder
-    from contrastive.text.sts import evaluate_sts, main
-    from contrastive.text.tokenizer import load_tokenizer, train_wordpiece
+    from contrastive.data.tokenizer import load_tokenizer, train_wordpiece
+    from contrastive.eval.sts import evaluate_sts, main
+    from contrastive.nn.text_encoders import build_text_encoder, load_text_encoder
 
     head = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
     sents = ["the film was great", "the movie was excellent", "the plot was dull",

@@ -122,7 +122,7 @@ def test_learning_three_seeds_beats_the_spread(tmp_path: Path):
 def test_run_folder_keep_best_and_the_sts_command(tmp_path: Path, capsys):
     """model/ (safetensors, tokenizer.json, simcse.json) gives, through contrastive-sts-eval,
     the Spearman the evaluator measured at the end; best/model the best one (keep-best)."""
-    from contrastive.text.sts import main as sts_main
+    from contrastive.eval.sts import main as sts_main
 
     out = tmp_path / "run"
     res = run(["--mode", "sup", "--steps", "3", "--batch-size", "8", "--n-train", "64",

@@ -10,8 +10,8 @@ import torch
 
 pytest.importorskip("tokenizers")
 
-from contrastive.text.generated import generate_sentiment, text_corpus  # noqa: E402
-from contrastive.text.tokenizer import SPECIAL_TOKENS, load_tokenizer, train_wordpiece  # noqa: E402
+from contrastive.data.generated_text import generate_sentiment, text_corpus  # noqa: E402
+from contrastive.data.tokenizer import SPECIAL_TOKENS, load_tokenizer, train_wordpiece  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -172,7 +172,7 @@ def _sentence(rng: np.random.Generator, label: int, subject: int | None = None) 
 class GeneratedTextDataset(Dataset):
     """Sentences (or sentence pairs) with labels; items ``{"text_a", ["text_b"], "label"}``.
 
-    Same attributes as a :class:`contrastive.text.glue.GlueDataset`: ``text_a``, ``text_b``
+    Same attributes as a :class:`contrastive.data.glue.GlueDataset`: ``text_a``, ``text_b``
     (None for single sentences), ``labels`` (N,) int64 class ids (float32 scores for a
     regression task, whose ``label_names`` is empty), plus ``label_names``.
     """

@@ -61,9 +61,9 @@ from contrastive.methods._common import in_batch_metrics, unit, wide
 from contrastive.methods.base import Method, Schedule, read
 from contrastive.methods.distill import Distiller
 from contrastive.methods.distill_layers import uniform_layer_map
+from contrastive.methods.text_classifier import TEXT_KEYS, TextClassifier, encoder_inputs, task_loss
 from contrastive.nn.distributed import gather, rank, world_size
-from contrastive.text.encoders import TextEncoder
-from contrastive.text.finetune import TEXT_KEYS, TextClassifier, encoder_inputs, task_loss
+from contrastive.nn.text_encoders import TextEncoder
 
 __all__ = ["REPRESENTATIONS", "LRCBert", "layer_representation", "unit_gradient"]
 
@@ -102,9 +102,9 @@ class LRCBert(Method):
     """LRC-BERT distillation of a fine-tuned ``teacher`` into a ``student`` encoder.
 
     Args:
-        teacher: a fine-tuned :class:`~contrastive.text.finetune.TextClassifier` (frozen here:
+        teacher: a fine-tuned :class:`~contrastive.methods.text_classifier.TextClassifier` (frozen here:
             eval mode, ``requires_grad=False``); its prediction layer gives the soft targets.
-        student: a :class:`~contrastive.text.encoders.TextEncoder` (``self.encoder``); a new
+        student: a :class:`~contrastive.nn.text_encoders.TextEncoder` (``self.encoder``); a new
             prediction layer ``head`` is built for it (the teacher's number of labels).
         layer_map: teacher layer (0-based) for each student layer; default the paper's uniform
             map (4 of 12: layers 3, 6, 9, 12).

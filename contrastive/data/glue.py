@@ -258,7 +258,7 @@ def _column(header: list[str], name: str, path: Path, task: GlueTask) -> int:
     if name not in header:
         raise GlueFormatError(
             f"{path}: no column {name!r} in the header {header}; this is not the official GLUE "
-            f"{task.folder} layout (see contrastive.text.glue)"
+            f"{task.folder} layout (see contrastive.data.glue)"
         )
     return header.index(name)
 
@@ -286,7 +286,7 @@ def _check_bad(bad: list[int], total: int, path: Path, task: GlueTask,
         raise GlueFormatError(
             f"{path}: {len(bad)} of {total} rows are malformed (lines {where}); GLUE {task.folder} "
             f"rows have {layout} and labels {task.label_values or 'as numbers'}; is this the "
-            "right task's file? It must be read with quoting disabled (contrastive.text.glue.read_tsv)"
+            "right task's file? It must be read with quoting disabled (contrastive.data.glue.read_tsv)"
         )
     log.warning("%s: skipped %d malformed rows of %d (lines %s)", path, len(bad), total, where)
 

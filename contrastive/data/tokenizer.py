@@ -1,7 +1,7 @@
 """WordPiece tokenizers (Hugging Face ``tokenizers``), trained here or read from a BERT folder.
 
 - :func:`train_wordpiece` trains a BERT-style WordPiece vocabulary on any iterable of strings
-  (e.g. :func:`contrastive.text.generated.text_corpus`); nothing is downloaded.
+  (e.g. :func:`contrastive.data.generated_text.text_corpus`); nothing is downloaded.
 - :func:`load_tokenizer` reads a folder: our ``tokenizer.json`` (what :meth:`TextTokenizer.save`
   writes; also what a Hugging Face "fast" tokenizer folder holds) or, failing that, a BERT
   ``vocab.txt`` (lower-casing from ``tokenizer_config.json``'s ``do_lower_case``, default on).
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from contrastive.text._deps import require
+from contrastive.optional_deps import require
 
 __all__ = ["SPECIAL_TOKENS", "TextTokenizer", "load_tokenizer", "train_wordpiece"]
 

@@ -11,7 +11,7 @@ A fine-tuned classifier is saved as a folder that loads without running code
 ``tokenizer.json`` (plain JSON, when a tokenizer is given).
 
 :func:`evaluate` scores any model with a ``predict(batch) -> logits`` on a data set with the
-official GLUE metric of its task (:func:`contrastive.text.glue.glue_metrics`).
+official GLUE metric of its task (:func:`contrastive.data.glue.glue_metrics`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from contrastive.methods._common import wide
 from contrastive.methods.base import Method, read
-from contrastive.text.encoders import TextEncoder
+from contrastive.nn.text_encoders import TextEncoder
 
 __all__ = [
     "TEXT_KEYS",
@@ -66,7 +66,7 @@ class TextClassifier(Method):
     """A text encoder with a prediction layer, trained on labels (the teacher / CE baseline).
 
     Args:
-        encoder: a :class:`~contrastive.text.encoders.TextEncoder`.
+        encoder: a :class:`~contrastive.nn.text_encoders.TextEncoder`.
         num_labels: classes, or 1 with ``regression=True``.
         regression: MSE on a score (STS-B) instead of cross-entropy.
         dropout: on the pooled output before the linear layer (BERT: 0.1).
@@ -124,7 +124,7 @@ def load_classifier(folder: str | Path) -> tuple[TextClassifier, dict[str, Any]]
     """A classifier saved by :func:`save_classifier` (safetensors + JSON: no code runs)."""
     from safetensors.torch import load_file
 
-    from contrastive.text._deps import require
+    from contrastive.optional_deps import require
 
     path = Path(folder)
     if not (path / CLASSIFIER_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
@@ -145,7 +145,7 @@ def evaluate(model: nn.Module, dataset: Any, tokenizer: Any, task: str, *,
              batch_size: int = 64) -> dict[str, float]:
     """The official metric of ``task`` (a GLUE name: ``sst2``, ``mnli``, ``stsb``, ...) of
     ``model.predict`` on ``dataset`` (items ``{"text_a", ["text_b"], "label"}``), eval mode."""
-    from contrastive.text.glue import glue_metrics
+    from contrastive.data.glue import glue_metrics
 
     was_training = model.training
     model.eval()

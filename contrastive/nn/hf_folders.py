@@ -3,7 +3,7 @@
 Export (nothing in a written folder runs code when loaded: safetensors and JSON only):
 
 - :func:`export_classifier`: a fine-tuned teacher or a distilled student
-  (:class:`~contrastive.text.finetune.TextClassifier`) as a Hugging Face folder, ``config.json``,
+  (:class:`~contrastive.methods.text_classifier.TextClassifier`) as a Hugging Face folder, ``config.json``,
   ``model.safetensors``, tokenizer files. ``transformers.AutoModel.from_pretrained(folder)``
   gives the encoder's outputs; with the head, ``AutoModelForSequenceClassification`` gives our
   logits. The head maps one to one when the classifier pools with the model's pooler: ours is
@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from contrastive.text._deps import require
-from contrastive.text.encoders import TextEncoder
+from contrastive.nn.text_encoders import TextEncoder
+from contrastive.optional_deps import require
 
 __all__ = [
     "ST_MODES",
@@ -225,12 +225,12 @@ def _check_close(ours: Tensor, theirs: Tensor, what: str, folder: Path) -> None:
 @torch.no_grad()
 def export_classifier(model: Any, folder: str | Path, tokenizer: Any = None, *,
                       head: bool = True, label_names: Sequence[str] | None = None) -> Path:
-    """Write a :class:`~contrastive.text.finetune.TextClassifier` as a Hugging Face folder.
+    """Write a :class:`~contrastive.methods.text_classifier.TextClassifier` as a Hugging Face folder.
 
     Args:
         model: the classifier (teacher or distilled student).
         folder: created if needed; ``config.json``, ``model.safetensors`` (+ tokenizer files).
-        tokenizer: a :class:`~contrastive.text.tokenizer.TextTokenizer` to save with it.
+        tokenizer: a :class:`~contrastive.data.tokenizer.TextTokenizer` to save with it.
         head: also the prediction layer, as ``*ForSequenceClassification`` (needs ``pooler``
             pooling and a pooler + dropout + linear head class); False: the encoder only.
         label_names: ``id2label`` of the config (default ``LABEL_0``...).
@@ -315,7 +315,7 @@ def export_sentence_encoder(encoder: TextEncoder, folder: str | Path, tokenizer:
     Args:
         encoder: e.g. ``SimCSE.sentence_encoder()`` (pooling ``cls``, ``mean`` or ``pooler``).
         folder: created if needed.
-        tokenizer: its :class:`~contrastive.text.tokenizer.TextTokenizer` (required: the
+        tokenizer: its :class:`~contrastive.data.tokenizer.TextTokenizer` (required: the
             ``Transformer`` module reads it with ``AutoTokenizer``).
         normalize: add a ``Normalize`` module (unit-length embeddings; cosine scores unchanged).
         max_seq_length: ``sentence_bert_config.json``'s (default: the tokenizer's max_length).
@@ -371,7 +371,7 @@ def export_sentence_encoder(encoder: TextEncoder, folder: str | Path, tokenizer:
 
 
 def _verify_sentence_folder(encoder: TextEncoder, folder: Path) -> None:
-    from contrastive.text.encoders import load_text_encoder
+    from contrastive.nn.text_encoders import load_text_encoder
 
     pipeline = read_sentence_pooling(folder)
     assert pipeline is not None  # we just wrote modules.json
@@ -411,9 +411,9 @@ def export_folder(source: str | Path, out: str | Path, fmt: str, *, head: bool =
         pooling: ``sentence-transformers``: cls, mean or pooler (default: the source's own).
         normalize: ``sentence-transformers``: add a Normalize module.
     """
-    from contrastive.text.encoders import load_text_encoder
-    from contrastive.text.finetune import CLASSIFIER_FILE, load_classifier
-    from contrastive.text.tokenizer import TOKENIZER_FILE, load_tokenizer
+    from contrastive.data.tokenizer import TOKENIZER_FILE, load_tokenizer
+    from contrastive.methods.text_classifier import CLASSIFIER_FILE, load_classifier
+    from contrastive.nn.text_encoders import load_text_encoder
 
     if fmt not in TEXT_FORMATS:
         raise ValueError(f"format {fmt!r} is not one of {TEXT_FORMATS}")
@@ -423,7 +423,7 @@ def export_folder(source: str | Path, out: str | Path, fmt: str, *, head: bool =
     if (src / CLASSIFIER_FILE).is_file():
         model, meta = load_classifier(src)
         if fmt == "hf":
-            from contrastive.text.glue import GLUE_TASKS
+            from contrastive.data.glue import GLUE_TASKS
 
             task = GLUE_TASKS.get(str(meta.get("task", "")))
             export_classifier(model, out, tokenizer, head=head,
@@ -436,7 +436,7 @@ def export_folder(source: str | Path, out: str | Path, fmt: str, *, head: bool =
         raise ValueError(f"{src} has no {CLASSIFIER_FILE}: --format hf exports a classifier "
                          "folder (recipes/bert_finetune.py or recipes/lrc_bert.py OUTPUT_DIR/model)")
     else:
-        from contrastive.text.sts import SIMCSE_CONFIG
+        from contrastive.eval.sts import SIMCSE_CONFIG
 
         config = src / SIMCSE_CONFIG
         own = (json.loads(config.read_text(encoding="utf-8")).get("pooling")

@@ -3,7 +3,7 @@
 The training engine's loader builds image batches (``views``, ``labels``, ``indices``); a text
 method reads token tensors instead. This module gives the text side of that contract, for any
 text method (SimCSE here; a classifier / distiller uses
-:meth:`contrastive.text.tokenizer.TextTokenizer.collate`, which gives the same keys for single
+:meth:`contrastive.data.tokenizer.TextTokenizer.collate`, which gives the same keys for single
 sentences and (A, B) pairs plus ``labels``):
 
 - :class:`SentenceGroups`: N examples of S sentences each (S = 1: one sentence, unsupervised
@@ -75,7 +75,7 @@ class GroupCollate:
     """``collate_fn``: items ``{"sentences"}`` -> :data:`TEXT_BATCH_KEYS`, each (B, S, T) int64.
 
     Args:
-        tokenizer: a :class:`contrastive.text.tokenizer.TextTokenizer` (its ``max_length``
+        tokenizer: a :class:`contrastive.data.tokenizer.TextTokenizer` (its ``max_length``
             truncates; SimCSE uses 32).
     """
 
@@ -135,7 +135,7 @@ def read_simcse_csv(path: str | Path) -> SentenceGroups:
 
 
 def nli_groups(nli: Any, hard_negatives: bool = True) -> SentenceGroups:
-    """SimCSE examples from a :class:`contrastive.text.generated.GeneratedNLI` (or any object
+    """SimCSE examples from a :class:`contrastive.data.generated_text.GeneratedNLI` (or any object
     with aligned ``premise``, ``entailment``, ``contradiction`` lists): (premise, entailment,
     contradiction), or (premise, entailment) without hard negatives."""
     if hard_negatives:

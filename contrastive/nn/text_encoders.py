@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from contrastive.text._deps import require
+from contrastive.optional_deps import require
 
 __all__ = [
     "POOLINGS",

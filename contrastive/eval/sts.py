@@ -9,7 +9,7 @@ the 0-1 scale (the paper multiplies by 100). SimCSE selects checkpoints on the S
 - :func:`sts_correlation`: correlations of (N, D) x (N, D) embeddings with (N,) gold scores.
 - :func:`evaluate_sts`: embed the pairs of a data set with a model and a tokenizer, then the above.
 - ``contrastive-sts-eval`` (:func:`main`): a saved model folder on the GLUE STS-B TSV or on the
-  generated task's graded pairs (:func:`contrastive.text.generated.generate_sts`); a
+  generated task's graded pairs (:func:`contrastive.data.generated_text.generate_sts`); a
   sentence-transformers folder is embedded with its own pooling (and Dense / Normalize
   modules) unless ``--pooling`` says otherwise.
 """
@@ -74,7 +74,7 @@ def embed_texts(embed: EmbedFn, tokenizer: Any, texts: Sequence[str], batch_size
     """(N, D) float embeddings of ``texts``, in batches, without gradient.
 
     ``embed(input_ids, attention_mask, token_type_ids)`` -> (B, D): a
-    :class:`~contrastive.text.encoders.TextEncoder` (its pooled output) or ``SimCSE.embed``.
+    :class:`~contrastive.nn.text_encoders.TextEncoder` (its pooled output) or ``SimCSE.embed``.
     The caller chooses the mode (eval mode for dropout-free embeddings; :func:`evaluate_sts`
     does it).
     """
@@ -98,9 +98,9 @@ def evaluate_sts(model: nn.Module, tokenizer: Any, text_a: Sequence[str], text_b
     Args:
         model: the module whose mode (eval during the call, restored after) and device count;
             ``embed`` defaults to ``model`` itself (a TextEncoder), e.g. ``method.embed`` for SimCSE.
-        tokenizer: a :class:`~contrastive.text.tokenizer.TextTokenizer`.
+        tokenizer: a :class:`~contrastive.data.tokenizer.TextTokenizer`.
         text_a, text_b, scores: N pairs and gold scores (a GLUE STS-B dataset's ``text_a``,
-            ``text_b``, ``labels``, or :func:`~contrastive.text.generated.generate_sts`'s).
+            ``text_b``, ``labels``, or :func:`~contrastive.data.generated_text.generate_sts`'s).
     """
     if len(text_a) != len(text_b):
         raise ValueError(f"evaluate_sts: {len(text_a)} first sentences but {len(text_b)} second")
@@ -121,11 +121,11 @@ def load_sts_pairs(data: str, split: str = "dev", n: int = 2000, seed: int = 0
     """(text_a, text_b, gold scores) of ``"generated"`` (``n`` pairs of the test stream, seed
     ``seed``) or of GLUE STS-B (``data`` = its folder or one of its TSV files, ``split``)."""
     if data == "generated":
-        from contrastive.text.generated import generate_sts
+        from contrastive.data.generated_text import generate_sts
 
         ds: Any = generate_sts(n, seed=seed, split="test" if split in ("dev", "test") else split)
     else:
-        from contrastive.text.glue import load_glue
+        from contrastive.data.glue import load_glue
 
         path = Path(data)
         if path.is_file():  # a TSV file: its folder, its name as the split
@@ -172,9 +172,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
                         stream=sys.stderr)
 
-    from contrastive.text.encoders import POOLINGS, load_text_encoder
-    from contrastive.text.hf_folders import SentencePooling, read_sentence_pooling
-    from contrastive.text.tokenizer import load_tokenizer
+    from contrastive.data.tokenizer import load_tokenizer
+    from contrastive.nn.hf_folders import SentencePooling, read_sentence_pooling
+    from contrastive.nn.text_encoders import POOLINGS, load_text_encoder
 
     folder = Path(args.model)
     pooling, why = args.pooling, "--pooling"

@@ -2,7 +2,7 @@
 
 :func:`load_task` returns a :class:`TextTask`: train and dev sets (items ``{"text_a",
 ["text_b"], "label"}``), the GLUE task whose official metric scores it, the number of labels
-and whether it is a regression. The generated tasks (:mod:`contrastive.text.generated`) are
+and whether it is a regression. The generated tasks (:mod:`contrastive.data.generated_text`) are
 ``generated`` (binary sentiment, scored like SST-2), ``generated-nli`` (premise / hypothesis,
 three classes, like MNLI) and ``generated-sts`` (scores 0-5, like STS-B); their dev set is the
 generated ``test`` split (an independent stream). GLUE tasks read the official TSV files from
@@ -35,7 +35,7 @@ class TextTask:
 def check_task(name: str, glue_dir: str | Path | None = None) -> str:
     """The canonical name of task ``name`` (generated or GLUE), before any data is read: an
     unknown name fails listing both kinds, a GLUE task without ``glue_dir`` names the flag."""
-    from contrastive.text.glue import GLUE_TASKS, _task
+    from contrastive.data.glue import GLUE_TASKS, _task
 
     key = name.lower()
     if key in GENERATED_TASKS:
@@ -58,7 +58,7 @@ def load_task(name: str, glue_dir: str | Path | None = None, *, n_train: int = 4
 
     ``n_train`` / ``n_dev``: sizes of a generated task (ignored for GLUE); ``seed``: its stream.
     """
-    from contrastive.text import generated as gen
+    from contrastive.data import generated_text as gen
 
     key = check_task(name, glue_dir)
     if key in GENERATED_TASKS:
@@ -72,7 +72,7 @@ def load_task(name: str, glue_dir: str | Path | None = None, *, n_train: int = 4
             train, dev = gen.generate_sts(n_train, seed, "train"), gen.generate_sts(n_dev, seed, "test")
         return TextTask(key, train, dev, GENERATED_TASKS[key], train.num_labels,
                         not train.label_names)
-    from contrastive.text.glue import _task, load_glue
+    from contrastive.data.glue import _task, load_glue
 
     assert glue_dir is not None  # check_task
     task = _task(name)
@@ -85,7 +85,7 @@ def load_task(name: str, glue_dir: str | Path | None = None, *, n_train: int = 4
 def generated_tokenizer(vocab_size: int = 400, max_length: int = 64, n: int = 2000,
                         seed: int = 0) -> Any:
     """The deterministic WordPiece tokenizer of the generated tasks (trained on their corpus)."""
-    from contrastive.text.generated import text_corpus
-    from contrastive.text.tokenizer import train_wordpiece
+    from contrastive.data.generated_text import text_corpus
+    from contrastive.data.tokenizer import train_wordpiece
 
     return train_wordpiece(text_corpus(n, seed), vocab_size=vocab_size, max_length=max_length)
