@@ -58,7 +58,7 @@ from torch import Tensor, nn
 
 from contrastive.losses import get_loss
 from contrastive.methods._common import in_batch_metrics, queue_metrics, unit, wide, width
-from contrastive.methods.base import Method, Schedule, read, views_of
+from contrastive.methods.base import read, views_of
 from contrastive.methods.distill_layers import (
     armed_taps,
     attach_taps,
@@ -69,13 +69,11 @@ from contrastive.methods.distill_layers import (
     split_classifier,
     uniform_layer_map,
 )
+from contrastive.methods.distill_parts import ContrastiveDistillation, Weights
 from contrastive.methods.registry import register_method
 from contrastive.nn import KeyQueue, resolve_encoder
-from contrastive.nn.distributed import gather, rank, world_size
 
 __all__ = ["Distiller", "default_layers", "default_stem", "split_classifier", "uniform_layer_map"]
-
-Weights = tuple[float, float, float]
 
 
 @dataclass
@@ -90,7 +88,7 @@ class _Targets:
 
 
 @register_method("distill")
-class Distiller(Method):
+class Distiller(ContrastiveDistillation):
     """COS-NCE distillation of a frozen ``teacher`` into a ``student`` (see the module docstring).
 
     Args:
@@ -156,16 +154,10 @@ class Distiller(Method):
         super().__init__()
         if token_pool not in ("auto", "cls", "mean"):
             raise ValueError(f"token_pool must be 'auto', 'cls' or 'mean', got {token_pool!r}")
-        if len(stage_weights) != 2 or any(len(w) != 3 or min(w) < 0 for w in stage_weights):
-            raise ValueError(
-                "stage_weights must be two (alpha, beta, gamma) triples of weights "
-                f">= 0, got {stage_weights!r}"
-            )
-        if not 0.0 <= stage1_fraction <= 1.0 or queue_size < 0 or perturb_scale < 0:
-            raise ValueError(
-                f"need 0 <= stage1_fraction <= 1, queue_size >= 0, perturb_scale "
-                f">= 0; got {stage1_fraction}, {queue_size}, {perturb_scale}"
-            )
+        self._init_stages(stage_weights, stage1_fraction, switch_step)
+        if queue_size < 0 or perturb_scale < 0:
+            raise ValueError(f"need queue_size >= 0, perturb_scale >= 0; got {queue_size}, "
+                             f"{perturb_scale}")
         self.teacher = resolve_encoder(teacher, **(teacher_kwargs or {}))
         self.encoder = resolve_encoder(student, **(student_kwargs or {}))
         self.teacher_head = teacher_head
@@ -211,9 +203,6 @@ class Distiller(Method):
         self.use_labels = self.head is not None if use_labels is None else bool(use_labels)
         self.needs = ("views", "labels") if self.use_labels else ("views",)
 
-        w1, w2 = ((float(a), float(b), float(c)) for a, b, c in stage_weights)
-        self.stage_weights = (w1, w2)
-        self.stage1_fraction, self.switch_step = stage1_fraction, switch_step
         self.temperature, self.perturb, self.perturb_scale = temperature, perturb, perturb_scale
         self.cosnce = get_loss("cosnce", normalize=False)  # inputs are made unit here
         self.kd = get_loss("kd", temperature=temperature)
@@ -239,40 +228,6 @@ class Distiller(Method):
         s_dims = [t.take().shape[-1] for t in self._s_taps]
         return s_dims, [f.shape[-1] for f in feats], None if logits is None else logits.shape[1]
 
-    def train(self, mode: bool = True) -> Distiller:
-        """Train mode for the student; the teacher (and its head) stay in eval mode."""
-        super().train(mode)
-        self.teacher.eval()
-        if self.teacher_head is not None:
-            self.teacher_head.eval()
-        return self
-
-    @property
-    def needs_find_unused_parameters(self) -> bool:
-        """True when the student head exists and some stage leaves it unused (beta = gamma = 0)."""
-        return self.head is not None and any(w[1] == w[2] == 0 for w in self.stage_weights)
-
-    # -- schedule ------------------------------------------------------------------------------
-    def switch_at(self, total_steps: int) -> int:
-        """The first optimiser step of stage 2 in a run of ``total_steps``."""
-        if self.switch_step is not None:
-            return self.switch_step
-        return round(self.stage1_fraction * total_steps)
-
-    def stage_at(self, step: int, total_steps: int) -> int:
-        """1 before :meth:`switch_at`, 2 from it on."""
-        return 2 if step >= self.switch_at(total_steps) else 1
-
-    def schedules(self) -> dict[str, Schedule]:
-        """``stage``: 1, then 2 from :meth:`switch_at` on (LRC-BERT's two training stages)."""
-        return {"stage": self.stage_at}
-
-    def weights_at(self, stage: int) -> Weights:
-        """(alpha, beta, gamma) of stage 1 or 2."""
-        if stage not in (1, 2):
-            raise ValueError(f"Distiller: stage must be 1 or 2, got {stage!r}")
-        return self.stage_weights[stage - 1]
-
     # -- passes --------------------------------------------------------------------------------
     @torch.no_grad()
     def _teacher_forward(self, x: Tensor) -> tuple[list[Tensor], Tensor | None]:
@@ -282,22 +237,11 @@ class Distiller(Method):
         return [unit(t.take().detach()) for t in self._t_taps], logits
 
     def _negatives(self, feats: list[Tensor]) -> list[Tensor | None]:
-        """Per teacher layer: None (the other rows of the batch), the queue (K, D), or with
-        several processes every process's rows but the sample's own, (N, world * N - 1, D)."""
+        """Per teacher layer: the queue (K, D) with ``queue_size``, else the in-batch / gathered
+        negatives of :class:`~contrastive.methods.distill_parts.ContrastiveDistillation`."""
         if self.queues is not None:
             return [q.keys for q in self._queue_list()]
-        if world_size() == 1:
-            return [None] * len(feats)
-        out: list[Tensor | None] = []
-        for f in feats:
-            n, d = f.shape
-            f_all = unit(gather(f))  # M x D, rank 0's rows first
-            m, own = f_all.shape[0], n * rank()
-            # sample i's window: rows own + i + 1 .. own + i + M - 1 of [f_all; f_all], i.e.
-            # all but its own; a strided view, so no (N, M - 1, D) copy is made
-            rows = torch.cat([f_all, f_all])
-            out.append(rows.as_strided((n, m - 1, d), (d, d, 1), (own + 1) * d))
-        return out
+        return super()._negatives(feats)
 
     def _queue_list(self) -> list[KeyQueue]:
         """``self.queues`` (an untyped ``nn.ModuleList``, built of KeyQueues in __init__)."""
@@ -356,20 +300,10 @@ class Distiller(Method):
         )
         train_step = self.training and torch.is_grad_enabled()
         out: dict[str, Tensor] = {}
-        if self.perturb and train_step:
-            with bn_stats_kept(self.encoder):  # restored after the grad: autograd saved them
-                loss1, parts1 = self._student_pass(x, ctx)
-                emb = parts1.pop("emb")
-                g = None
-                if loss1.requires_grad and emb.requires_grad:
-                    (g,) = torch.autograd.grad(loss1, emb, allow_unused=True)
-                del parts1
-            g = wide(torch.zeros_like(emb)) if g is None else wide(g.detach())
-            # per-sample unit gradient: emb'_i = emb_i + eps * g_i / ||g_i||_2
-            norm = g.flatten(1).norm(dim=1).clamp(min=1e-12)
-            delta = g * (self.perturb_scale / norm).view(-1, *[1] * (g.dim() - 1))
-            out["loss_pass1"] = loss1.detach()
-            loss, parts = self._student_pass(x, ctx, delta=delta)
+        if self.perturb and train_step:  # pass 1 keeps BatchNorm statistics (restored after)
+            loss, parts, out["loss_pass1"] = self._perturbed_pass(
+                lambda delta: self._student_pass(x, ctx, delta), self.perturb_scale,
+                lambda: bn_stats_kept(self.encoder))
         else:
             loss, parts = self._student_pass(x, ctx)
         for q, f in zip(self._queue_list(), t_feats):

@@ -41,9 +41,10 @@ embedding-layer output emb (B, T, H); pass 2 reruns the student with emb' = emb 
 ||g_i||_2 (per sample over all its tokens and hidden units, g detached; eps = 1); the loss of
 pass 2 is returned and trained on. The teacher runs once per step.
 
-Two stages: the ``"stage"`` schedule of :meth:`LRCBert.schedules` (1, then 2 from
-``round(0.8 * total_steps)``); the schedule functions are those of the image
-:class:`~contrastive.methods.distill.Distiller`.
+Two stages, the frozen teacher, the negatives of several processes and the perturbation are
+shared with the image :class:`~contrastive.methods.distill.Distiller` through their common base,
+:class:`~contrastive.methods.distill_parts.ContrastiveDistillation` (the ``"stage"`` schedule: 1,
+then 2 from ``round(0.8 * total_steps)``).
 """
 
 from __future__ import annotations
@@ -58,17 +59,16 @@ from torch import Tensor, nn
 
 from contrastive.losses import get_loss
 from contrastive.methods._common import in_batch_metrics, unit, wide
-from contrastive.methods.base import Method, Schedule, read
-from contrastive.methods.distill import Distiller
+from contrastive.methods.base import read
 from contrastive.methods.distill_layers import uniform_layer_map
+from contrastive.methods.distill_parts import ContrastiveDistillation, Weights
 from contrastive.methods.text_classifier import TEXT_KEYS, TextClassifier, encoder_inputs, task_loss
-from contrastive.nn.distributed import gather, rank, world_size
+from contrastive.nn.distributed import world_size
 from contrastive.nn.text_encoders import TextEncoder
 
-__all__ = ["REPRESENTATIONS", "LRCBert", "layer_representation", "unit_gradient"]
+__all__ = ["REPRESENTATIONS", "LRCBert", "layer_representation"]
 
 REPRESENTATIONS = ("tokens", "mean", "cls")
-Weights = tuple[float, float, float]
 
 
 def layer_representation(h: Tensor, mask: Tensor, how: str = "tokens", length: int | None = None
@@ -92,13 +92,7 @@ def layer_representation(h: Tensor, mask: Tensor, how: str = "tokens", length: i
     return h.flatten(1)
 
 
-def unit_gradient(g: Tensor, scale: float = 1.0) -> Tensor:
-    """``scale * g_i / ||g_i||_2`` per sample i, the norm over all of its other dimensions."""
-    norm = g.flatten(1).norm(dim=1).clamp(min=1e-12)
-    return g * (scale / norm).view(-1, *[1] * (g.dim() - 1))
-
-
-class LRCBert(Method):
+class LRCBert(ContrastiveDistillation):
     """LRC-BERT distillation of a fine-tuned ``teacher`` into a ``student`` encoder.
 
     Args:
@@ -125,19 +119,6 @@ class LRCBert(Method):
     needs = TEXT_KEYS
     uses_in_batch_negatives = True
 
-    # the stage schedule of the image Distiller, reused (same attributes, same semantics)
-    def switch_at(self, total_steps: int) -> int:
-        """The first optimiser step of stage 2 in a run of ``total_steps``."""
-        return Distiller.switch_at(self, total_steps)  # type: ignore[arg-type]
-
-    def stage_at(self, step: int, total_steps: int) -> int:
-        """1 before :meth:`switch_at`, 2 from it on."""
-        return Distiller.stage_at(self, step, total_steps)  # type: ignore[arg-type]
-
-    def weights_at(self, stage: int) -> Weights:
-        """(alpha, beta, gamma) of stage 1 or 2."""
-        return Distiller.weights_at(self, stage)  # type: ignore[arg-type]
-
     def __init__(
         self,
         teacher: TextClassifier,
@@ -159,12 +140,10 @@ class LRCBert(Method):
                              f"{representation!r}")
         if intermediate not in ("cosnce", "mse"):
             raise ValueError(f"intermediate must be 'cosnce' or 'mse', got {intermediate!r}")
-        if len(stage_weights) != 2 or any(len(w) != 3 or min(w) < 0 for w in stage_weights):
-            raise ValueError(f"stage_weights must be two (alpha, beta, gamma) triples of weights "
-                             f">= 0, got {stage_weights!r}")
-        if not 0.0 <= stage1_fraction <= 1.0 or perturb_scale < 0 or temperature <= 0:
-            raise ValueError(f"need 0 <= stage1_fraction <= 1, perturb_scale >= 0, temperature "
-                             f"> 0; got {stage1_fraction}, {perturb_scale}, {temperature}")
+        self._init_stages(stage_weights, stage1_fraction, switch_step)
+        if perturb_scale < 0 or temperature <= 0:
+            raise ValueError(f"need perturb_scale >= 0, temperature > 0; got {perturb_scale}, "
+                             f"{temperature}")
         for name, m in (("teacher", teacher), ("teacher.encoder", getattr(teacher, "encoder", None)),
                         ("student", student)):
             if m is None or not callable(getattr(m, "encode" if name != "teacher" else "predict",
@@ -185,26 +164,9 @@ class LRCBert(Method):
         self.regression = bool(teacher.regression)
         self.head = nn.Linear(student.hidden_size, teacher.num_labels)
         self.representation, self.intermediate = representation, intermediate
-        self.stage_weights = tuple(tuple(float(v) for v in w) for w in stage_weights)
-        self.stage1_fraction, self.switch_step = stage1_fraction, switch_step
         self.temperature, self.perturb, self.perturb_scale = temperature, perturb, perturb_scale
         self.cosnce = get_loss("cosnce", normalize=False)  # inputs are made unit here
         self.kd = get_loss("kd", temperature=temperature)
-
-    def train(self, mode: bool = True) -> LRCBert:
-        """Train mode for the student; the teacher stays in eval mode."""
-        super().train(mode)
-        self.teacher.eval()
-        return self
-
-    def schedules(self) -> dict[str, Schedule]:
-        """``stage``: 1, then 2 from :meth:`switch_at` on (LRC-BERT's two training stages)."""
-        return {"stage": self.stage_at}
-
-    @property
-    def needs_find_unused_parameters(self) -> bool:
-        """Stage 1 (beta = gamma = 0) leaves the student's prediction layer unused (DDP)."""
-        return any(w[1] == w[2] == 0 for w in self.stage_weights)
 
     def predict(self, batch: Mapping[str, Any]) -> Tensor:
         """The student's logits (B, C) (scores (B, 1) for regression)."""
@@ -229,20 +191,6 @@ class LRCBert(Method):
         raw = [out.hidden_states[j] for j in self.layer_map]
         reps = [unit(layer_representation(h, mask, self.representation, length)) for h in raw]
         return reps, raw, logits
-
-    def _negatives(self, reps: list[Tensor]) -> list[Tensor | None]:
-        """None (the other rows of the batch) in one process; with several, (N, world*N - 1, D):
-        every process's rows but the sample's own (a strided view of the gathered rows)."""
-        if world_size() == 1:
-            return [None] * len(reps)
-        out: list[Tensor | None] = []
-        for f in reps:
-            n, d = f.shape
-            rows = gather(f)  # teacher features: no gradient to carry
-            m, own = rows.shape[0], n * rank()
-            both = torch.cat([rows, rows])
-            out.append(both.as_strided((n, m - 1, d), (d, d, 1), (own + 1) * d))
-        return out
 
     def _intermediate(self, s_raw: list[Tensor], ctx: dict[str, Any]) -> Tensor:
         mask, length = ctx["mask"], ctx["length"]
@@ -297,16 +245,11 @@ class LRCBert(Method):
             "neg": self._negatives(t_reps), "t_logits": t_logits,
         }
         result: dict[str, Tensor] = {}
-        delta = None
         if self.perturb and self.training and torch.is_grad_enabled():
-            loss1, parts1 = self._student_pass(ctx)
-            emb = parts1["emb"]
-            (g,) = torch.autograd.grad(loss1, emb, allow_unused=True)
-            g = torch.zeros_like(emb) if g is None else g.detach()
-            delta = unit_gradient(g, self.perturb_scale)
-            result["loss_pass1"] = loss1.detach()
-            del parts1, loss1
-        loss, parts = self._student_pass(ctx, delta)
+            loss, parts, result["loss_pass1"] = self._perturbed_pass(
+                lambda delta: self._student_pass(ctx, delta), self.perturb_scale)
+        else:
+            loss, parts = self._student_pass(ctx)
         result.update(loss=loss, stage=torch.tensor(float(stage), device=loss.device),
                       loss_intermediate=parts["intermediate"].detach(),
                       intermediate_layers=parts["layers"].detach())

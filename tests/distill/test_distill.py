@@ -332,15 +332,17 @@ def test_kd_soft_loss_matches_formula() -> None:
 
 
 def test_multi_process_negatives_exclude_own_row(monkeypatch: pytest.MonkeyPatch) -> None:
-    other = torch.randn(3, 8)  # rank 0's rows; this process is rank 1 of 2
-    monkeypatch.setattr(distill_mod, "world_size", lambda: 2)
-    monkeypatch.setattr(distill_mod, "rank", lambda: 1)
-    monkeypatch.setattr(distill_mod, "gather", lambda f: torch.cat([other, f]))
+    import contrastive.methods.distill_parts as parts_mod  # the negatives' one home
+
+    other = F.normalize(torch.randn(3, 8), dim=1)  # rank 0's unit rows; this process is rank 1
+    monkeypatch.setattr(parts_mod, "world_size", lambda: 2)
+    monkeypatch.setattr(parts_mod, "rank", lambda: 1)
+    monkeypatch.setattr(parts_mod, "gather", lambda f: torch.cat([other, f]))
     d = make(perturb=False)
-    mine = torch.randn(3, 8)
+    mine = F.normalize(torch.randn(3, 8), dim=1)
     (neg,) = d._negatives([mine])
     assert neg.shape == (3, 5, 8)  # K = 2 x 3 - 1
-    rows = F.normalize(torch.cat([other, mine]), dim=1)
+    rows = torch.cat([other, mine])
     for i in range(3):
         own = 3 + i
         others = [rows[j] for j in range(6) if j != own]
@@ -430,3 +432,15 @@ def test_tap_read_once_after_an_armed_forward() -> None:
     for read in (tap.take, stem.take_raw, stem.take):
         with pytest.raises(RuntimeError, match="layer 'blocks.0': no output recorded"):
             read()
+
+
+def test_lrc_bert_and_the_image_distiller_share_one_implementation() -> None:
+    """Stages, frozen teacher, negatives and perturbation have one home (issue 28)."""
+    from contrastive.methods.distill_parts import ContrastiveDistillation
+    from contrastive.methods.lrc_bert import LRCBert
+
+    for name in ("switch_at", "stage_at", "weights_at", "schedules", "train", "_perturbed_pass",
+                 "_init_stages", "needs_find_unused_parameters", "_negatives"):
+        assert getattr(LRCBert, name) is getattr(ContrastiveDistillation, name), name
+        if name != "_negatives":  # the Distiller adds its queue in front of the shared one
+            assert getattr(Distiller, name) is getattr(ContrastiveDistillation, name), name
