@@ -60,6 +60,7 @@ __all__ = [
     "GlueTask",
     "glue_metrics",
     "load_glue",
+    "stratified_indices",
     "read_tsv",
 ]
 
@@ -187,6 +188,45 @@ class GlueDataset(Dataset):
 
     def __repr__(self) -> str:
         return f"GlueDataset({self.task.name}, {self.split}, n={len(self)}, path={str(self.path)!r})"
+
+    def subset(self, indices: Sequence[int] | np.ndarray, split: str | None = None) -> GlueDataset:
+        """The examples at ``indices`` (in that order) as a data set of their own; ``split``
+        names it (default: this split's name)."""
+        idx = np.asarray(indices, dtype=np.int64)
+        if idx.ndim != 1 or (len(idx) and (idx.min() < 0 or idx.max() >= len(self))):
+            raise IndexError(f"{self!r}.subset: indices must be a 1-d sequence in 0..{len(self) - 1}")
+        text_b = None if self.text_b is None else [self.text_b[i] for i in idx]
+        return GlueDataset(self.task, split or self.split, self.path,
+                           [self.text_a[i] for i in idx], text_b, self.labels[idx])
+
+    def split_off(self, n_held_out: int, seed: int = 0) -> tuple[GlueDataset, GlueDataset]:
+        """``(rest, held_out)``: a stratified draw of ``n_held_out`` examples held out of this
+        split (to choose hyper-parameters on, never the dev set that is reported) and the rest;
+        the same seed always draws the same examples."""
+        held = stratified_indices(self.labels, n_held_out, seed, regression=self.task.is_regression)
+        rest = np.setdiff1d(np.arange(len(self)), held)
+        return self.subset(rest), self.subset(held, f"{self.split}_held_out")
+
+
+def stratified_indices(labels: np.ndarray, n: int, seed: int = 0, *, regression: bool = False
+                       ) -> np.ndarray:
+    """``n`` distinct indices into ``labels``, sorted, keeping each class's share of the examples
+    (largest-remainder rounding; regression: the share of each score quintile). Seeded with
+    ``numpy.random.default_rng(seed)``, independent of any other random state."""
+    labels = np.asarray(labels)
+    if not 0 <= n <= len(labels):
+        raise ValueError(f"stratified_indices: n must be in 0..{len(labels)}, got {n}")
+    strata = (np.digitize(labels, np.quantile(labels, [0.2, 0.4, 0.6, 0.8])) if regression
+              else labels)
+    classes, counts = np.unique(strata, return_counts=True)
+    exact = counts * n / len(labels)
+    take = np.floor(exact).astype(np.int64)
+    for i in np.argsort(-(exact - take), kind="stable")[: n - int(take.sum())]:
+        take[i] += 1
+    rng = np.random.default_rng(seed)
+    chosen = [rng.choice(np.flatnonzero(strata == c), size=k, replace=False)
+              for c, k in zip(classes, take)]
+    return np.sort(np.concatenate(chosen)) if chosen else np.zeros(0, dtype=np.int64)
 
 
 def _resolve_path(root: Path, task: GlueTask, split: str) -> Path:

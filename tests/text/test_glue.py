@@ -202,3 +202,54 @@ def test_metrics_refuse_unlabelled_or_mismatched_input():
         glue_metrics("stsb", [1.0, 2.0], [np.nan, 1.0])
     with pytest.raises(ValueError, match="must be N >= 1"):
         glue_metrics("sst2", [1, 0, 1], [1, 0])
+
+
+def test_stratified_indices_keep_each_class_share_and_are_seeded() -> None:
+    from contrastive.data.glue import stratified_indices
+
+    labels = np.array([0] * 70 + [1] * 20 + [2] * 10)
+    idx = stratified_indices(labels, 30, seed=3)
+    assert len(idx) == len(set(idx.tolist())) == 30 and (np.diff(idx) > 0).all()
+    assert np.bincount(labels[idx]).tolist() == [21, 6, 3]  # 70 / 20 / 10 % of 30
+    assert (stratified_indices(labels, 30, seed=3) == idx).all()
+    assert not (stratified_indices(labels, 30, seed=4) == idx).all()
+    # largest remainder: 7 of (5, 3, 2) -> exact 3.5, 2.1, 1.4 -> 4, 2, 1
+    assert np.bincount(np.array([0] * 5 + [1] * 3 + [2] * 2)[stratified_indices(
+        np.array([0] * 5 + [1] * 3 + [2] * 2), 7)]).tolist() == [4, 2, 1]
+    scores = np.linspace(0, 5, 50)
+    assert len(stratified_indices(scores, 10, regression=True)) == 10
+    with pytest.raises(ValueError, match="n must be"):
+        stratified_indices(labels, 101)
+
+
+def test_split_off_holds_out_a_disjoint_stratified_part(glue_root: Path) -> None:
+    train = load_glue("mrpc", glue_root / "MRPC", "train")
+    rest, held = train.split_off(2, seed=0)
+    assert len(rest) + len(held) == len(train) and held.split == "train_held_out"
+    pairs = set(zip(train.text_a, train.text_b))
+    assert set(zip(rest.text_a, rest.text_b)) | set(zip(held.text_a, held.text_b)) == pairs
+    assert not set(zip(rest.text_a, rest.text_b)) & set(zip(held.text_a, held.text_b))
+
+
+def test_majority_floor_on_the_real_mrpc_dev_set(shared_data: Path) -> None:
+    """The floor of the issue-30 table against counts read from the file itself."""
+    import importlib.util
+    import sys
+
+    glue = shared_data / "glue"
+    if not (glue / "MRPC" / "dev.tsv").is_file():
+        pytest.skip(f"the real GLUE files are not in {glue} (see ../shared/data/README.md)")
+    spec = importlib.util.spec_from_file_location(
+        "glue_floors", Path(__file__).resolve().parents[2] / "benchmarks" / "glue_floors.py")
+    assert spec is not None and spec.loader is not None
+    floors = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = floors
+    spec.loader.exec_module(floors)
+    train, held, dev = floors.task_splits("mrpc", glue)
+    rows = [line.split("\t") for line in (glue / "MRPC" / "dev.tsv").read_text(
+        encoding="utf-8-sig").splitlines()[1:] if line]
+    positives = sum(r[0] == "1" for r in rows)
+    assert len(dev) == len(rows) == 408 and len(held) == round(0.1 * (len(train) + len(held)))
+    m = floors.majority(train, dev)  # "equivalent" is the majority of MRPC's training pairs
+    assert m["accuracy"] == pytest.approx(positives / len(rows))
+    assert m["f1"] == pytest.approx(2 * positives / (2 * positives + (len(rows) - positives)))

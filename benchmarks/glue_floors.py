@@ -1,0 +1,112 @@
+"""The floors of the LRC-BERT GLUE table (issue 30): majority class and bag-of-words logistic
+regression per task, on the real GLUE files, in seconds.
+
+Tasks and data, as the distillation runs use them: MRPC and CoLA whole, SST-2 a stratified
+subset of 10,000 of its 67,349 training rows (:func:`~contrastive.data.glue.stratified_indices`,
+seed 0); from each training set 10 % are held out (stratified, seed 0) to choose
+hyper-parameters on; the dev sets are whole and only reported.
+
+- majority: the most frequent training label predicted for every dev example.
+- bag of words: binary unigram + bigram counts (lower-cased, the words of the training rows
+  seen at least twice) and an L2 logistic regression (scikit-learn, lbfgs); pair tasks (MRPC)
+  get the counts of each sentence and their product (the words both share). C is chosen from
+  {0.03, 0.1, 0.3, 1, 3, 10} on the held-out rows by the task's GLUE score, then reported on dev.
+
+    python benchmarks/glue_floors.py [--glue-dir ../shared/data/glue] [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from contrastive.data.glue import GlueDataset, glue_metrics, load_glue, stratified_indices  # noqa: E402
+from contrastive.hardware import cpu_kind_line  # noqa: E402
+
+TASKS = {"mrpc": "MRPC", "cola": "CoLA", "sst2": "SST-2"}
+SST2_TRAIN_ROWS = 10_000
+HELD_OUT_FRACTION = 0.1
+C_GRID = (0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
+
+
+def task_splits(task: str, glue_dir: Path, seed: int = 0) -> tuple[GlueDataset, GlueDataset,
+                                                                   GlueDataset]:
+    """``(train, held_out, dev)`` of one task as the issue-30 runs use them (module docstring)."""
+    train = load_glue(task, glue_dir / TASKS[task], "train")
+    if task == "sst2":
+        train = train.subset(stratified_indices(train.labels, SST2_TRAIN_ROWS, seed))
+    rest, held_out = train.split_off(round(HELD_OUT_FRACTION * len(train)), seed)
+    return rest, held_out, load_glue(task, glue_dir / TASKS[task], "dev")
+
+
+def majority(train: GlueDataset, dev: GlueDataset) -> dict[str, float]:
+    """GLUE metrics of predicting the most frequent training label everywhere."""
+    label = int(np.bincount(train.labels).argmax())
+    return glue_metrics(train.task.name, np.full(len(dev), label), dev.labels)
+
+
+def bag_of_words(train: GlueDataset, held_out: GlueDataset, dev: GlueDataset
+                 ) -> tuple[dict[str, float], float]:
+    """Dev metrics of the logistic regression whose C scored best on ``held_out``, and that C."""
+    from scipy import sparse
+    from sklearn.feature_extraction.text import CountVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    vec = CountVectorizer(ngram_range=(1, 2), min_df=2, binary=True, lowercase=True)
+    vec.fit(train.text_a + (train.text_b or []))
+
+    def features(ds: GlueDataset) -> Any:
+        a = vec.transform(ds.text_a)
+        if ds.text_b is None:
+            return a
+        b = vec.transform(ds.text_b)
+        return sparse.hstack([a, b, a.multiply(b)]).tocsr()
+
+    x_train, x_held, x_dev = features(train), features(held_out), features(dev)
+    best: tuple[float, float, Any] | None = None
+    for c in C_GRID:
+        model = LogisticRegression(C=c, max_iter=2000).fit(x_train, train.labels)
+        score = glue_metrics(train.task.name, model.predict(x_held), held_out.labels)["score"]
+        if best is None or score > best[0]:
+            best = (score, c, model)
+    assert best is not None
+    return glue_metrics(train.task.name, best[2].predict(x_dev), dev.labels), best[1]
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--glue-dir", default=str(ROOT.parent / "shared" / "data" / "glue"))
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "glue_floors.json"))
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    glue_dir = Path(args.glue_dir)
+    if not glue_dir.is_dir():
+        raise SystemExit(f"glue_floors.py: error: no GLUE folder {glue_dir}; pass --glue-dir")
+    print(cpu_kind_line())
+    rows: dict[str, Any] = {}
+    for task in TASKS:
+        start = time.perf_counter()
+        train, held_out, dev = task_splits(task, glue_dir, args.seed)
+        bow, c = bag_of_words(train, held_out, dev)
+        rows[task] = {"train_rows": len(train), "held_out_rows": len(held_out),
+                      "dev_rows": len(dev), "majority": majority(train, dev),
+                      "bag_of_words": bow, "bag_of_words_C": c,
+                      "seconds": round(time.perf_counter() - start, 2)}
+        print(f"{task}: majority {rows[task]['majority']}, bag of words (C={c}) {bow}, "
+              f"{rows[task]['seconds']} s")
+    result = {"cpu_kind": cpu_kind_line(), "seed": args.seed, "tasks": rows}
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
