@@ -33,11 +33,12 @@ tokens), or ``"auto"`` (the pooler when the model has one, else ``"cls"``).
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import pickle
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ __all__ = [
     "TextEncoderOutput",
     "UnsafeCheckpointError",
     "build_text_encoder",
+    "encoder_from_layers",
     "load_text_encoder",
 ]
 
@@ -264,6 +266,36 @@ def build_text_encoder(
                            max_position_embeddings, type_vocab_size, dropout, attention_dropout)
         model = transformers.BertModel(cfg)
     return TextEncoder(model, pooling=pooling)
+
+
+def encoder_from_layers(encoder: TextEncoder, layers: Sequence[int]) -> TextEncoder:
+    """A shallower copy of ``encoder``: its embeddings, the transformer ``layers`` listed
+    (0-based, in that order) and its pooler, same widths and pooling; ``encoder`` is unchanged.
+
+    DistilBERT's initialisation of a student from its teacher ("taking one layer out of two",
+    Sanh et al. 2019, section 3; Hugging Face's ``extract_distilbert.py`` keeps layers 0, 2, 4, 7,
+    9, 11 of BERT-base): e.g. layers (1, 3, 5) of a 6-layer teacher give a 3-layer student.
+    Works for models whose layers are ``model.encoder.layer`` (BERT, RoBERTa, MiniLM ...).
+    """
+    stack = getattr(getattr(encoder.model, "encoder", None), "layer", None)
+    if not isinstance(stack, nn.ModuleList):
+        raise TypeError(f"encoder_from_layers: {type(encoder.model).__name__} has no "
+                        "encoder.layer list (a BERT-like model is needed)")
+    picked = [int(i) for i in layers]
+    if not picked or not all(0 <= i < len(stack) for i in picked):
+        raise ValueError(f"encoder_from_layers: layers must be 1 or more of 0..{len(stack) - 1}, "
+                         f"got {list(layers)}")
+    config = copy.deepcopy(encoder.config)
+    config.num_hidden_layers = len(picked)
+    model = type(encoder.model)(config)
+    state = {k: v for k, v in encoder.model.state_dict().items()
+             if not k.startswith("encoder.layer.")}
+    for new, old in enumerate(picked):
+        prefix = f"encoder.layer.{old}."
+        state.update({f"encoder.layer.{new}.{k[len(prefix):]}": v
+                      for k, v in encoder.model.state_dict().items() if k.startswith(prefix)})
+    model.load_state_dict(state)  # strict: every weight of the copy comes from the encoder
+    return TextEncoder(model, pooling=encoder.pooling)
 
 
 def _checkpoint_folder(path: str | Path, what: str) -> Path:

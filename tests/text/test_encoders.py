@@ -230,3 +230,28 @@ def test_text_encoder_trains():
     grads = {n: p.grad for n, p in enc.named_parameters() if p.requires_grad}
     assert grads and all(g is not None for g in grads.values())
     assert all(g.abs().sum() > 0 for n, g in grads.items() if "layer.1." in n or "pooler" in n)
+
+
+def test_encoder_from_layers_copies_the_chosen_layers_exactly() -> None:
+    """DistilBERT-style initialisation: layers (1, 3) of a 4-layer encoder, weights copied."""
+    pytest.importorskip("transformers")
+    from contrastive.nn.text_encoders import build_text_encoder, encoder_from_layers
+
+    torch.manual_seed(0)
+    big = build_text_encoder(num_layers=4, hidden_size=16, num_heads=2, vocab_size=50,
+                             dropout=0.0, attention_dropout=0.0).eval()
+    small = encoder_from_layers(big, [1, 3]).eval()
+    assert small.num_layers == 2 and big.num_layers == 4 and small.pooling == big.pooling
+    for new, old in ((0, 1), (1, 3)):
+        a, b = small.model.encoder.layer[new].state_dict(), big.model.encoder.layer[old].state_dict()
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ids = torch.randint(0, 50, (3, 7))
+    with torch.no_grad():  # the copy = embeddings -> big layer 1 -> big layer 3 (no padding)
+        got = small.encode(ids, torch.ones_like(ids)).hidden_states
+        h = big.model.embeddings(input_ids=ids)
+        for new, old in ((0, 1), (1, 3)):
+            out = big.model.encoder.layer[old](h)
+            h = out[0] if isinstance(out, tuple) else out
+            torch.testing.assert_close(got[new], h)
+    with pytest.raises(ValueError, match="layers must be"):
+        encoder_from_layers(big, [4])
