@@ -32,7 +32,13 @@ What a run leaves on disk (``encoder.pt``, the run-folder layout) is defined in
 :mod:`contrastive.records`, which evaluation reads.
 """
 
-from contrastive.engine.adapters import DataAdapter, ImageAdapter, ImageTextAdapter, TextAdapter
+from contrastive.engine.adapters import (
+    DataAdapter,
+    ImageAdapter,
+    ImageTextAdapter,
+    LabelledTextAdapter,
+    TextAdapter,
+)
 from contrastive.engine.checkpoint import (
     IncompatibleCheckpointError,
     ResumeMismatchError,
@@ -43,17 +49,19 @@ from contrastive.engine.config import (
     CifarConfig,
     DIMConfig,
     ImageTextConfig,
+    LabelledTextConfig,
     RunConfig,
     TextConfig,
+    TextRunConfig,
     TrainConfig,
     config_from_dict,
     config_to_dict,
     help_field,
     parse_config,
 )
-from contrastive.engine.evaluators import Evaluator
+from contrastive.engine.evaluators import Evaluator, GlueEvaluator
 from contrastive.engine.optim import build_optimizer, param_groups
-from contrastive.engine.run import run, setup_logging
+from contrastive.engine.run import bad_input, cli, run, setup_logging
 from contrastive.engine.schedules import cosine_lr, linear_lr, lr_at, scaled_lr, step_lr
 from contrastive.engine.trainer import NonFiniteLossError, TrainResult, train, write_encoder
 
@@ -62,18 +70,24 @@ __all__ = [
     "DIMConfig",
     "DataAdapter",
     "Evaluator",
+    "GlueEvaluator",
     "ImageAdapter",
     "ImageTextAdapter",
     "ImageTextConfig",
+    "LabelledTextAdapter",
+    "LabelledTextConfig",
     "RunConfig",
     "IncompatibleCheckpointError",
     "NonFiniteLossError",
     "ResumeMismatchError",
     "TextAdapter",
     "TextConfig",
+    "TextRunConfig",
     "TrainConfig",
     "TrainResult",
+    "bad_input",
     "build_optimizer",
+    "cli",
     "config_from_dict",
     "config_to_dict",
     "cosine_lr",
