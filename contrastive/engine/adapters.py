@@ -424,7 +424,7 @@ class LabelledTextAdapter(TextAdapter):
         key = check_task(cfg.task, cfg.glue_dir or None)
         folder = self.model_folder(cfg)
         if cfg.tokenizer or folder:
-            tokenizer = load_tokenizer(cfg.tokenizer or folder, max_length=cfg.max_length)
+            tokenizer = load_tokenizer(str(cfg.tokenizer or folder), max_length=cfg.max_length)
         elif key in GENERATED_TASKS:
             tokenizer = generated_tokenizer(max_length=min(cfg.max_length, 64))
         else:

@@ -157,8 +157,11 @@ class ClassifierArtefacts:
         self.adapter = adapter
 
     def write(self, out: Path, cfg: Any, module: nn.Module, recipe: str, step: int) -> Path:
-        from contrastive.methods.text_classifier import CLASSIFIER_FILE, as_classifier, \
-            save_classifier
+        from contrastive.methods.text_classifier import (
+            CLASSIFIER_FILE,
+            as_classifier,
+            save_classifier,
+        )
 
         a = self.adapter
         dev = a.evaluator.last if a.evaluator is not None else None

@@ -85,7 +85,7 @@ def bad_input() -> Iterator[None]:
     try:
         yield
     except (ValueError, OSError) as e:
-        e.bad_input = True  # type: ignore[attr-defined]
+        e.bad_input = True  # type: ignore[union-attr]
         raise
 
 
@@ -98,7 +98,7 @@ def cli(main: Callable[[list[str] | None], Any], prog: str,
     except (ValueError, OSError) as e:
         if not getattr(e, "bad_input", False):
             raise
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        sys.stderr.write(f"{prog}: error: {e}\n")
         return 2
     return 0
 

@@ -35,10 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 
 def test_cosnce_aligns_student_layers_on_held_out_sentences(tmp_path: Path) -> None:
+    from lrc_check import recipe, run_recipe
     from safetensors.torch import load_file
 
     from contrastive.engine import parse_config
-    from lrc_check import recipe, run_recipe
 
     tok = generated_tokenizer()
     torch.manual_seed(0)  # a random teacher: its layers still tell sentences apart
