@@ -7,14 +7,17 @@ the paper's hyper-parameters (a :class:`TrainConfig` subclass) plus one call::
     run(MyConfig, build_method, build_pipeline)          # images
     run(MyConfig, build_method, adapter=ImageTextAdapter(model_config))  # image-text
     run(MyConfig, build_method, adapter=TextAdapter(training_groups))    # text
+    run(MyConfig, build_method, adapter=LabelledTextAdapter(model_folder))  # labelled text
 
 - :mod:`~contrastive.engine.config`: dataclass -> argparse, every field a flag
   (:class:`RunConfig` what every run has; :class:`TrainConfig` images, :class:`ImageTextConfig`
-  image-text pairs, :class:`TextConfig` text);
+  image-text pairs, :class:`TextConfig` sentences and :class:`LabelledTextConfig` labelled
+  sentences / pairs, on :class:`TextRunConfig`'s text fields); :func:`run`, and :func:`cli` /
+  :func:`bad_input` for recipes that read their own input first (one-line errors);
 - :mod:`~contrastive.engine.adapters`: the data seam (data set, batch on the device,
   throughput unit, default evaluators and artefacts) a recipe chooses;
-- :mod:`~contrastive.engine.evaluators`: monitors (kNN; zero-shot and retrieval; STS Spearman),
-  keep-best;
+- :mod:`~contrastive.engine.evaluators`: monitors (kNN; zero-shot and retrieval; STS Spearman;
+  the GLUE dev metric), keep-best;
 - :mod:`~contrastive.engine.optim`: SGD / AdamW / LARS with bias and norm parameters excluded;
 - :mod:`~contrastive.engine.schedules`: lr schedules as plain functions of the step;
 - :mod:`~contrastive.engine.loader`: deterministic, resumable data order (built on the seeded
