@@ -353,10 +353,13 @@ class LabelledTextConfig(TextRunConfig):
     """A run on labelled sentences or sentence pairs (fine-tuning an encoder with a prediction
     layer, distilling one): the task (GLUE, read from ``--glue-dir``, or a generated one), the
     sizes of a BERT built from a configuration, and BERT's fine-tuning optimiser (Devlin et al.
-    2019, sec. A.3; ``transformers``' ``run_glue.py`` / Trainer): AdamW, linear warm-up over
-    ``--warmup-fraction`` of the steps then linear decay to 0, weight decay 0.01 except biases
-    and LayerNorm, gradient norm clipped to 1.0. The evaluator is the task's official dev metric
-    (``glue_*`` in metrics.jsonl). The recipes set the model flags' names and sizes."""
+    2019, sec. A.3; the authors' google-research/bert ``run_classifier.py`` and
+    ``optimization.py``): AdamW (betas 0.9 / 0.999; eps 1e-8, torch's and the Hugging Face
+    Trainer's, where the authors' TensorFlow code has 1e-6), linear warm-up over
+    ``--warmup-fraction`` (``warmup_proportion`` 0.1) of the steps then linear decay to 0,
+    weight decay 0.01 except biases and LayerNorm, gradient norm clipped to 1.0. The evaluator
+    is the task's official dev metric (``glue_*`` in metrics.jsonl). The recipes set the model
+    flags' names and sizes."""
 
     data: str = help_field("task", "the training data are --task's (and --glue-dir's)",
                            choices=("task",))
