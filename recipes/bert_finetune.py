@@ -17,8 +17,9 @@ on CPUs with native bf16 and on GPUs), ``--float64``, checkpoints, SIGTERM -> ex
 processes with ``accelerate launch``: the loss is the mean over each process's examples and
 DDP averages the gradients, so N processes train as one with the whole batch).
 
-Defaults: BERT's fine-tuning (Devlin et al. 2019, sec. A.3; the Hugging Face Trainer used by
-``run_glue.py``): AdamW (betas 0.9 / 0.999, eps 1e-8), lr 2e-5, batch 32, linear warm-up over
+Defaults: BERT's fine-tuning (Devlin et al. 2019, sec. A.3; the authors' google-research/bert
+``run_classifier.py``; the Hugging Face Trainer of ``run_glue.py``): AdamW (betas 0.9 / 0.999,
+eps 1e-8: torch's, the authors' TensorFlow code 1e-6), lr 2e-5, batch 32, linear warm-up over
 10 % of the steps (``--warmup-fraction``) then linear decay to 0, weight decay 0.01 except
 biases and LayerNorm, gradient norm clipped to 1.0, dropout 0.1. The model is ``--model bert``
 (random init, ``--layers`` / ``--hidden`` / ``--heads``: BERT-base's 12 x 768 by default) or
