@@ -11,8 +11,8 @@ student (4, 312, 12 heads, FFN 1200), vocabulary 30522, random weights; paramete
 with and without the embedding tables (the paper's 109M / 14.5M include them); time = median
 over ``--repeats`` timed forward passes (after one warm-up) of a batch of ``--batch-size``
 sequences of ``--seq-len`` tokens, ``torch.no_grad``, eval mode, on the device given (the
-paper measured one V100). ``learning``: see :mod:`contrastive.text.lrc_check`; prints one
-JSON line per seed and a mean table.
+paper measured one V100). ``learning``: see ``benchmarks/lrc_check.py`` (the recipes through
+the engine, in this process); prints one JSON line per seed and a mean table.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -82,8 +84,10 @@ def main() -> None:
         for row in table2(args.batch_size, args.seq_len, args.repeats, args.device):
             print(json.dumps(row))
         return
-    from contrastive.text.lrc_check import learning_check
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from lrc_check import learning_check
 
+    print(f"{cpu_kind_line()}; load average {os.getloadavg()[0]:.1f}", flush=True)
     results = []
     for seed in args.seeds:
         r = learning_check(seed, variants=tuple(args.variants), student_steps=args.student_steps)

@@ -1,156 +1,99 @@
 #!/usr/bin/env python
-"""Fine-tune a text encoder with a prediction layer on a task: the LRC-BERT teacher (or a
-cross-entropy-only student baseline).
+"""Fine-tune a text encoder with a prediction layer on a task, through the training engine: the
+LRC-BERT teacher (or the cross-entropy-only student baseline).
 
-    # BERT-base on GLUE SST-2 (a downloaded checkpoint folder and the GLUE TSV files)
-    python recipes/bert_finetune.py --task sst2 --glue-dir /data/glue_data \\
-        --model hf:/models/bert-base-uncased --steps 6000 --output-dir runs/teacher-sst2
     # offline, on the generated task: a small BERT from a configuration, random weights
     python recipes/bert_finetune.py --task generated --layers 6 --hidden 128 --heads 4 \\
         --lr 5e-4 --steps 600 --output-dir runs/teacher-gen
+    # BERT-base on GLUE SST-2 (a downloaded checkpoint folder and the GLUE TSV files), 2 GPUs
+    accelerate launch --multi_gpu --num_processes 2 recipes/bert_finetune.py --task sst2 \\
+        --glue-dir /data/glue_data --model hf:/models/bert-base-uncased --steps 6000 \\
+        --output-dir runs/teacher-sst2
 
-The tokenizer is the model folder's (``tokenizer.json`` or ``vocab.txt``) for ``hf:`` models, the
-generated tasks' own WordPiece for ``generated*`` tasks, or ``--tokenizer FOLDER``. The output
-folder gets ``model/`` (weights as safetensors, ``classifier.json``, ``tokenizer.json``: what
-``recipes/lrc_bert.py --teacher`` reads), ``metrics.jsonl``, ``checkpoint/`` (``--resume``
-continues it) and ``results.json`` (the dev metric). Training runs in one process on the CPU or
-one GPU (contrastive.text.loop; not the image engine).
+Training is the engine's (:mod:`contrastive.engine`, the labelled-text adapter
+:class:`~contrastive.engine.LabelledTextAdapter`): every engine flag works (``--steps``,
+``--max-steps``, ``--output-dir``, ``--resume auto``, ``--mixed-precision`` (``auto``: bf16
+on CPUs with native bf16 and on GPUs), ``--float64``, checkpoints, SIGTERM -> exit 75, several
+processes with ``accelerate launch``: the loss is the mean over each process's examples and
+DDP averages the gradients, so N processes train as one with the whole batch).
+
+Defaults: BERT's fine-tuning (Devlin et al. 2019, sec. A.3; the authors' google-research/bert
+``run_classifier.py``; the Hugging Face Trainer of ``run_glue.py``): AdamW (betas 0.9 / 0.999,
+eps 1e-8: torch's, the authors' TensorFlow code 1e-6), lr 2e-5, batch 32, linear warm-up over
+10 % of the steps (``--warmup-fraction``) then linear decay to 0, weight decay 0.01 except
+biases and LayerNorm, gradient norm clipped to 1.0, dropout 0.1. The model is ``--model bert``
+(random init, ``--layers`` / ``--hidden`` / ``--heads``: BERT-base's 12 x 768 by default) or
+``hf:FOLDER`` (a checkpoint folder). The tokenizer is ``--tokenizer FOLDER``, else the ``hf:``
+folder's (``tokenizer.json`` or ``vocab.txt``), else the generated tasks' own WordPiece.
+
+Evaluation: the task's official GLUE dev metric(s) (``glue_accuracy``, ``glue_f1``,
+``glue_mcc``, ``glue_pearson`` / ``glue_spearman`` and their mean ``glue_score``) every
+``--eval-every`` steps and at the end, into ``metrics.jsonl``; ``--keep-best glue_score``
+keeps the best evaluated model in ``best/``. Run folder: the engine's (``config.json``,
+``metrics.jsonl``, ``checkpoints/``, ``run_state.json``) plus ``model/`` (``model.safetensors``,
+``classifier.json``, ``tokenizer.json``: what ``recipes/lrc_bert.py --teacher`` reads and
+``contrastive-export --format hf`` turns into a Hugging Face folder) and ``results.json`` (the
+dev metrics). Every field is a flag: ``python recipes/bert_finetune.py --help``.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import logging
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-import torch
+from contrastive.engine import (
+    LabelledTextAdapter,
+    LabelledTextConfig,
+    bad_input,
+    cli,
+    help_field,
+    parse_config,
+    run,
+)
 
-from contrastive.data.text_tasks import GENERATED_TASKS, check_task, generated_tokenizer, load_task
-from contrastive.methods.text_classifier import TextClassifier, evaluate, save_classifier
-from contrastive.nn.text_encoders import build_text_encoder, load_text_encoder
-from contrastive.text.loop import TextTrainConfig, train_text
-
-
-def add_common(p: argparse.ArgumentParser, steps: int, batch: int, lr: float) -> None:
-    """Flags shared with recipes/lrc_bert.py: task, data, optimisation, output."""
-    p.add_argument("--task", default="generated",
-                   help=f"a GLUE task (sst2, mnli, stsb, ...) or one of {sorted(GENERATED_TASKS)}")
-    p.add_argument("--glue-dir", default=None, help="folder of the GLUE TSV files (glue_data)")
-    p.add_argument("--n-train", type=int, default=4000, help="generated task: training sentences")
-    p.add_argument("--n-dev", type=int, default=1000, help="generated task: dev sentences")
-    p.add_argument("--max-length", type=int, default=128, help="tokens per example, truncated")
-    p.add_argument("--steps", type=int, default=steps, help="optimiser steps")
-    p.add_argument("--batch-size", type=int, default=batch)
-    p.add_argument("--lr", type=float, default=lr, help="peak AdamW learning rate")
-    p.add_argument("--weight-decay", type=float, default=0.01)
-    p.add_argument("--warmup-fraction", type=float, default=0.1)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log-every", type=int, default=50)
-    p.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0: end)")
-    p.add_argument("--output-dir", required=True)
-    p.add_argument("--resume", action="store_true", help="continue OUTPUT_DIR/checkpoint")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+__all__ = ["FinetuneConfig", "cli", "main", "make"]
 
 
-def add_model(p: argparse.ArgumentParser, prefix: str, layers: int, hidden: int, heads: int,
-              intermediate: int | None) -> None:
-    """``--{prefix}``: ``bert`` (from the sizes) or ``hf:FOLDER``, and the sizes."""
-    p.add_argument(f"--{prefix}", default="bert", help="'bert' (random weights from the sizes) "
-                   "or 'hf:/path/to/checkpoint-folder'")
-    p.add_argument("--layers", type=int, default=layers)
-    p.add_argument("--hidden", type=int, default=hidden)
-    p.add_argument("--heads", type=int, default=heads)
-    p.add_argument("--intermediate-size", type=int, default=intermediate,
-                   help="feed-forward width (default 4 x hidden)")
-    p.add_argument("--tokenizer", default=None, help="folder with tokenizer.json or vocab.txt")
+@dataclass
+class FinetuneConfig(LabelledTextConfig):
+    """BERT fine-tuning on a labelled task (see the module docstring for the sources)."""
+
+    model: str = help_field("bert", "bert (random weights from the sizes) | hf:FOLDER (a "
+                            "checkpoint folder)")
+    intermediate_size: int = help_field(3072, "bert: feed-forward width (0 = 4 x hidden)")
 
 
-@contextmanager
-def bad_input() -> Iterator[None]:
-    """Mark the errors of the setup (the user's input: missing files, unknown task, a folder that
-    is not one) so that :func:`cli` reports them in one line; called in-process (tests), they
-    raise as they are. Errors of training itself keep their traceback."""
-    try:
-        yield
-    except (ValueError, OSError) as e:
-        e.bad_input = True  # type: ignore[attr-defined]
-        raise
+def model_folder(cfg: FinetuneConfig) -> str | None:
+    """The ``hf:`` folder of ``--model`` (its tokenizer), None for ``bert``."""
+    if cfg.model != "bert" and not cfg.model.startswith("hf:"):
+        raise ValueError(f"--model must be 'bert' or 'hf:FOLDER', got {cfg.model!r}")
+    return cfg.model[3:] if cfg.model.startswith("hf:") else None
 
 
-def cli(main: Callable[[list[str] | None], Any], prog: str, argv: list[str] | None = None) -> int:
-    """Run ``main`` as a script: bad input is one line ``prog: error: ...``, exit status 2."""
-    try:
-        main(argv)
-    except (ValueError, OSError) as e:
-        if not getattr(e, "bad_input", False):
-            raise
-        print(f"{prog}: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+def make() -> tuple[type[FinetuneConfig], Any, LabelledTextAdapter]:
+    """(config class, build_method, adapter): what ``run`` needs (tests call it too)."""
+    adapter = LabelledTextAdapter(model_folder)
+
+    def build_method(cfg: FinetuneConfig) -> Any:
+        from contrastive.methods import TextClassifier
+
+        task = adapter.task
+        encoder = cfg.text_encoder(cfg.model, adapter.tokenizer.vocab_size)
+        return TextClassifier(encoder, task.num_labels, regression=task.regression,
+                              dropout=cfg.dropout)
+
+    return FinetuneConfig, build_method, adapter
 
 
-def tokenizer_for(args: argparse.Namespace, model: str) -> Any:
-    from contrastive.data.tokenizer import load_tokenizer
-
-    if model != "bert" and not model.startswith("hf:"):
-        raise ValueError(f"model must be 'bert' or 'hf:FOLDER', got {model!r}")
-    if args.tokenizer:
-        return load_tokenizer(args.tokenizer, args.max_length)
-    if model.startswith("hf:"):
-        return load_tokenizer(model[3:], args.max_length)
-    if args.task.lower() in GENERATED_TASKS:
-        return generated_tokenizer(max_length=min(args.max_length, 64))
-    raise ValueError(f"a 'bert' model with random weights on GLUE task {args.task!r} has no "
-                     "tokenizer: pass --tokenizer FOLDER (a BERT vocab.txt / tokenizer.json) or "
-                     "--model hf:FOLDER (a checkpoint folder with its tokenizer)")
-
-
-def build_encoder(args: argparse.Namespace, model: str, vocab_size: int) -> Any:
-    if model.startswith("hf:"):
-        return load_text_encoder(model[3:])
-    if model != "bert":
-        raise ValueError(f"model must be 'bert' or 'hf:FOLDER', got {model!r}")
-    return build_text_encoder(num_layers=args.layers, hidden_size=args.hidden,
-                              num_heads=args.heads, intermediate_size=args.intermediate_size,
-                              vocab_size=vocab_size, max_position_embeddings=max(
-                                  512, args.max_length))
-
-
-def train_config(args: argparse.Namespace) -> TextTrainConfig:
-    return TextTrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                           weight_decay=args.weight_decay, warmup_fraction=args.warmup_fraction,
-                           seed=args.seed, log_every=args.log_every, save_every=args.save_every)
-
-
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common(p, steps=1000, batch=32, lr=2e-5)
-    add_model(p, "model", 12, 768, 12, 3072)
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    with bad_input():  # flags first, then the data and the model
-        check_task(args.task, args.glue_dir)
-        tok = tokenizer_for(args, args.model)
-        task = load_task(args.task, args.glue_dir, n_train=args.n_train, n_dev=args.n_dev,
-                         seed=args.seed)
-        torch.manual_seed(args.seed)
-        model = TextClassifier(build_encoder(args, args.model, tok.vocab_size), task.num_labels,
-                               regression=task.regression).to(args.device)
-    out = Path(args.output_dir)
-    train_text(model, task.train, tok.collate, train_config(args), out, resume=args.resume,
-               on_log=lambda r: print(json.dumps(r), flush=True))
-    metrics = evaluate(model, task.dev, tok, task.metric_task)
-    save_classifier(out / "model", model, tok, task=task.name)
-    result = {"task": task.name, "dev": metrics, "steps": args.steps}
-    (out / "results.json").write_text(json.dumps(result, indent=1))
-    print(json.dumps(result))
-    return result
+def main(argv: list[str] | None = None) -> Any:
+    """Parse ``argv``, read task and tokenizer (bad input: :func:`~contrastive.engine.cli`'s
+    one line) and train; returns the :class:`~contrastive.engine.TrainResult`."""
+    cls, build_method, adapter = make()
+    cfg = parse_config(cls, argv, prog="bert_finetune.py")
+    with bad_input():
+        adapter.prepare(cfg)
+    return run(cls, build_method, adapter=adapter, argv=argv, name="bert_finetune")
 
 
 if __name__ == "__main__":

@@ -1,115 +1,153 @@
 #!/usr/bin/env python
-"""LRC-BERT (Fu et al., AAAI 2021, arXiv 2012.07335): distil a fine-tuned teacher into a small
-student with COS-NCE on every student layer, the two-stage loss and gradient perturbation.
+"""LRC-BERT (Fu et al., AAAI 2021, arXiv 2012.07335) through the training engine: distil a
+fine-tuned teacher into a small student with COS-NCE on every student layer, the two-stage loss
+and gradient perturbation.
 
-    # teacher from recipes/bert_finetune.py, the paper's 4 x 312 student from a configuration
-    python recipes/lrc_bert.py --teacher runs/teacher-sst2/model --task sst2 \\
-        --glue-dir /data/glue_data --steps 20000 --output-dir runs/lrc-sst2
-    # a pre-trained small student (e.g. a general-distillation TinyBERT folder you downloaded)
-    python recipes/lrc_bert.py --teacher runs/teacher-sst2/model --task sst2 \\
-        --glue-dir /data/glue_data --student hf:/models/TinyBERT_General_4L_312D ...
-    # offline, on the generated task
+    # offline, on the generated task (the teacher from recipes/bert_finetune.py's example)
     python recipes/lrc_bert.py --teacher runs/teacher-gen/model --task generated \\
         --layers 2 --hidden 32 --heads 2 --lr 1e-3 --steps 300 --output-dir runs/lrc-gen
+    # the paper's 4 x 312 student from a configuration, on GLUE SST-2, 2 GPUs
+    accelerate launch --multi_gpu --num_processes 2 recipes/lrc_bert.py \\
+        --teacher runs/teacher-sst2/model --task sst2 --glue-dir /data/glue_data \\
+        --steps 20000 --output-dir runs/lrc-sst2
+    # a pre-trained small student (e.g. a general-distillation TinyBERT folder you downloaded)
+    python recipes/lrc_bert.py --teacher runs/teacher-sst2/model --task sst2 \\
+        --glue-dir /data/glue_data --student hf:/models/TinyBERT_General_4L_312D \\
+        --output-dir runs/lrc-sst2-tiny
 
-Paper settings (defaults): batch 16 (K = 15 in-batch negatives), uniform layer map, t = 1.1,
-alpha:beta:gamma = 1:0:0 for the first 80 % of the steps then 1:1:3, perturbation norm 1.
-Ablations: ``--no-two-stage`` (1:1:3 throughout), ``--no-perturb``, ``--intermediate mse``.
-The tokenizer is the teacher's (``tokenizer.json`` in the teacher folder). Output: ``model/``
-(the student and its prediction layer, loadable with contrastive.methods.text_classifier.load_classifier),
-``metrics.jsonl``, ``checkpoint/`` (``--resume``), ``results.json`` (dev metric).
+Paper settings (defaults): batch 16 (K = 15 in-batch negatives in one process; with N
+processes the teacher features of the whole global batch, K = 15 for a global batch of 16),
+uniform layer map, t = 1.1, alpha:beta:gamma = 1:0:0 for the first 80 % of the steps then 1:1:3,
+perturbation norm 1; the 4 x 312 student (12 heads, FFN 1200) of its Table 1. Ablations:
+``--no-two-stage`` (1:1:3 throughout), ``--no-perturb``, ``--intermediate mse``. The optimiser
+is BERT fine-tuning's (:class:`~contrastive.engine.LabelledTextConfig`: AdamW, 10 % linear
+warm-up then linear decay, weight decay 0.01 except biases and LayerNorm, clip 1.0) at lr 5e-5.
+
+Training is the engine's, as ``recipes/bert_finetune.py``'s (every engine flag: ``--steps``,
+``--max-steps``, ``--output-dir``, ``--resume auto``, ``--mixed-precision auto``, ``--float64``,
+``accelerate launch``). The tokenizer is the teacher's (``tokenizer.json`` in the teacher
+folder). Evaluation: the student's official GLUE dev metric (``glue_*`` in ``metrics.jsonl``,
+``--eval-every``, ``--keep-best glue_score``). Output: the engine's run folder plus ``model/``
+(the student and its prediction layer as a classifier folder, loadable with
+:func:`contrastive.methods.text_classifier.load_classifier`, exportable with
+``contrastive-export --format hf``) and ``results.json`` (dev metrics, the teacher's beside).
 Not included: the paper's pre-training-stage distillation and its augmented training data.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import logging
 import sys
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bert_finetune import (  # noqa: E402
-    add_common,
-    add_model,
+from contrastive.engine import (
+    LabelledTextAdapter,
+    LabelledTextConfig,
     bad_input,
-    build_encoder,
     cli,
-    train_config,
+    help_field,
+    parse_config,
+    run,
 )
+from contrastive.methods.lrc_bert import REPRESENTATIONS
 
-from contrastive.data.text_tasks import check_task, load_task  # noqa: E402
-from contrastive.data.tokenizer import load_tokenizer  # noqa: E402
-from contrastive.methods.lrc_bert import REPRESENTATIONS, LRCBert  # noqa: E402
-from contrastive.methods.text_classifier import (  # noqa: E402
-    TextClassifier,
-    evaluate,
-    load_classifier,
-    save_classifier,
-)
-from contrastive.text.loop import train_text  # noqa: E402
+__all__ = ["LRCBertConfig", "cli", "main", "make"]
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--teacher", required=True, help="a fine-tuned teacher folder "
-                   "(recipes/bert_finetune.py's OUTPUT_DIR/model)")
-    add_common(p, steps=1000, batch=16, lr=5e-5)
-    add_model(p, "student", 4, 312, 12, 1200)
-    p.add_argument("--representation", default="tokens", choices=REPRESENTATIONS)
-    p.add_argument("--intermediate", default="cosnce", choices=("cosnce", "mse"))
-    p.add_argument("--stage1-fraction", type=float, default=0.8)
-    p.add_argument("--no-two-stage", action="store_true", help="alpha:beta:gamma = 1:1:3 always")
-    p.add_argument("--no-perturb", action="store_true", help="no gradient perturbation")
-    p.add_argument("--perturb-scale", type=float, default=1.0,
-                   help="norm eps of the perturbation (paper: 1, for 312-wide students; see "
-                   "benchmarks/RESULTS.md for narrower ones)")
-    p.add_argument("--temperature", type=float, default=1.1)
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    with bad_input():  # the user's input: one line when run as a script
-        check_task(args.task, args.glue_dir)
-        teacher, meta = load_classifier(args.teacher)
-        task = load_task(args.task, args.glue_dir, n_train=args.n_train, n_dev=args.n_dev,
-                         seed=args.seed)
-        if (task.num_labels, task.regression) != (teacher.num_labels, teacher.regression):
-            raise ValueError(f"the teacher in {args.teacher} predicts {teacher.num_labels} labels "
-                             f"(regression={teacher.regression}), task {task.name} has "
-                             f"{task.num_labels} (regression={task.regression}): fine-tune a "
-                             f"teacher on {task.name} (recipes/bert_finetune.py --task "
-                             f"{task.name})")
-        tok = load_tokenizer(args.tokenizer or args.teacher, args.max_length)
-        torch.manual_seed(args.seed)
-        student = build_encoder(args, args.student, tok.vocab_size)
-        if student.config.vocab_size < tok.vocab_size:
+@dataclass
+class LRCBertConfig(LabelledTextConfig):
+    """LRC-BERT distillation of a fine-tuned teacher (see the module docstring)."""
+
+    teacher: str = help_field("", "a fine-tuned teacher folder (recipes/bert_finetune.py's "
+                              "OUTPUT_DIR/model); required")
+    student: str = help_field("bert", "bert (random weights from the sizes) | hf:FOLDER (a "
+                              "pre-trained small model)")
+    layers: int = help_field(4, "bert student: layers (paper 4)")
+    hidden: int = help_field(312, "bert student: hidden size (paper 312)")
+    heads: int = help_field(12, "bert student: attention heads")
+    intermediate_size: int = help_field(1200, "bert student: feed-forward width (paper 1200)")
+    representation: str = help_field("tokens", "layer representation COS-NCE compares (see "
+                                     "contrastive.methods.lrc_bert)", choices=REPRESENTATIONS)
+    intermediate: str = help_field("cosnce", "intermediate-layer loss: cosnce (the paper) | mse "
+                                   "(the ablation)", choices=("cosnce", "mse"))
+    two_stage: bool = help_field(True, "1:0:0 for --stage1-fraction of the steps, then 1:1:3 "
+                                 "(--no-two-stage: 1:1:3 throughout)")
+    stage1_fraction: float = help_field(0.8, "fraction of the steps in stage 1 (paper 0.8)")
+    perturb: bool = help_field(True, "gradient perturbation of the student's embeddings")
+    perturb_scale: float = help_field(
+        1.0, "norm eps of the perturbation (paper 1, for 312-wide students; see "
+        "benchmarks/results/lrc_bert.md for narrower ones)")
+    temperature: float = help_field(1.1, "t of the soft loss (paper 1.1)")
+    batch_size: int = help_field(16, "GLOBAL examples per step (paper 16: K = 15 negatives)")
+    lr: float = help_field(5e-5, "peak AdamW learning rate, absolute")
+    ddp_find_unused_parameters: bool = help_field(
+        True, "DDP find_unused_parameters: stage 1 leaves the student's prediction layer unused")
+
+    def validate(self) -> None:
+        """The labelled-text checks and a teacher folder."""
+        super().validate()
+        if not self.teacher:
+            raise ValueError("--teacher is required: a fine-tuned teacher folder "
+                             "(recipes/bert_finetune.py's OUTPUT_DIR/model)")
+
+
+def make() -> tuple[type[LRCBertConfig], Any, LabelledTextAdapter]:
+    """(config class, build_method, adapter): what ``run`` needs (tests call it too). The
+    tokenizer is the teacher's; :func:`load_teacher` checks the teacher against the task."""
+    adapter = LabelledTextAdapter(lambda cfg: cfg.teacher)
+
+    def build_method(cfg: LRCBertConfig) -> Any:
+        from contrastive.methods import LRCBert
+
+        teacher = adapter.teacher if getattr(adapter, "teacher", None) is not None else \
+            load_teacher(cfg, adapter)
+        student = cfg.text_encoder(cfg.student, adapter.tokenizer.vocab_size)
+        if student.config.vocab_size < adapter.tokenizer.vocab_size:
             raise ValueError(f"the student's vocabulary ({student.config.vocab_size}) is smaller "
-                             f"than the teacher's tokenizer ({tok.vocab_size}): teacher and "
-                             "student read the same token ids; use a student with the teacher's "
-                             "vocabulary")
-    stages = ((1.0, 1.0, 3.0),) * 2 if args.no_two_stage else ((1.0, 0.0, 0.0), (1.0, 1.0, 3.0))
-    method = LRCBert(teacher, student, representation=args.representation,
-                     intermediate=args.intermediate, stage_weights=stages,
-                     stage1_fraction=args.stage1_fraction, temperature=args.temperature,
-                     perturb=not args.no_perturb, perturb_scale=args.perturb_scale
-                     ).to(args.device)
-    out = Path(args.output_dir)
-    train_text(method, task.train, tok.collate, train_config(args), out, resume=args.resume,
-               on_log=lambda r: print(json.dumps(r), flush=True))
-    metrics = evaluate(method, task.dev, tok, task.metric_task)
-    final = TextClassifier(method.encoder, teacher.num_labels, regression=teacher.regression,
-                           dropout=0.0)
-    final.head.load_state_dict(method.head.state_dict())
-    save_classifier(out / "model", final, tok, task=task.name, distilled_from=str(args.teacher))
-    result = {"task": task.name, "dev": metrics, "steps": args.steps,
-              "teacher_dev": meta.get("dev")}
-    (out / "results.json").write_text(json.dumps(result, indent=1))
-    print(json.dumps(result))
-    return result
+                             f"than the teacher's tokenizer ({adapter.tokenizer.vocab_size}): "
+                             "teacher and student read the same token ids; use a student with "
+                             "the teacher's vocabulary")
+        stages = ((1.0, 1.0, 3.0),) * 2 if not cfg.two_stage else ((1.0, 0.0, 0.0),
+                                                                   (1.0, 1.0, 3.0))
+        return LRCBert(teacher, student, representation=cfg.representation,
+                       intermediate=cfg.intermediate, stage_weights=stages,
+                       stage1_fraction=cfg.stage1_fraction, temperature=cfg.temperature,
+                       perturb=cfg.perturb, perturb_scale=cfg.perturb_scale)
+
+    return LRCBertConfig, build_method, adapter
+
+
+def load_teacher(cfg: LRCBertConfig, adapter: LabelledTextAdapter, teacher: Any = None) -> Any:
+    """The teacher classifier of ``--teacher`` (or ``teacher``), checked against the task's
+    labels (``adapter.prepare`` read the task)."""
+    from contrastive.methods.text_classifier import load_classifier
+
+    if teacher is None:
+        teacher, _ = load_classifier(cfg.teacher)
+    task = adapter.task
+    if (task.num_labels, task.regression) != (teacher.num_labels, teacher.regression):
+        raise ValueError(f"the teacher in {cfg.teacher} predicts {teacher.num_labels} labels "
+                         f"(regression={teacher.regression}), task {task.name} has "
+                         f"{task.num_labels} (regression={task.regression}): fine-tune a "
+                         f"teacher on {task.name} (recipes/bert_finetune.py --task {task.name})")
+    return teacher
+
+
+def main(argv: list[str] | None = None) -> Any:
+    """Parse ``argv``, read task, teacher and tokenizer (bad input: one line through
+    :func:`~contrastive.engine.cli`) and train; returns the
+    :class:`~contrastive.engine.TrainResult`."""
+    from contrastive.data.text_tasks import check_task
+    from contrastive.methods.text_classifier import load_classifier
+
+    cls, build_method, adapter = make()
+    cfg = parse_config(cls, argv, prog="lrc_bert.py")
+    with bad_input():  # the task's name, then the teacher, then the data and the tokenizer
+        check_task(cfg.task, cfg.glue_dir or None)
+        teacher, _ = load_classifier(cfg.teacher)
+        adapter.prepare(cfg)
+        adapter.teacher = load_teacher(cfg, adapter, teacher)  # type: ignore[attr-defined]
+    return run(cls, build_method, adapter=adapter, argv=argv, name="lrc_bert")
 
 
 if __name__ == "__main__":

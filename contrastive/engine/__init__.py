@@ -7,14 +7,17 @@ the paper's hyper-parameters (a :class:`TrainConfig` subclass) plus one call::
     run(MyConfig, build_method, build_pipeline)          # images
     run(MyConfig, build_method, adapter=ImageTextAdapter(model_config))  # image-text
     run(MyConfig, build_method, adapter=TextAdapter(training_groups))    # text
+    run(MyConfig, build_method, adapter=LabelledTextAdapter(model_folder))  # labelled text
 
 - :mod:`~contrastive.engine.config`: dataclass -> argparse, every field a flag
   (:class:`RunConfig` what every run has; :class:`TrainConfig` images, :class:`ImageTextConfig`
-  image-text pairs, :class:`TextConfig` text);
+  image-text pairs, :class:`TextConfig` sentences and :class:`LabelledTextConfig` labelled
+  sentences / pairs, on :class:`TextRunConfig`'s text fields); :func:`run`, and :func:`cli` /
+  :func:`bad_input` for recipes that read their own input first (one-line errors);
 - :mod:`~contrastive.engine.adapters`: the data seam (data set, batch on the device,
   throughput unit, default evaluators and artefacts) a recipe chooses;
-- :mod:`~contrastive.engine.evaluators`: monitors (kNN; zero-shot and retrieval; STS Spearman),
-  keep-best;
+- :mod:`~contrastive.engine.evaluators`: monitors (kNN; zero-shot and retrieval; STS Spearman;
+  the GLUE dev metric), keep-best;
 - :mod:`~contrastive.engine.optim`: SGD / AdamW / LARS with bias and norm parameters excluded;
 - :mod:`~contrastive.engine.schedules`: lr schedules as plain functions of the step;
 - :mod:`~contrastive.engine.loader`: deterministic, resumable data order (built on the seeded
@@ -32,7 +35,13 @@ What a run leaves on disk (``encoder.pt``, the run-folder layout) is defined in
 :mod:`contrastive.records`, which evaluation reads.
 """
 
-from contrastive.engine.adapters import DataAdapter, ImageAdapter, ImageTextAdapter, TextAdapter
+from contrastive.engine.adapters import (
+    DataAdapter,
+    ImageAdapter,
+    ImageTextAdapter,
+    LabelledTextAdapter,
+    TextAdapter,
+)
 from contrastive.engine.checkpoint import (
     IncompatibleCheckpointError,
     ResumeMismatchError,
@@ -43,17 +52,19 @@ from contrastive.engine.config import (
     CifarConfig,
     DIMConfig,
     ImageTextConfig,
+    LabelledTextConfig,
     RunConfig,
     TextConfig,
+    TextRunConfig,
     TrainConfig,
     config_from_dict,
     config_to_dict,
     help_field,
     parse_config,
 )
-from contrastive.engine.evaluators import Evaluator
+from contrastive.engine.evaluators import Evaluator, GlueEvaluator
 from contrastive.engine.optim import build_optimizer, param_groups
-from contrastive.engine.run import run, setup_logging
+from contrastive.engine.run import bad_input, cli, run, setup_logging
 from contrastive.engine.schedules import cosine_lr, linear_lr, lr_at, scaled_lr, step_lr
 from contrastive.engine.trainer import NonFiniteLossError, TrainResult, train, write_encoder
 
@@ -62,18 +73,24 @@ __all__ = [
     "DIMConfig",
     "DataAdapter",
     "Evaluator",
+    "GlueEvaluator",
     "ImageAdapter",
     "ImageTextAdapter",
     "ImageTextConfig",
+    "LabelledTextAdapter",
+    "LabelledTextConfig",
     "RunConfig",
     "IncompatibleCheckpointError",
     "NonFiniteLossError",
     "ResumeMismatchError",
     "TextAdapter",
     "TextConfig",
+    "TextRunConfig",
     "TrainConfig",
     "TrainResult",
+    "bad_input",
     "build_optimizer",
+    "cli",
     "config_from_dict",
     "config_to_dict",
     "cosine_lr",

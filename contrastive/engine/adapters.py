@@ -21,7 +21,9 @@ A :class:`DataAdapter` owns everything modality-specific between the data spec a
 :class:`ImageAdapter` is today's image path (views from an augmentation pipeline);
 :class:`ImageTextAdapter` serves image-text pairs (CLIP: one centre-cropped image in [0, 1] and
 the caption's token ids); :class:`TextAdapter` serves examples of 1-3 sentences as token
-tensors (SimCSE), with no image fields, and counts tokens.
+tensors (SimCSE), with no image fields, and counts tokens; :class:`LabelledTextAdapter` (a
+:class:`TextAdapter` with other data) serves labelled sentences or sentence pairs (GLUE, the
+generated tasks) as (B, T) token tensors and ``labels`` (fine-tuning, LRC-BERT).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from torch.utils.data import Dataset
 
 from contrastive.engine.artefacts import (
     Artefacts,
+    ClassifierArtefacts,
     ClipArtefacts,
     EncoderArtefacts,
     SentenceModelArtefacts,
@@ -43,8 +46,8 @@ from contrastive.engine.artefacts import (
 from contrastive.engine.extras import add_extras, split_item
 from contrastive.engine.loader import step_generator
 
-__all__ = ["DataAdapter", "ImageAdapter", "ImageTextAdapter", "TextAdapter", "prepare_views",
-           "make_batch"]
+__all__ = ["DataAdapter", "ImageAdapter", "ImageTextAdapter", "TextAdapter",
+           "LabelledTextAdapter", "prepare_views", "make_batch"]
 
 logger = logging.getLogger(__name__)
 
@@ -304,10 +307,10 @@ class TextAdapter:
     def __init__(self, groups: Callable[[Any], Any]) -> None:
         self.groups = groups
         self.tokenizer: Any = None
-        self.collate: TokenCollate | None = None
+        self.collate: Callable[[list[tuple[Any, ...]]], Any] | None = None
         self.artefacts: Artefacts = SentenceModelArtefacts(self)
         self._cfg: Any = None
-        self._data: TextExamples | None = None
+        self._data: Any = None
 
     def train_set(self, cfg: Any, accelerator: Any) -> Any:
         from contrastive.data.tokenizer import load_tokenizer, train_wordpiece
@@ -352,3 +355,111 @@ class TextAdapter:
         size = self._data.size if self._data is not None else 0
         return (f"{size} sentence(s) per example, tokenised in the loader (max length "
                 f"{self._cfg.max_length if self._cfg is not None else '?'})")
+
+
+class LabelledExamples(Dataset):
+    """A task's items ``{"text_a", ["text_b"], "label"}`` as the engine's loader wants them: a
+    tuple ``(item,)``; the collate (:class:`LabelledCollate`) makes the per-sample fields."""
+
+    extra_keys = ("input_ids", "attention_mask", "token_type_ids", "labels")
+    seeded_items = False
+
+    def __init__(self, items: Any) -> None:
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> tuple[dict[str, Any]]:
+        return (self.items[i],)
+
+
+class LabelledCollate:
+    """The labelled-text loader's collate: items ``(item, index)`` -> ``(fields, indices)``,
+    the sentences (pairs) tokenised in one call and padded to the batch's longest
+    (:meth:`~contrastive.data.tokenizer.TextTokenizer.collate`: ``input_ids`` /
+    ``attention_mask`` / ``token_type_ids`` (B, T) and ``labels`` (B,))."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def __call__(self, items: list[tuple[Any, ...]]) -> tuple[dict[str, Tensor], Tensor]:
+        fields = self.tokenizer.collate([item[0] for item in items])
+        return fields, torch.tensor([item[-1] for item in items], dtype=torch.long)
+
+
+class LabelledTextAdapter(TextAdapter):
+    """Labelled sentences or sentence pairs of a task (``--task``: GLUE under ``--glue-dir``,
+    or a generated one; :func:`~contrastive.data.text_tasks.load_task`), tokenised in the loader
+    and padded per batch: the method's batch holds ``input_ids`` / ``attention_mask`` /
+    ``token_type_ids`` (B, T) and ``labels`` (B,) as it ``needs``. Throughput in tokens/s and
+    the batch seam are :class:`TextAdapter`'s. The evaluator is the task's official dev metric
+    (:class:`~contrastive.engine.evaluators.GlueEvaluator`); the artefacts ``model/`` (the
+    classifier: safetensors + JSON + tokenizer) and ``results.json`` (the dev metric)
+    (:class:`~contrastive.engine.artefacts.ClassifierArtefacts`).
+
+    The tokenizer is ``--tokenizer``, else the folder ``model_folder(cfg)`` names (the recipe's:
+    an ``hf:`` model's, the LRC-BERT teacher's), else the generated tasks' own WordPiece.
+    :meth:`prepare` reads task and tokenizer; a recipe calls it before :func:`run` so that bad
+    input fails before the run folder exists (the engine calls it otherwise).
+    """
+
+    def __init__(self, model_folder: Callable[[Any], str | None]) -> None:
+        super().__init__(lambda cfg: None)
+        self.model_folder = model_folder
+        self.task: Any = None
+        self.evaluator: Any = None
+        self.artefacts = ClassifierArtefacts(self)
+
+    def prepare(self, cfg: Any) -> None:
+        """Check and read ``--task`` and the tokenizer (errors name the flag to fix)."""
+        from contrastive.data.text_tasks import (
+            GENERATED_TASKS,
+            check_task,
+            generated_tokenizer,
+            load_task,
+        )
+        from contrastive.data.tokenizer import load_tokenizer
+
+        key = check_task(cfg.task, cfg.glue_dir or None)
+        folder = self.model_folder(cfg)
+        if cfg.tokenizer or folder:
+            tokenizer = load_tokenizer(str(cfg.tokenizer or folder), max_length=cfg.max_length)
+        elif key in GENERATED_TASKS:
+            tokenizer = generated_tokenizer(max_length=min(cfg.max_length, 64))
+        else:
+            raise ValueError(f"a 'bert' model with random weights on GLUE task {cfg.task!r} has "
+                             "no tokenizer: pass --tokenizer FOLDER (a BERT vocab.txt / "
+                             "tokenizer.json) or a checkpoint folder with its tokenizer "
+                             "(--model hf:FOLDER)")
+        self.task = load_task(cfg.task, cfg.glue_dir or None, n_train=cfg.n_train,
+                              n_dev=cfg.n_dev, seed=cfg.data_seed)
+        self.tokenizer = tokenizer
+        self._cfg = cfg
+
+    def train_set(self, cfg: Any, accelerator: Any) -> Any:
+        if self.task is None:
+            self.prepare(cfg)
+        self._cfg = cfg
+        self.collate = LabelledCollate(self.tokenizer)
+        self._data = LabelledExamples(self.task.train)
+        return self._data
+
+    def evaluators(self, cfg: Any, world: int) -> list[Any]:
+        from contrastive.engine.evaluators import GlueEvaluator
+
+        self.evaluator = GlueEvaluator(self.task.dev, self.tokenizer, self.task.metric_task,
+                                       every=cfg.eval_every, at_start=cfg.eval_at_start)
+        return [self.evaluator]
+
+    def resolved(self) -> dict[str, Any]:
+        t = self.task
+        return {"task": t.name, "train_examples": len(t.train), "dev_examples": len(t.dev),
+                "num_labels": t.num_labels, "regression": t.regression,
+                "vocab_size": int(self.tokenizer.vocab_size)}
+
+    def describe(self) -> str:
+        pairs = "pairs" if len(self.task.train) and "text_b" in self.task.train[0] else \
+            "sentences"
+        return (f"task {self.task.name}: labelled {pairs}, tokenised in the loader (max length "
+                f"{self._cfg.max_length})")

@@ -10,7 +10,12 @@ which evaluation reads):
   kNN tools);
 - :class:`SentenceModelArtefacts` (text runs): ``model/``, the method's sentence encoder as a
   Hugging Face folder with its tokenizer and ``simcse.json`` (evaluation pooling, step), which
-  ``contrastive-sts-eval`` and ``create_encoder("hf:...")`` read.
+  ``contrastive-sts-eval`` and ``create_encoder("hf:...")`` read;
+- :class:`ClassifierArtefacts` (labelled-text runs: fine-tuning, LRC-BERT): ``model/``, the
+  method as a :class:`~contrastive.methods.text_classifier.TextClassifier` folder
+  (``model.safetensors``, ``classifier.json``, ``tokenizer.json``: what ``recipes/lrc_bert.py
+  --teacher`` and ``contrastive-export --format hf`` read), and ``results.json`` (the task and
+  the latest dev metrics of the GLUE evaluator).
 
 ``write(out, cfg, module, recipe, step)`` returns the main file; ``step_of(out)`` the step it
 was written at (None when absent or unreadable: a requeued finished run rewrites it).
@@ -18,6 +23,7 @@ was written at (None when absent or unreadable: a requeued finished run rewrites
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -37,7 +43,7 @@ from contrastive.records import (
 )
 
 __all__ = ["Artefacts", "EncoderArtefacts", "ClipArtefacts", "SentenceModelArtefacts",
-           "write_encoder"]
+           "ClassifierArtefacts", "write_encoder"]
 
 
 class Artefacts(Protocol):
@@ -137,3 +143,47 @@ class SentenceModelArtefacts:
 
     def main_file(self, out: Path) -> Path:
         return out / SENTENCE_MODEL_DIR / SENTENCE_CONFIG
+
+
+class ClassifierArtefacts:
+    """``model/`` (:func:`~contrastive.methods.text_classifier.save_classifier` of the method
+    as a classifier, :func:`~contrastive.methods.text_classifier.as_classifier`: a fine-tuned
+    teacher, or an LRC-BERT student with its prediction layer) with the training tokenizer, and
+    ``results.json``: ``{"task", "step", "dev"}`` (the GLUE evaluator's latest metrics; the end
+    ones for a finished run) plus ``teacher_dev`` for a distilled student. ``adapter``: the
+    :class:`~contrastive.engine.adapters.LabelledTextAdapter` (task, tokenizer, evaluator)."""
+
+    def __init__(self, adapter: Any) -> None:
+        self.adapter = adapter
+
+    def write(self, out: Path, cfg: Any, module: nn.Module, recipe: str, step: int) -> Path:
+        from contrastive.methods.text_classifier import (
+            CLASSIFIER_FILE,
+            as_classifier,
+            save_classifier,
+        )
+
+        a = self.adapter
+        dev = a.evaluator.last if a.evaluator is not None else None
+        info: dict[str, Any] = {"task": a.task.name, "step": step, "recipe": recipe, "dev": dev}
+        result: dict[str, Any] = {"task": a.task.name, "step": step, "dev": dev}
+        teacher = getattr(cfg, "teacher", "")
+        if teacher:
+            info["distilled_from"] = str(teacher)
+            meta = Path(teacher) / CLASSIFIER_FILE
+            result["teacher_dev"] = json.loads(meta.read_text()).get("dev") \
+                if meta.is_file() else None
+        out.mkdir(parents=True, exist_ok=True)
+        save_classifier(out / "model", as_classifier(module), a.tokenizer, **info)
+        (out / "results.json").write_text(json.dumps(result, indent=1))
+        return self.main_file(out)
+
+    def step_of(self, out: Path) -> int | None:
+        try:
+            step = json.loads(self.main_file(out).read_text()).get("step")
+        except (OSError, ValueError):
+            return None
+        return step if isinstance(step, int) else None
+
+    def main_file(self, out: Path) -> Path:
+        return out / "model" / "classifier.json"

@@ -26,7 +26,8 @@ from typing import Any, Literal, TypeVar
 
 from contrastive.hardware import PRECISIONS
 
-__all__ = ["RunConfig", "TrainConfig", "ImageTextConfig", "TextConfig", "CifarConfig", "SCHEDULES", "parse_config",
+__all__ = ["RunConfig", "TrainConfig", "ImageTextConfig", "TextRunConfig", "TextConfig",
+           "LabelledTextConfig", "CifarConfig", "SCHEDULES", "parse_config",
            "config_to_dict", "config_from_dict", "help_field", "parse_json_object"]
 
 C = TypeVar("C", bound="RunConfig")
@@ -300,34 +301,134 @@ class ImageTextConfig(RunConfig):
 
 
 @dataclass
-class TextConfig(RunConfig):
-    """A run on text (SimCSE): the fields every run has, the tokenizer (a saved one or a
-    WordPiece vocabulary trained on the training sentences) and the STS evaluator's pairs and
-    cadence. No image fields. Recipes add their data and model fields."""
+class TextRunConfig(RunConfig):
+    """What every run on text has besides :class:`RunConfig`'s fields: the tokenizer folder, the
+    sentence length, the seed of generated data and the evaluator's cadence. Its two
+    subclasses add their data: :class:`TextConfig` (sentences, SimCSE) and
+    :class:`LabelledTextConfig` (labelled sentences and pairs, GLUE)."""
+
+    data_seed: int = help_field(0, "seed of generated data (--seed drives model and order)")
+    tokenizer: str = help_field("", "folder with tokenizer.json or vocab.txt")
+    max_length: int = help_field(128, "tokens per sentence (longer ones are truncated)")
+    eval_every: int = help_field(0, "evaluation every N optimiser steps (0 = at the end only)")
+    eval_at_start: bool = help_field(True, "also evaluate before training (random init)")
+
+    def validate(self) -> None:
+        """The checks of every run, a positive length and cadence >= 0."""
+        super().validate()
+        if self.max_length <= 0:
+            raise ValueError(f"--max-length must be positive, got {self.max_length}")
+        if self.eval_every < 0:
+            raise ValueError(f"--eval-every must be >= 0, got {self.eval_every}")
+
+
+@dataclass
+class TextConfig(TextRunConfig):
+    """A run on sentences (SimCSE): the text fields, the tokenizer (a saved one or a WordPiece
+    vocabulary trained on the training sentences) and the STS evaluator's pairs and cadence. No
+    image fields. Recipes add their data and model fields."""
 
     data: str = help_field("generated", "training text (the recipe says which forms it reads)")
-    data_seed: int = help_field(0, "seed of generated data (--seed drives model and order)")
     tokenizer: str = help_field(
         "", "folder with tokenizer.json or vocab.txt; empty = train a WordPiece vocabulary on "
         "the training sentences (deterministic)")
     vocab_size: int = help_field(1000, "trained WordPiece vocabulary size")
-    max_length: int = help_field(128, "tokens per sentence (longer ones are truncated)")
     eval: str = help_field(
         "generated", "STS pairs the evaluator scores (Spearman of cosine similarities): "
         "generated | a GLUE STS-B folder or TSV | none")
     eval_split: str = help_field("dev", "STS-B split (dev; test has no scores)")
     n_eval: int = help_field(2000, "generated STS pairs (the test stream, --data-seed)")
     eval_every: int = help_field(0, "STS evaluation every N optimiser steps (0 = at the end only)")
-    eval_at_start: bool = help_field(True, "also evaluate before training (random init)")
 
     def validate(self) -> None:
-        """The checks of every run, and positive sizes."""
+        """The checks of every text run, and positive sizes."""
         super().validate()
-        for name in ("vocab_size", "max_length", "n_eval"):
+        for name in ("vocab_size", "n_eval"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
-        if self.eval_every < 0:
-            raise ValueError(f"--eval-every must be >= 0, got {self.eval_every}")
+
+
+@dataclass
+class LabelledTextConfig(TextRunConfig):
+    """A run on labelled sentences or sentence pairs (fine-tuning an encoder with a prediction
+    layer, distilling one): the task (GLUE, read from ``--glue-dir``, or a generated one), the
+    sizes of a BERT built from a configuration, and BERT's fine-tuning optimiser (Devlin et al.
+    2019, sec. A.3; the authors' google-research/bert ``run_classifier.py`` and
+    ``optimization.py``): AdamW (betas 0.9 / 0.999; eps 1e-8, torch's and the Hugging Face
+    Trainer's, where the authors' TensorFlow code has 1e-6), linear warm-up over
+    ``--warmup-fraction`` (``warmup_proportion`` 0.1) of the steps then linear decay to 0,
+    weight decay 0.01 except biases and LayerNorm, gradient norm clipped to 1.0. The evaluator
+    is the task's official dev metric (``glue_*`` in metrics.jsonl). The recipes set the model
+    flags' names and sizes."""
+
+    data: str = help_field("task", "the training data are --task's (and --glue-dir's)",
+                           choices=("task",))
+    task: str = help_field("generated", "a GLUE task (sst2, mnli, stsb, ...; with --glue-dir) "
+                           "or generated | generated-nli | generated-sts")
+    glue_dir: str = help_field("", "folder of the GLUE TSV files (glue_data: SST-2/, MNLI/ ...)")
+    n_train: int = help_field(4000, "generated task: training examples")
+    n_dev: int = help_field(1000, "generated task: dev examples (the independent test stream)")
+    tokenizer: str = help_field(
+        "", "folder with tokenizer.json or vocab.txt; empty = the model folder's, or the "
+        "generated tasks' own WordPiece")
+    layers: int = help_field(12, "bert (random init): layers")
+    hidden: int = help_field(768, "bert: hidden size")
+    heads: int = help_field(12, "bert: attention heads")
+    intermediate_size: int = help_field(0, "bert: feed-forward width (0 = 4 x hidden)")
+    dropout: float = help_field(0.1, "dropout of a bert built here (hidden and attention) and "
+                                "of the prediction layer (BERT 0.1)")
+    eval_at_start: bool = help_field(False, "also evaluate before training")
+    # BERT fine-tuning (Devlin et al. 2019; the Hugging Face Trainer's AdamW)
+    steps: int = help_field(1000, "optimiser steps (the budget; 0 = --epochs decide)")
+    batch_size: int = help_field(32, "GLOBAL examples per optimiser step")
+    optimizer: str = help_field("adamw", "AdamW (BERT's)", choices=("sgd", "adamw", "lars"))
+    lr: float = help_field(2e-5, "peak AdamW learning rate, absolute")
+    lr_scaling: str = help_field("none", "lr is absolute", choices=("linear", "sqrt", "none"))
+    lr_schedule: str = help_field("linear", "linear decay to 0 after the warm-up (BERT's)",
+                                  choices=("cosine", "linear", "step", "constant"))
+    warmup_fraction: float = help_field(
+        0.1, "linear warm-up over this fraction of the budget (sets --warmup-steps, or "
+        "--warmup-epochs with an --epochs budget, when those are 0)")
+    weight_decay: float = help_field(0.01, "AdamW weight decay (none on biases and LayerNorm)")
+    clip_grad_norm: float = help_field(1.0, "max gradient norm (0 = off)")
+    num_workers: int = help_field(0, "loader workers (tokenising is cheap: 0 = in the main "
+                                  "process)")
+    log_every: int = 50
+
+    def __post_init__(self) -> None:
+        """``--warmup-fraction`` into the engine's warm-up in steps (or epochs)."""
+        if self.warmup_fraction > 0 and not (self.warmup_steps or self.warmup_epochs):
+            if self.steps:
+                self.warmup_steps = int(self.warmup_fraction * self.steps)
+            else:
+                self.warmup_epochs = self.warmup_fraction * self.epochs
+
+    def validate(self) -> None:
+        """The checks of every text run, the sizes and the warm-up fraction."""
+        super().validate()
+        if not 0.0 <= self.warmup_fraction < 1.0:
+            raise ValueError(f"--warmup-fraction must be in [0, 1), got {self.warmup_fraction}")
+        for name in ("n_train", "n_dev", "layers", "hidden", "heads"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
+
+    def text_encoder(self, spec: str, vocab_size: int) -> Any:
+        """The encoder ``spec`` names: ``bert`` (random init, the sizes above, ``vocab_size``
+        tokens) or ``hf:FOLDER`` (a checkpoint folder's weights)."""
+        from contrastive.nn.text_encoders import build_text_encoder, load_text_encoder
+
+        if spec.startswith("hf:"):
+            return load_text_encoder(spec[3:])
+        if spec != "bert":
+            raise ValueError(f"a model must be 'bert' or 'hf:FOLDER', got {spec!r}")
+        return build_text_encoder(num_layers=self.layers, hidden_size=self.hidden,
+                                  num_heads=self.heads,
+                                  intermediate_size=self.intermediate_size or None,
+                                  vocab_size=vocab_size, dropout=self.dropout,
+                                  attention_dropout=self.dropout,
+                                  max_position_embeddings=max(512, self.max_length))
 
 
 @dataclass

@@ -15,6 +15,11 @@ as a record of their own (``{"step", "epoch", <metrics>, "<name>_when": "start" 
   metrics ``sts_spearman``, ``sts_pearson``. SimCSE selects its checkpoint on STS-B dev
   Spearman (the official ``run_sup_example.sh``: ``--metric_for_best_model stsb_spearman
   --load_best_model_at_end``): ``--keep-best sts_spearman``.
+- :class:`GlueEvaluator` (labelled-text runs: fine-tuning, LRC-BERT): the official GLUE dev
+  metric(s) of the task (:func:`contrastive.data.glue.glue_metrics`) of the method's
+  ``predict`` on the dev set; metrics ``glue_accuracy``, ``glue_f1``, ``glue_mcc``,
+  ``glue_pearson``, ``glue_spearman`` (those the task has) and ``glue_score`` (their mean, GLUE's
+  task score): ``--keep-best glue_score``.
 - :class:`BestKeeper` (``--keep-best METRIC``): the best value of one metric and its step,
   checkpointed with the run (a resume keeps it); the loop writes the run's artefacts into
   ``best/`` when the value improves.
@@ -32,7 +37,8 @@ from torch import nn
 
 from contrastive.engine.monitor import KNNMonitor, feature_fn
 
-__all__ = ["Evaluator", "KNNEvaluator", "ZeroShotEvaluator", "STSEvaluator", "BestKeeper",
+__all__ = ["Evaluator", "KNNEvaluator", "ZeroShotEvaluator", "STSEvaluator", "GlueEvaluator",
+           "BestKeeper",
            "build_knn_evaluator", "build_zeroshot_evaluator", "build_sts_evaluator"]
 
 logger = logging.getLogger(__name__)
@@ -183,6 +189,36 @@ def build_sts_evaluator(cfg: Any, tokenizer: Any) -> STSEvaluator | None:
                                 "'generated', a GLUE STS-B folder / TSV, or 'none'")
     a, b, gold = load_sts_pairs(cfg.eval, cfg.eval_split, cfg.n_eval, cfg.data_seed)
     return STSEvaluator(a, b, gold, tokenizer, every=cfg.eval_every, at_start=cfg.eval_at_start)
+
+
+class GlueEvaluator:
+    """The official GLUE dev metric(s) of ``task`` (a GLUE name; the generated tasks are scored
+    as SST-2, MNLI, STS-B) of ``module.predict`` on ``dataset`` (items ``{"text_a",
+    ["text_b"], "label"}``) every ``every`` optimiser steps, in eval mode
+    (:func:`contrastive.methods.text_classifier.evaluate`). Every process computes the same
+    figures on its own (no collective, so no process can wait on another that evaluates
+    later). ``last``: the latest metrics, which the run's ``results.json`` reports."""
+
+    name, per = "glue", "step"
+
+    def __init__(self, dataset: Any, tokenizer: Any, task: str, *, every: int = 0,
+                 at_start: bool = False, batch_size: int = 64) -> None:
+        self.dataset, self.tokenizer, self.task = dataset, tokenizer, task
+        self.every, self.at_start, self.batch_size = every, at_start, batch_size
+        self.last: dict[str, float] | None = None
+        # imported now, before the run seeds or restores its generators: importing
+        # scikit-learn's metrics imports rich, which draws from Python's global `random`
+        # (rich/style.py), so a first import mid-run would make a resumed run's Python random
+        # state differ from the uninterrupted run's
+        import sklearn.metrics  # noqa: F401
+
+    def __call__(self, module: nn.Module, accelerator: Any) -> dict[str, float]:
+        from contrastive.methods.text_classifier import evaluate
+
+        res = evaluate(module, self.dataset, self.tokenizer, self.task,
+                       batch_size=self.batch_size)
+        self.last = {f"glue_{k}": round(v, 6) for k, v in res.items()}
+        return dict(self.last)
 
 
 class BestKeeper:

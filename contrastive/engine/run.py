@@ -1,12 +1,19 @@
-"""The one call a recipe makes: parse the command line into its config, then train."""
+"""The one call a recipe makes: parse the command line into its config, then train.
+
+:func:`run` parses and trains. A recipe that reads its own input before training (a task, a
+teacher folder) wraps those reads in :func:`bad_input` and runs as a script through
+:func:`cli`: a missing file or an impossible value is then one line ``prog: error: ...`` with
+exit status 2 (as argparse reports a bad flag), before the run folder exists; called
+in-process (tests), the same errors raise as they are."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +24,7 @@ from contrastive.engine.config import RunConfig, parse_config
 from contrastive.engine.run_folder import RunFolderError, os_error_message
 from contrastive.engine.trainer import TrainResult, train
 
-__all__ = ["run", "setup_logging"]
+__all__ = ["run", "setup_logging", "bad_input", "cli"]
 
 # a full disk, a read-only folder: the user's to fix, reported in one line (exit status 1)
 _DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
@@ -68,6 +75,32 @@ def run(config_cls: type[RunConfig], build_method: Callable[[Any], nn.Module],
             "(exit status %d)", result.stop_reason, result.step, result.exit_code)
         raise SystemExit(result.exit_code)
     return result
+
+
+@contextlib.contextmanager
+def bad_input() -> Iterator[None]:
+    """Mark the ``ValueError`` / ``OSError`` raised inside as the user's input (a missing
+    file, an unknown task, a folder that is not one), which :func:`cli` reports in one line.
+    Errors of training itself keep their traceback."""
+    try:
+        yield
+    except (ValueError, OSError) as e:
+        e.bad_input = True  # type: ignore[union-attr]
+        raise
+
+
+def cli(main: Callable[[list[str] | None], Any], prog: str,
+        argv: list[str] | None = None) -> int:
+    """Run ``main(argv)`` as a program: an error marked by :func:`bad_input` is one line
+    ``prog: error: ...`` on stderr and exit status 2; returns 0 otherwise."""
+    try:
+        main(argv)
+    except (ValueError, OSError) as e:
+        if not getattr(e, "bad_input", False):
+            raise
+        sys.stderr.write(f"{prog}: error: {e}\n")
+        return 2
+    return 0
 
 
 def close_process_group() -> None:

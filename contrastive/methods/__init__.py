@@ -6,7 +6,10 @@ the two-view family without (or with other) negatives: ``BYOL``, ``SimSiam``, ``
 ``NNCLR``, ``BarlowTwins``, ``VICReg``; multi-crop clustering and self-distillation: ``SwAV``,
 ``DINO``; mutual information: ``DeepInfoMax``; image-text: ``CLIP`` (reads ``input_ids`` and
 ``attention_mask`` besides the image); sentence embeddings: ``SimCSE`` (reads ``input_ids`` and
-``attention_mask``).
+``attention_mask``); labelled text: ``TextClassifier`` (an encoder fine-tuned with a prediction
+layer: the LRC-BERT teacher, the cross-entropy student) and ``LRCBert`` (contrastive
+distillation of such a teacher into a small student); both read ``input_ids``,
+``attention_mask``, ``token_type_ids`` and ``labels``.
 
 The contract (every method; the training engine relies on nothing else)
 -----------------------------------------------------------------------
@@ -56,6 +59,7 @@ from contrastive.methods.clip import CLIP
 from contrastive.methods.deep_infomax import DeepInfoMax
 from contrastive.methods.dino import DINO
 from contrastive.methods.distill import Distiller
+from contrastive.methods.lrc_bert import LRCBert
 from contrastive.methods.moco import MoCo
 from contrastive.methods.moco_v3 import MoCoV3
 from contrastive.methods.nnclr import NNCLR
@@ -71,7 +75,12 @@ from contrastive.methods.simcse import SimCSE
 from contrastive.methods.simsiam import SimSiam
 from contrastive.methods.supcon import SupCon
 from contrastive.methods.swav import SwAV
+from contrastive.methods.text_classifier import TextClassifier
 from contrastive.methods.vicreg import VICReg
+
+# LRC-BERT's module is being reshaped with the image Distiller (shared stage schedule,
+# negatives, perturbation); its name is registered here until it carries the decorator
+register_method("lrc_bert")(LRCBert)
 
 __all__ = [
     "BATCH_KEYS",
@@ -81,6 +90,7 @@ __all__ = [
     "DINO",
     "DeepInfoMax",
     "Distiller",
+    "LRCBert",
     "Method",
     "MoCo",
     "MoCoV3",
@@ -92,6 +102,7 @@ __all__ = [
     "SimSiam",
     "SupCon",
     "SwAV",
+    "TextClassifier",
     "UnknownMethodError",
     "VICReg",
     "get_method",

@@ -28,11 +28,13 @@ from torch import Tensor, nn
 
 from contrastive.methods._common import wide
 from contrastive.methods.base import Method, read
+from contrastive.methods.registry import register_method
 from contrastive.nn.text_encoders import TextEncoder
 
 __all__ = [
     "TEXT_KEYS",
     "TextClassifier",
+    "as_classifier",
     "evaluate",
     "load_classifier",
     "save_classifier",
@@ -62,6 +64,7 @@ def encoder_inputs(batch: Mapping[str, Any], method: str) -> tuple[Tensor, Tenso
     return ids, torch.ones_like(ids) if mask is None else mask, batch.get("token_type_ids")
 
 
+@register_method("text_classifier")
 class TextClassifier(Method):
     """A text encoder with a prediction layer, trained on labels (the teacher / CE baseline).
 
@@ -100,6 +103,26 @@ class TextClassifier(Method):
         if not self.regression:
             out["accuracy"] = (logits.detach().argmax(1) == labels).float().mean() * 100.0
         return out
+
+
+def as_classifier(method: nn.Module) -> TextClassifier:
+    """``method`` as a :class:`TextClassifier` (what :func:`save_classifier` writes): itself, or
+    a distilled student (LRC-BERT: ``encoder``, its prediction layer ``head`` and the
+    ``teacher`` whose task it learnt) sharing the student's modules, without dropout. Draws no
+    random numbers (a run that saves its best model mid-training continues unchanged)."""
+    if isinstance(method, TextClassifier):
+        return method
+    encoder, head = getattr(method, "encoder", None), getattr(method, "head", None)
+    teacher = getattr(method, "teacher", None)
+    if not (isinstance(encoder, TextEncoder) and isinstance(head, nn.Linear)
+            and isinstance(teacher, TextClassifier)):
+        raise TypeError(f"as_classifier: {type(method).__name__} is neither a TextClassifier nor "
+                        "a distilled student (encoder, head and teacher)")
+    with torch.random.fork_rng(devices=[]):
+        model = TextClassifier(encoder, head.out_features, regression=teacher.regression,
+                               dropout=0.0)
+    model.head = head
+    return model
 
 
 def save_classifier(folder: str | Path, model: TextClassifier, tokenizer: Any = None,

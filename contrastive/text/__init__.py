@@ -59,8 +59,6 @@ _LAZY: dict[str, str] = {
     "evaluate": "contrastive.methods.text_classifier",
     "load_classifier": "contrastive.methods.text_classifier",
     "save_classifier": "contrastive.methods.text_classifier",
-    "TextTrainConfig": "contrastive.text.loop",
-    "train_text": "contrastive.text.loop",
     "load_task": "contrastive.data.text_tasks",
     "SentencePooling": "contrastive.nn.hf_folders",
     "export_classifier": "contrastive.nn.hf_folders",

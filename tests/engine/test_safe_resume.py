@@ -38,6 +38,13 @@ SIMCSE = ["--n-train", "32", "--batch-size", "8", "--steps", "0", "--epochs", "2
           "1", "--hidden", "16", "--heads", "2", "--intermediate", "32", "--vocab-size", "100",
           "--num-workers", "0", "--progress", "false", "--log-every", "1", "--mixed-precision",
           "no", "--seed", "0", "--eval-every", "4", "--n-eval", "40"]
+# and for labelled text through recipes/bert_finetune.py (the labelled-text adapter): 32 generated
+# sentences, a 1-layer BERT 16 wide with dropout, the GLUE evaluator every 4 steps with keep-best
+LABELLED = ["--task", "generated", "--n-train", "32", "--n-dev", "16", "--batch-size", "8",
+            "--steps", "0", "--epochs", "2", "--layers", "1", "--hidden", "16", "--heads", "2",
+            "--intermediate-size", "32", "--num-workers", "0", "--progress", "false",
+            "--log-every", "1", "--mixed-precision", "no", "--seed", "0", "--eval-every", "4",
+            "--keep-best", "glue_score", "--lr", "1e-3"]
 DISTILL = ["--data", "shapes:n=96,size=16", "--image-size", "16", "--batch-size", "16",
            "--num-workers", "0", "--no-progress", "--student", "small_cnn", "--student-kwargs",
            '{"widths": [8, 8, 16, 16]}', "--epochs", "1", "--log-every", "1"]

@@ -71,7 +71,7 @@ def test_incompatible_checkpoint_before_training(rx, moco_run, recipe, argv, wor
     assert sorted(p.name for p in (moco_run / "checkpoints").iterdir()) == ["step_00000002"]
 
 
-# -- the text recipes (recipes/bert_finetune.py, recipes/lrc_bert.py; not on the engine yet) ----
+# -- the labelled-text recipes (recipes/bert_finetune.py, recipes/lrc_bert.py): input read first --
 
 def _sst2(root):
     """A GLUE folder with SST-2's two files in the official layout (tiny)."""

@@ -1,0 +1,96 @@
+"""Teacher fine-tuning and LRC-BERT in 2 processes (``accelerate launch --multi_gpu
+--num_processes 2``, gloo on the CPU) equal 1 process with the same global batch, through the
+recipes (tests/text/labelled_dist_runs.py runs both in one launch), in float64 with dropout off.
+
+Each comparison can fail: the mutant launch plants fine-tuning's loss summed per process
+instead of averaged over the global batch, and LRC-BERT's negatives from the process's own batch
+only; both move the weights by far more than float64 rounding. (A gather of LRC-BERT's
+negatives WITHOUT gradient is no mutation: they are the frozen teacher's features,
+contrastive.methods.lrc_bert.) The method-level worker (tests/text/lrc_dist_worker.py) checks
+the gradients of LRC-BERT step by step; this test checks the whole path (adapter, sampler,
+DDP, optimiser, schedules).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+pytestmark = pytest.mark.distributed
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+DRIVER = HERE / "labelled_dist_runs.py"
+
+
+def _launch(out: Path, teacher: Path, *extra: str) -> None:
+    python = sys.executable
+    accelerate = shutil.which("accelerate", path=str(Path(python).parent))
+    if accelerate is None:
+        pytest.skip("the accelerate launcher is not installed beside this Python")
+    cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", str(DRIVER), str(out),
+           str(teacher), *extra]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+           "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stderr.count("on 2 process(es)") == 2, proc.stderr[-4000:]
+
+
+def _weights(out: Path, name: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(out / name / "checkpoints" / "step_00000003" / "model.safetensors"))
+
+
+def _gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    sys.path.insert(0, str(HERE))
+    from labelled_dist_runs import main
+    from lrc_check import run_recipe
+
+    root = tmp_path_factory.mktemp("labelled_dist")
+    teacher = root / "teacher"
+    run_recipe("bert_finetune", ["--task", "generated", "--n-train", "64", "--n-dev", "16",
+                                 "--batch-size", "8", "--layers", "2", "--hidden", "16",
+                                 "--heads", "2", "--intermediate-size", "32", "--steps", "2",
+                                 "--progress", "false", "--mixed-precision", "no",
+                                 "--num-workers", "0"], teacher)
+    try:
+        main(root / "one", str(teacher / "model"), mutant=False)  # 1 process, in this one
+    finally:
+        from accelerate.state import AcceleratorState, GradientState, PartialState
+
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+        PartialState._reset_state()
+    _launch(root / "two", teacher / "model")
+    _launch(root / "mutant", teacher / "model", "mutant")
+    return root
+
+
+@pytest.mark.parametrize("name", ["finetune", "lrc"])
+def test_two_processes_equal_one_and_the_mutant_differs(runs: Path, name: str) -> None:
+    one, two, mutant = (_weights(runs / d, name) for d in ("one", "two", "mutant"))
+    assert next(iter(one.values())).dtype == torch.float64
+    # float64: only rounding of sums taken in another order (~1e-15 here); a wrong gather,
+    # rank offset or gradient average moves the weights by > 1e-4 in 3 steps
+    assert _gap(one, two) < 1e-9
+    assert _gap(one, mutant) > 1e-5
+    print(f"{name}: 2 vs 1 process max |weight difference| {_gap(one, two):.2e}; "
+          f"mutant {_gap(one, mutant):.2e}")
