@@ -78,10 +78,6 @@ from contrastive.methods.swav import SwAV
 from contrastive.methods.text_classifier import TextClassifier
 from contrastive.methods.vicreg import VICReg
 
-# LRC-BERT's module is being reshaped with the image Distiller (shared stage schedule,
-# negatives, perturbation); its name is registered here until it carries the decorator
-register_method("lrc_bert")(LRCBert)
-
 __all__ = [
     "BATCH_KEYS",
     "BYOL",

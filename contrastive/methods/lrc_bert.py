@@ -62,6 +62,7 @@ from contrastive.methods._common import in_batch_metrics, unit, wide
 from contrastive.methods.base import read
 from contrastive.methods.distill_layers import uniform_layer_map
 from contrastive.methods.distill_parts import ContrastiveDistillation, Weights
+from contrastive.methods.registry import register_method
 from contrastive.methods.text_classifier import TEXT_KEYS, TextClassifier, encoder_inputs, task_loss
 from contrastive.nn.distributed import world_size
 from contrastive.nn.text_encoders import TextEncoder
@@ -92,6 +93,7 @@ def layer_representation(h: Tensor, mask: Tensor, how: str = "tokens", length: i
     return h.flatten(1)
 
 
+@register_method("lrc_bert")
 class LRCBert(ContrastiveDistillation):
     """LRC-BERT distillation of a fine-tuned ``teacher`` into a ``student`` encoder.
 
