@@ -4,7 +4,8 @@ regression per task, on the real GLUE files, in seconds.
 Tasks and data, as the distillation runs use them: MRPC and CoLA whole, SST-2 a stratified
 subset of 10,000 of its 67,349 training rows (:func:`~contrastive.data.glue.stratified_indices`,
 seed 0); from each training set 10 % are held out (stratified, seed 0) to choose
-hyper-parameters on; the dev sets are whole and only reported.
+hyper-parameters on; the dev sets are whole and only reported. The splits are the recipes'
+(``--train-rows``, ``--held-out``, ``--data-seed``: :func:`split_sizes` gives the numbers).
 
 - majority: the most frequent training label predicted for every dev example.
 - bag of words: binary unigram + bigram counts (lower-cased, the words of the training rows
@@ -29,7 +30,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from contrastive.data.glue import GlueDataset, glue_metrics, load_glue, stratified_indices  # noqa: E402
+from contrastive.data.glue import GlueDataset, glue_metrics, load_glue  # noqa: E402
+from contrastive.data.text_tasks import load_task  # noqa: E402
 from contrastive.hardware import cpu_kind_line  # noqa: E402
 
 TASKS = {"mrpc": "MRPC", "cola": "CoLA", "sst2": "SST-2"}
@@ -38,14 +40,23 @@ HELD_OUT_FRACTION = 0.1
 C_GRID = (0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 
 
+def split_sizes(task: str, glue_dir: Path) -> tuple[int, int]:
+    """``(train_rows, held_out)`` of a task for the recipes' ``--train-rows`` / ``--held-out``:
+    SST-2's subset (0 = all rows), and 10 % of the rows kept held out."""
+    rows = SST2_TRAIN_ROWS if task == "sst2" else 0
+    total = rows or len(load_glue(task, glue_dir / TASKS[task], "train"))
+    return rows, round(HELD_OUT_FRACTION * total)
+
+
 def task_splits(task: str, glue_dir: Path, seed: int = 0) -> tuple[GlueDataset, GlueDataset,
                                                                    GlueDataset]:
-    """``(train, held_out, dev)`` of one task as the issue-30 runs use them (module docstring)."""
-    train = load_glue(task, glue_dir / TASKS[task], "train")
-    if task == "sst2":
-        train = train.subset(stratified_indices(train.labels, SST2_TRAIN_ROWS, seed))
-    rest, held_out = train.split_off(round(HELD_OUT_FRACTION * len(train)), seed)
-    return rest, held_out, load_glue(task, glue_dir / TASKS[task], "dev")
+    """``(train, held_out, dev)`` of one task, drawn as the recipes draw them
+    (:func:`~contrastive.data.text_tasks.load_task` with ``--train-rows``, ``--held-out``,
+    ``--data-seed``)."""
+    rows, held = split_sizes(task, glue_dir)
+    kept = load_task(task, glue_dir, train_rows=rows, held_out=held, seed=seed, eval_on="held_out")
+    dev = load_task(task, glue_dir, train_rows=rows, held_out=held, seed=seed).dev
+    return kept.train, kept.dev, dev
 
 
 def majority(train: GlueDataset, dev: GlueDataset) -> dict[str, float]:

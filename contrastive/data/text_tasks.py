@@ -30,6 +30,7 @@ class TextTask:
     metric_task: str
     num_labels: int
     regression: bool
+    eval_split: str = "dev"  # what ``dev`` holds: "dev", or "held_out" (rows of the training split)
 
 
 def check_task(name: str, glue_dir: str | Path | None = None) -> str:
@@ -53,14 +54,26 @@ def check_task(name: str, glue_dir: str | Path | None = None) -> str:
 
 
 def load_task(name: str, glue_dir: str | Path | None = None, *, n_train: int = 4000,
-              n_dev: int = 1000, seed: int = 0) -> TextTask:
+              n_dev: int = 1000, seed: int = 0, train_rows: int = 0, held_out: int = 0,
+              eval_on: str = "dev") -> TextTask:
     """The task ``name`` (a generated task, or a GLUE task read from ``glue_dir``).
 
-    ``n_train`` / ``n_dev``: sizes of a generated task (ignored for GLUE); ``seed``: its stream.
+    ``n_train`` / ``n_dev``: sizes of a generated task (ignored for GLUE); ``seed``: its stream,
+    and for GLUE the draws below. GLUE only: ``train_rows`` > 0 trains on a stratified subset of
+    that many training rows (:func:`~contrastive.data.glue.stratified_indices`); ``held_out``
+    > 0 holds that many of the (remaining) training rows out, stratified
+    (:meth:`~contrastive.data.glue.GlueDataset.split_off`), and ``eval_on="held_out"`` scores
+    them instead of the dev set: hyper-parameters chosen there leave the reported dev set unseen.
     """
+    if eval_on not in ("dev", "held_out") or (eval_on == "held_out" and held_out <= 0):
+        raise ValueError(f"eval_on must be 'dev', or 'held_out' with held_out > 0 rows; got "
+                         f"eval_on={eval_on!r}, held_out={held_out}")
     from contrastive.data import generated_text as gen
 
     key = check_task(name, glue_dir)
+    if key in GENERATED_TASKS and (train_rows or held_out):
+        raise ValueError(f"train_rows / held_out subset GLUE training files; the generated task "
+                         f"{key!r} sets its sizes with n_train / n_dev")
     if key in GENERATED_TASKS:
         if key == "generated":
             train, dev = (gen.generate_sentiment(n, seed, s) for n, s in ((n_train, "train"),
@@ -72,14 +85,25 @@ def load_task(name: str, glue_dir: str | Path | None = None, *, n_train: int = 4
             train, dev = gen.generate_sts(n_train, seed, "train"), gen.generate_sts(n_dev, seed, "test")
         return TextTask(key, train, dev, GENERATED_TASKS[key], train.num_labels,
                         not train.label_names)
-    from contrastive.data.glue import _task, load_glue
+    from contrastive.data.glue import _task, load_glue, stratified_indices
 
     assert glue_dir is not None  # check_task
     task = _task(name)
     dev_split = "dev_matched" if task.name == "mnli" else "dev"
-    return TextTask(task.name, load_glue(task.name, glue_dir, "train"),
-                    load_glue(task.name, glue_dir, dev_split), task.name, task.num_labels,
-                    task.is_regression)
+    rows = load_glue(task.name, glue_dir, "train")
+    scored = load_glue(task.name, glue_dir, dev_split)
+    if not 0 <= train_rows <= len(rows) or not 0 <= held_out < (train_rows or len(rows)):
+        raise ValueError(f"{task.name} has {len(rows)} training rows: train_rows ({train_rows}) "
+                         f"must be at most that, held_out ({held_out}) fewer than the rows kept")
+    if train_rows:
+        rows = rows.subset(stratified_indices(rows.labels, train_rows, seed,
+                                              regression=task.is_regression))
+    if held_out:
+        rows, kept_out = rows.split_off(held_out, seed)
+        if eval_on == "held_out":
+            scored = kept_out
+    return TextTask(task.name, rows, scored, task.name, task.num_labels, task.is_regression,
+                    eval_on)
 
 
 def generated_tokenizer(vocab_size: int = 400, max_length: int = 64, n: int = 2000,

@@ -433,7 +433,8 @@ class LabelledTextAdapter(TextAdapter):
                              "tokenizer.json) or a checkpoint folder with its tokenizer "
                              "(--model hf:FOLDER)")
         self.task = load_task(cfg.task, cfg.glue_dir or None, n_train=cfg.n_train,
-                              n_dev=cfg.n_dev, seed=cfg.data_seed)
+                              n_dev=cfg.n_dev, seed=cfg.data_seed, train_rows=cfg.train_rows,
+                              held_out=cfg.held_out, eval_on=cfg.eval_on)
         self.tokenizer = tokenizer
         self._cfg = cfg
 
@@ -455,6 +456,7 @@ class LabelledTextAdapter(TextAdapter):
     def resolved(self) -> dict[str, Any]:
         t = self.task
         return {"task": t.name, "train_examples": len(t.train), "dev_examples": len(t.dev),
+                "evaluated_on": t.eval_split,
                 "num_labels": t.num_labels, "regression": t.regression,
                 "vocab_size": int(self.tokenizer.vocab_size)}
 

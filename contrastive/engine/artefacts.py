@@ -167,6 +167,9 @@ class ClassifierArtefacts:
         dev = a.evaluator.last if a.evaluator is not None else None
         info: dict[str, Any] = {"task": a.task.name, "step": step, "recipe": recipe, "dev": dev}
         result: dict[str, Any] = {"task": a.task.name, "step": step, "dev": dev}
+        if a.task.eval_split != "dev":  # the metrics are of held-out training rows, not dev
+            info["held_out"] = result["held_out"] = info.pop("dev")
+            del result["dev"]
         teacher = getattr(cfg, "teacher", "")
         if teacher:
             info["distilled_from"] = str(teacher)

@@ -368,6 +368,13 @@ class LabelledTextConfig(TextRunConfig):
     glue_dir: str = help_field("", "folder of the GLUE TSV files (glue_data: SST-2/, MNLI/ ...)")
     n_train: int = help_field(4000, "generated task: training examples")
     n_dev: int = help_field(1000, "generated task: dev examples (the independent test stream)")
+    train_rows: int = help_field(0, "GLUE: train on a stratified subset of this many training "
+                                 "rows (0 = all; drawn with --data-seed)")
+    held_out: int = help_field(0, "GLUE: hold this many training rows out (stratified, "
+                               "--data-seed), never trained on")
+    eval_on: str = help_field("dev", "what the GLUE evaluator scores: dev | held_out (the "
+                              "held-out training rows: choose hyper-parameters there, report dev)",
+                              choices=("dev", "held_out"))
     tokenizer: str = help_field(
         "", "folder with tokenizer.json or vocab.txt; empty = the model folder's, or the "
         "generated tasks' own WordPiece")
@@ -411,6 +418,11 @@ class LabelledTextConfig(TextRunConfig):
         for name in ("n_train", "n_dev", "layers", "hidden", "heads"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
+        if self.train_rows < 0 or self.held_out < 0:
+            raise ValueError(f"--train-rows and --held-out must be >= 0, got {self.train_rows}, "
+                             f"{self.held_out}")
+        if self.eval_on == "held_out" and not self.held_out:
+            raise ValueError("--eval-on held_out needs --held-out N (training rows to hold out)")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
 

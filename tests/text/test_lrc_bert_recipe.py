@@ -248,3 +248,37 @@ def test_no_training_loop_outside_the_engine() -> None:
     assert not hits, hits
     probe = _loop_calls(ROOT / "contrastive" / "eval" / "linear.py")
     assert any("backward" in h for h in probe) and any("optimizer.step" in h for h in probe)
+
+
+def test_glue_subset_and_held_out_rows(tmp_path: Path) -> None:
+    """--train-rows (stratified subset), --held-out (rows never trained on) and --eval-on
+    held_out (the evaluator scores them; results.json says so and has no dev figures)."""
+    glue = write_glue(tmp_path / "glue_data", n=40)
+    _tsv(glue / "SST-2" / "train.tsv", ["sentence\tlabel"] + [  # 40 distinct rows
+        f"film {i} was {['great', 'awful'][i % 2]}\t{i % 2}" for i in range(40)])
+    task = load_task("sst2", glue, train_rows=30, held_out=6, eval_on="held_out", seed=1)
+    full = load_task("sst2", glue)
+    assert (len(task.train), len(task.dev), task.eval_split) == (24, 6, "held_out")
+    train_rows = set(zip(task.train.text_a, task.train.labels.tolist()))
+    held_rows = set(zip(task.dev.text_a, task.dev.labels.tolist()))
+    assert not train_rows & held_rows and (train_rows | held_rows) <= set(
+        zip(full.train.text_a, full.train.labels.tolist()))
+    assert sorted(task.dev.labels.tolist()) == [0, 0, 0, 1, 1, 1]  # stratified: half each
+    same = load_task("sst2", glue, train_rows=30, held_out=6, seed=1)
+    assert same.train.text_a == task.train.text_a and same.eval_split == "dev"
+    assert len(same.dev) == len(full.dev)
+    tok = tmp_path / "tok"
+    generated_tokenizer().save(tok)
+    out = tmp_path / "held"
+    run("bert_finetune", ["--task", "sst2", "--glue-dir", str(glue), "--tokenizer", str(tok),
+                          "--batch-size", "4", "--steps", "2", "--train-rows", "30",
+                          "--held-out", "6", "--eval-on", "held_out", "--data-seed", "1",
+                          *ENGINE, *TEACHER], out)
+    res = json.loads((out / "results.json").read_text())
+    assert "dev" not in res and set(res["held_out"]) == GLUE_TASKS["sst2"]
+    resolved = json.loads((out / "config.json").read_text())["resolved"]
+    assert resolved["train_examples"] == 24 and resolved["evaluated_on"] == "held_out"
+    with pytest.raises(ValueError, match="held_out"):
+        load_task("sst2", glue, eval_on="held_out")
+    with pytest.raises(ValueError, match="generated"):
+        load_task("generated", None, held_out=3)
