@@ -70,8 +70,14 @@ class LRCBertConfig(LabelledTextConfig):
                                      "contrastive.methods.lrc_bert)", choices=REPRESENTATIONS)
     intermediate: str = help_field("cosnce", "intermediate-layer loss: cosnce (the paper) | mse "
                                    "(the ablation)", choices=("cosnce", "mse"))
-    two_stage: bool = help_field(True, "1:0:0 for --stage1-fraction of the steps, then 1:1:3 "
-                                 "(--no-two-stage: 1:1:3 throughout)")
+    two_stage: bool = help_field(True, "--stage1-weights for --stage1-fraction of the steps, "
+                                 "then --stage2-weights (--no-two-stage: --stage2-weights "
+                                 "throughout)")
+    stage1_weights: tuple[float, float, float] = help_field(
+        (1.0, 0.0, 0.0), "alpha beta gamma of stage 1 (COS-NCE, soft, hard; paper 1 0 0)")
+    stage2_weights: tuple[float, float, float] = help_field(
+        (1.0, 1.0, 3.0), "alpha beta gamma of stage 2 (paper 1 1 3; plain KD: 0 1 1 with "
+        "--no-two-stage --no-perturb)")
     stage1_fraction: float = help_field(0.8, "fraction of the steps in stage 1 (paper 0.8)")
     perturb: bool = help_field(True, "gradient perturbation of the student's embeddings")
     perturb_scale: float = help_field(
@@ -107,8 +113,8 @@ def make() -> tuple[type[LRCBertConfig], Any, LabelledTextAdapter]:
                              f"than the teacher's tokenizer ({adapter.tokenizer.vocab_size}): "
                              "teacher and student read the same token ids; use a student with "
                              "the teacher's vocabulary")
-        stages = ((1.0, 1.0, 3.0),) * 2 if not cfg.two_stage else ((1.0, 0.0, 0.0),
-                                                                   (1.0, 1.0, 3.0))
+        stages = (cfg.stage1_weights if cfg.two_stage else cfg.stage2_weights,
+                  cfg.stage2_weights)
         return LRCBert(teacher, student, representation=cfg.representation,
                        intermediate=cfg.intermediate, stage_weights=stages,
                        stage1_fraction=cfg.stage1_fraction, temperature=cfg.temperature,

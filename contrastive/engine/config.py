@@ -382,6 +382,9 @@ class LabelledTextConfig(TextRunConfig):
     hidden: int = help_field(768, "bert: hidden size")
     heads: int = help_field(12, "bert: attention heads")
     intermediate_size: int = help_field(0, "bert: feed-forward width (0 = 4 x hidden)")
+    keep_layers: str = help_field(
+        "", "hf: model: keep only these 0-based layers, e.g. 1,3,5 (a student initialised from "
+        "a deeper model's layers, as DistilBERT's)")
     dropout: float = help_field(0.1, "dropout of a bert built here (hidden and attention) and "
                                 "of the prediction layer (BERT 0.1)")
     eval_at_start: bool = help_field(False, "also evaluate before training")
@@ -421,6 +424,9 @@ class LabelledTextConfig(TextRunConfig):
         if self.train_rows < 0 or self.held_out < 0:
             raise ValueError(f"--train-rows and --held-out must be >= 0, got {self.train_rows}, "
                              f"{self.held_out}")
+        if self.keep_layers and not all(p.strip().isdigit() for p in self.keep_layers.split(",")):
+            raise ValueError(f"--keep-layers must be 0-based layer numbers like 1,3,5, got "
+                             f"{self.keep_layers!r}")
         if self.eval_on == "held_out" and not self.held_out:
             raise ValueError("--eval-on held_out needs --held-out N (training rows to hold out)")
         if not 0.0 <= self.dropout < 1.0:
@@ -428,11 +434,22 @@ class LabelledTextConfig(TextRunConfig):
 
     def text_encoder(self, spec: str, vocab_size: int) -> Any:
         """The encoder ``spec`` names: ``bert`` (random init, the sizes above, ``vocab_size``
-        tokens) or ``hf:FOLDER`` (a checkpoint folder's weights)."""
-        from contrastive.nn.text_encoders import build_text_encoder, load_text_encoder
+        tokens) or ``hf:FOLDER`` (a checkpoint folder's weights; ``--keep-layers``: only those
+        layers, :func:`~contrastive.nn.text_encoders.encoder_from_layers`)."""
+        from contrastive.nn.text_encoders import (
+            build_text_encoder,
+            encoder_from_layers,
+            load_text_encoder,
+        )
 
         if spec.startswith("hf:"):
-            return load_text_encoder(spec[3:])
+            encoder = load_text_encoder(spec[3:])
+            if self.keep_layers:
+                encoder = encoder_from_layers(encoder, [int(p) for p in
+                                                        self.keep_layers.split(",")])
+            return encoder
+        if self.keep_layers:
+            raise ValueError("--keep-layers applies to an hf:FOLDER model, not to 'bert'")
         if spec != "bert":
             raise ValueError(f"a model must be 'bert' or 'hf:FOLDER', got {spec!r}")
         return build_text_encoder(num_layers=self.layers, hidden_size=self.hidden,

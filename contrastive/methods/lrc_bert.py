@@ -111,6 +111,8 @@ class LRCBert(ContrastiveDistillation):
         temperature: of the soft loss (1.1).
         perturb, perturb_scale: gradient perturbation and its norm eps (1.0).
 
+    A stage with alpha = 0 skips the intermediate layers (plain KD: soft + hard loss).
+
     ``forward(batch)``: ``input_ids``, ``attention_mask``, ``token_type_ids`` (optional),
     ``labels`` (N,) and ``stage`` (the schedule). Returns ``loss`` and detached metrics:
     ``loss_intermediate``, ``intermediate_layers`` (M,), ``loss_soft`` / ``loss_hard``
@@ -214,10 +216,12 @@ class LRCBert(ContrastiveDistillation):
                       ) -> tuple[Tensor, dict[str, Tensor]]:
         out = self.encoder.encode(ctx["ids"], ctx["mask"], ctx["types"], embedding_delta=delta)
         alpha, beta, gamma = ctx["weights"]
-        layers = self._intermediate(list(out.hidden_states), ctx)
-        parts: dict[str, Tensor] = {"intermediate": layers.mean(), "layers": layers,
-                                    "emb": out.embeddings}
-        loss = alpha * parts["intermediate"]
+        parts: dict[str, Tensor] = {"emb": out.embeddings}
+        loss = out.embeddings.new_zeros(())
+        if alpha:  # alpha = 0 (plain KD, a stage without COS-NCE): the layers are not compared
+            layers = self._intermediate(list(out.hidden_states), ctx)
+            parts.update(intermediate=layers.mean(), layers=layers)
+            loss = alpha * parts["intermediate"]
         if beta or gamma:
             logits = self.head(out.pooled)
             parts["logits"] = logits
@@ -252,9 +256,10 @@ class LRCBert(ContrastiveDistillation):
                 lambda delta: self._student_pass(ctx, delta), self.perturb_scale)
         else:
             loss, parts = self._student_pass(ctx)
-        result.update(loss=loss, stage=torch.tensor(float(stage), device=loss.device),
-                      loss_intermediate=parts["intermediate"].detach(),
-                      intermediate_layers=parts["layers"].detach())
+        result.update(loss=loss, stage=torch.tensor(float(stage), device=loss.device))
+        if "intermediate" in parts:
+            result.update(loss_intermediate=parts["intermediate"].detach(),
+                          intermediate_layers=parts["layers"].detach())
         for k in ("soft", "hard"):
             if k in parts:
                 result[f"loss_{k}"] = parts[k].detach()

@@ -156,3 +156,21 @@ def test_bad_input_is_named() -> None:
         m(_batch())
     with pytest.raises(ValueError, match="input_ids"):
         m({"input_ids": torch.zeros(3, dtype=torch.long), "labels": torch.zeros(3), "stage": 1})
+
+
+def test_plain_kd_stage_skips_the_layers_and_is_soft_plus_hard() -> None:
+    """alpha = 0 (issue 30's KD variant: --stage2-weights 0 1 1 --no-two-stage --no-perturb):
+    beta * KD(t = 1.1) + gamma * CE, written out; no intermediate term is computed."""
+    m = _method(stage_weights=((0.0, 1.0, 1.0), (0.0, 1.0, 1.0)), perturb=False).train()
+    batch = {**_batch(), "stage": 2}
+    out = m(batch)
+    assert "loss_intermediate" not in out and "embeddings" not in out
+    ids, mask, y = batch["input_ids"], batch["attention_mask"], batch["labels"]
+    z_s = m.head(m.encoder.encode(ids, mask).pooled)
+    z_t = m.teacher.head(m.teacher.encoder.encode(ids, mask).pooled)
+    p_t = F.softmax(z_t / 1.1, 1)
+    kd = (1.1 ** 2) * (p_t * (p_t.log() - F.log_softmax(z_s / 1.1, 1))).sum(1).mean()
+    ce = -F.log_softmax(z_s, 1)[torch.arange(B), y].mean()
+    torch.testing.assert_close(out["loss"], kd + ce)
+    grads = torch.autograd.grad(out["loss"], list(m.projections.parameters()), allow_unused=True)
+    assert all(g is None for g in grads)  # the layer maps take no part

@@ -282,3 +282,24 @@ def test_glue_subset_and_held_out_rows(tmp_path: Path) -> None:
         load_task("sst2", glue, eval_on="held_out")
     with pytest.raises(ValueError, match="generated"):
         load_task("generated", None, held_out=3)
+
+
+def test_keep_layers_builds_a_student_from_a_deeper_models_layers(tmp_path: Path) -> None:
+    """--keep-layers 1,3 on an hf: folder: a 2-layer encoder holding that model's layers 1, 3
+    (issue 30's DistilBERT-style control); refused for a random-init 'bert'."""
+    from contrastive.engine import LabelledTextConfig, parse_config
+    from contrastive.nn.text_encoders import build_text_encoder
+
+    torch.manual_seed(0)
+    deep = build_text_encoder(num_layers=4, hidden_size=16, num_heads=2, vocab_size=60)
+    deep.model.save_pretrained(tmp_path / "deep")
+    cfg = parse_config(LabelledTextConfig, ["--keep-layers", "1,3"])
+    small = cfg.text_encoder(f"hf:{tmp_path / 'deep'}", 60)
+    assert small.num_layers == 2
+    for new, old in ((0, 1), (1, 3)):
+        a, b = small.model.encoder.layer[new].state_dict(), deep.model.encoder.layer[old].state_dict()
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(ValueError, match="hf:FOLDER"):
+        cfg.text_encoder("bert", 60)
+    with pytest.raises(SystemExit):  # one line on stderr, exit status 2
+        parse_config(LabelledTextConfig, ["--keep-layers", "one"])
