@@ -47,31 +47,63 @@ class MetricsLog:
 
 
 class ScalarWindow:
-    """Sums of every 0-d tensor the method returns, on the device (no host sync per step)."""
+    """Sums of every 0-d tensor the method returns, on the device (no host sync per step).
+
+    While every step returns the same scalars (the usual case) they are summed as one vector:
+    one stack and one add per step instead of an add per scalar. A step with other scalars
+    turns the window's sums into per-name ones for the rest of the window. Either way each
+    name's sum is the same sequence of float32 additions, so the means are the same bits.
+    """
 
     def __init__(self) -> None:
-        self.sums: dict[str, torch.Tensor] = {}
+        self.sums: dict[str, torch.Tensor] = {}  # per-name sums (after a change of names)
         self.counts: dict[str, int] = {}
         self.last: dict[str, Any] = {}  # the last step's output (its embeddings)
+        self._names: tuple[str, ...] = ()  # the names summed in _vec, in the method's order
+        self._vec: torch.Tensor | None = None
+        self._n = 0  # steps summed in _vec
 
     def add(self, out: dict[str, Any]) -> None:
-        for k, v in out.items():
-            if isinstance(v, torch.Tensor) and v.ndim == 0:
-                v = v.detach().float()
+        self.last = out
+        names = tuple(k for k, v in out.items() if isinstance(v, torch.Tensor) and v.ndim == 0)
+        if not names:
+            return
+        if self._vec is not None and names != self._names:
+            self._to_per_name()
+        if self._vec is None and not self.sums:  # a new window: sum as one vector
+            self._names, self._n = names, 1
+            self._vec = torch.stack([out[k].detach() for k in names]).float()
+        elif self._vec is not None:
+            self._vec = self._vec + torch.stack([out[k].detach() for k in names]).float()
+            self._n += 1
+        else:
+            for k in names:
+                v = out[k].detach().float()
                 self.sums[k] = self.sums[k] + v if k in self.sums else v
                 self.counts[k] = self.counts.get(k, 0) + 1
-        self.last = out
+
+    def _to_per_name(self) -> None:
+        assert self._vec is not None
+        for i, k in enumerate(self._names):
+            self.sums[k], self.counts[k] = self._vec[i], self._n
+        self._vec, self._names, self._n = None, (), 0
 
     def means(self, accelerator: Any) -> dict[str, float]:
         """The window means, averaged over processes (one collective), then a new window."""
-        keys = sorted(self.sums)
+        if self._vec is not None:
+            order = sorted(range(len(self._names)), key=self._names.__getitem__)
+            keys = [self._names[i] for i in order]
+            vec: torch.Tensor | None = (self._vec / self._n)[order]
+        else:
+            keys = sorted(self.sums)
+            vec = torch.stack([self.sums[k] / self.counts[k] for k in keys]) if keys else None
         means: dict[str, float] = {}
-        if keys:
-            vec = torch.stack([self.sums[k] / self.counts[k] for k in keys])
+        if vec is not None:
             if accelerator.num_processes > 1:
                 vec = accelerator.reduce(vec, "mean")
             means = dict(zip(keys, vec.tolist()))
         self.sums, self.counts = {}, {}
+        self._vec, self._names, self._n = None, (), 0
         return means
 
 

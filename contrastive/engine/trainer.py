@@ -84,6 +84,7 @@ from contrastive.engine.setup import (
 from contrastive.engine.step import (
     NonFiniteGuard,
     NonFiniteLossError,
+    Updater,
     any_true,
     optimisation_step,
 )
@@ -253,6 +254,7 @@ class _Run:
                                   state.step if resume_path is not None else None)
         self.window = ScalarWindow()
         self.guard = NonFiniteGuard(accelerator.device)
+        self.updater = Updater(m.model, m.optimizer, accelerator)  # resolved once, not per step
 
     # ---- the run log --------------------------------------------------------------------------
 
@@ -397,7 +399,8 @@ class _Run:
                     if units is not None:
                         counted = units.double() if counted is None else counted + units
                     optimisation_step(m.model, batch, m.optimizer, acc, cfg, state.step,
-                                      self.guard, self.window, m.after_step)
+                                      self.guard, self.window, m.after_step,
+                                      updater=self.updater)
                     if self.probe is not None:
                         with acc.autocast():
                             feats = self.probe.features(encoder_of(m.module), batch["views"][0])
