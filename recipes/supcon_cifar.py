@@ -5,8 +5,13 @@ head 2048 -> 256, temperature 0.2, SGD lr 0.4 per 256 images, weight decay 1e-5,
 1000 epochs, warmup + cosine, SimCLR's augmentation at 32 px. (The authors' code,
 HobbitLong/SupContrast, trains CIFAR-10 with ResNet-50, batch 1024, lr 0.5, temperature 0.1.)
 
+With a small encoder (``small_cnn``) the recipe's head lets the embeddings shrink to one point
+in the first steps, and a short run often never leaves it; ``--head-bn`` (SimCLR's head, BN on
+the output) keeps them spread out, as the learning check does (tests/recipes/
+test_learning_family.py, EXTRA).
+
     python recipes/supcon_cifar.py --data cifar10
-    python recipes/supcon_cifar.py --data shapes --encoder small_cnn --epochs 5
+    python recipes/supcon_cifar.py --data shapes --encoder small_cnn --epochs 5 --head-bn
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ class SupConCifar(CifarConfig):
 
     dim: int = help_field(256, "head output dimension")
     mlp_hidden: int = help_field(2048, "head hidden width")
+    head_bn: bool = help_field(False, "SimCLR's head: BN after the hidden layer and on the "
+                               "output (for small encoders that start collapsed, see "
+                               "SupCon's docstring)")
     temperature: float = help_field(0.2, "temperature tau")
 
 
@@ -34,6 +42,7 @@ def build_method(cfg: SupConCifar):
     from contrastive.methods import SupCon
 
     return SupCon(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
+                  head_bn=cfg.head_bn,
                   temperature=cfg.temperature, encoder_kwargs=cfg.encoder_options())
 
 

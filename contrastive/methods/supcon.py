@@ -15,6 +15,13 @@ i.e. the learning rate, and is kept as an option (``base_temperature``; None = n
 Defaults: head ``Linear-ReLU-Linear(128)`` at the encoder's width (the code's ``mlp`` head),
 temperature 0.1 (paper Sec. 4: "0.1 works best"; the code defaults to 0.07). Labels are
 class labels for every image (``batch["labels"]``; -1, unknown, is refused).
+
+``head_bn=True`` swaps in SimCLR's head (BN after the hidden Linear and on the output, as
+:class:`~contrastive.methods.SimCLR`; google-research/supcon's head offers the hidden BN as
+``use_projection_batch_norm``). A small encoder whose pooled ReLU features start almost
+identical (``small_cnn``) gives embeddings that the first steps shrink to one point, where the
+loss sits at ln(2N - 1) and its gradient vanishes; the output BN centres the embeddings over
+the batch so they cannot (measured: tests/recipes/test_learning_family.py, EXTRA).
 """
 
 from __future__ import annotations
@@ -42,6 +49,9 @@ class SupCon(Method):
     Args:
         encoder: backbone name or module with ``num_features`` (``self.encoder``).
         dim: head output dimension (128); mlp_hidden: its hidden width (None = the encoder's).
+        head_bn: SimCLR's head instead: BatchNorm after the hidden Linear and on the output
+            (without affine), as :class:`~contrastive.methods.SimCLR`. Off (the paper's and the
+            authors' codes' head) by default; see the module docstring for when it is needed.
         temperature: tau (0.1).
         base_temperature: the official code's loss factor tau / base_temperature; None = 1.
         sync_bn: SyncBatchNorm everywhere (GPU only).
@@ -58,13 +68,14 @@ class SupCon(Method):
     }
 
     def __init__(self, encoder: str | nn.Module = "cifar_resnet18", dim: int = 128,
-                 mlp_hidden: int | None = None, temperature: float = 0.1,
+                 mlp_hidden: int | None = None, head_bn: bool = False, temperature: float = 0.1,
                  base_temperature: float | None = None, sync_bn: bool = False,
                  encoder_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
         nf = width(self.encoder)
-        self.head: nn.Module = build_mlp(nf, mlp_hidden or nf, dim, 2, hidden_bn=False)
+        self.head: nn.Module = build_mlp(nf, mlp_hidden or nf, dim, 2, hidden_bn=head_bn,
+                                          last_bn=head_bn)
         if sync_bn:
             self.encoder, self.head = (convert_to_sync_bn(m) for m in (self.encoder, self.head))
         self.factor = 1.0 if base_temperature is None else temperature / base_temperature

@@ -160,6 +160,27 @@ def test_supcon_uses_class_labels_and_refuses_unknown(tiny):
     assert scaled.factor == pytest.approx(0.1 / 0.07)
 
 
+def test_supcon_head_bn_is_simclrs_head_and_starts_spread_out(tiny):
+    """``head_bn``: SimCLR's head (BN after the hidden Linear, and on the output without affine);
+    the default is the paper's Linear-ReLU-Linear. On inputs that are almost identical (as a
+    small CNN's pooled ReLU features at init) the default head's embeddings are almost one
+    point, while the output BN centres them over the batch (mean cosine near 0)."""
+    plain, bn = SupCon(tiny(), dim=8), SupCon(tiny(), dim=8, head_bn=True)
+    assert not any(isinstance(m, nn.BatchNorm1d) for m in plain.head.modules())
+    assert [type(m) for m in bn.head] == [nn.Linear, nn.BatchNorm1d, nn.ReLU, nn.Linear,
+                                         nn.BatchNorm1d]
+    assert bn.head[1].affine and not bn.head[4].affine
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(1, 3, 12, 12, generator=g) + 1e-3 * torch.randn(16, 3, 12, 12, generator=g)
+
+    def mean_cosine(method):
+        z = method({"views": [x, x], "labels": torch.arange(16) % 4})["embeddings"]
+        return ((z @ z.T).sum() - 16) / (16 * 15)
+
+    assert mean_cosine(plain) > 0.99
+    assert abs(mean_cosine(bn)) < 0.1
+
+
 def test_nnclr_matches_paper_and_fills_its_support_set(tiny):
     torch.manual_seed(0)
     method = NNCLR(tiny(), dim=5, proj_hidden=7, pred_hidden=9, support_size=8,
