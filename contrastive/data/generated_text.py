@@ -38,10 +38,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
-from torch.utils.data import Dataset
+
+from contrastive.data.text_batches import LabelledSentences
 
 __all__ = [
     "NLI_LABELS",
@@ -169,7 +169,7 @@ def _sentence(rng: np.random.Generator, label: int, subject: int | None = None) 
     return Sentence(form, clauses, main, filler, suffix)
 
 
-class GeneratedTextDataset(Dataset):
+class GeneratedTextDataset(LabelledSentences):
     """Sentences (or sentence pairs) with labels; items ``{"text_a", ["text_b"], "label"}``.
 
     Same attributes as a :class:`contrastive.data.glue.GlueDataset`: ``text_a``, ``text_b``
@@ -185,15 +185,6 @@ class GeneratedTextDataset(Dataset):
     def num_labels(self) -> int:
         return len(self.label_names) or 1
 
-    def __len__(self) -> int:
-        return len(self.text_a)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        item: dict[str, Any] = {"text_a": self.text_a[i]}
-        if self.text_b is not None:
-            item["text_b"] = self.text_b[i]
-        item["label"] = self.labels[i].item()  # int, or float for scores
-        return item
 
 
 def _check_n(n: int) -> None:

@@ -51,7 +51,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from torch.utils.data import Dataset
+
+from contrastive.data.text_batches import LabelledSentences
 
 __all__ = [
     "GLUE_TASKS",
@@ -153,7 +154,7 @@ def read_tsv(path: str | Path) -> list[list[str]]:
         return [row for row in csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE) if row]
 
 
-class GlueDataset(Dataset):
+class GlueDataset(LabelledSentences):
     """One split of one GLUE task, as lists of strings and a label array.
 
     Attributes:
@@ -170,15 +171,6 @@ class GlueDataset(Dataset):
         self.task, self.split, self.path = task, split, path
         self.text_a, self.text_b, self.labels = text_a, text_b, labels
 
-    def __len__(self) -> int:
-        return len(self.text_a)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        item: dict[str, Any] = {"text_a": self.text_a[i]}
-        if self.text_b is not None:
-            item["text_b"] = self.text_b[i]
-        item["label"] = self.labels[i].item()
-        return item
 
     @property
     def has_labels(self) -> bool:

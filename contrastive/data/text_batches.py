@@ -41,6 +41,28 @@ TEXT_BATCH_KEYS: dict[str, str] = {
 """What :class:`GroupCollate` provides; a text method's ``needs`` name a subset."""
 
 
+class LabelledSentences(Dataset):
+    """Labelled sentences or sentence pairs: ``text_a`` (N strings), ``text_b`` (N strings, or
+    None for single sentences), ``labels`` (N,) numpy array; items ``{"text_a", ["text_b"],
+    "label"}`` (an int class id, or a float score). The shape GLUE files and the generated text
+    tasks share (:class:`~contrastive.data.glue.GlueDataset`,
+    :class:`~contrastive.data.generated_text.GeneratedTextDataset`)."""
+
+    text_a: list[str]
+    text_b: list[str] | None
+    labels: Any
+
+    def __len__(self) -> int:
+        return len(self.text_a)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        item: dict[str, Any] = {"text_a": self.text_a[i]}
+        if self.text_b is not None:
+            item["text_b"] = self.text_b[i]
+        item["label"] = self.labels[i].item()
+        return item
+
+
 class SentenceGroups(Dataset):
     """N examples of S sentences each; items ``{"sentences": tuple of S strings}``.
 
