@@ -21,8 +21,8 @@ Measured in fp32 on 2026-11-25 (AMD EPYC Zen 3, AVX2 kind, 1 thread per run, two
 once), kNN top-1 % random init -> trained: see MEASURED. (Until 2026-11-24 these checks ran
 under bf16 autocast on the AVX-512-bf16 kind: SupCon 30.2 / 21.7 / 18.1, Barlow Twins 18.9 /
 20.5 / 21.3, VICReg 19.2 / 20.9 / 22.8; the fp32 gains are within those spreads. The
-longer-budget figures below: SimSiam, NNCLR, SwAV and BYOL re-measured in fp32 (AVX-512-bf16
-kind, 2026-11-27, see MEASURED_LONG); DINO's are still the bf16 ones.)
+longer-budget figures below: all five re-measured in fp32 (AVX-512-bf16 kind, 2026-11-27, see
+MEASURED_LONG); the per-epoch curves quoted below are the earlier bf16 ones.)
 At this budget BYOL, SimSiam, NNCLR, SwAV and DINO do NOT beat random init (seed
 0: 15.5 -> 13.3, 13.3, 15.4, 15.5, 18.0; BYOL and SimSiam seed 1: 12.9 -> 11.1, 12.4): the
 non-contrastive methods dip first (as MoCo does at 240 steps), and DINO's teacher (momentum
@@ -54,8 +54,9 @@ gain (14.4; bf16: 13.8 and 14.3); 13 epochs does not widen it (seed 0 +14.1, see
 tau_base 0.95 learns slower (seed 1 +4.8 at 10 epochs). 111-112 s of CPU per run.
 DINO at 20 epochs = 1,560 steps with the official code's teacher momentum 0.996: seed 0 per
 epoch 15.5, 16.5, 16.2, 17.6, 17.5, 18.5, 20.4, 22.0, 22.8, 23.5, 26.4, 26.8, 27.1, 27.6, 26.5,
-26.7, 26.2, 26.8, 26.5, 27.0, 27.0; margin 8.5 between the spread (7.0) and the smallest gain
-(10.0); about 300 s of CPU per run (measured at load 4, beside a CI run). At 6 epochs none of
+26.7, 26.2, 26.8, 26.5, 27.0, 27.0 (bf16); margin 8.5 between the spread (fp32: 7.1) and the
+smallest gain (fp32: 9.4; thin, as BYOL's); about 300 s of CPU per run (bf16, load 4; fp32: the
+three seeds took 14.4 minutes, two at a time, at load 5-8). At 6 epochs none of
 9 settings gained more than 3.5 points (teacher momentum 0.9995, 0.996, 0.99, 0.9; teacher
 temperature 0.07, 0.02; AdamW 5e-4 / 2e-3, the official convnet SGD 0.03; LARS at 10x the lr;
 256 prototypes; 4 local crops): the teacher's output entropy stays near uniform (7.8-8.0 of ln
@@ -148,15 +149,15 @@ MARGIN_LONG: dict[str, float] = {
     "byol_cifar": 14.0,  # thin: the spread is 13.5, the smallest gain 14.4 (see MEASURED_LONG)
     "dino_cifar": 8.5,
 }
-# fp32, 1 thread, AVX-512-bf16 kind, 2026-11-27: SimSiam, NNCLR, SwAV, BYOL (bf16 before:
+# fp32, 1 thread, AVX-512-bf16 kind, 2026-11-27: SimSiam, NNCLR, SwAV, BYOL, DINO (bf16 before:
 # SimSiam gains 10.3 10.2 15.3, NNCLR 19.9 13.9 19.7, SwAV 17.1 16.0 22.7, BYOL 14.3 16.4
-# 28.1); DINO: bf16 (until 2026-11-25), not re-measured
+# 28.1, DINO 11.5 10.0 17.0)
 MEASURED_LONG = {
     "nnclr_cifar": ((15.5, 33.3), (12.8, 26.5), (12.3, 26.7)),  # gains 17.8 13.7 14.4: spread 4.1
     "simsiam_cifar": ((15.5, 24.8), (12.8, 23.8), (12.3, 26.5)),  # gains 9.3 11.0 14.2: spread 4.9
     "swav_cifar": ((15.5, 29.7), (12.8, 27.6), (12.3, 33.1)),  # gains 14.2 14.8 20.8: spread 6.6
     "byol_cifar": ((15.5, 29.9), (12.8, 29.0), (12.3, 40.2)),  # gains 14.4 16.2 27.9: spread 13.5
-    "dino_cifar": ((15.5, 27.0), (12.9, 22.9), (12.1, 29.1)),  # gains 11.5 10.0 17.0: spread 7.0
+    "dino_cifar": ((15.5, 27.4), (12.8, 22.2), (12.3, 28.8)),  # gains 11.9 9.4 16.5: spread 7.1
 }
 CONTROL = ("--no-stop-gradient",)
 # embedding_std (first log window at step 25, end) for seeds 0, 1, 2 (fp32, 2026-11-25)
