@@ -1,0 +1,343 @@
+#!/usr/bin/env python
+"""LRC-BERT on real GLUE (issue 30): every run of the table, resumable across sessions, and the
+table itself.
+
+    python benchmarks/lrc_glue.py plan                       # the runs and their state
+    python benchmarks/lrc_glue.py run [--workers 2] [--phase teachers|lr|main|control]
+    python benchmarks/lrc_glue.py table                      # results/lrc_glue_runs.json + table
+    python benchmarks/lrc_glue.py speed                      # teacher vs student inference
+
+Runs live in ``--root`` (default ``runs/lrc_glue``, outside git); each is a run folder of
+``recipes/bert_finetune.py`` or ``recipes/lrc_bert.py`` started with ``--resume auto``, so a
+killed driver (or a session's end) loses at most one checkpoint interval: start ``run`` again.
+A run is done when its ``results.json`` and this script's ``dev.json`` exist.
+
+The design (the issue's phase 1, at CPU scale):
+- data: MRPC and CoLA whole, SST-2 a stratified 10,000 of its training rows; from each training
+  set 10 % held out (stratified, data seed 0) to choose learning rates on; dev sets whole and
+  only reported (``benchmarks/glue_floors.py: split_sizes``). Every run trains on the same kept
+  rows; the engine scores the held-out rows at the end (``--eval-on held_out``) and this script
+  scores the saved model on dev (``dev.json``).
+- teacher: all-MiniLM-L6-v2 fine-tuned per task, 3 epochs, batch 32, lr 5e-5 (chosen on MRPC's
+  held-out rows among 2e-5 / 5e-5 / 1e-4: results/lrc_glue.md), BERT's optimiser.
+- student: the paper's 4 x 312 (12 heads, FFN 1200), the teacher's vocabulary, random init,
+  batch 16, ``STUDENT_EPOCHS`` epochs, the uniform layer map of the code (student layer i ->
+  teacher layer 6 * i / 4 rounded as ``contrastive.methods.distill_parts`` maps it).
+  Variants (``VARIANTS``): (1) ``ce`` cross-entropy only; (2) ``kd`` soft + hard loss at the
+  paper's t 1.1 (0:1:1 throughout); (4) ``lrc`` the paper's settings (COS-NCE, 80 % of the
+  steps 1:0:0 then 1:1:3, perturbation); (4b) ``lrc_np`` the same without perturbation.
+  Learning rates from the paper's grid {5e-5, 1e-4, 3e-4} chosen on the held-out rows at seed 0
+  for ``ce`` (which ``kd`` uses) and ``lrc`` (which ``lrc_np`` uses); seeds 0, 1, 2.
+- control (distillation known to help, DistilBERT-style): a 3 x 384 student initialised from
+  the pretrained MiniLM's layers 2, 4, 6 (``--student hf:MiniLM --keep-layers 1,3,5``), trained
+  with ``ce`` and with ``kd`` at lr 5e-5 (the teacher's), seeds 0, 1, 2.
+Every run: fp32 (``--mixed-precision no``: the same figures on every CPU kind, so the work can
+span sessions on machines of either kind), 1 thread per run, ``--workers`` runs at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from glue_floors import TASKS  # noqa: E402
+from glue_floors import split_sizes as _split_sizes  # noqa: E402
+
+split_sizes = functools.lru_cache(_split_sizes)  # reads a training file: once per task
+SHARED = ROOT.parent / "shared" / "data"
+MINILM = SHARED / "text-models" / "all-MiniLM-L6-v2"
+GLUE = SHARED / "glue"
+SEEDS = (0, 1, 2)
+LR_GRID = (5e-5, 1e-4, 3e-4)  # the paper's grid (issue 30)
+TEACHER_LR, TEACHER_EPOCHS, STUDENT_EPOCHS = 5e-5, 3, 3
+CONTROL_LR = 5e-5
+VARIANTS: dict[str, tuple[str, ...]] = {  # lrc_bert.py flags of each variant
+    "ce": ("--no-two-stage", "--no-perturb", "--stage2-weights", "0", "0", "1"),
+    "kd": ("--no-two-stage", "--no-perturb", "--stage2-weights", "0", "1", "1"),
+    "lrc": (),
+    "lrc_np": ("--no-perturb",),
+}
+LR_FROM = {"ce": "ce", "kd": "ce", "lrc": "lrc", "lrc_np": "lrc"}  # whose chosen lr a variant uses
+CONTROL_STUDENT = ("--student", f"hf:{MINILM}", "--keep-layers", "1,3,5")
+
+
+@dataclass
+class Run:
+    """One run folder: its recipe and flags (``--output-dir`` and ``--resume`` added)."""
+
+    name: str
+    recipe: str
+    args: tuple[str, ...]
+    phase: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def folder(self, root: Path) -> Path:
+        return root / self.name
+
+    def done(self, root: Path) -> bool:
+        f = self.folder(root)
+        return (f / "results.json").is_file() and (f / "dev.json").is_file()
+
+
+def _split_flags(task: str) -> tuple[str, ...]:
+    rows, held = split_sizes(task, GLUE)
+    flags = ("--task", task, "--glue-dir", str(GLUE), "--held-out", str(held),
+             "--eval-on", "held_out", "--steps", "0", "--mixed-precision", "no",
+             "--progress", "false", "--data-seed", "0")
+    return flags + (("--train-rows", str(rows)) if rows else ())
+
+
+def teacher_run(task: str) -> Run:
+    return Run(f"teacher-{task}", "bert_finetune.py",
+               (*_split_flags(task), "--model", f"hf:{MINILM}", "--epochs", str(TEACHER_EPOCHS),
+                "--lr", str(TEACHER_LR), "--seed", "0"), "teachers", {"task": task})
+
+
+def student_run(task: str, variant: str, lr: float, seed: int, root: Path, *,
+                control: bool = False, phase: str = "main") -> Run:
+    prefix = "control" if control else "student"
+    extra = CONTROL_STUDENT if control else ()
+    return Run(f"{prefix}-{task}-{variant}-lr{lr:g}-s{seed}", "lrc_bert.py",
+               (*_split_flags(task), "--teacher", str(teacher_run(task).folder(root) / "model"),
+                *extra, *VARIANTS[variant], "--epochs", str(STUDENT_EPOCHS), "--lr", f"{lr:g}",
+                "--seed", str(seed)), phase,
+               {"task": task, "variant": variant, "lr": lr, "seed": seed, "control": control})
+
+
+def held_out_score(run: Run, root: Path) -> float | None:
+    f = run.folder(root) / "results.json"
+    if not f.is_file():
+        return None
+    return float(json.loads(f.read_text())["held_out"]["glue_score"])
+
+
+def chosen_lr(task: str, variant: str, root: Path) -> float | None:
+    """The grid's lr with the best held-out score at seed 0 (ties: the smaller lr), or None
+    while a search run is missing."""
+    base = LR_FROM[variant]
+    scores = {lr: held_out_score(student_run(task, base, lr, 0, root, phase="lr"), root)
+              for lr in LR_GRID}
+    if any(s is None for s in scores.values()):
+        return None
+    return max(LR_GRID, key=lambda lr: (scores[lr], -lr))
+
+
+def plan(root: Path) -> list[Run]:
+    """Every run, in the order they should go (later phases need earlier ones)."""
+    runs = [teacher_run(t) for t in TASKS]
+    runs += [student_run(t, v, lr, 0, root, phase="lr") for t in TASKS for v in ("ce", "lrc")
+             for lr in LR_GRID]
+    for seed in SEEDS:
+        for t in TASKS:
+            for v in VARIANTS:
+                lr = chosen_lr(t, v, root)
+                if lr is not None:
+                    runs.append(student_run(t, v, lr, seed, root))
+    runs += [student_run(t, v, CONTROL_LR, s, root, control=True, phase="control")
+             for s in SEEDS for t in TASKS for v in ("ce", "kd")]
+    unique: dict[str, Run] = {}
+    for r in runs:  # an lr-search run at the chosen lr is also seed 0's main run
+        unique.setdefault(r.name, r)
+    return list(unique.values())
+
+
+def score_on_dev(run: Run, root: Path) -> dict[str, float]:
+    """The saved model of a finished run scored on the task's whole dev set (GLUE's metric)."""
+    import torch
+
+    from contrastive.data.text_tasks import load_task
+    from contrastive.data.tokenizer import load_tokenizer
+    from contrastive.methods.text_classifier import evaluate, load_classifier
+
+    task = run.meta["task"]
+    rows, held = split_sizes(task, GLUE)
+    dev = load_task(task, GLUE, train_rows=rows, held_out=held, seed=0).dev
+    model_dir = run.folder(root) / "model"
+    model, _ = load_classifier(model_dir)
+    with torch.no_grad():
+        return evaluate(model, dev, load_tokenizer(model_dir), task)
+
+
+def execute(run: Run, root: Path, threads: int) -> dict[str, Any]:
+    """Train (or resume) one run in a child process, then score it on dev; returns its timing."""
+    folder = run.folder(root)
+    cmd = [sys.executable, str(ROOT / "recipes" / run.recipe), *run.args,
+           "--output-dir", str(folder), "--resume", "auto"]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+               TOKENIZERS_PARALLELISM="false")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    timing: dict[str, Any] = {}
+    if not (folder / "results.json").is_file():
+        start = time.time()
+        with open(root / f"{run.name}.log", "a") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+        timing = {"wall_s": round(time.time() - start, 1),
+                  "cpu_s": round(usage.ru_utime + usage.ru_stime, 1), "threads": threads,
+                  "load": os.getloadavg()[0], "rc": proc.returncode}
+        times = folder / "timing.json"
+        old = json.loads(times.read_text()) if times.is_file() else []
+        times.write_text(json.dumps(old + [timing], indent=1))
+        if proc.returncode != 0:
+            return timing
+        (root / "commands.txt").open("a").write(" ".join(cmd) + "\n")
+    (folder / "dev.json").write_text(json.dumps(score_on_dev(run, root), indent=1))
+    return timing
+
+
+def run_phase(root: Path, phase: str | None, workers: int, threads: int) -> None:
+    """Run what is not done, phase by phase (a later phase's plan needs the earlier results)."""
+    phases = ("teachers", "lr", "main", "control") if phase is None else (phase,)
+    for p in phases:
+        todo = [r for r in plan(root) if r.phase == p and not r.done(root)]
+        print(f"[{time.strftime('%H:%M:%S')}] phase {p}: {len(todo)} runs to do", flush=True)
+        with ThreadPoolExecutor(workers) as pool:
+            for run, timing in zip(todo, pool.map(lambda r: execute(r, root, threads), todo)):
+                print(f"[{time.strftime('%H:%M:%S')}] {run.name}: {timing or 'scored'}",
+                      flush=True)
+
+
+def encoder_flops(layers: int, hidden: int, intermediate: int, tokens: int) -> int:
+    """Multiply-adds x 2 of a BERT encoder's forward over one sequence of ``tokens`` tokens:
+    per layer the Q, K, V, output projections (4 d^2), the feed-forward (2 d f) per token, and
+    the attention scores and their weighted sum (2 n d per token); embeddings are lookups."""
+    per_token = 4 * hidden * hidden + 2 * hidden * intermediate + 2 * tokens * hidden
+    return 2 * layers * tokens * per_token
+
+
+def _summary(values: list[float]) -> dict[str, Any]:
+    return {"n": len(values), "mean": statistics.fmean(values) if values else None,
+            "min": min(values, default=None), "max": max(values, default=None),
+            "values": values}
+
+
+def collect(root: Path) -> dict[str, Any]:
+    """Every finished run's dev and held-out scores, grouped as the table shows them."""
+    out: dict[str, Any] = {"tasks": {}, "runs": {}}
+    for run in plan(root):
+        if not run.done(root):
+            continue
+        f = run.folder(root)
+        times = json.loads((f / "timing.json").read_text()) if (f / "timing.json").is_file() else []
+        out["runs"][run.name] = {**run.meta, "dev": json.loads((f / "dev.json").read_text()),
+                                 "held_out": held_out_score(run, root),
+                                 "cpu_s": sum(t["cpu_s"] for t in times),
+                                 "wall_s": sum(t["wall_s"] for t in times)}
+    for task in TASKS:
+        rows: dict[str, Any] = {}
+        teacher = out["runs"].get(teacher_run(task).name)
+        rows["teacher"] = teacher and teacher["dev"]["score"]
+        for v in VARIANTS:
+            lr = chosen_lr(task, v, root)
+            for control in (False, True):
+                if control and v not in ("ce", "kd"):
+                    continue
+                lr_v = CONTROL_LR if control else lr
+                if lr_v is None:
+                    continue
+                names = [student_run(task, v, lr_v, s, root, control=control).name for s in SEEDS]
+                got = [out["runs"][n]["dev"]["score"] for n in names if n in out["runs"]]
+                rows[("control-" if control else "") + v] = {"lr": lr_v, **_summary(got)}
+        out["tasks"][task] = rows
+    return out
+
+
+def table(root: Path, out_file: Path) -> str:
+    """Write the collected figures to ``out_file`` and return the markdown table."""
+    data = collect(root)
+    out_file.write_text(json.dumps(data, indent=1))
+    head = "| variant | " + " | ".join(TASKS[t] for t in TASKS) + " |"
+    lines = [head, "|---" * (len(TASKS) + 1) + "|"]
+
+    def cell(task: str, key: str) -> str:
+        row = data["tasks"][task].get(key)
+        teacher = data["tasks"][task].get("teacher")
+        if key == "teacher":
+            return "-" if row is None else f"{100 * row:.1f}"
+        if not row or not row["n"]:
+            return "-"
+        kept = f", {100 * row['mean'] / teacher:.0f} %" if teacher else ""
+        spread = f" [{100 * row['min']:.1f}, {100 * row['max']:.1f}]" if row["n"] > 1 else ""
+        return f"{100 * row['mean']:.1f}{spread} (n {row['n']}, lr {row['lr']:g}{kept})"
+
+    for key in ("teacher", "ce", "kd", "lrc", "lrc_np", "control-ce", "control-kd"):
+        lines.append(f"| {key} | " + " | ".join(cell(t, key) for t in TASKS) + " |")
+    return "\n".join(lines)
+
+
+def speed(root: Path, repeats: int = 5) -> dict[str, Any]:
+    """Teacher vs 4 x 312 student forward on SST-2 dev batches of 32, side by side, alternated,
+    at 1 and 2 threads; parameters and FLOPs per 128-token sequence."""
+    import torch
+
+    from contrastive.data.text_tasks import load_task
+    from contrastive.data.tokenizer import load_tokenizer
+    from contrastive.methods.text_classifier import load_classifier
+
+    models = {}
+    for name, folder in (("teacher", teacher_run("sst2").folder(root) / "model"),
+                         ("student", next(iter(sorted(root.glob("student-sst2-*-s0")))) / "model")):
+        models[name], _ = load_classifier(folder)
+        models[name].eval()
+    tok = load_tokenizer(teacher_run("sst2").folder(root) / "model")
+    dev = load_task("sst2", GLUE).dev
+    batches = [tok.collate([dev[i] for i in range(s, s + 32)]) for s in range(0, 320, 32)]
+    result: dict[str, Any] = {"params": {n: sum(p.numel() for p in m.parameters())
+                                         for n, m in models.items()}}
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        times: dict[str, list[float]] = {n: [] for n in models}
+        with torch.no_grad():
+            for _ in range(repeats):
+                for n, m in models.items():
+                    t0 = time.perf_counter()
+                    for b in batches:
+                        m.predict(b)
+                    times[n].append(time.perf_counter() - t0)
+        result[f"threads{threads}"] = {n: min(v) / (32 * len(batches)) * 1e3
+                                       for n, v in times.items()}  # ms per sentence
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("command", choices=("plan", "run", "table", "speed"))
+    p.add_argument("--root", type=Path, default=ROOT / "runs" / "lrc_glue")
+    p.add_argument("--phase", choices=("teachers", "lr", "main", "control"))
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" /
+                   "lrc_glue_runs.json")
+    a = p.parse_args(argv)
+    if not GLUE.is_dir() or not MINILM.is_dir():
+        print(f"lrc_glue: needs the real GLUE files and MiniLM in {SHARED} (see its README)")
+        return 2
+    if a.command == "plan":
+        for r in plan(a.root):
+            print(f"{'done' if r.done(a.root) else 'todo'}  {r.phase:8s} {r.name}")
+    elif a.command == "run":
+        run_phase(a.root, a.phase, a.workers, a.threads)
+    elif a.command == "table":
+        print(table(a.root, a.out))
+    else:
+        print(json.dumps(speed(a.root), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

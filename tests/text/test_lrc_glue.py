@@ -1,0 +1,155 @@
+"""benchmarks/lrc_glue.py (issue 30's driver): its plan and learning-rate choice on fake results,
+its FLOP formula against torch's counter, and a seconds-long smoke run of its own flags on the
+real GLUE files (tiny models in place of MiniLM and the 4 x 312 student)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str, path: Path) -> Any:
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@pytest.fixture(scope="module")
+def driver(shared_data: Path) -> Any:
+    if not (shared_data / "glue" / "MRPC" / "dev.tsv").is_file():
+        pytest.skip(f"the real GLUE files are not in {shared_data / 'glue'} "
+                    "(see ../shared/data/README.md)")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    return _load("lrc_glue_driver", ROOT / "benchmarks" / "lrc_glue.py")
+
+
+def _fake_result(folder: Path, held_out: float, dev: float | None = None) -> None:
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps({"held_out": {"glue_score": held_out}}))
+    if dev is not None:
+        (folder / "dev.json").write_text(json.dumps({"score": dev}))
+
+
+def test_plan_chooses_lr_on_held_out_and_reuses_the_search_run(driver, tmp_path: Path) -> None:
+    root = tmp_path
+    names = [r.name for r in driver.plan(root)]
+    assert len(names) == len(set(names)) == 3 + 18 + 18  # no main runs before the search ends
+    for lr, score in zip(driver.LR_GRID, (0.70, 0.75, 0.75)):  # a tie: the smaller lr wins
+        _fake_result(driver.student_run("mrpc", "ce", lr, 0, root).folder(root), score, 0.5)
+    assert driver.chosen_lr("mrpc", "ce", root) == 1e-4
+    assert driver.chosen_lr("mrpc", "kd", root) == 1e-4  # kd takes ce's lr
+    assert driver.chosen_lr("mrpc", "lrc", root) is None
+    main = [r for r in driver.plan(root) if r.phase == "main"]
+    assert {(r.meta["variant"], r.meta["seed"]) for r in main} == {
+        (v, s) for v in ("ce", "kd") for s in (1, 2)} | {("kd", 0)}  # ce seed 0: the search run
+    assert all(r.meta["lr"] == 1e-4 and r.meta["task"] == "mrpc" for r in main)
+    rows = driver.collect(root)["tasks"]["mrpc"]
+    assert rows["ce"]["values"] == [0.5] and rows["ce"]["lr"] == 1e-4
+
+
+def test_encoder_flops_match_torch_counter(driver) -> None:
+    import torch
+    import transformers
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = transformers.BertConfig(vocab_size=50, hidden_size=24, num_hidden_layers=2,
+                                  num_attention_heads=2, intermediate_size=40)
+    cfg._attn_implementation = "eager"  # plain matmuls: the counter misses the CPU SDPA kernel
+    model = transformers.BertModel(cfg, add_pooling_layer=False).eval()
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        model(torch.ones(1, 16, dtype=torch.long))
+    assert driver.encoder_flops(2, 24, 40, 16) == counter.get_total_flops()
+
+
+def test_smoke_run_of_the_drivers_flags_on_real_glue(driver, tmp_path: Path) -> None:
+    """A teacher and an LRC-BERT student, 2 steps each, with the flags the driver passes (tiny
+    models appended, a later flag wins), then the driver's dev scoring and table."""
+    recipes = {n: _load(f"recipe_{n}", ROOT / "recipes" / f"{n}.py")
+               for n in ("bert_finetune", "lrc_bert")}
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    tiny = ["--layers", "1", "--hidden", "16", "--heads", "2", "--intermediate-size", "32",
+            "--max-steps", "2", "--batch-size", "4", "--train-rows", "40", "--held-out", "8",
+            "--save-every-steps", "0", "--num-workers", "0"]
+    teacher = driver.teacher_run("mrpc")
+    student = driver.student_run("mrpc", "lrc", 1e-4, 0, tmp_path)
+    for run in (teacher, student):
+        args = list(run.args)
+        if run is teacher:  # a random tiny BERT with MiniLM's tokenizer instead of MiniLM
+            i = args.index("--model")
+            args[i + 1] = "bert"
+            args += ["--tokenizer", str(driver.MINILM)]
+        for reset in (AcceleratorState._reset_state, GradientState._reset_state,
+                      PartialState._reset_state):
+            reset()
+        recipes[run.recipe.removesuffix(".py")].main(
+            [*args, *tiny, "--output-dir", str(run.folder(tmp_path))])
+        dev = driver.score_on_dev(run, tmp_path)
+        assert set(dev) == {"accuracy", "f1", "score"}, dev
+        (run.folder(tmp_path) / "dev.json").write_text(json.dumps(dev))
+        held = json.loads((run.folder(tmp_path) / "results.json").read_text())["held_out"]
+        assert held["glue_score"] == pytest.approx(driver.held_out_score(run, tmp_path))
+    AcceleratorState._reset_state(True)
+    assert "| teacher | " in driver.table(tmp_path, tmp_path / "runs.json")
+
+
+# The slow check's budget: SST-2, a stratified 2,000 of its training rows (200 held out), the
+# teacher MiniLM fine-tuned 2 epochs, students 4 x 312 for 3 epochs at lr 1e-4, seed 0, fp32.
+SLOW_DATA = ["--train-rows", "2000", "--held-out", "200", "--save-every-steps", "0",
+             "--num-workers", "0"]
+
+
+# Measured 2026-11-27 (AVX-512-bf16 kind, fp32, 1 thread, 12.9 min at load 5-6), dev accuracy:
+# teacher 80.6, (1) cross-entropy 65.9, (4b) LRC-BERT without perturbation 50.3 = always one
+# class (SST-2 dev's majority floor is 50.9): the two-stage schedule leaves the prediction layer
+# untrained until 80 % of the steps (1:0:0 first), and the last 20 % (67 steps) run at the tail
+# of the linear decay (lr <= 0.22 x peak). See benchmarks/results/lrc_glue.md.
+SLOW_MEASURED = {"teacher": 0.806, "ce": 0.659, "lrc_np": 0.503}
+
+
+class OrderNotHeld(AssertionError):
+    """(4b) did not beat (1): the expected failure of the slow check below."""
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(raises=OrderNotHeld, strict=True,
+                   reason="at this budget (4b) collapses to one class (SLOW_MEASURED); an XPASS "
+                          "means the order now holds: update SLOW_MEASURED and drop the xfail")
+def test_sst2_subset_lrc_without_perturbation_beats_cross_entropy(driver, tmp_path: Path) -> None:
+    """Issue 30's small version: (4b) LRC-BERT without perturbation against (1) cross-entropy
+    only, the same student, data, steps and seed, its own teacher. The teacher and (1) must
+    learn (a plain failure otherwise); the order is the honest xfail (``SLOW_MEASURED``)."""
+    recipes = {n: _load(f"recipe_{n}", ROOT / "recipes" / f"{n}.py")
+               for n in ("bert_finetune", "lrc_bert")}
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    runs = [driver.teacher_run("sst2"), *(driver.student_run("sst2", v, 1e-4, 0, tmp_path)
+                                          for v in ("ce", "lrc_np"))]
+    scores = {}
+    for run in runs:
+        for reset in (AcceleratorState._reset_state, GradientState._reset_state,
+                      PartialState._reset_state):
+            reset()
+        epochs = ["--epochs", "2"] if run is runs[0] else []
+        recipes[run.recipe.removesuffix(".py")].main(
+            [*run.args, *SLOW_DATA, *epochs, "--output-dir", str(run.folder(tmp_path))])
+        scores[run.meta.get("variant", "teacher")] = driver.score_on_dev(run, tmp_path)["score"]
+    AcceleratorState._reset_state(True)
+    assert scores["teacher"] > 0.75 and scores["ce"] > 0.6, scores  # floors 50.9, BoW 77.9
+    if not scores["lrc_np"] > scores["ce"]:
+        raise OrderNotHeld(scores)
