@@ -48,16 +48,14 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_train_methods import STEP_SETUPS, add_arguments, is_method_run  # noqa: E402
+from bench_train_methods import STEP_SETUPS, add_arguments, is_method_run, run_worker  # noqa: E402
 from bench_train_methods import run as run_method_steps  # noqa: E402
 
 SHARED_TAR = ROOT.parent / "shared" / "data" / "cifar10-jpeg.tar"
@@ -277,22 +275,13 @@ def worker_lightly(args: argparse.Namespace) -> None:
 
 def run_one(impl: str, precision: str, args: argparse.Namespace, *, steps: int, seed: int,
             batched: str, split_bn: str = "recipe") -> list[dict]:
-    with tempfile.TemporaryDirectory() as tmp:
-        result = Path(tmp) / "result.jsonl"
-        cmd = [sys.executable, __file__, "--worker", impl, "--precision", precision,
-               "--steps", str(steps), "--seed", str(seed), "--result", str(result),
-               "--run-dir", str(Path(tmp) / "run"), "--data", args.data,
-               "--batch-size", str(args.batch_size), "--workers", str(args.workers),
-               "--device", args.device, "--setup", args.setup, "--batched-augment", batched,
-               "--split-bn", split_bn]
-        if args.channels_last:
-            cmd.append("--channels-last")
-        env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH",
-                                                                                 "")}
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if proc.returncode:
-            sys.exit(f"{impl} {precision} failed:\n{proc.stderr[-3000:]}")
-        return [json.loads(x) for x in result.read_text().splitlines()]
+    argv = ["--worker", impl, "--precision", precision, "--steps", str(steps), "--seed",
+            str(seed), "--data", args.data, "--batch-size", str(args.batch_size), "--workers",
+            str(args.workers), "--device", args.device, "--setup", args.setup,
+            "--batched-augment", batched, "--split-bn", split_bn]
+    if args.channels_last:
+        argv.append("--channels-last")
+    return run_worker(__file__, argv, f"{impl} {precision}")
 
 
 def rate(records: list[dict], warmup: int, batch: int) -> float:
@@ -323,7 +312,6 @@ def main() -> None:
     p.add_argument("--jpeg-size", type=int, default=0, help="time on the JPEGs upscaled to this "
                    "size (e.g. 400 for a 224 px pipeline)")
     # worker mode
-    p.add_argument("--run-dir", default="")
     p.add_argument("--data", default="")
     args = p.parse_args()
     if is_method_run(args):
@@ -410,56 +398,6 @@ def main() -> None:
         print_curves(curves)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
-
-
-def main_steps(args: argparse.Namespace, setups: list[str]) -> None:
-    """Method steps, ours vs lightly: per repeat, every setup and configuration once (fresh
-    subprocesses, alternating), then the median per configuration. The load average is read
-    before every run and reported beside the figures."""
-    import torch
-
-    from contrastive.hardware import cpu_kind_line
-
-    configs = [(impl, prec) for impl in args.impls.split(",")
-               for prec in (args.precisions if impl == "ours" else args.lightly_precisions
-                            ).split(",")]
-    times: dict[tuple[str, str, str], list[float]] = {}
-    losses: dict[tuple[str, str, str], list[float]] = {}
-    loads: list[float] = []
-    for rep in range(args.repeats):
-        for setup in setups:
-            args.setup = setup
-            for impl, prec in configs:
-                loads.append(os.getloadavg()[0])
-                recs = run_one(impl, prec, args, steps=args.steps, seed=rep, batched="auto")
-                t = {r["step"]: r["time"] for r in recs}
-                ms = 1000 * (t[args.steps] - t[args.warmup]) / (args.steps - args.warmup)
-                times.setdefault((setup, impl, prec), []).append(ms)
-                losses.setdefault((setup, impl, prec), []).append(recs[-1]["loss"])
-                print(f"rep {rep}: {setup:12s} {impl:7s} {prec} {ms:8.1f} ms/step "
-                      f"(load {loads[-1]:.2f})", flush=True)
-    print(f"\nmethod steps on pre-made tensors, batch {args.batch_size}, two 32 px views"
-          f"{f' + {args.local_crops} x 16 px' if args.local_crops else ''}, CIFAR ResNet-18, "
-          f"SGD; {cpu_kind_line()}, {os.cpu_count()} CPUs, threads "
-          f"{args.threads or torch.get_num_threads()}, torch {torch.__version__}; 1-min load "
-          f"average before the runs: {min(loads):.2f}-{max(loads):.2f} "
-          f"(median {statistics.median(loads):.2f})")
-    print("| method | impl | precision | ms/step (median) | runs | images/s | "
-          "vs lightly fp32 |")
-    print("| --- | --- | --- | ---: | --- | ---: | ---: |")
-    rows = []
-    for (setup, impl, prec), ms in times.items():
-        med = statistics.median(ms)
-        base = times.get((setup, "lightly", "fp32"))
-        rel = f"{statistics.median(base) / med:.2f}x" if base else "-"
-        runs = ", ".join(f"{x:.0f}" for x in ms)
-        print(f"| {setup} | {impl} | {prec} | {med:.0f} | {runs} | "
-              f"{1000 * args.batch_size / med:.1f} | {rel} |")
-        rows.append({"setup": setup, "impl": impl, "precision": prec, "ms_per_step": med,
-                     "runs": ms, "last_loss": losses[(setup, impl, prec)]})
-    if args.json:
-        Path(args.json).write_text(json.dumps({"batch_size": args.batch_size, "rows": rows,
-                                               "loads": loads}, indent=1))
 
 
 def print_curves(curves: dict[str, list[float]], every: int = LOG) -> None:

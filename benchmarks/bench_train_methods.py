@@ -346,6 +346,7 @@ def add_arguments(p: argparse.ArgumentParser, setup: str) -> None:
     p.add_argument("--precision", default="fp32")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--result", default="")
+    p.add_argument("--run-dir", default="")
 
 
 def is_method_run(args: argparse.Namespace) -> bool:
@@ -381,21 +382,29 @@ def run(args: argparse.Namespace, error: Callable[[str], Any]) -> None:
     main_steps(args, setups)
 
 
-def spawn(impl: str, precision: str, args: argparse.Namespace, *, seed: int) -> list[dict]:
-    """One worker run of ``args.setup`` in a fresh subprocess; its per-step records."""
+def run_worker(script: str, argv: list[str], what: str) -> list[dict]:
+    """``python script --worker ... *argv --result FILE --run-dir DIR`` in a fresh subprocess
+    (the project on ``PYTHONPATH``, FILE and DIR in a temporary folder); the per-step records
+    the worker wrote to FILE. A failing worker ends the benchmark with its stderr."""
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp) / "result.jsonl"
-        cmd = [sys.executable, __file__, "--worker", impl, "--precision", precision,
-               "--steps", str(args.steps), "--warmup", str(args.warmup), "--seed", str(seed),
-               "--result", str(result), "--batch-size", str(args.batch_size), "--setup",
-               args.setup, "--threads", str(args.threads), "--local-crops",
-               str(args.local_crops)]
+        cmd = [sys.executable, script, *argv, "--result", str(result), "--run-dir",
+               str(Path(tmp) / "run")]
         env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH",
                                                                                  "")}
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if proc.returncode:
-            sys.exit(f"{impl} {precision} failed:\n{proc.stderr[-3000:]}")
+            sys.exit(f"{what} failed:\n{proc.stderr[-3000:]}")
         return [json.loads(x) for x in result.read_text().splitlines()]
+
+
+def spawn(impl: str, precision: str, args: argparse.Namespace, *, seed: int) -> list[dict]:
+    """One worker run of the method ``args.setup``; its per-step records."""
+    return run_worker(__file__, [
+        "--worker", impl, "--precision", precision, "--steps", str(args.steps), "--warmup",
+        str(args.warmup), "--seed", str(seed), "--batch-size", str(args.batch_size), "--setup",
+        args.setup, "--threads", str(args.threads), "--local-crops", str(args.local_crops)],
+        f"{impl} {precision}")
 
 
 def main_steps(args: argparse.Namespace, setups: list[str]) -> None:
