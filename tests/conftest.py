@@ -47,11 +47,16 @@ def close_f64() -> Callable[..., None]:
     return _close_f64
 
 
-def _run_two_ranks(worker: Path, tmp: Path, timeout: float = 240.0) -> list[dict]:
-    """Start ``worker rank 2 store_path out_dir`` as two gloo CPU processes; return what each
-    rank saved to ``out_dir/rank{r}.pt``. A failing or hanging rank fails the test with its log."""
+WORKER = ROOT / "tests" / "dist_worker.py"
+
+
+def _run_two_ranks(case: Path, tmp: Path, timeout: float = 240.0) -> list[dict]:
+    """Start the one worker (``tests/dist_worker.py``) on ``case`` as two gloo CPU processes;
+    return what each rank saved to ``tmp/rank{r}.pt``: rank 0 holds the case's one-process
+    ``reference`` too. A failing or hanging rank fails the test with its log."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    procs = [subprocess.Popen([sys.executable, str(worker), str(rank), "2", str(tmp / "store"), str(tmp)],
+    procs = [subprocess.Popen([sys.executable, str(WORKER), str(case), str(rank), "2",
+                               str(tmp / "store"), str(tmp)],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for rank in range(2)]
     logs = []
@@ -61,10 +66,12 @@ def _run_two_ranks(worker: Path, tmp: Path, timeout: float = 240.0) -> list[dict
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            pytest.fail(f"distributed worker {worker.name} timed out after {timeout:.0f} s")
+            pytest.fail(f"distributed case {case.name} timed out after {timeout:.0f} s")
     for rank, p in enumerate(procs):
         assert p.returncode == 0, f"rank {rank} failed:\n{logs[rank][-4000:]}"
-    return [torch.load(tmp / f"rank{rank}.pt") for rank in range(2)]
+    results = [torch.load(tmp / f"rank{rank}.pt", weights_only=True) for rank in range(2)]
+    assert [r["group_size"] for r in results] == [2, 2], "the ranks did not form one group of 2"
+    return results
 
 
 @pytest.fixture(scope="session")

@@ -273,7 +273,8 @@ def _register_specs() -> None:
                       tokenizer: str | None = None) -> ImageTextDataset:
         """Image-text shards (.jpg + .txt); the tokenizer is trained on the training shards'
         captions (every .txt is read once) or read from ``tokenizer=FOLDER`` (tokenizer.json)."""
-        from contrastive.data.shards import ShardDataset, resolve_shards
+        from contrastive.data.shard_index import resolve_shards
+        from contrastive.data.shards import ShardDataset
 
         found = resolve_shards(str(root), split) if root is not None else None
         if found is None:

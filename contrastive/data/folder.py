@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from contrastive.data.base import UNLABELLED, LabelledDataset
+from contrastive.data.base import UNLABELLED, SkipUnreadable
 from contrastive.data.decode import EncodedImage
 from contrastive.data.io import (
     IMAGE_EXTENSIONS,
@@ -76,7 +73,7 @@ def resolve_folder_split(root: str | os.PathLike, split: str) -> Path | None:
     return root if split == "train" else None
 
 
-class ImageFolderDataset(LabelledDataset):
+class ImageFolderDataset(SkipUnreadable):
     """Images under a folder; items ``(transform(rgb_pil_image), label)``.
 
     Layouts: ``root/<class>/**/<image>`` (labelled: classes are the sorted subfolder names, as
@@ -86,9 +83,10 @@ class ImageFolderDataset(LabelledDataset):
     orientation applied (:func:`contrastive.data.io.load_rgb`); a transform that
     ``wants_encoded`` (``--decode device``) gets the file's bytes instead (:meth:`load`).
 
-    Unreadable images: with ``strict=False`` (default) a corrupt file is logged once (naming
-    it), counted in :attr:`num_skipped` (across loader workers) and replaced by the next
-    readable image (with that image's label). ``strict=True`` checks every file up front
+    Unreadable images (:class:`~contrastive.data.base.SkipUnreadable`): with ``strict=False``
+    (default) a corrupt file is logged once (naming it), counted in :attr:`num_skipped` (across
+    loader workers) and replaced by the next readable image (with that image's label), the
+    generator restored for the replacement's views. ``strict=True`` checks every file up front
     (:func:`~contrastive.data.io.check_image`: header and end marker, a full decode only for
     suspects) and raises :class:`~contrastive.data.io.CorruptImageError` naming the first bad
     one, before any training starts; a file that passes the check but fails to decode later
@@ -98,6 +96,9 @@ class ImageFolderDataset(LabelledDataset):
     Raises ``FileNotFoundError`` for a missing folder and ``ValueError`` naming the folder when
     it holds no image.
     """
+
+    unit = "file"
+    fix = "replace or delete it"
 
     def __init__(
         self,
@@ -145,45 +146,15 @@ class ImageFolderDataset(LabelledDataset):
         self.root = root
         self.paths = paths
         self.classes = classes
-        self.strict = strict
-        # one byte per file, in shared memory so that loader workers see each other's findings
-        self._bad = torch.zeros(len(paths), dtype=torch.uint8).share_memory_()
-        self._check_files()
+        self._init_skips(strict)
+        self._check_up_front(_checked(paths) if strict else
+                             ((j, check_image(p)) for j, p in enumerate(paths)))
 
-    def _check_files(self) -> None:
-        """strict: every file, failing on the first bad one; else until one file is readable."""
-        t0 = time.perf_counter()
-        first_problem = None
-        checks = _checked(self.paths) if self.strict else ((j, check_image(p)) for j, p in enumerate(self.paths))
-        for j, problem in checks:
-            if problem is None:
-                if not self.strict:
-                    return
-                continue
-            if self.strict:
-                raise CorruptImageError(
-                    f"{problem} (file {j + 1} of {len(self)} under {self.root}; strict mode (--strict-data) checks "
-                    "every file before training: replace or delete it, or leave strict mode off to "
-                    "skip unreadable files)"
-                )
-            first_problem = first_problem or problem
-            self._mark_bad(j)
-        if not self.strict:
-            raise CorruptImageError(
-                f"no readable image under {self.root}: all {len(self)} image files are unreadable "
-                f"(first: {first_problem})"
-            )
-        seconds = time.perf_counter() - t0
-        logger.info("strict mode: checked all %d image files under %s in %.1f s, all readable",
-                    len(self), self.root, seconds)
+    def item_name(self, index: int) -> str:
+        return str(self.paths[index])
 
-    def _mark_bad(self, j: int) -> None:
-        if not self._bad[j]:
-            self._bad[j] = 1
-            logger.warning(
-                "skipping unreadable image %s (%d skipped so far; strict=True makes this "
-                "an error)", self.paths[j], self.num_skipped,
-            )
+    def where(self) -> str:
+        return f"under {self.root}"
 
     def load(self, index: int) -> Any:
         """The image at ``index``: an RGB PIL image, or its undecoded bytes (an
@@ -199,44 +170,9 @@ class ImageFolderDataset(LabelledDataset):
         return EncodedImage(data, str(path), reduced=False)  # a bad header: CorruptImageError
 
     @property
-    def num_skipped(self) -> int:
-        """Number of distinct unreadable files met so far (all loader workers together)."""
-        return int(self._bad.sum())
-
-    @property
     def skipped_files(self) -> list[Path]:
-        return [self.paths[i] for i in self._bad.nonzero().flatten().tolist()]
-
-    def __getitem__(self, index: int) -> tuple[Any, int]:
-        n = len(self)
-        if not -n <= index < n:
-            raise IndexError(f"index {index} out of range for a data set of {n} items")
-        index %= n
-        for step in range(n):
-            j = (index + step) % n
-            if self._bad[j]:
-                continue
-            try:
-                img = self.load(j)
-            except CorruptImageError:
-                if self.strict:
-                    raise
-                self._mark_bad(j)
-                continue
-            if self.transform is not None:
-                # undecoded bytes fail inside the transform: restore the generator so that the
-                # replacement draws what it would have drawn had the bad file been skipped first
-                state = torch.get_rng_state() if isinstance(img, EncodedImage) else None
-                try:
-                    img = self.transform(img)
-                except CorruptImageError:
-                    if self.strict or state is None:
-                        raise
-                    self._mark_bad(j)
-                    torch.set_rng_state(state)
-                    continue
-            return img, self.targets[j]
-        raise CorruptImageError(f"no readable image under {self.root} ({n} files, all unreadable)")
+        """The unreadable files met so far."""
+        return [self.paths[i] for i in self.skipped()]
 
     def __repr__(self) -> str:
         kind = f"{len(self.classes)} classes" if self.classes else "unlabelled"

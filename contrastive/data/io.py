@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -62,14 +64,24 @@ def load_rgb(path: str | os.PathLike, background: tuple[int, int, int] = (255, 2
 
     Raises :class:`CorruptImageError` naming the file when it cannot be read or decoded.
     """
+    return _open_rgb(path, str(Path(path)), background)
+
+
+def decode_rgb(data: bytes, name: str, background: tuple[int, int, int] = (255, 255, 255)) -> Image.Image:
+    """:func:`load_rgb` for an encoded image held in memory (a tar member); ``name`` for messages."""
+    return _open_rgb(io.BytesIO(data), name, background)
+
+
+def _open_rgb(source: str | os.PathLike | io.BytesIO, name: str,
+              background: tuple[int, int, int]) -> Image.Image:
     try:
-        with Image.open(path) as im:
+        with Image.open(source) as im:
             im.load()
             if im.getexif().get(_ORIENTATION, 1) != 1:
                 im = ImageOps.exif_transpose(im)
             return to_rgb(im, background)
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
-        raise CorruptImageError(f"cannot read image {Path(path)}: {type(e).__name__}: {e}") from e
+        raise CorruptImageError(f"cannot read image {name}: {type(e).__name__}: {e}") from e
 
 
 def _ends_with_jpeg_eoi(path: str | os.PathLike) -> bool:
@@ -90,17 +102,34 @@ def check_image(path: str | os.PathLike) -> str | None:
     and only a failed decode reports it: a file that loads is never reported. A JPEG with a
     complete header and end marker but corrupt data in between passes, and is met when loaded.
     """
-    try:
-        with Image.open(path) as im:
-            fmt = im.format
-            im.verify()
-        suspect = fmt == "JPEG" and not _ends_with_jpeg_eoi(path)
-    except Exception:  # any parse failure only makes the file a suspect; the full decode decides
-        suspect = True
-    if not suspect:
+    if not _suspect(path, lambda: _ends_with_jpeg_eoi(path)):
         return None
     try:
         load_rgb(path)
     except CorruptImageError as e:
         return str(e)
     return None
+
+
+def check_image_bytes(data: bytes, name: str) -> str | None:
+    """:func:`check_image` for an encoded image in memory (trailing zero bytes after a JPEG's end
+    marker allowed): None when :func:`decode_rgb` reads it, else the reason naming ``name``."""
+    if not _suspect(io.BytesIO(data), lambda: data.rstrip(b"\x00").endswith(b"\xff\xd9")):
+        return None
+    try:
+        decode_rgb(data, name)
+    except CorruptImageError as e:
+        return str(e)
+    return None
+
+
+def _suspect(source: str | os.PathLike | io.BytesIO, ends_with_eoi: Callable[[], bool]) -> bool:
+    """Whether a full decode must decide: the header or ``verify()`` fails, or a JPEG lacks its
+    end-of-image marker."""
+    try:
+        with Image.open(source) as im:
+            fmt = im.format
+            im.verify()
+        return fmt == "JPEG" and not ends_with_eoi()
+    except Exception:  # any parse failure only makes it a suspect; the full decode decides
+        return True

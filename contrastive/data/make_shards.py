@@ -28,7 +28,8 @@ import torch
 
 from contrastive.data.base import UNLABELLED
 from contrastive.data.io import to_rgb
-from contrastive.data.shards import IMAGE_KEYS, LABEL_KEY, ShardDataset, load_shard_index
+from contrastive.data.shard_index import IMAGE_KEYS, LABEL_KEY, load_shard_index
+from contrastive.data.shards import ShardDataset
 from contrastive.data.spec import SPEC_HELP, get_dataset, has_split
 
 logger = logging.getLogger(__name__)

@@ -317,7 +317,7 @@ def _imagefolder(root, split, transform, strict, labels=None):
 
 
 def _wds_splits(root: str | None, opts: dict, split: str) -> bool:
-    from contrastive.data.shards import resolve_shards
+    from contrastive.data.shard_index import resolve_shards
 
     if root is None:
         raise ValueError("data spec wds needs shards: wds:DIR or wds:/data/train-{000000..000146}.tar")
@@ -327,7 +327,8 @@ def _wds_splits(root: str | None, opts: dict, split: str) -> bool:
 @register_dataset("wds", "shards", keys=("decode",), splits=_wds_splits)
 def _wds(root, split, transform, strict, decode="auto"):
     """Tar shards in the WebDataset layout, random access (contrastive.data.shards)."""
-    from contrastive.data.shards import ShardDataset, resolve_shards
+    from contrastive.data.shard_index import resolve_shards
+    from contrastive.data.shards import ShardDataset
 
     if root is None:
         raise ValueError("data spec wds needs shards: wds:DIR or wds:/data/train-{000000..000146}.tar")

@@ -46,10 +46,19 @@ from contrastive.engine.artefacts import (
 from contrastive.engine.extras import add_extras, split_item
 from contrastive.engine.loader import step_generator
 
-__all__ = ["DataAdapter", "ImageAdapter", "ImageTextAdapter", "TextAdapter",
+__all__ = ["BATCH_KEYS", "DataAdapter", "ImageAdapter", "ImageTextAdapter", "TextAdapter",
            "LabelledTextAdapter", "prepare_views", "make_batch"]
 
 logger = logging.getLogger(__name__)
+
+BATCH_KEYS: dict[str, str] = {
+    "views": "list of augmented views, tensors (N, C, H_v, W_v) of any count and sizes",
+    "labels": "class labels (N,) int64, -1 where unknown",
+    "indices": "data-set indices (N,) int64 of the images",
+}
+"""The inputs :func:`make_batch` provides from the image loader (a method's schedules and the
+data set's extra fields come on top; :func:`contrastive.engine.setup.method_inputs` checks a
+method's ``needs`` against them)."""
 
 
 class DataAdapter(Protocol):

@@ -54,7 +54,10 @@ class RunConfig:
     Budget: ``--epochs`` or ``--steps`` (optimiser steps; when set it is the budget and the
     schedules follow it). Batch size and learning rate: ``batch_size`` is GLOBAL (samples per
     optimiser step, summed over processes and gradient-accumulation micro-steps), as in the
-    official MoCo code; see :func:`contrastive.engine.schedules.scaled_lr` for ``lr_scaling``.
+    official MoCo code. ``lr_scaling``: ``linear`` uses ``lr * batch_size / 256`` (``lr`` per
+    256 samples), ``sqrt`` uses ``lr * sqrt(batch_size)`` (SimCLR's rule: the batch size itself,
+    not divided by 256), ``none`` uses ``lr``; sources in
+    :func:`contrastive.engine.schedules.scaled_lr`.
     """
 
     # --- data and run ---------------------------------------------------------------------
@@ -116,7 +119,8 @@ class RunConfig:
     lr: float = help_field(0.03, "learning rate; absolute or per 256 images: see --lr-scaling")
     lr_scaling: str = help_field(
         "linear", "linear: used lr = lr * batch_size / 256 (lr is per 256 images); sqrt: lr * "
-        "sqrt(batch_size) (SimCLR); none: lr is absolute", choices=("linear", "sqrt", "none"),
+        "sqrt(batch_size), the batch itself, not / 256 (SimCLR appendix B.1: 0.075 x "
+        "sqrt(batch)); none: lr is absolute", choices=("linear", "sqrt", "none"),
     )
     weight_decay: float = help_field(1e-4, "weight decay")
     exclude_from_wd: bool = help_field(

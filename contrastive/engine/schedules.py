@@ -37,7 +37,12 @@ def scaled_lr(lr: float, batch_size: int, rule: str = "linear") -> float:
     """Learning rate actually used for a global batch.
 
     ``linear``: ``lr * batch_size / 256`` (Goyal et al. 2017; MoCo v3, SimCLR);
-    ``sqrt``: ``lr * sqrt(batch_size)`` (SimCLR's ``learning_rate_scaling=sqrt``);
+    ``sqrt``: ``lr * sqrt(batch_size)``, the batch size itself, not divided by 256: SimCLR
+    (Chen et al., ICML 2020, appendix B.1: "LearningRate = 0.075 x sqrt(BatchSize)", better than
+    the linear rule at small batches and long training) and the authors' code
+    (google-research/simclr ``model_util.learning_rate_schedule``: ``base_learning_rate *
+    math.sqrt(FLAGS.train_batch_size)``; its README trains with ``--learning_rate=0.075
+    --learning_rate_scaling=sqrt``). At batch 4096 both rules give 4.8 (0.075 x 64 = 0.3 x 16);
     ``none``: ``lr``.
     """
     if rule == "linear":

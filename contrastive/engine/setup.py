@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from contrastive.engine.adapters import BATCH_KEYS
 from contrastive.engine.checkpoint import model_signature, read_meta, resolve_resume
 from contrastive.engine.config import RunConfig
 from contrastive.engine.loader import GlobalBatchSampler, build_train_loader
@@ -156,8 +157,6 @@ def method_inputs(method: nn.Module, extra: tuple[str, ...] = ()
     """The method's ``needs`` and ``schedules()``; a need the loader cannot provide (nor the
     data set's ``extra`` fields, see :mod:`contrastive.engine.extras`, nor a schedule) is an
     error before anything trains."""
-    from contrastive.methods.base import BATCH_KEYS
-
     declared = getattr(method, "schedules", None)
     schedules = dict(declared()) if callable(declared) else {}
     needs = tuple(getattr(method, "needs", ("views",)))

@@ -3,8 +3,9 @@
 Modules (names are resolved lazily, so ``import contrastive.eval.knn`` stays light):
 
 - :mod:`~contrastive.eval.knn`: weighted kNN (faiss ``IndexFlatIP`` exact, or torch matmul + topk).
-- :mod:`~contrastive.eval.linear`: cached-feature probe with an lr/wd sweep on a training split;
-  the MoCo standard protocol; low-shot subsets; backbone-unchanged check.
+- :mod:`~contrastive.eval.linear`: cached-feature probe with an lr/wd sweep on a training split
+  (``linear.cached``); the MoCo standard protocol and backbone-unchanged check
+  (``linear.standard``); low-shot subsets (``linear.common``).
 - :mod:`~contrastive.eval.features`: feature extraction (``gather_for_metrics`` under accelerate).
 - :mod:`~contrastive.eval.checkpoint`: our encoder.pt / run / accelerate checkpoints, official
   MoCo / MoCo v3 checkpoints, timm / torchvision names; strict loading with clear errors.

@@ -87,7 +87,7 @@ def load_teacher(name: str = "", checkpoint: str = "", *, pretrained: bool = Fal
         if not name.startswith(("timm:", "torchvision:")):
             raise ValueError(f"a pretrained teacher needs a timm:<m> or torchvision:<m> name, "
                              f"got {name!r}")
-        from contrastive.methods.distill import split_classifier
+        from contrastive.nn import split_classifier
 
         if name.startswith("timm:"):
             import timm

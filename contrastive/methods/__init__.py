@@ -53,7 +53,7 @@ passes. Adding a method is one file: subclass :class:`Method`, decorate it with
 from __future__ import annotations
 
 from contrastive.methods.barlow_twins import BarlowTwins
-from contrastive.methods.base import BATCH_KEYS, Method, ParamGroup, Schedule
+from contrastive.methods.base import Method, ParamGroup, Schedule
 from contrastive.methods.byol import BYOL
 from contrastive.methods.clip import CLIP
 from contrastive.methods.deep_infomax import DeepInfoMax
@@ -79,7 +79,6 @@ from contrastive.methods.text_classifier import TextClassifier
 from contrastive.methods.vicreg import VICReg
 
 __all__ = [
-    "BATCH_KEYS",
     "BYOL",
     "CLIP",
     "BarlowTwins",

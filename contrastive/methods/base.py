@@ -4,7 +4,8 @@
 
 - ``forward(batch) -> dict``: ``batch`` is a mapping of named inputs (``"views"``, ``"labels"``,
   ``"indices"``, one entry per schedule, ...); it returns ``loss`` and cheap detached metrics;
-- ``needs``: the batch keys it reads besides its schedules; the engine provides exactly those;
+- ``needs``: the batch keys it reads besides its schedules; the engine provides exactly those
+  (:data:`contrastive.engine.adapters.BATCH_KEYS` and the data set's fields);
 - :meth:`schedules`: name -> function ``(step, total_steps) -> float`` that the training loop
   evaluates once per optimiser step and passes as ``batch[name]`` (and logs);
 - :meth:`param_groups`: optional :class:`ParamGroup` s (weight decay, fixed lr, frozen steps) the
@@ -19,18 +20,10 @@ from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
-__all__ = ["BATCH_KEYS", "Method", "ParamGroup", "Schedule", "read", "views_of"]
+__all__ = ["Method", "ParamGroup", "Schedule", "read", "views_of"]
 
 Schedule = Callable[[int, int], float]
 """``f(step, total_steps) -> value``: step is the 0-based optimiser step of the run."""
-
-BATCH_KEYS: dict[str, str] = {
-    "views": "list of augmented views, tensors (N, C, H_v, W_v) of any count and sizes",
-    "labels": "class labels (N,) int64, -1 where unknown",
-    "indices": "data-set indices (N,) int64 of the images",
-}
-"""The inputs the engine's image loader provides (a method's schedules come on top)."""
-
 
 @dataclass
 class ParamGroup:

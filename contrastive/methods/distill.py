@@ -66,12 +66,11 @@ from contrastive.methods.distill_layers import (
     default_layers,
     default_stem,
     module_device,
-    split_classifier,
     uniform_layer_map,
 )
 from contrastive.methods.distill_parts import ContrastiveDistillation, Weights
 from contrastive.methods.registry import register_method
-from contrastive.nn import KeyQueue, resolve_encoder
+from contrastive.nn import KeyQueue, resolve_encoder, split_classifier
 
 __all__ = ["Distiller", "default_layers", "default_stem", "split_classifier", "uniform_layer_map"]
 

@@ -7,7 +7,6 @@ Used by :class:`contrastive.methods.distill.Distiller`; the public helpers are r
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["default_layers", "default_stem", "split_classifier", "uniform_layer_map"]
+__all__ = ["default_layers", "default_stem", "uniform_layer_map"]
 
 
 def uniform_layer_map(num_student: int, num_teacher: int) -> list[int]:
@@ -57,35 +56,6 @@ def default_stem(model: nn.Module) -> str:
     if isinstance(getattr(model, "stem", None), nn.Module):
         return "stem"
     return default_layers(model)[0]
-
-
-def split_classifier(model: nn.Module) -> tuple[nn.Module, nn.Module | None]:
-    """Split a classification model into (backbone with pooled output, classifier or None).
-
-    timm models: ``get_classifier()`` is copied and ``reset_classifier(0)`` leaves the backbone
-    returning pre-logits. Others: the last ``nn.Linear`` is taken out and replaced by
-    ``nn.Identity`` (right when it is the model's last operation: ResNet ``fc``, ViT ``heads``).
-    The backbone gets ``num_features`` (the classifier's input width).
-    """
-    get_classifier = getattr(model, "get_classifier", None)
-    reset_classifier = getattr(model, "reset_classifier", None)
-    if callable(get_classifier) and callable(reset_classifier):
-        head = get_classifier()
-        if not isinstance(head, nn.Linear):
-            return model, None
-        head = copy.deepcopy(head)
-        reset_classifier(0)
-        # setattr: an int attribute (nn.Module.__setattr__ is typed for tensors and modules)
-        setattr(model, "num_features", head.in_features)  # noqa: B010
-        return model, head
-    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-    if not linears:
-        return model, None
-    path, head = linears[-1]
-    parent = model.get_submodule(path.rpartition(".")[0]) if "." in path else model
-    setattr(parent, path.rpartition(".")[2], nn.Identity())
-    setattr(model, "num_features", head.in_features)  # noqa: B010 (as above)
-    return model, head
 
 
 class Tap:

@@ -2,7 +2,8 @@
 variants and cross-process helpers. Each is usable on its own.
 
 - Encoders: :func:`create_encoder`, :func:`list_encoders`, :func:`register_encoder`,
-  :func:`stage_features` (intermediate maps, for distillation).
+  :func:`stage_features` (intermediate maps, for distillation),
+  :func:`split_classifier` (a classification model -> encoder and classifier).
 - Heads: :func:`build_mlp`, :func:`build_head`.
 - Momentum: :func:`momentum_update` (foreach EMA), :class:`MomentumEncoder`,
   :func:`constant_momentum`, :func:`cosine_momentum`.
@@ -22,6 +23,7 @@ from contrastive.nn.encoders import (
     list_encoders,
     register_encoder,
     resolve_encoder,
+    split_classifier,
     stage_features,
 )
 from contrastive.nn.heads import HEAD_KINDS, build_head, build_mlp
@@ -54,5 +56,6 @@ __all__ = [
     "momentum_update",
     "register_encoder",
     "resolve_encoder",
+    "split_classifier",
     "stage_features",
 ]

@@ -30,6 +30,7 @@ children of a torchvision ``features`` Sequential (VGG, MobileNet, EfficientNet,
 
 from __future__ import annotations
 
+import copy
 import difflib
 import fnmatch
 from collections.abc import Callable
@@ -45,6 +46,7 @@ __all__ = [
     "list_encoders",
     "register_encoder",
     "resolve_encoder",
+    "split_classifier",
     "stage_features",
 ]
 
@@ -134,16 +136,12 @@ def _create_torchvision(model: str, pretrained: bool, **kwargs: Any) -> nn.Modul
     if model not in tvm.list_models(module=tvm):
         raise _unknown(f"torchvision:{model}", _torchvision_names())
     net = tvm.get_model(model, weights="DEFAULT" if pretrained else None, **kwargs)
-    linears = [(n, m) for n, m in net.named_modules() if isinstance(m, nn.Linear)]
-    if not linears:
+    net, fc = split_classifier(net)
+    if fc is None:
         raise ValueError(
             f"torchvision:{model} has no nn.Linear classifier to remove; wrap it yourself and "
             "register it with register_encoder"
         )
-    path, fc = linears[-1]
-    parent = net.get_submodule(path.rpartition(".")[0]) if "." in path else net
-    setattr(parent, path.rpartition(".")[2], nn.Identity())
-    net.num_features = fc.in_features
     return net
 
 
@@ -197,6 +195,35 @@ def resolve_encoder(encoder: str | nn.Module, **kwargs: Any) -> nn.Module:
     if kwargs:
         raise ValueError(f"resolve_encoder: keyword arguments {sorted(kwargs)} need a name")
     return _checked(encoder, type(encoder).__name__)
+
+
+def split_classifier(model: nn.Module) -> tuple[nn.Module, nn.Module | None]:
+    """Split a classification model into (backbone with pooled output, classifier or None).
+
+    timm models: ``get_classifier()`` is copied and ``reset_classifier(0)`` leaves the backbone
+    returning pre-logits. Others: the last ``nn.Linear`` is taken out and replaced by
+    ``nn.Identity`` (right when it is the model's last operation: ResNet ``fc``, ViT ``heads``).
+    The backbone gets ``num_features`` (the classifier's input width).
+    """
+    get_classifier = getattr(model, "get_classifier", None)
+    reset_classifier = getattr(model, "reset_classifier", None)
+    if callable(get_classifier) and callable(reset_classifier):
+        head = get_classifier()
+        if not isinstance(head, nn.Linear):
+            return model, None
+        head = copy.deepcopy(head)
+        reset_classifier(0)
+        # setattr: an int attribute (nn.Module.__setattr__ is typed for tensors and modules)
+        setattr(model, "num_features", head.in_features)  # noqa: B010
+        return model, head
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        return model, None
+    path, head = linears[-1]
+    parent = model.get_submodule(path.rpartition(".")[0]) if "." in path else model
+    setattr(parent, path.rpartition(".")[2], nn.Identity())
+    setattr(model, "num_features", head.in_features)  # noqa: B010 (as above)
+    return model, head
 
 
 def stage_features(encoder: nn.Module, x: Tensor) -> list[Tensor]:

@@ -203,3 +203,32 @@ def test_training_with_strict_data_fails_before_the_model_is_built(with_corrupt,
     with pytest.raises(CorruptImageError, match="1.jpg"):
         train(cfg, lambda c: pytest.fail("training started"), lambda c: get_pipeline("mocov2", image_size=16),
               recipe="strict-check")
+
+
+class _DrawsThenDecodes:
+    """A ``wants_encoded`` transform that draws from torch's generator before decoding (as the
+    device-decode path does), so a bad file fails after the draw."""
+
+    wants_encoded = True
+
+    def __call__(self, img):
+        draw = torch.rand(3)
+        return draw, img.full()
+
+
+def test_corrupt_file_leaves_the_replacement_draws_unchanged(tmp_path):
+    """An encoded image fails inside the transform; the generator is restored so that the
+    replacement draws what it draws when the bad file is already known."""
+    root = tmp_path / "data"
+    _img(root / "a" / "0.jpg")
+    _truncated_jpeg(root / "a" / "1.jpg")  # header intact: fails in the transform's decode
+    _img(root / "a" / "2.jpg", (0, 0, 255))
+    ds = ImageFolderDataset(root, transform=_DrawsThenDecodes())
+    torch.manual_seed(3)
+    first, label = ds[1]
+    assert ds.num_skipped == 1 and [p.name for p in ds.skipped_files] == ["1.jpg"]
+    after_first = torch.get_rng_state()
+    torch.manual_seed(3)
+    again, _ = ds[1]  # now the bad file is skipped without being read
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1]) and label == 0
+    assert torch.equal(torch.get_rng_state(), after_first)  # one draw in all, not two

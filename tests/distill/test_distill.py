@@ -18,7 +18,6 @@ from contrastive.methods.distill import (
     Distiller,
     default_layers,
     default_stem,
-    split_classifier,
     uniform_layer_map,
 )
 
@@ -348,23 +347,6 @@ def test_multi_process_negatives_exclude_own_row(monkeypatch: pytest.MonkeyPatch
         others = [rows[j] for j in range(6) if j != own]
         got = sorted(neg[i].tolist())
         torch.testing.assert_close(torch.tensor(got), torch.tensor(sorted(r.tolist() for r in others)))
-
-
-def test_split_classifier_keeps_logits() -> None:
-    import timm
-    import torchvision
-
-    torch.manual_seed(0)
-    x = torch.randn(2, 3, 32, 32)
-    for model in (torchvision.models.resnet18(num_classes=5), timm.create_model("resnet18", num_classes=5)):
-        model.eval()
-        full = copy.deepcopy(model)
-        backbone, head = split_classifier(model)
-        with torch.no_grad():
-            feats = backbone(x)
-            assert feats.shape == (2, 512) and backbone.num_features == 512
-            torch.testing.assert_close(head(feats), full(x))
-    assert split_classifier(Tiny((4,)))[1] is None
 
 
 def test_vit_teacher_tokens_and_vit_student_perturbation() -> None:

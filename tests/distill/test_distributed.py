@@ -15,12 +15,12 @@ import torch
 
 pytestmark = pytest.mark.distributed
 
-WORKER = Path(__file__).with_name("dist_worker.py")
+CASE = Path(__file__).with_name("dist_case.py")
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory, run_two_ranks):
-    return run_two_ranks(WORKER, tmp_path_factory.mktemp("distill_dist"))
+    return run_two_ranks(CASE, tmp_path_factory.mktemp("distill_dist"))
 
 
 

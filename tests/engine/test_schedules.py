@@ -64,6 +64,7 @@ def test_scaling_rules():
     assert scaled_lr(0.3, 4096, "linear") == pytest.approx(4.8)
     # SimCLR README: 0.075 with sqrt scaling == 0.3 with linear scaling at batch 4096
     assert scaled_lr(0.075, 4096, "sqrt") == pytest.approx(scaled_lr(0.3, 4096, "linear"))
+    assert scaled_lr(0.075, 256, "sqrt") == pytest.approx(1.2)  # sqrt(256), not sqrt(256 / 256)
     assert scaled_lr(0.03, 512, "none") == 0.03
     with pytest.raises(ValueError, match="lr_scaling"):
         scaled_lr(0.1, 256, "cubic")

@@ -8,7 +8,6 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from contrastive.eval.linear import (
-    _train_heads,
     assert_unchanged,
     evaluate_head,
     evaluate_standard,
@@ -17,6 +16,7 @@ from contrastive.eval.linear import (
     snapshot_state,
     train_linear_standard,
 )
+from contrastive.eval.linear.cached import _stratified_folds, _train_heads
 
 
 def separable(n_per_class=40, num_classes=5, d=12, seed=0):
@@ -136,7 +136,7 @@ def test_lr_wd_selection_follows_the_labelled_rows(caplog):
     assert (res.selection, res.val_rows, res.folds, len(res.sweep)) == ("cross-validation", 40, 5, 20)
     # pooled over the folds: every row is scored once, so each accuracy is a multiple of 100 / 40
     assert all(abs(s["val_top1"] * 40 / 100 - round(s["val_top1"] * 40 / 100)) < 1e-9 for s in res.sweep)
-    with caplog.at_level("WARNING", logger="contrastive.eval.linear"):
+    with caplog.at_level("WARNING", logger="contrastive.eval.linear.cached"):
         res = fit_linear_cached(x[::10], y[::10], epochs=2)  # one row per class
     assert (res.selection, res.sweep, res.lr, res.weight_decay) == ("fallback", [], FALLBACK_LR, FALLBACK_WD)
     assert "fallback" in caplog.text and "too few labelled rows" in caplog.text
@@ -147,8 +147,6 @@ def test_lr_wd_selection_follows_the_labelled_rows(caplog):
 
 
 def test_cross_validation_folds_are_stratified():
-    from contrastive.eval.linear import _stratified_folds
-
     y = torch.tensor([0] * 7 + [1] * 3 + [2] * 12)
     fold = _stratified_folds(y, 3, seed=0)
     for c in range(3):

@@ -16,7 +16,7 @@ from contrastive.losses.mutual_info import dim_local_global
 
 REL = dict(rel=1e-12, abs=1e-12)  # float64: rounding of a few hundred operations is ~1e-15
 TOL = dict(rtol=1e-12, atol=1e-12)
-WORKER = Path(__file__).with_name("dist_worker_clustering.py")
+CASE = Path(__file__).with_name("dist_case_clustering.py")
 
 
 def _rand(*shape, seed=0):
@@ -168,7 +168,7 @@ def test_bad_multiview_inputs_raise():
 
 @pytest.mark.distributed
 def test_sinkhorn_and_dino_centre_over_two_processes_equal_one(tmp_path, run_two_ranks):
-    results = run_two_ranks(WORKER, tmp_path)
+    results = run_two_ranks(CASE, tmp_path)
     full = results[0]["full"]
     for rank, r in enumerate(results):
         rows = slice(rank * 4, (rank + 1) * 4)

@@ -17,7 +17,7 @@ from contrastive.engine.optim import build_optimizer
 from contrastive.methods import CLIP, get_method, list_methods
 
 sys.path.insert(0, str(Path(__file__).parent))
-from dist_worker_clip import TinyImage, TinyText  # noqa: E402
+from dist_case_clip import TinyImage, TinyText  # noqa: E402
 
 sys.path.pop(0)
 

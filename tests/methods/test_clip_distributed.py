@@ -1,5 +1,5 @@
 """CLIP on two real gloo CPU processes (B pairs each, DDP) against one process with 2B pairs, in
-float64 (see dist_worker_clip.py): per-rank losses average to the one-process loss, gradients
+float64 (see dist_case_clip.py): per-rank losses average to the one-process loss, gradients
 and parameters after three AdamW steps agree. The same run with a gather that keeps only the
 local rows' gradient must differ: the test can fail."""
 
@@ -13,12 +13,12 @@ import torch
 
 pytestmark = pytest.mark.distributed
 
-WORKER = Path(__file__).with_name("dist_worker_clip.py")
+CASE = Path(__file__).with_name("dist_case_clip.py")
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory, run_two_ranks):
-    return run_two_ranks(WORKER, tmp_path_factory.mktemp("clip"))
+    return run_two_ranks(CASE, tmp_path_factory.mktemp("clip"))
 
 
 def _gap(run, ref):

@@ -1,6 +1,6 @@
 """Two real gloo CPU processes (per-process batch B, DDP) against one process with batch 2B.
 
-One launch (``dist_worker.py``) runs every check; the tests below read its results:
+One launch (case ``dist_case.py``) runs every check; the tests below read its results:
 - SimCLR and MoCo v3, with two views and multi-crop (2 x 8 px + 2 x 4 px): loss and
   gradients equal the one-process ones (BN in eval mode), over
   two optimisation steps (the bug users of other libraries hit most: negatives gathered
@@ -19,13 +19,13 @@ import torch
 
 pytestmark = pytest.mark.distributed
 
-WORKER = Path(__file__).with_name("dist_worker.py")
+CASE = Path(__file__).with_name("dist_case.py")
 B = 4
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory, run_two_ranks):
-    return run_two_ranks(WORKER, tmp_path_factory.mktemp("dist"))
+    return run_two_ranks(CASE, tmp_path_factory.mktemp("dist"))
 
 
 

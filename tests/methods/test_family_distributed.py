@@ -1,5 +1,5 @@
 """The two-view family, SwAV and DINO (multi-crop) on two real gloo CPU processes (per-process batch B, DDP) against one
-process with batch 2B, in float64 (see dist_worker_family.py): losses, gradients and parameters
+process with batch 2B, in float64 (see dist_case_family.py): losses, gradients and parameters
 after three SGD steps. Batch-level losses (Barlow Twins, VICReg) and SupCon compute the loss of
 the whole gathered batch on every process, so each rank's loss IS the one-process loss;
 per-sample losses (BYOL, SimSiam, NNCLR) average over the ranks. The same run with a planted bug
@@ -16,14 +16,14 @@ import torch
 
 pytestmark = pytest.mark.distributed
 
-WORKER = Path(__file__).with_name("dist_worker_family.py")
+CASE = Path(__file__).with_name("dist_case_family.py")
 GLOBAL_LOSS = {"barlow_twins", "vicreg", "supcon", "deep_infomax"}
 TOL = dict(rtol=1e-9, atol=1e-12)  # float64: all-reduce and batch sums in other orders ~1e-15
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory, run_two_ranks):
-    return run_two_ranks(WORKER, tmp_path_factory.mktemp("family"))
+    return run_two_ranks(CASE, tmp_path_factory.mktemp("family"))
 
 
 def _max_param_gap(run, ref):

@@ -3,6 +3,8 @@ external (timm / torchvision) encoders lose only their classifier, stage feature
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -13,6 +15,7 @@ from contrastive.nn import (
     create_encoder,
     list_encoders,
     register_encoder,
+    split_classifier,
     stage_features,
 )
 from contrastive.nn.encoders import _REGISTRY
@@ -170,3 +173,30 @@ def test_stage_features_timm_uses_forward_intermediates():
 def test_stage_features_unknown_model():
     with pytest.raises(TypeError, match="forward_stages"):
         stage_features(nn.Linear(3, 3), torch.randn(1, 3))
+
+
+def test_split_classifier_keeps_logits() -> None:
+    """timm (get/reset_classifier) and torchvision (last nn.Linear): backbone + head = model."""
+    import timm
+    import torchvision
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 32, 32)
+    for model in (torchvision.models.resnet18(num_classes=5), timm.create_model("resnet18", num_classes=5)):
+        model.eval()
+        full = copy.deepcopy(model)
+        backbone, head = split_classifier(model)
+        assert head is not None
+        with torch.no_grad():
+            feats = backbone(x)
+            assert feats.shape == (2, 512) and backbone.num_features == 512
+            torch.testing.assert_close(head(feats), full(x))
+    no_linear = nn.Sequential(nn.Conv2d(3, 4, 3), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    assert split_classifier(no_linear)[1] is None
+
+
+def test_split_classifier_old_import_path() -> None:
+    """``contrastive.methods.distill.split_classifier`` (public before it moved) still works."""
+    from contrastive.methods.distill import split_classifier as old
+
+    assert old is split_classifier

@@ -6,7 +6,7 @@ Each comparison can fail: the mutant launch plants fine-tuning's loss summed per
 instead of averaged over the global batch, and LRC-BERT's negatives from the process's own batch
 only; both move the weights by far more than float64 rounding. (A gather of LRC-BERT's
 negatives WITHOUT gradient is no mutation: they are the frozen teacher's features,
-contrastive.methods.lrc_bert.) The method-level worker (tests/text/lrc_dist_worker.py) checks
+contrastive.methods.lrc_bert.) The method-level worker (tests/text/lrc_dist_case.py) checks
 the gradients of LRC-BERT step by step; this test checks the whole path (adapter, sampler,
 DDP, optimiser, schedules).
 """

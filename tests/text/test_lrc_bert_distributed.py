@@ -21,12 +21,12 @@ import torch
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.distributed
 
-WORKER = Path(__file__).with_name("lrc_dist_worker.py")
+CASE = Path(__file__).with_name("lrc_dist_case.py")
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory, run_two_ranks):
-    return run_two_ranks(WORKER, tmp_path_factory.mktemp("lrc_dist"))
+    return run_two_ranks(CASE, tmp_path_factory.mktemp("lrc_dist"))
 
 
 def test_two_processes_equal_one(results, close_f64) -> None:

@@ -17,12 +17,12 @@ pytest.importorskip("transformers")
 
 pytestmark = pytest.mark.distributed
 
-WORKER = Path(__file__).with_name("simcse_dist_worker.py")
+CASE = Path(__file__).with_name("simcse_dist_case.py")
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory, run_two_ranks):
-    return run_two_ranks(WORKER, tmp_path_factory.mktemp("simcse_dist"))
+    return run_two_ranks(CASE, tmp_path_factory.mktemp("simcse_dist"))
 
 
 @pytest.mark.parametrize("name", ["sup", "pair", "unsup"])

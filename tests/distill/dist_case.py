@@ -1,8 +1,7 @@
-"""Worker for tests/distill/test_distributed.py (not a test module itself).
+"""Case of tests/distill/test_distributed.py for the one worker, tests/dist_worker.py.
 
-Run as ``python dist_worker.py RANK WORLD INIT_FILE OUT_DIR``. Rank 0 first runs the Distiller
-in one process on the whole batch (2B); then both ranks run the same steps on their half with
-gloo + DistributedDataParallel(find_unused_parameters=True), and save what they saw.
+Rank 0 first runs the Distiller in one process on the whole batch (2B); then both ranks run the
+same steps on their half with gloo + DistributedDataParallel(find_unused_parameters=True).
 Step 0 is stage 1 (the student head is unused), step 1 stage 2 (KD + CE use it).
 Everything runs in float64, so the two runs differ only by float64 rounding of sums taken in
 other orders (the all-reduce, the batch means), which the test bounds tightly.
@@ -10,10 +9,7 @@ other orders (the all-reduce, the batch means), which the test bounds tightly.
 
 from __future__ import annotations
 
-import sys
-
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -66,23 +62,19 @@ def run(model, method, x, y, rank_rows):
     return record
 
 
-def main() -> None:
-    rank, world, init_file, out_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+def data(world: int) -> tuple[torch.Tensor, torch.Tensor]:
     torch.manual_seed(1)
     x = torch.randn(STEPS, world * B, 3, 8, 8, dtype=torch.float64)
-    y = torch.randint(0, 3, (STEPS, world * B))
-    result = {}
-    if rank == 0:
-        ref = build()
-        result["ref"] = run(ref, ref, x, y, slice(None))
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    return x, torch.randint(0, 3, (STEPS, world * B))
+
+
+def reference(world: int) -> dict:
+    ref = build()  # its own seed: the same weights whatever ran before
+    return {"ref": run(ref, ref, *data(world), slice(None))}
+
+
+def distributed(rank: int, world: int) -> dict:
+    x, y = data(world)
     method = build()
     ddp = DDP(method, find_unused_parameters=True)
-    result["ddp"] = run(ddp, method, x, y, slice(rank * B, (rank + 1) * B))
-    torch.save(result, f"{out_dir}/rank{rank}.pt")
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()
+    return {"ddp": run(ddp, method, x, y, slice(rank * B, (rank + 1) * B))}

@@ -1,9 +1,8 @@
-"""Worker for tests/text/test_simcse_distributed.py (not a test module itself).
+"""Case of tests/text/test_simcse_distributed.py for the one worker, tests/dist_worker.py.
 
-Run as ``python simcse_dist_worker.py RANK WORLD INIT_FILE OUT_DIR``. Rank 0 first computes the
-one-process references on the whole batch (before the process group exists); then both ranks
-run the same SGD steps on their half of the batch with gloo + DistributedDataParallel, and save
-what they saw to OUT_DIR/rank{R}.pt. Float64 throughout and dropout 0 (the dropout masks of 2 x B
+Rank 0 first computes the one-process references on the whole batch (before the process group
+exists); then both ranks run the same SGD steps on their half of the batch with gloo +
+DistributedDataParallel. Float64 throughout and dropout 0 (the dropout masks of 2 x B
 and 1 x 2B cannot be the same), so the two differ only by float64 rounding.
 
 Variants: supervised triples (S = 3, hard negatives gathered too), pairs (S = 2), unsupervised
@@ -13,10 +12,7 @@ gradient, which the test shows to differ from the reference (the comparison can 
 
 from __future__ import annotations
 
-import sys
-
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import contrastive.methods.simcse as simcse_module
@@ -73,19 +69,9 @@ def train(name: str, rank: int, world: int) -> dict:
     return record
 
 
-def main() -> None:
-    rank, world, init_file, out_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    torch.set_num_threads(1)
-    result: dict = {}
-    if rank == 0:
-        result["reference"] = {name: train(name, 0, 1) for name in NAMES if name != "sup_nograd"}
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        result["distributed"] = {name: train(name, rank, world) for name in NAMES}
-    finally:
-        dist.destroy_process_group()
-    torch.save(result, f"{out_dir}/rank{rank}.pt")
+def reference(world: int) -> dict:
+    return {"reference": {name: train(name, 0, 1) for name in NAMES if name != "sup_nograd"}}
 
 
-if __name__ == "__main__":
-    main()
+def distributed(rank: int, world: int) -> dict:
+    return {"distributed": {name: train(name, rank, world) for name in NAMES}}

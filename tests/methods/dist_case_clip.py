@@ -1,7 +1,6 @@
-"""Worker for tests/methods/test_clip_distributed.py (not a test module itself).
+"""Case of tests/methods/test_clip_distributed.py for the one worker, tests/dist_worker.py.
 
-Run as ``python dist_worker_clip.py RANK WORLD INIT_FILE OUT_DIR``. Rank 0 first trains CLIP in one
-process on the whole batch (2B image-text pairs); then both ranks train the same steps on their
+Rank 0 first trains CLIP in one process on the whole batch (2B image-text pairs); then both ranks train the same steps on their
 half with gloo + DDP; then again with a gather that keeps only the local rows' gradient (the
 classic bug), which the test must see. Float64, AdamW with weight decay (the scale's group has
 none), a logit scale that starts above the clamp so that the clamp acts.
@@ -9,10 +8,7 @@ none), a logit scale that starts above the clamp so that the clamp acts.
 
 from __future__ import annotations
 
-import sys
-
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -101,20 +97,9 @@ def train(rank: int, world: int, mutate: bool = False) -> dict:
     return record
 
 
-def main() -> None:
-    rank, world, init_file, out_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    torch.set_num_threads(1)
-    result: dict = {}
-    if rank == 0:
-        result["reference"] = train(0, 1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        result["distributed"] = train(rank, world)
-        result["mutated"] = train(rank, world, mutate=True)
-    finally:
-        dist.destroy_process_group()
-    torch.save(result, f"{out_dir}/rank{rank}.pt")
+def reference(world: int) -> dict:
+    return {"reference": train(0, 1)}
 
 
-if __name__ == "__main__":
-    main()
+def distributed(rank: int, world: int) -> dict:
+    return {"distributed": train(rank, world), "mutated": train(rank, world, mutate=True)}

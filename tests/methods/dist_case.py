@@ -1,19 +1,15 @@
-"""Worker for tests/methods/test_distributed.py (not a test module itself).
+"""Case of tests/methods/test_distributed.py for the one worker, tests/dist_worker.py.
 
-Run as ``python dist_worker.py RANK WORLD INIT_FILE OUT_DIR``. Rank 0 first computes the
-one-process references on the whole batch (before the process group exists, so every helper
-is in its one-process mode); then both ranks run the same steps on their half of the batch
-with gloo + DistributedDataParallel, and each saves what it saw to OUT_DIR/rank{R}.pt.
+Rank 0 first computes the one-process references on the whole batch (before the process group
+exists, so every helper is in its one-process mode); then both ranks run the same steps on their
+half of the batch with gloo + DistributedDataParallel.
 Everything trains in float64, so that 2 x B and 1 x 2B differ only by float64 rounding (the
 all-reduce and the batch sums add in other orders), which the tests bound tightly.
 """
 
 from __future__ import annotations
 
-import sys
-
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -108,23 +104,10 @@ def helper_checks(rank: int) -> dict:
     return res
 
 
-def main() -> None:
-    rank, world, init_file, out_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    torch.set_num_threads(1)
-    result: dict = {}
-    if rank == 0:
-        result["reference"] = {name: train(name, 0, 1) for name in NAMES}
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        result["world_size"] = D.world_size()
-        result["helpers"] = helper_checks(rank)
-        result["distributed"] = {
-            name: train(name, rank, world) for name in NAMES
-        }
-    finally:
-        dist.destroy_process_group()
-    torch.save(result, f"{out_dir}/rank{rank}.pt")
+def reference(world: int) -> dict:
+    return {"reference": {name: train(name, 0, 1) for name in NAMES}}
 
 
-if __name__ == "__main__":
-    main()
+def distributed(rank: int, world: int) -> dict:
+    return {"world_size": D.world_size(), "helpers": helper_checks(rank),
+            "distributed": {name: train(name, rank, world) for name in NAMES}}

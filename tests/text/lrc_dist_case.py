@@ -1,19 +1,15 @@
-"""Worker for tests/text/test_lrc_bert_distributed.py (not a test module itself).
+"""Case of tests/text/test_lrc_bert_distributed.py for the one worker, tests/dist_worker.py.
 
-Run as ``python lrc_dist_worker.py RANK WORLD INIT_FILE OUT_DIR``. Rank 0 first runs LRC-BERT in
-one process on the whole batch (2B sentences, padded to the longest); then both ranks run the
+Rank 0 first runs LRC-BERT in one process on the whole batch (2B sentences, padded to the longest); then both ranks run the
 same steps on their half with gloo + DDP(find_unused_parameters=True), each half padded only to
-its own longest sentence (rank 0's are shorter), and save what they saw. Step 0 is stage 1,
+its own longest sentence (rank 0's are shorter). Step 0 is stage 1,
 step 1 stage 2; gradient perturbation on. With ``local`` the ranks use their own batch as
 negatives (no gather): the mutation the test must see differ. Everything runs in float64.
 """
 
 from __future__ import annotations
 
-import sys
-
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from contrastive.methods.lrc_bert import LRCBert
@@ -63,24 +59,16 @@ def run(model, method, steps, rows):
     return record
 
 
-def main() -> None:
-    rank, world, init_file, out_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    steps = data(world)
-    result = {}
-    if rank == 0:
-        ref = build()
-        result["ref"] = run(ref, ref, steps, slice(None))
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    rows = slice(rank * B, (rank + 1) * B)
+def reference(world: int) -> dict:
+    ref = build()
+    return {"ref": run(ref, ref, data(world), slice(None))}
+
+
+def distributed(rank: int, world: int) -> dict:
+    steps, rows = data(world), slice(rank * B, (rank + 1) * B)
     method = build()
-    result["ddp"] = run(DDP(method, find_unused_parameters=True), method, steps, rows)
+    result = {"ddp": run(DDP(method, find_unused_parameters=True), method, steps, rows)}
     local = build()
     local._negatives = lambda reps: [None] * len(reps)  # the mutation: no gathered negatives
     result["local"] = run(DDP(local, find_unused_parameters=True), local, steps, rows)
-    torch.save(result, f"{out_dir}/rank{rank}.pt")
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()
+    return result

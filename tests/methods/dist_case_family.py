@@ -1,6 +1,6 @@
-"""Worker for tests/methods/test_family_distributed.py (not a test module itself).
+"""Case of tests/methods/test_family_distributed.py for the one worker, tests/dist_worker.py.
 
-Run as ``python dist_worker_family.py RANK WORLD INIT_FILE OUT_DIR``. Rank 0 first trains each
+Rank 0 first trains each
 method of the two-view family in one process on the whole batch (2B images); then both ranks
 train the same steps on their half with gloo + DDP; then again with a known bug planted (a
 gather without gradient, or NNCLR's support set filled with this process's embeddings only, as
@@ -11,11 +11,9 @@ compared).
 
 from __future__ import annotations
 
-import sys
 from contextlib import contextmanager
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -140,20 +138,10 @@ def train(name: str, rank: int, world: int, mutate: bool = False) -> dict:
     return record
 
 
-def main() -> None:
-    rank, world, init_file, out_dir = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    torch.set_num_threads(1)
-    result: dict = {}
-    if rank == 0:
-        result["reference"] = {name: train(name, 0, 1) for name in NAMES}
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        result["distributed"] = {name: train(name, rank, world) for name in NAMES}
-        result["mutated"] = {name: train(name, rank, world, mutate=True) for name in MUTATIONS}
-    finally:
-        dist.destroy_process_group()
-    torch.save(result, f"{out_dir}/rank{rank}.pt")
+def reference(world: int) -> dict:
+    return {"reference": {name: train(name, 0, 1) for name in NAMES}}
 
 
-if __name__ == "__main__":
-    main()
+def distributed(rank: int, world: int) -> dict:
+    return {"distributed": {name: train(name, rank, world) for name in NAMES},
+            "mutated": {name: train(name, rank, world, mutate=True) for name in MUTATIONS}}

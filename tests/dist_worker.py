@@ -1,0 +1,53 @@
+"""The one worker of the two-process (gloo, CPU) equivalence tests; not a test module itself.
+
+Run as ``python dist_worker.py CASE RANK WORLD INIT_FILE OUT_DIR`` (the ``run_two_ranks`` fixture
+of tests/conftest.py starts two). ``CASE`` is a module file that defines
+
+- ``reference(world) -> dict``: the one-process run on the whole batch (``world`` x the
+  per-process batch), computed by rank 0 before the process group exists, so that every helper
+  of :mod:`contrastive.nn.distributed` is in its one-process mode;
+- ``distributed(rank, world) -> dict``: the same steps on this rank's part of the batch, with
+  the gloo process group up (DDP, gathers, all-reduces; mutations the test must see differ).
+
+Each rank saves ``{**reference (rank 0 only), **distributed, "group_size": WORLD}`` to
+``OUT_DIR/rank{RANK}.pt``; the fixture checks that both ranks ran in a group of ``WORLD``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import torch
+import torch.distributed as dist
+
+
+def load_case(path: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot load the case module {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> None:
+    case_path, rank, world, init_file, out_dir = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
+                                                  sys.argv[4], sys.argv[5])
+    torch.set_num_threads(1)
+    case = load_case(case_path)
+    result: dict = case.reference(world) if rank == 0 else {}
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        result.update(case.distributed(rank, world))
+        result["group_size"] = dist.get_world_size()
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    torch.save(result, f"{out_dir}/rank{rank}.pt")
+
+
+if __name__ == "__main__":
+    main()

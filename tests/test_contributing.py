@@ -1,0 +1,39 @@
+"""CONTRIBUTING.md: every path it names exists, it covers the four kinds of extension, and the
+README links to it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# a backticked repository path: a top-level folder of the project, then a file or folder
+PATH = re.compile(r"`((?:contrastive|recipes|tests|benchmarks|tools)/[\w./<>-]+|setup\.cfg)`")
+
+
+def _paths(text: str) -> list[str]:
+    return [p for p in PATH.findall(text) if "<" not in p]  # <name> placeholders are new files
+
+
+def test_every_file_it_names_exists() -> None:
+    text = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    named = _paths(text)
+    assert len(set(named)) >= 10, named  # the table and its notes name the files to copy
+    missing = [p for p in named if not (ROOT / p).exists()]
+    assert not missing, f"CONTRIBUTING.md names files that do not exist: {missing}"
+
+
+def test_it_covers_each_kind_of_extension_and_the_readme_links_it() -> None:
+    text = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| (a [\w ]+?) \| (.+) \|$", text, re.M)}
+    assert set(rows) == {"a method", "a data format", "a text model", "a tracker"}, rows
+    for kind, row in rows.items():
+        assert _paths(row), f"the {kind!r} row names no file"
+    assert "(CONTRIBUTING.md)" in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_the_path_pattern_sees_a_missing_file() -> None:
+    """The check above can fail: a made-up path is found and reported missing."""
+    named = _paths("copy `contrastive/methods/no_such_method.py` or `setup.cfg`")
+    assert named == ["contrastive/methods/no_such_method.py", "setup.cfg"]
+    assert not (ROOT / named[0]).exists()
