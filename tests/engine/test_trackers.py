@@ -295,7 +295,15 @@ def test_mlflow_sqlite_scalars_pictures_and_resume(tmp_path, fresh_accelerate, m
     assert steps == [1, 2, 3, 3, 4]  # step 3 from both processes (MLflow keeps both)
     pictures = {Path(f.path).name for f in client.list_artifacts(ids["run_id"], "pictures")}
     assert pictures == {"curves.png", "embedding.png"}
-    assert list((out / "mlartifacts").rglob("embedding.png"))
+    from contrastive.eval.cli import plot_main
+
+    # the very pictures of `contrastive-plot RUN --data DATA` (same code, same seed)
+    assert plot_main([str(out), "--data", cfg.data, "--out", str(tmp_path / "curves.png"),
+                      "--embedding-out", str(tmp_path / "embedding.png"),
+                      "--num-workers", "0"]) == 0
+    for name in pictures:
+        (sent,) = (out / "mlartifacts").rglob(name)
+        assert sent.read_bytes() == (tmp_path / name).read_bytes(), name
     import mlflow
 
     assert mlflow.get_tracking_uri() != uri  # the run folder's store was this run's only
