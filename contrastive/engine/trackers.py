@@ -329,16 +329,20 @@ class Trackers:
                 logger.warning("could not send the pictures to %s: %s", tracker.name, e)
 
     def _close(self, status: str) -> None:
-        """Finish each tracked run; MLflow and W&B record a failure as such."""
+        """Finish each tracked run; MLflow and W&B record a failure as such. A tracker that
+        cannot close is a warning: the run itself is over (or already failing)."""
         for tracker in self.acc.trackers:
-            if status == "failed" and tracker.name == "mlflow":
-                import mlflow
+            try:
+                if status == "failed" and tracker.name == "mlflow":
+                    import mlflow
 
-                mlflow.end_run(status="FAILED")
-            elif status == "failed" and tracker.name == "wandb":
-                tracker.tracker.finish(exit_code=1)
-            else:
-                tracker.finish()
+                    mlflow.end_run(status="FAILED")
+                elif status == "failed" and tracker.name == "wandb":
+                    tracker.tracker.finish(exit_code=1)
+                else:
+                    tracker.finish()
+            except Exception as e:  # noqa: BLE001 - the tracker's own failure
+                logger.warning("could not close the %s run: %s", tracker.name, e)
         self.acc.trackers.clear()
         if self._mlflow_own_store:  # back to MLflow's default for whatever runs next
             import mlflow
