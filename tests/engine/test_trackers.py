@@ -135,6 +135,31 @@ def test_scalars_are_the_numbers_of_a_record_but_the_step():
     assert scalars(rec) == {"epoch": 1.5, "loss": 0.5, "lr": 0.1, "n": 7}
 
 
+def test_records_go_to_every_tracker_but_steps_wandb_already_holds(tmp_path):
+    """A resumed online W&B run refuses steps below its counter (W&B's rule): they are not
+    sent; the other trackers get every record."""
+    from types import SimpleNamespace
+
+    from contrastive.engine.trackers import Trackers
+
+    class Fake:
+        def __init__(self, name, step=0):
+            self.name, self.tracker, self.got = name, SimpleNamespace(step=step), []
+
+        def log(self, values, step=None):
+            self.got.append((step, values))
+
+    wandb, tb = Fake("wandb", step=5), Fake("tensorboard")
+    acc = SimpleNamespace(trackers=[wandb, tb], is_main_process=True)
+    trackers = Trackers(acc, tmp_path, ("wandb", "tensorboard"))
+    for step in (4, 5, 6):
+        trackers.log({"step": step, "loss": step / 10, "knn_when": "end"})
+    assert [s for s, _ in wandb.got] == [5, 6] and [s for s, _ in tb.got] == [4, 5, 6]
+    assert tb.got[0][1] == {"loss": 0.4}
+    Trackers(acc, tmp_path, ()).log({"step": 7, "loss": 1.0})  # none asked for: nothing sent
+    assert len(tb.got) == 3
+
+
 def test_import_contrastive_imports_no_tracker():
     code = ("import sys, contrastive, contrastive.engine\n"
             "from contrastive.engine.trackers import parse_report_to\n"
