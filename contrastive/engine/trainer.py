@@ -19,7 +19,8 @@ adapter=...)`` (any data: :mod:`~contrastive.engine.adapters`):
    (``--online-probe``) learns from detached features;
 5. keeps the run log (:mod:`~contrastive.engine.run_log`): ``metrics.jsonl`` every
    ``log_every`` steps (every 0-d tensor the method returns, as a window mean, and the
-   adapter's throughput), checkpoints every ``save_every_steps`` steps and at epoch ends, each
+   adapter's throughput; each record also to the ``--report-to`` trackers,
+   :mod:`~contrastive.engine.trackers`), checkpoints every ``save_every_steps`` steps and at epoch ends, each
    evaluator every N epochs or steps (``--keep-best``: the artefacts at the best value);
    stops cleanly on SIGTERM/SIGINT, its launcher's exit (:mod:`~contrastive.engine.stop`),
    ``max_steps`` or the end of the budget (``--epochs`` or ``--steps``; a resume with nothing
@@ -27,7 +28,8 @@ adapter=...)`` (any data: :mod:`~contrastive.engine.adapters`):
 6. ends: the adapter's artefacts (:mod:`~contrastive.engine.artefacts`, formats in
    :mod:`contrastive.records`: ``encoder.pt``; image-text runs also ``clip.pt``) and
    ``run_state.json`` (running / stopped / completed / failed, see
-   :mod:`contrastive.engine.run_state`).
+   :mod:`contrastive.engine.run_state`); the trackers get the curves and embedding pictures
+   and are closed.
 
 Everything random is a function of ``cfg.seed`` and the position in the run, so a resumed run
 continues exactly as the uninterrupted one (see :mod:`contrastive.engine.loader`).
