@@ -39,12 +39,16 @@ checkpoint starts new tracker runs):
   same; MLflow never changes a logged parameter, so a resume adds only new ones. MLflow keeps
   both values of a step logged twice (between the checkpoint and the stop).
 
-The accelerate API relied on (accelerate 1.x, "Experiment trackers" guide and
-``package_reference/tracking``): ``Accelerator(log_with=...)``, ``init_trackers(project_name,
+References: accelerate 1.x, the "Experiment trackers" guide and reference
+(huggingface.co/docs/accelerate/usage_guides/tracking, .../package_reference/tracking):
+``Accelerator(log_with=...)``, ``init_trackers(project_name,
 init_kwargs={name: {...}})`` (kwargs passed to each tracker's constructor: ``SummaryWriter``,
-``wandb.init``, ``MLflowTracker``), ``get_tracker(name, unwrap=True)`` (the ``wandb`` run, the
-MLflow active run) and each tracker's ``log``, ``log_images``, ``store_init_configuration`` and
-``finish``. Nothing here imports a tracker's package unless that tracker was asked for.
+``wandb.init``, ``MLflowTracker``), ``Accelerator.trackers`` and each tracker's ``tracker``
+(the W&B run, the MLflow active run), ``log``, ``log_images``, ``store_init_configuration`` and
+``finish``; W&B's "Resume a run" (id + ``resume="allow"``); MLflow's ``mlflow.start_run``
+(``run_id``: "get the run with the specified UUID and log parameters and metrics under that
+run"); torch's ``SummaryWriter(purge_step=...)``. Nothing here imports a tracker's package
+unless that tracker was asked for.
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ from typing import Any
 
 from contrastive.records import TRACKERS_FILE
 
-__all__ = ["EXTRAS", "parse_report_to", "install_hint", "scalars", "Trackers"]
+__all__ = ["EXTRAS", "parse_report_to", "install_hint", "scalars", "read_tracker_ids", "Trackers"]
 
 logger = logging.getLogger(__name__)
 
@@ -143,9 +147,6 @@ class Trackers:
         self.acc, self.out, self.names = accelerator, Path(out), tuple(names)
         self._mlflow_own_store = False  # the run folder's store, set for this run only
         self._mlflow_continued = False
-
-    def __bool__(self) -> bool:
-        return bool(self.names)
 
     # ---- start -----------------------------------------------------------------------------
 
