@@ -20,9 +20,9 @@ adapter=...)`` (any data: :mod:`~contrastive.engine.adapters`):
 5. keeps the run log (:mod:`~contrastive.engine.run_log`): ``metrics.jsonl`` every
    ``log_every`` steps (every 0-d tensor the method returns, as a window mean, and the
    adapter's throughput; each record also to the ``--report-to`` trackers,
-   :mod:`~contrastive.engine.trackers`), checkpoints every ``save_every_steps`` steps and at epoch ends, each
-   evaluator every N epochs or steps (``--keep-best``: the artefacts at the best value);
-   stops cleanly on SIGTERM/SIGINT, its launcher's exit (:mod:`~contrastive.engine.stop`),
+   :mod:`~contrastive.engine.trackers`), checkpoints every ``save_every_steps`` steps and at
+   epoch ends, each evaluator every N epochs or steps (``--keep-best``: the artefacts at the
+   best value); stops cleanly on SIGTERM/SIGINT, its launcher's exit (:mod:`~contrastive.engine.stop`),
    ``max_steps`` or the end of the budget (``--epochs`` or ``--steps``; a resume with nothing
    left to train changes nothing);
 6. ends: the adapter's artefacts (:mod:`~contrastive.engine.artefacts`, formats in
@@ -207,8 +207,8 @@ def _train(cfg: RunConfig, build_method: Callable[[Any], nn.Module],
     # ---- the run: log its start, train, end it ---------------------------------------------
     run = _Run(cfg, recipe, out, accelerator, adapter, data, m, state, ckpt, stop, evaluators,
                probe, best, resume_path)
-    run.log_start(config, precision_reason)
     try:
+        run.log_start(config, precision_reason)
         if resume_path is None:
             for ev in evaluators:
                 if ev.at_start:
