@@ -29,6 +29,9 @@ The run folder (``--output-dir``)::
                            pooling and step (:func:`save_sentence_model`)
     best/                  ``--keep-best``: the same artefacts at the best evaluation
     checkpoints/step_<8 digits>/   a complete checkpoint has ``meta.json`` (written last)
+    trackers.json          ``--report-to``: the trackers' run ids, which a resume continues
+                           (:mod:`contrastive.engine.trackers`); beside it their own data:
+                           tensorboard/, wandb/, mlflow.db and mlartifacts/
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ __all__ = [
     "EncoderRecord", "RecordError", "step_dir_name", "complete_checkpoints", "find_latest",
     "resolve_run_path", "encoder_fields_from_config", "CLIP_FILE", "TOKENIZER_DIR",
     "BEST_DIR", "save_clip_record", "load_clip_record", "SENTENCE_MODEL_DIR", "SENTENCE_CONFIG",
-    "save_sentence_model", "sentence_model_step",
+    "save_sentence_model", "sentence_model_step", "TRACKERS_FILE", "TENSORBOARD_DIR",
 ]
 
 ENCODER_FILE = "encoder.pt"
@@ -64,6 +67,8 @@ TOKENIZER_DIR = "tokenizer"
 BEST_DIR = "best"
 SENTENCE_MODEL_DIR = "model"  # text runs: a Hugging Face folder
 SENTENCE_CONFIG = "simcse.json"  # in it: the evaluation pooling (contrastive-sts-eval reads it)
+TRACKERS_FILE = "trackers.json"  # --report-to: the tracker runs a resume continues
+TENSORBOARD_DIR = "tensorboard"  # --report-to tensorboard: event files in <run>/tensorboard/<recipe>
 STEP_PREFIX = "step_"  # checkpoints/step_<8 digits>; saves in progress: .tmp-step_<8 digits>
 _STEP_DIR = re.compile(rf"^{STEP_PREFIX}(\d+)$")
 _OPTIONAL = ("image_size", "mean", "std", "num_features", "step", "recipe", "method")

@@ -29,7 +29,9 @@ the paper's hyper-parameters (a :class:`TrainConfig` subclass) plus one call::
 - :mod:`~contrastive.engine.trainer`: the loop, told top to bottom, with its pieces in
   :mod:`~contrastive.engine.setup` (set-up), :mod:`~contrastive.engine.step` (the step),
   :mod:`~contrastive.engine.run_log` (metrics.jsonl) and :mod:`~contrastive.engine.stop`
-  (signals).
+  (signals);
+- :mod:`~contrastive.engine.trackers`: ``--report-to`` (TensorBoard, W&B, MLflow ... through
+  accelerate): the metrics.jsonl records and the end pictures, the same tracker runs on resume.
 
 What a run leaves on disk (``encoder.pt``, the run-folder layout) is defined in
 :mod:`contrastive.records`, which evaluation reads.

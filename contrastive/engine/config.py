@@ -162,7 +162,11 @@ class RunConfig:
     keep_last: int = help_field(2, "complete checkpoints to keep")
     log_every: int = help_field(10, "write a metrics.jsonl line every N optimiser steps")
     progress: bool = help_field(True, "tqdm progress bar on the main process")
-    report_to: str = help_field("none", "accelerate trackers: none | tensorboard | wandb | all")
+    report_to: str = help_field(
+        "none", "experiment trackers (accelerate's), comma-separated: tensorboard, wandb, mlflow "
+        "(tested; extras [tensorboard], [wandb], [mlflow], [trackers]), comet_ml, aim, clearml, "
+        "dvclive, swanlab, trackio; all = every one installed; none. A resume continues the same "
+        "tracker runs (ids in trackers.json)")
     allow_config_change: bool = help_field(
         False, "resume even when run-defining fields (lr, batch size, data...) differ from the "
         "checkpoint's config (the model must still match)"
@@ -199,6 +203,9 @@ class RunConfig:
             raise ValueError(f"--resume {self.resume!r}: no such checkpoint folder; use "
                              "--resume auto to continue from the newest checkpoint in "
                              "--output-dir")
+        from contrastive.engine.trackers import parse_report_to
+
+        parse_report_to(self.report_to)  # an unknown or missing tracker: one line, now
         if self.float64 and self.mixed_precision in ("bf16", "fp16"):
             raise ValueError(f"--float64 with --mixed-precision {self.mixed_precision}: pick one "
                              "(--float64 is for numerical checks, mixed precision for speed)")

@@ -60,7 +60,10 @@ def make_accelerator(cfg: RunConfig, project_dir: str | Path) -> Any:
     Raises ``ValueError`` for fp16 on the CPU: accelerate would silently train in fp32.
     """
     from accelerate import Accelerator
-    from accelerate.utils import DistributedDataParallelKwargs
+    from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
+
+    from contrastive.engine.trackers import parse_report_to
+    from contrastive.records import TENSORBOARD_DIR
 
     precision = cfg.mixed_precision
     if precision == "auto":
@@ -74,8 +77,9 @@ def make_accelerator(cfg: RunConfig, project_dir: str | Path) -> Any:
         cpu=cfg.cpu or (multi_process and not torch.cuda.is_available()),
         mixed_precision=precision,
         gradient_accumulation_steps=cfg.grad_accum_steps,
-        log_with=None if cfg.report_to == "none" else cfg.report_to,
-        project_dir=str(project_dir),
+        log_with=list(parse_report_to(cfg.report_to)) or None,  # see engine/trackers.py
+        project_config=ProjectConfiguration(project_dir=str(project_dir), logging_dir=str(
+            Path(project_dir) / TENSORBOARD_DIR)),  # TensorBoard: <run>/tensorboard/<recipe>
         kwargs_handlers=[ddp],
     )
     if acc.mixed_precision == "fp16" and acc.device.type == "cpu":

@@ -19,15 +19,17 @@ adapter=...)`` (any data: :mod:`~contrastive.engine.adapters`):
    (``--online-probe``) learns from detached features;
 5. keeps the run log (:mod:`~contrastive.engine.run_log`): ``metrics.jsonl`` every
    ``log_every`` steps (every 0-d tensor the method returns, as a window mean, and the
-   adapter's throughput), checkpoints every ``save_every_steps`` steps and at epoch ends, each
-   evaluator every N epochs or steps (``--keep-best``: the artefacts at the best value);
-   stops cleanly on SIGTERM/SIGINT, its launcher's exit (:mod:`~contrastive.engine.stop`),
+   adapter's throughput; each record also to the ``--report-to`` trackers,
+   :mod:`~contrastive.engine.trackers`), checkpoints every ``save_every_steps`` steps and at
+   epoch ends, each evaluator every N epochs or steps (``--keep-best``: the artefacts at the
+   best value); stops cleanly on SIGTERM/SIGINT, its launcher's exit (:mod:`~contrastive.engine.stop`),
    ``max_steps`` or the end of the budget (``--epochs`` or ``--steps``; a resume with nothing
    left to train changes nothing);
 6. ends: the adapter's artefacts (:mod:`~contrastive.engine.artefacts`, formats in
    :mod:`contrastive.records`: ``encoder.pt``; image-text runs also ``clip.pt``) and
    ``run_state.json`` (running / stopped / completed / failed, see
-   :mod:`contrastive.engine.run_state`).
+   :mod:`contrastive.engine.run_state`); the trackers get the curves and embedding pictures
+   and are closed.
 
 Everything random is a function of ``cfg.seed`` and the position in the run, so a resumed run
 continues exactly as the uninterrupted one (see :mod:`contrastive.engine.loader`).
@@ -51,7 +53,7 @@ import torch
 from torch import nn
 
 from contrastive.engine.adapters import DataAdapter, ImageAdapter
-from contrastive.engine.artefacts import write_encoder
+from contrastive.engine.artefacts import EncoderArtefacts, write_encoder
 from contrastive.engine.checkpoint import (
     CheckpointManager,
     TrainState,
@@ -89,6 +91,7 @@ from contrastive.engine.step import (
     optimisation_step,
 )
 from contrastive.engine.stop import StopRequests, watch_parent
+from contrastive.engine.trackers import Trackers, parse_report_to
 from contrastive.records import BEST_DIR, CHECKPOINTS, CONFIG_FILE
 
 __all__ = ["train", "TrainResult", "NonFiniteLossError", "make_accelerator", "write_encoder"]
@@ -204,12 +207,16 @@ def _train(cfg: RunConfig, build_method: Callable[[Any], nn.Module],
     # ---- the run: log its start, train, end it ---------------------------------------------
     run = _Run(cfg, recipe, out, accelerator, adapter, data, m, state, ckpt, stop, evaluators,
                probe, best, resume_path)
-    run.log_start(config, precision_reason)
-    if resume_path is None:
-        for ev in evaluators:
-            if ev.at_start:
-                run.measure(ev, "start")
-    return run.finish(run.train_epochs())
+    try:
+        run.log_start(config, precision_reason)
+        if resume_path is None:
+            for ev in evaluators:
+                if ev.at_start:
+                    run.measure(ev, "start")
+        return run.finish(run.train_epochs())
+    except BaseException:
+        run.trackers.finish(step=state.step, status="failed")  # marked failed, not left open
+        raise
 
 
 def _resume(cfg: RunConfig, out: Path, ckpt: CheckpointManager, m: Model,
@@ -253,13 +260,15 @@ class _Run:
         self.metrics = MetricsLog(out / "metrics.jsonl", self.is_main,
                                   state.step if resume_path is not None else None)
         self.window = ScalarWindow()
+        self.trackers = Trackers(accelerator, out, parse_report_to(cfg.report_to))
         self.guard = NonFiniteGuard(accelerator.device)
         self.updater = Updater(m.model, m.optimizer, accelerator)  # resolved once, not per step
 
     # ---- the run log --------------------------------------------------------------------------
 
     def log_start(self, config: dict[str, Any], precision_reason: str = "") -> None:
-        """config.json (with the values resolved at run time), trackers, run_state = running."""
+        """config.json (with the values resolved at run time), the trackers (continued on a
+        resume, :mod:`~contrastive.engine.trackers`), run_state = running."""
         cfg, acc, data = self.cfg, self.acc, self.data
         world = acc.num_processes
         resolved = {
@@ -280,12 +289,17 @@ class _Run:
                         else self.adapter.unit, data.steps_per_epoch,
                         data.total_steps, cfg.batch_size, world, self.m.peak_lr,
                         acc.mixed_precision, self.adapter.describe())
-        if cfg.report_to != "none":
-            acc.init_trackers(self.recipe, config={k: v for k, v in config.items()
-                                                   if isinstance(v, (int, float, str, bool))})
+        self.trackers.start(self.recipe, config,
+                            self.state.step if self.resume_path is not None else None)
         if self.is_main:
             write_run_state(self.out, "running", step=self.state.step,
                             last_step=data.last_step, checkpoint=rel(self.resume_path, self.out))
+
+    def record(self, record: dict[str, Any]) -> None:
+        """One record of the run log: into metrics.jsonl and, the same keys at the same step,
+        to the trackers."""
+        self.metrics.write(record)
+        self.trackers.log(record)
 
     def log_step(self, lr: float, sched: dict[str, float], seconds: float, units: int,
                  wait: float) -> dict[str, Any]:
@@ -296,10 +310,8 @@ class _Run:
         if self.probe is not None:
             top1 = self.probe.pop_top1(self.acc)
             record["probe_top1"] = None if top1 is None else round(top1, 4)
-        self.metrics.write(record)
+        self.record(record)
         self.result.last_metrics = record
-        if self.cfg.report_to != "none":
-            self.acc.log(record, step=self.state.step)
         return record
 
     def measure(self, ev: Evaluator, tag: str) -> None:
@@ -316,13 +328,10 @@ class _Run:
         if "knn_top1" in metrics:
             self.result.knn_top1 = metrics["knn_top1"]
             self.result.knn_history.append((state.step, metrics["knn_top1"]))
-        self.metrics.write({"step": state.step,
-                            "epoch": round(state.step / self.data.steps_per_epoch, 4),
-                            **metrics, f"{ev.name}_when": tag})
+        self.record({"step": state.step, "epoch": round(state.step / self.data.steps_per_epoch, 4),
+                     **metrics, f"{ev.name}_when": tag})
         logger.info("%s (%s, step %d): %s", ev.name, tag, state.step,
                     ", ".join(f"{k} {v:.2f}" for k, v in metrics.items()))
-        if self.cfg.report_to != "none":
-            self.acc.log(metrics, step=state.step)
         if self.best is not None and self.best.update(metrics, state.step):
             # a checkpoint already written at this step lacks the new best: write it again
             self.best_unsaved = self.ckpt.last_saved_step == state.step
@@ -481,7 +490,8 @@ class _Run:
     # ---- the end ------------------------------------------------------------------------------
 
     def finish(self, status: str) -> TrainResult:
-        """The last checkpoint, encoder.pt and run_state.json."""
+        """The last checkpoint, encoder.pt and run_state.json; the trackers get the pictures
+        (a finished run) and are closed."""
         state, result, out = self.state, self.result, self.out
         saved = self.ckpt.last_saved_step if self.ckpt.last_saved_step is not None else (
             self.start_step if self.resume_path is not None else None)
@@ -502,9 +512,10 @@ class _Run:
                 write_run_state(out, "completed", step=state.step, last_step=self.data.last_step,
                                 reason="max_steps" if status == "max_steps" else "epochs",
                                 encoder=rel(result.encoder_path, out), exit_code=0)
+        image_run = isinstance(self.adapter.artefacts, EncoderArtefacts)  # the map needs encoder.pt
+        self.trackers.finish(step=state.step, status=status, device=self.acc.device,
+                             data=self.cfg.data if image_run else None)
         self.acc.wait_for_everyone()
-        if self.cfg.report_to != "none":
-            self.acc.end_training()
         return result
 
 

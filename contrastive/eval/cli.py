@@ -279,25 +279,12 @@ def plot_main(argv: Sequence[str] | None = None) -> int:
         checkpoint = args.checkpoint or run
         if checkpoint is None:
             p.error("--data needs --checkpoint (or a run folder)")
-        import torch
-        from torch.utils.data import Subset
-
-        from contrastive.data import dataset_len
-        from contrastive.eval.runner import encode_split, eval_transform, load_split
-
         args.checkpoint = checkpoint
         loaded, size, norm = _load(args)
-        ds = load_split(args.data, args.split, eval_transform(size, **norm))
-        n = dataset_len(ds)
-        if n > args.max_samples:  # class-balanced-ish: an even spread over the split
-            idx = torch.linspace(0, n - 1, args.max_samples).long().unique().tolist()
-            ds = Subset(ds, idx)
-        feats, labels = encode_split(loaded, ds, num_workers=args.num_workers)
-        base = ds.dataset if isinstance(ds, Subset) else ds
-        names = getattr(base, "classes", None)
         emb_out = args.embedding_out or (Path(run) / "embedding.png" if run else Path("embedding.png"))
-        title = f"{args.method.upper()} of {len(labels)} {args.split} embeddings ({loaded.name})"
-        out = plot.plot_embedding(feats, labels, emb_out, class_names=names, method=args.method,
-                                  title=title, seed=args.seed)
+        out = plot.plot_encoder_embedding(loaded, args.data, emb_out, image_size=size, **norm,
+                                          split=args.split, max_samples=args.max_samples,
+                                          method=args.method, seed=args.seed,
+                                          num_workers=args.num_workers)
         _emit(f"wrote {out}")
     return 0

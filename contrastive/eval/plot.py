@@ -32,7 +32,8 @@ from torch import Tensor
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAP_METHODS", "read_metrics", "plot_curves", "embed_2d", "plot_embedding", "require_umap"]
+__all__ = ["MAP_METHODS", "read_metrics", "plot_curves", "embed_2d", "plot_embedding",
+           "plot_encoder_embedding", "require_umap"]
 
 MAP_METHODS = ("tsne", "umap", "pca")
 """The 2-D maps :func:`embed_2d` draws."""
@@ -229,3 +230,42 @@ def plot_embedding(
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def plot_encoder_embedding(
+    loaded: Any,
+    data: str,
+    out: str | Path,
+    *,
+    image_size: int,
+    mean: Sequence[float] | None = None,
+    std: Sequence[float] | None = None,
+    split: str = "test",
+    max_samples: int = 2000,
+    method: str = "tsne",
+    seed: int = 0,
+    num_workers: int = 2,
+    device: Any = None,
+    progress: bool = True,
+) -> Path:
+    """The embedding map of ``contrastive-plot --data``: up to ``max_samples`` items of
+    ``data``'s ``split`` (evenly spread over it) under the evaluation transform (``image_size``,
+    ``mean``/``std``), encoded by ``loaded`` (a :class:`~contrastive.eval.checkpoint.LoadedEncoder`)
+    on ``device`` (default: the CPU; ``progress``: a bar while encoding), drawn by :func:`plot_embedding` to ``out``. The trackers
+    (``--report-to``) send the same picture at the end of a run."""
+    from torch.utils.data import Subset
+
+    from contrastive.data import dataset_len
+    from contrastive.eval.runner import encode_split, eval_transform, load_split
+
+    ds: Any = load_split(data, split, eval_transform(image_size, mean=mean, std=std))
+    n = dataset_len(ds)
+    if n > max_samples:  # class-balanced-ish: an even spread over the split
+        idx = torch.linspace(0, n - 1, max_samples).long().unique().tolist()
+        ds = Subset(ds, idx)
+    feats, labels = encode_split(loaded, ds, num_workers=num_workers, device=device,
+                                 progress=progress)
+    base = ds.dataset if isinstance(ds, Subset) else ds
+    title = f"{method.upper()} of {len(labels)} {split} embeddings ({loaded.name})"
+    return plot_embedding(feats, labels, out, class_names=getattr(base, "classes", None),
+                          method=method, title=title, seed=seed)
