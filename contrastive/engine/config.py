@@ -105,8 +105,9 @@ class RunConfig:
         "numerical checks such as 2 processes against 1, where float32 rounding of sums taken "
         "in another order would otherwise hide or fake a difference")
     compile: bool = help_field(False, "torch.compile the backbone (nn.Module.compile, in place)")
-    sync_bn: bool = help_field(False, "convert BatchNorm to SyncBatchNorm when several GPU "
-                               "processes train (MoCo v3, SimCLR use global BN)")
+    sync_bn: bool = help_field(False, "convert every BatchNorm of the method to SyncBatchNorm "
+                               "when several GPU processes train (global BN: MoCo v3, SimCLR, "
+                               "BYOL...); the one switch, methods have none of their own")
     ddp_find_unused_parameters: bool = help_field(
         False, "DDP find_unused_parameters (needed when some trainable parameters get no grad)")
 

@@ -31,7 +31,6 @@ from contrastive.nn import (
     build_head,
     constant_momentum,
     convert_to_split_bn,
-    convert_to_sync_bn,
     resolve_encoder,
 )
 from contrastive.nn.distributed import batch_shuffle, batch_unshuffle, world_size
@@ -59,7 +58,6 @@ class MoCo(Method):
             (the CIFAR demo's single-GPU emulation of shuffle BN; 8 there).
         shuffle_bn: shuffle the key batch across processes before the key encoder (no-op in
             one process unless ``split_bn`` > 1, where the batch is permuted locally).
-        sync_bn: convert the backbone's BN to ``SyncBatchNorm`` (GPU only; not in the paper).
         loss: registry name of the loss, called as ``loss(q, k, queue)``.
         queue_labels: also store each key's data-set index beside it (``batch["indices"]``
             becomes a need).
@@ -126,7 +124,6 @@ class MoCo(Method):
         mlp_hidden: int = 2048,
         split_bn: int = 0,
         shuffle_bn: bool = True,
-        sync_bn: bool = False,
         loss: str = "infonce",
         queue_labels: bool = False,
         encoder_kwargs: dict[str, Any] | None = None,
@@ -145,8 +142,6 @@ class MoCo(Method):
 
         self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
         self.encoder = convert_to_split_bn(self.encoder, split_bn)
-        if sync_bn:
-            self.encoder = convert_to_sync_bn(self.encoder)
         kind = "linear" if version == 1 else "mocov2"
         self.head = build_head(kind, width(self.encoder), mlp_hidden, dim)
         self.key_net = MomentumEncoder(nn.Sequential(self.encoder, self.head))

@@ -36,7 +36,6 @@ from contrastive.nn import (
     MomentumEncoder,
     build_head,
     constant_momentum,
-    convert_to_sync_bn,
     cosine_momentum,
     resolve_encoder,
 )
@@ -64,8 +63,6 @@ class MoCoV3(Method):
             auto (the encoder has a ``patch_embed``).
         freeze_patch_embed: the paper's "random patch projection" for ViTs (no gradient to the
             patch embedding, ``--stop-grad-conv1``).
-        sync_bn: convert every BN (backbone and heads) to SyncBatchNorm, as the paper's code
-            does (GPU only).
         loss: registry name, called as ``loss(q, k_all, positive_offset=N * rank)``.
         encoder_kwargs: keyword arguments for ``create_encoder``.
     """
@@ -123,7 +120,6 @@ class MoCoV3(Method):
         num_global: int = 2,
         vit: bool | None = None,
         freeze_patch_embed: bool = False,
-        sync_bn: bool = False,
         loss: str = "infonce",
         encoder_kwargs: dict[str, Any] | None = None,
     ) -> None:
@@ -154,10 +150,6 @@ class MoCoV3(Method):
         nf = width(self.encoder)
         self.projector: nn.Module = build_head("mocov3_projector" + suffix, nf, mlp_hidden, dim)
         self.predictor: nn.Module = build_head("mocov3_predictor" + suffix, dim, mlp_hidden, dim)
-        if sync_bn:
-            self.encoder = convert_to_sync_bn(self.encoder)
-            self.projector = convert_to_sync_bn(self.projector)
-            self.predictor = convert_to_sync_bn(self.predictor)
         self.key_net = MomentumEncoder(nn.Sequential(self.encoder, self.projector))
         self.criterion = get_loss(loss, temperature=self.temperature, normalize=False)
 
