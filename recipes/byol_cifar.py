@@ -27,14 +27,15 @@ class BYOLCifar(CifarConfig):
 
     dim: int = help_field(256, "projection dimension")
     mlp_hidden: int = help_field(4096, "hidden width of projector and predictor")
-    tau_base: float = help_field(0.99, "target momentum at the start (-> 1, cosine)")
+    momentum: float = help_field(0.99, "EMA momentum of the target network at the "
+                                 "start (tau_base; -> 1 on a half cosine)")
 
 
 def build_method(cfg: BYOLCifar):
     from contrastive.methods import BYOL
 
     return BYOL(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
-                momentum=cfg.tau_base, encoder_kwargs=cfg.encoder_options())
+                momentum=cfg.momentum, encoder_kwargs=cfg.encoder_options())
 
 
 def build_pipeline(cfg: BYOLCifar):

@@ -28,7 +28,7 @@ class DINOCifar(CifarConfig):
     out_dim: int = help_field(4096, "number of prototypes")
     hidden_dim: int = help_field(2048, "head hidden width")
     bottleneck_dim: int = help_field(256, "head bottleneck")
-    momentum_teacher: float = help_field(0.9995, "teacher momentum at the start (-> 1)")
+    momentum: float = help_field(0.9995, "EMA momentum of the teacher at the start (-> 1)")
     teacher_temperature: float = help_field(0.04, "teacher temperature")
     local_crops: int = help_field(0, "DINO's local crops of --local-size px (0: two views)")
     local_size: int = help_field(16, "side of the local crops")
@@ -38,7 +38,7 @@ def build_method(cfg: DINOCifar):
     from contrastive.methods import DINO
 
     return DINO(encoder=cfg.encoder, out_dim=cfg.out_dim, hidden_dim=cfg.hidden_dim,
-                bottleneck_dim=cfg.bottleneck_dim, momentum=cfg.momentum_teacher,
+                bottleneck_dim=cfg.bottleneck_dim, momentum=cfg.momentum,
                 teacher_temperature=cfg.teacher_temperature,
                 encoder_kwargs=cfg.encoder_options())
 

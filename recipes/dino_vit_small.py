@@ -41,7 +41,8 @@ class DINOViTSmall(TrainConfig):
     clip_grad_norm: float = help_field(3.0, "official --clip_grad 3.0")
 
     out_dim: int = help_field(65536, "number of prototypes")
-    momentum_teacher: float = help_field(0.996, "teacher momentum at the start (-> 1)")
+    momentum: float = help_field(0.996, "EMA momentum of the teacher at the start (-> 1; "
+                                 "the code's --momentum_teacher)")
     teacher_temperature: float = help_field(0.04, "teacher temperature after the warm-up")
     warmup_teacher_temperature: float = help_field(0.04, "teacher temperature at the start")
     warmup_teacher_epochs: int = help_field(0, "teacher-temperature warm-up epochs")
@@ -61,7 +62,7 @@ def build_method(cfg: DINOViTSmall):
 
     spe = _steps_per_epoch(cfg)
     return DINO(encoder=cfg.encoder, out_dim=cfg.out_dim, norm_last_layer=cfg.norm_last_layer,
-                momentum=cfg.momentum_teacher, teacher_temperature=cfg.teacher_temperature,
+                momentum=cfg.momentum, teacher_temperature=cfg.teacher_temperature,
                 warmup_teacher_temperature=cfg.warmup_teacher_temperature,
                 warmup_teacher_steps=cfg.warmup_teacher_epochs * spe,
                 weight_decay=cfg.weight_decay, weight_decay_end=cfg.weight_decay_end,

@@ -56,7 +56,7 @@ class MoCoCifar(TrainConfig):
     # MoCo
     dim: int = help_field(128, "output (key) dimension; the head is Linear(512, dim)")
     queue_size: int = help_field(4096, "negative keys K")
-    moco_momentum: float = help_field(0.99, "key-encoder EMA momentum m")
+    momentum: float = help_field(0.99, "key-encoder EMA momentum m")
     temperature: float = help_field(0.1, "softmax temperature tau")
     symmetric: bool = help_field(False, "symmetric loss L(q1,k2) + L(q2,k1) (85.3 %% in the "
                                  "demo)")
@@ -75,7 +75,7 @@ def build_method(cfg: MoCoCifar):
     from contrastive.methods import MoCo
 
     return MoCo(encoder=cfg.encoder, version=1, dim=cfg.dim, queue_size=cfg.queue_size,
-                momentum=cfg.moco_momentum, temperature=cfg.temperature,
+                momentum=cfg.momentum, temperature=cfg.temperature,
                 symmetric=cfg.symmetric, split_bn=cfg.split_bn, shuffle_bn=cfg.shuffle_bn,
                 queue_labels=cfg.pass_indices,  # diagnostics: data-set index of each key
                 encoder_kwargs=cfg.encoder_options())

@@ -46,7 +46,7 @@ class MoCoV2R50(TrainConfig):
     dim: int = help_field(128, "output (key) dimension")
     mlp_hidden: int = help_field(2048, "hidden width of the 2-layer MLP head")
     queue_size: int = help_field(65536, "negative keys K")
-    moco_momentum: float = help_field(0.999, "key-encoder EMA momentum m")
+    momentum: float = help_field(0.999, "key-encoder EMA momentum m")
     temperature: float = help_field(0.2, "softmax temperature tau")
     shuffle_bn: bool = help_field(True, "shuffle BN across processes")
     split_bn: int = help_field(0, "split-BN groups per process: the one-GPU stand-in for "
@@ -64,7 +64,7 @@ def build_method(cfg: MoCoV2R50):
     from contrastive.methods import MoCo
 
     return MoCo(encoder=cfg.encoder, version=2, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
-                queue_size=cfg.queue_size, momentum=cfg.moco_momentum,
+                queue_size=cfg.queue_size, momentum=cfg.momentum,
                 temperature=cfg.temperature, shuffle_bn=cfg.shuffle_bn,
                 split_bn=cfg.split_bn,
                 queue_labels=cfg.pass_indices, encoder_kwargs=cfg.encoder_options())

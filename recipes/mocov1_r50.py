@@ -40,7 +40,7 @@ class MoCoV1R50(TrainConfig):
 
     dim: int = help_field(128, "output (key) dimension; the head is Linear(2048, dim)")
     queue_size: int = help_field(65536, "negative keys K")
-    moco_momentum: float = help_field(0.999, "key-encoder EMA momentum m")
+    momentum: float = help_field(0.999, "key-encoder EMA momentum m")
     temperature: float = help_field(0.07, "softmax temperature tau")
     shuffle_bn: bool = help_field(True, "shuffle BN across processes")
     split_bn: int = help_field(0, "split-BN groups per process: the one-GPU stand-in for "
@@ -51,7 +51,7 @@ def build_method(cfg: MoCoV1R50):
     from contrastive.methods import MoCo
 
     return MoCo(encoder=cfg.encoder, version=1, dim=cfg.dim, queue_size=cfg.queue_size,
-                momentum=cfg.moco_momentum, temperature=cfg.temperature,
+                momentum=cfg.momentum, temperature=cfg.temperature,
                 shuffle_bn=cfg.shuffle_bn, split_bn=cfg.split_bn,
                 queue_labels=cfg.pass_indices, encoder_kwargs=cfg.encoder_options())
 

@@ -44,7 +44,7 @@ class MoCoV3R50(TrainConfig):
     dim: int = help_field(256, "output dimension")
     mlp_hidden: int = help_field(4096, "hidden width of projector and predictor")
     temperature: float = help_field(1.0, "softmax temperature tau")
-    moco_momentum: float = help_field(0.99, "initial key-encoder momentum m0 (0.996 for 1000 "
+    momentum: float = help_field(0.99, "initial key-encoder momentum m0 (0.996 for 1000 "
                                       "epochs)")
     momentum_cosine: bool = help_field(True, "anneal m from m0 to 1 (half cosine)")
     crop_min: float = help_field(0.2, "RandomResizedCrop minimum scale (CONFIG.md: .2)")
@@ -59,7 +59,7 @@ def build_method(cfg: MoCoV3R50):
     if cfg.encoder.startswith("torchvision:resnet") and cfg.zero_init_residual:
         kwargs["zero_init_residual"] = True
     return MoCoV3(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
-                  temperature=cfg.temperature, momentum=cfg.moco_momentum,
+                  temperature=cfg.temperature, momentum=cfg.momentum,
                   momentum_schedule="cosine" if cfg.momentum_cosine else "constant", vit=False,
                   encoder_kwargs=kwargs)
 

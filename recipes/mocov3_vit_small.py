@@ -44,7 +44,7 @@ class MoCoV3ViTSmall(TrainConfig):
     dim: int = help_field(256, "output dimension")
     mlp_hidden: int = help_field(4096, "hidden width of projector and predictor")
     temperature: float = help_field(0.2, "softmax temperature tau")
-    moco_momentum: float = help_field(0.99, "initial key-encoder momentum m0")
+    momentum: float = help_field(0.99, "initial key-encoder momentum m0")
     momentum_cosine: bool = help_field(True, "anneal m from m0 to 1 (half cosine)")
     crop_min: float = help_field(0.08, "RandomResizedCrop minimum scale")
     freeze_patch_embed: bool = help_field(True, "frozen random patch projection "
@@ -65,7 +65,7 @@ def build_method(cfg: MoCoV3ViTSmall):
 
     vit = cfg.encoder.startswith("timm:vit")
     method = MoCoV3(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
-                    temperature=cfg.temperature, momentum=cfg.moco_momentum,
+                    temperature=cfg.temperature, momentum=cfg.momentum,
                     momentum_schedule="cosine" if cfg.momentum_cosine else "constant", vit=vit,
                     freeze_patch_embed=cfg.freeze_patch_embed and vit,
                     encoder_kwargs=cfg.encoder_options())

@@ -60,11 +60,11 @@ def test_vit_recipe_fixes_every_position_embedding(rx):
 
 @pytest.mark.parametrize("name, values", [
     ("moco_r50", dict(lr=0.03, batch_size=256, epochs=200, weight_decay=1e-4, queue_size=65536,
-                      moco_momentum=0.999, temperature=0.2, dim=128, mlp_hidden=2048)),
+                      momentum=0.999, temperature=0.2, dim=128, mlp_hidden=2048)),
     ("mocov1_r50", dict(lr=0.03, batch_size=256, epochs=200, lr_milestones=(120, 160),
-                        temperature=0.07, queue_size=65536, moco_momentum=0.999)),
+                        temperature=0.07, queue_size=65536, momentum=0.999)),
     ("mocov3_r50", dict(lr=0.6, batch_size=4096, epochs=100, weight_decay=1e-6,
-                        warmup_epochs=10, temperature=1.0, moco_momentum=0.99, dim=256,
+                        warmup_epochs=10, temperature=1.0, momentum=0.99, dim=256,
                         mlp_hidden=4096, optimizer="lars", crop_min=0.2)),
     ("mocov3_vit_small", dict(lr=1.5e-4, batch_size=4096, epochs=300, weight_decay=0.1,
                               warmup_epochs=40, temperature=0.2, optimizer="adamw",
@@ -74,7 +74,7 @@ def test_vit_recipe_fixes_every_position_embedding(rx):
     ("simclr_cifar", dict(lr=1.0, batch_size=512, epochs=1000, weight_decay=1e-4,
                           temperature=0.5, color_strength=0.5, optimizer="lars")),
     ("moco_cifar", dict(lr=0.03, batch_size=512, epochs=200, weight_decay=5e-4,
-                        queue_size=4096, moco_momentum=0.99, temperature=0.1, split_bn=8)),
+                        queue_size=4096, momentum=0.99, temperature=0.1, split_bn=8)),
 ])
 def test_paper_defaults(rx, name, values):
     import dataclasses
