@@ -117,7 +117,8 @@ class Method(nn.Module):
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> Method:
-        """Build with the keyword arguments of ``presets[name]`` (a paper's settings)."""
+        """Build with the keyword arguments of ``presets[name]`` (a paper's settings, whose one
+        home the presets are: the recipes' fields default to them), ``overrides`` winning."""
         if name not in cls.presets:
             raise KeyError(
                 f"{cls.__name__}.from_preset: unknown preset {name!r}; known: {sorted(cls.presets)}"

@@ -69,47 +69,19 @@ class MoCo(Method):
     """
 
     uses_in_batch_negatives = False
+    # He et al. 2020: ResNet-50, K 65536, m 0.999, tau 0.07, 128-d linear head.
+    _V1: ClassVar[dict[str, Any]] = dict(encoder="torchvision:resnet50", version=1, dim=128,
+                                         queue_size=65536, momentum=0.999, temperature=0.07)
+    # MoCo CIFAR-10 demo: ResNet-18 (CIFAR stem), linear 512->128, K 4096, m 0.99, tau 0.1,
+    # split BN 8.
+    _CIFAR: ClassVar[dict[str, Any]] = {**_V1, "encoder": "cifar_resnet18", "queue_size": 4096,
+                                        "momentum": 0.99, "temperature": 0.1, "split_bn": 8}
     presets: ClassVar[dict[str, dict[str, Any]]] = {
-        # He et al. 2020: ResNet-50, K 65536, m 0.999, tau 0.07, 128-d linear head.
-        "v1": dict(
-            encoder="torchvision:resnet50",
-            version=1,
-            dim=128,
-            queue_size=65536,
-            momentum=0.999,
-            temperature=0.07,
-        ),
+        "v1": _V1,
         # Chen et al. 2020: 2048-2048-128 MLP head, tau 0.2.
-        "v2": dict(
-            encoder="torchvision:resnet50",
-            version=2,
-            dim=128,
-            queue_size=65536,
-            momentum=0.999,
-            temperature=0.2,
-            mlp_hidden=2048,
-        ),
-        # MoCo CIFAR-10 demo: ResNet-18 (CIFAR stem), linear 512->128, K 4096, m 0.99,
-        # tau 0.1, split BN 8.
-        "cifar": dict(
-            encoder="cifar_resnet18",
-            version=1,
-            dim=128,
-            queue_size=4096,
-            momentum=0.99,
-            temperature=0.1,
-            split_bn=8,
-        ),
-        "cifar_symmetric": dict(
-            encoder="cifar_resnet18",
-            version=1,
-            dim=128,
-            queue_size=4096,
-            momentum=0.99,
-            temperature=0.1,
-            split_bn=8,
-            symmetric=True,
-        ),
+        "v2": {**_V1, "version": 2, "temperature": 0.2, "mlp_hidden": 2048},
+        "cifar": _CIFAR,
+        "cifar_symmetric": {**_CIFAR, "symmetric": True},
     }
 
     def __init__(

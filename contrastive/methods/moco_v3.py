@@ -69,44 +69,20 @@ class MoCoV3(Method):
 
     needs = ("views",)
     uses_in_batch_negatives = True
+    # Paper + CONFIG.md: ResNet-50, tau 1.0, 2-layer projector 2048-4096-256 (the code),
+    # predictor 256-4096-256, m0 0.99 (0.996 for 1000 epochs), LARS lr 0.3 x bs/256.
+    _R50: ClassVar[dict[str, Any]] = dict(encoder="torchvision:resnet50", dim=256,
+                                          mlp_hidden=4096, temperature=1.0, momentum=0.99,
+                                          vit=False)
+    # ViT-S/B: tau 0.2, 3-layer projector, frozen random patch projection, AdamW.
+    _VIT_S: ClassVar[dict[str, Any]] = {**_R50, "encoder": "timm:vit_small_patch16_224",
+                                        "temperature": 0.2, "vit": True,
+                                        "freeze_patch_embed": True}
     presets: ClassVar[dict[str, dict[str, Any]]] = {
-        # Paper + CONFIG.md: ResNet-50, tau 1.0, 2-layer projector 2048-4096-256 (the code),
-        # predictor 256-4096-256, m0 0.99 (0.996 for 1000 epochs), LARS lr 0.3 x bs/256.
-        "resnet50": dict(
-            encoder="torchvision:resnet50",
-            dim=256,
-            mlp_hidden=4096,
-            temperature=1.0,
-            momentum=0.99,
-            vit=False,
-        ),
-        "resnet50_1000ep": dict(
-            encoder="torchvision:resnet50",
-            dim=256,
-            mlp_hidden=4096,
-            temperature=1.0,
-            momentum=0.996,
-            vit=False,
-        ),
-        # ViT-S/B: tau 0.2, 3-layer projector, frozen random patch projection, AdamW.
-        "vit_small": dict(
-            encoder="timm:vit_small_patch16_224",
-            dim=256,
-            mlp_hidden=4096,
-            temperature=0.2,
-            momentum=0.99,
-            vit=True,
-            freeze_patch_embed=True,
-        ),
-        "vit_base": dict(
-            encoder="timm:vit_base_patch16_224",
-            dim=256,
-            mlp_hidden=4096,
-            temperature=0.2,
-            momentum=0.99,
-            vit=True,
-            freeze_patch_embed=True,
-        ),
+        "resnet50": _R50,
+        "resnet50_1000ep": {**_R50, "momentum": 0.996},
+        "vit_small": _VIT_S,
+        "vit_base": {**_VIT_S, "encoder": "timm:vit_base_patch16_224"},
     }
 
     def __init__(

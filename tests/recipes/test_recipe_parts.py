@@ -160,6 +160,37 @@ def test_recipe_defaults_equal_the_method_preset(recipe, rx, monkeypatch):
     assert not differ, f"{recipe} vs {cls_name}.presets[{preset!r}] (recipe, preset): {differ}"
 
 
+# preset keys a recipe derives instead of reading (MoCo v3: ``vit`` from the encoder's name)
+DERIVED = {"mocov3_r50": {"vit"}, "mocov3_vit_small": {"vit"}, "simcse": {"mlp_only_train"}}
+
+
+def _changed(value):
+    """Another value of the same type (a string stays a string, a flag flips)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1 if isinstance(value, int) else value / 2
+    return f"{value}_x"
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPE_PRESETS))
+def test_recipe_reads_the_method_preset(recipe, rx, monkeypatch):
+    """One home for a paper's settings: each method argument the preset holds reaches the
+    recipe's build_method from the preset itself (change it there and the recipe follows), not
+    from a copy in the recipe. Would fail for a recipe default written as a literal."""
+    import contrastive.methods as methods
+
+    cls_name, preset = RECIPE_PRESETS[recipe]
+    cls = getattr(methods, cls_name)
+    keys = [k for k, v in cls.presets[preset].items() if v is not None and k not in
+            {*RECIPE_OVERRIDES.get(recipe, {}), *DERIVED.get(recipe, ())}]
+    for key in keys:
+        monkeypatch.setitem(cls.presets[preset], key, _changed(cls.presets[preset][key]))
+    got = _constructor_arguments(rx, monkeypatch, recipe, cls)
+    stale = {k: got.get(k) for k in keys if got.get(k) != cls.presets[preset][k]}
+    assert not stale, f"{recipe}: not read from {cls_name}.presets[{preset!r}]: {stale}"
+
+
 def test_every_preset_has_a_recipe_or_is_listed():
     import contrastive.methods as methods
 
