@@ -48,29 +48,25 @@ TEXT = ["--layers", "1", "--hidden", "16", "--heads", "2", "--batch-size", "8", 
 LABELLED = [*TEXT, "--task", "generated", "--n-train", "64", "--n-dev", "32",
             "--intermediate-size", "0", "--eval-at-start", "false"]
 
+# small heads: projector / predictor hidden 32, output 16 (32 for the redundancy-reduction losses)
+HEADS = [*IMAGE, "--mlp-hidden", "32", "--dim", "16"]
+WIDE = [*IMAGE, "--mlp-hidden", "32", "--dim", "32"]
+NNCLR = [*IMAGE, "--dim", "16", "--proj-hidden", "32", "--pred-hidden", "32", "--support-size",
+         "64"]
+
 #: per recipe: its tiny arguments (after ENGINE)
 ARGS: dict[str, list[str]] = {
     "moco_cifar": [*IMAGE, "--queue-size", "32", "--split-bn", "2"],
     "moco_r50": [*IMAGE, "--queue-size", "32", "--mlp-hidden", "32"],
     "mocov1_r50": [*IMAGE, "--queue-size", "32"],
-    "mocov3_r50": [*IMAGE, "--mlp-hidden", "32", "--dim", "16"],
-    "mocov3_vit_small": [*IMAGE, "--mlp-hidden", "32", "--dim", "16"],
-    "simclr_r50": [*IMAGE, "--mlp-hidden", "32", "--dim", "16"],
-    "simclr_cifar": [*IMAGE, "--mlp-hidden", "32", "--dim", "16"],
-    "byol_cifar": [*IMAGE, "--dim", "16", "--mlp-hidden", "32"],
-    "byol_r50": [*IMAGE, "--dim", "16", "--mlp-hidden", "32"],
+    **{name: HEADS for name in ("mocov3_r50", "mocov3_vit_small", "simclr_r50", "simclr_cifar",
+                                "byol_cifar", "byol_r50", "supcon_cifar", "supcon_r50")},
     "simsiam_cifar": [*IMAGE, "--dim", "16", "--proj-hidden", "32", "--pred-hidden", "8"],
     "simsiam_r50": [*IMAGE, "--dim", "16", "--pred-hidden", "8"],
-    "barlow_twins_cifar": [*IMAGE, "--dim", "32", "--mlp-hidden", "32"],
-    "barlow_twins_r50": [*IMAGE, "--dim", "32", "--mlp-hidden", "32"],
-    "vicreg_cifar": [*IMAGE, "--dim", "32", "--mlp-hidden", "32"],
-    "vicreg_r50": [*IMAGE, "--dim", "32", "--mlp-hidden", "32"],
-    "supcon_cifar": [*IMAGE, "--dim", "16", "--mlp-hidden", "32"],
-    "supcon_r50": [*IMAGE, "--dim", "16", "--mlp-hidden", "32"],
-    "nnclr_cifar": [*IMAGE, "--dim", "16", "--proj-hidden", "32", "--pred-hidden", "32",
-                    "--support-size", "64"],
-    "nnclr_r50": [*IMAGE, "--dim", "16", "--proj-hidden", "32", "--pred-hidden", "32",
-                  "--support-size", "64"],
+    **{name: WIDE for name in ("barlow_twins_cifar", "barlow_twins_r50", "vicreg_cifar",
+                               "vicreg_r50")},
+    "nnclr_cifar": NNCLR,
+    "nnclr_r50": NNCLR,
     "swav_cifar": [*IMAGE, "--dim", "16", "--mlp-hidden", "32", "--num-prototypes", "20",
                    "--queue-size", "32", "--queue-start-steps", "5",
                    "--freeze-prototypes-steps", "3", "--local-crops", "2", "--local-size", "8"],
