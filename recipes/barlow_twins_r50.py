@@ -39,8 +39,9 @@ class BarlowTwinsR50(TrainConfig):
     lr: float = help_field(0.2, "the weights' lr per 256 images (1.6 at batch 2048)")
     lr_scaling: str = help_field("linear", "lr x batch / 256, as the paper and code",
                                  choices=("linear", "sqrt", "none"))
-    bias_lr_scale: float = help_field(PRESET["bias_lr_scale"], "biases and BN parameters: this times the "
-                                      "weights' lr (official 0.0048 / 0.2)")
+    bias_lr_scale: float = help_field(
+        PRESET["bias_lr_scale"], "biases and BN parameters: this times the "
+        "weights' lr (official 0.0048 / 0.2)")
     weight_decay: float = 1.5e-6
     warmup_epochs: float = 10
     min_lr: float = help_field(0.001, "cosine floor: 1/1000 of the peak (official end_lr)")

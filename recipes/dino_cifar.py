@@ -34,7 +34,8 @@ class DINOCifar(CifarConfig):
     out_dim: int = help_field(PRESET["out_dim"], "number of prototypes")
     hidden_dim: int = help_field(PRESET["hidden_dim"], "head hidden width")
     bottleneck_dim: int = help_field(PRESET["bottleneck_dim"], "head bottleneck")
-    momentum: float = help_field(PRESET["momentum"], "EMA momentum of the teacher at the start (-> 1)")
+    momentum: float = help_field(
+        PRESET["momentum"], "EMA momentum of the teacher at the start (-> 1)")
     teacher_temperature: float = help_field(0.04, "teacher temperature")
     local_crops: int = help_field(0, "DINO's local crops of --local-size px (0: two views)")
     local_size: int = help_field(16, "side of the local crops")

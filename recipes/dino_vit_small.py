@@ -46,9 +46,11 @@ class DINOViTSmall(TrainConfig):
     clip_grad_norm: float = help_field(3.0, "official --clip_grad 3.0")
 
     out_dim: int = help_field(PRESET["out_dim"], "number of prototypes")
-    momentum: float = help_field(PRESET["momentum"], "EMA momentum of the teacher at the start (-> 1; "
-                                 "the code's --momentum_teacher)")
-    teacher_temperature: float = help_field(PRESET["teacher_temperature"], "teacher temperature after the warm-up")
+    momentum: float = help_field(
+        PRESET["momentum"], "EMA momentum of the teacher at the start (-> 1; "
+        "the code's --momentum_teacher)")
+    teacher_temperature: float = help_field(
+        PRESET["teacher_temperature"], "teacher temperature after the warm-up")
     warmup_teacher_temperature: float = help_field(0.04, "teacher temperature at the start")
     warmup_teacher_epochs: int = help_field(0, "teacher-temperature warm-up epochs")
     norm_last_layer: bool = help_field(True, "fix the prototypes' norm")

@@ -77,8 +77,8 @@ class MoCoCifar(TrainConfig):
 
 
 def build_method(cfg: MoCoCifar):
-    return MoCo(encoder=cfg.encoder, version=PRESET["version"], dim=cfg.dim, queue_size=cfg.queue_size,
-                momentum=cfg.momentum, temperature=cfg.temperature,
+    return MoCo(encoder=cfg.encoder, version=PRESET["version"], dim=cfg.dim,
+                queue_size=cfg.queue_size, momentum=cfg.momentum, temperature=cfg.temperature,
                 symmetric=cfg.symmetric, split_bn=cfg.split_bn, shuffle_bn=cfg.shuffle_bn,
                 queue_labels=cfg.pass_indices,  # diagnostics: data-set index of each key
                 encoder_kwargs=cfg.encoder_options())

@@ -66,8 +66,8 @@ class MoCoV2R50(TrainConfig):
 
 
 def build_method(cfg: MoCoV2R50):
-    return MoCo(encoder=cfg.encoder, version=PRESET["version"], dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
-                queue_size=cfg.queue_size, momentum=cfg.momentum,
+    return MoCo(encoder=cfg.encoder, version=PRESET["version"], dim=cfg.dim,
+                mlp_hidden=cfg.mlp_hidden, queue_size=cfg.queue_size, momentum=cfg.momentum,
                 temperature=cfg.temperature, shuffle_bn=cfg.shuffle_bn,
                 split_bn=cfg.split_bn,
                 queue_labels=cfg.pass_indices, encoder_kwargs=cfg.encoder_options())

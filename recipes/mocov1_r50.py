@@ -53,8 +53,8 @@ class MoCoV1R50(TrainConfig):
 
 
 def build_method(cfg: MoCoV1R50):
-    return MoCo(encoder=cfg.encoder, version=PRESET["version"], dim=cfg.dim, queue_size=cfg.queue_size,
-                momentum=cfg.momentum, temperature=cfg.temperature,
+    return MoCo(encoder=cfg.encoder, version=PRESET["version"], dim=cfg.dim,
+                queue_size=cfg.queue_size, momentum=cfg.momentum, temperature=cfg.temperature,
                 shuffle_bn=cfg.shuffle_bn, split_bn=cfg.split_bn,
                 queue_labels=cfg.pass_indices, encoder_kwargs=cfg.encoder_options())
 

@@ -49,8 +49,8 @@ class MoCoV3R50(TrainConfig):
     dim: int = help_field(PRESET["dim"], "output dimension")
     mlp_hidden: int = help_field(PRESET["mlp_hidden"], "hidden width of projector and predictor")
     temperature: float = help_field(PRESET["temperature"], "softmax temperature tau")
-    momentum: float = help_field(PRESET["momentum"], "initial key-encoder momentum m0 (0.996 for 1000 "
-                                      "epochs)")
+    momentum: float = help_field(
+        PRESET["momentum"], "initial key-encoder momentum m0 (0.996 for 1000 epochs)")
     momentum_cosine: bool = help_field(True, "anneal m from m0 to 1 (half cosine)")
     crop_min: float = help_field(0.2, "RandomResizedCrop minimum scale (CONFIG.md: .2)")
     zero_init_residual: bool = help_field(True, "torchvision ResNets: zero-init the last BN of "

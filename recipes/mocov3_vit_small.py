@@ -52,8 +52,9 @@ class MoCoV3ViTSmall(TrainConfig):
     momentum: float = help_field(PRESET["momentum"], "initial key-encoder momentum m0")
     momentum_cosine: bool = help_field(True, "anneal m from m0 to 1 (half cosine)")
     crop_min: float = help_field(0.08, "RandomResizedCrop minimum scale")
-    freeze_patch_embed: bool = help_field(PRESET["freeze_patch_embed"], "frozen random patch projection "
-                                          "(--stop-grad-conv1)")
+    freeze_patch_embed: bool = help_field(
+        PRESET["freeze_patch_embed"], "frozen random patch projection "
+        "(--stop-grad-conv1)")
     vit_num_heads: int = help_field(0, "attention heads of timm ViTs (official ViT-S: 12; 0 = "
                                     "timm's default, 6)")
     fixed_pos_embed: bool = help_field(True, "fixed 2-D sin-cos position embedding (official)")

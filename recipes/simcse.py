@@ -86,8 +86,9 @@ class SimCSEConfig(TextConfig):
     intermediate: int = help_field(0, "bert: FFN size (0 = 4 x hidden)")
     dropout: float = help_field(0.1, "bert: dropout p (BERT 0.1; the unsupervised positives' "
                                 "noise)")
-    pooling: str = help_field(PRESET["pooling"], "cls | cls_before_pooler | avg (official pooler_type)",
-                              choices=("cls", "cls_before_pooler", "avg"))
+    pooling: str = help_field(
+        PRESET["pooling"], "cls | cls_before_pooler | avg (official pooler_type)",
+        choices=("cls", "cls_before_pooler", "avg"))
     temperature: float = help_field(PRESET["temperature"], "tau (paper 0.05)")
     # optimisation: the official train.py (Hugging Face Trainer defaults)
     lr: float = help_field(0.0, "AdamW lr, absolute (0 = paper: sup 5e-5, unsup 3e-5)")
