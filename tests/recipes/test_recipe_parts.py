@@ -95,9 +95,11 @@ RECIPE_PRESETS = {
     "dino_cifar": ("DINO", "cifar"), "dino_vit_small": ("DINO", "vit_small"),
     "moco_cifar": ("MoCo", "cifar"), "moco_r50": ("MoCo", "v2"), "mocov1_r50": ("MoCo", "v1"),
     "mocov3_r50": ("MoCoV3", "resnet50"), "mocov3_vit_small": ("MoCoV3", "vit_small"),
-    "nnclr_cifar": ("NNCLR", "cifar"), "simclr_cifar": ("SimCLR", "cifar"),
+    "nnclr_cifar": ("NNCLR", "cifar"), "nnclr_r50": ("NNCLR", "resnet50"),
+    "simclr_cifar": ("SimCLR", "cifar"),
     "simclr_r50": ("SimCLR", "imagenet"), "simsiam_cifar": ("SimSiam", "cifar"),
     "simsiam_r50": ("SimSiam", "resnet50"), "supcon_cifar": ("SupCon", "cifar"),
+    "supcon_r50": ("SupCon", "resnet50"),
     "swav_cifar": ("SwAV", "cifar"), "swav_r50": ("SwAV", "resnet50"),
     "vicreg_cifar": ("VICReg", "cifar"), "vicreg_r50": ("VICReg", "resnet50"),
     "simcse": ("SimCSE", "sup"),  # the default --mode; --mode unsup builds the other preset
@@ -105,7 +107,6 @@ RECIPE_PRESETS = {
 # presets no recipe builds (a variant of a recipe's preset, or a model size without a recipe)
 PRESETS_WITHOUT_RECIPE = {("MoCo", "cifar_symmetric"), ("MoCoV3", "resnet50_1000ep"),
                           ("MoCoV3", "vit_base"), ("DeepInfoMax", "*"),
-                          ("NNCLR", "resnet50"), ("SupCon", "resnet50"),
                           ("SimCSE", "unsup")}  # recipes/simcse.py --mode unsup
 
 # where a recipe deliberately departs from its preset, and why
