@@ -16,27 +16,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contrastive.engine import CifarConfig, help_field, run
+from contrastive.methods import BarlowTwins
+
+#: the method's keyword arguments in the paper's setting: the one home of these values
+#: (BarlowTwins.from_preset("cifar") builds the same); the fields below default to them
+PRESET = BarlowTwins.presets["cifar"]
 
 
 @dataclass
 class BarlowTwinsCifar(CifarConfig):
     """Barlow Twins, CIFAR-10 (solo-learn's barlow.yaml)."""
 
+    encoder: str = PRESET["encoder"]
     optimizer: str = help_field("lars", "solo-learn: LARS", choices=("sgd", "adamw", "lars"))
     lr: float = help_field(0.3, "per 256 images (linear rule)")
     weight_decay: float = 1e-4
 
-    dim: int = help_field(2048, "projector output width")
-    mlp_hidden: int = help_field(2048, "projector hidden width")
-    lambd: float = help_field(0.0051, "off-diagonal weight lambda")
-    loss_scale: float = help_field(0.1, "solo-learn's scale_loss")
+    dim: int = help_field(PRESET["dim"], "projector output width")
+    mlp_hidden: int = help_field(PRESET["mlp_hidden"], "projector hidden width")
+    lambd: float = help_field(PRESET["lambd"], "off-diagonal weight lambda")
+    loss_scale: float = help_field(PRESET["scale"], "solo-learn's scale_loss")
     bias_lr_scale: float = help_field(1.0, "biases and BN parameters: this times the lr "
                                       "(solo-learn 1; the official ImageNet code 0.024)")
 
 
 def build_method(cfg: BarlowTwinsCifar):
-    from contrastive.methods import BarlowTwins
-
     return BarlowTwins(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
                        lambd=cfg.lambd, scale=cfg.loss_scale, bias_lr_scale=cfg.bias_lr_scale,
                        encoder_kwargs=cfg.encoder_options())

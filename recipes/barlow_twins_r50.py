@@ -20,13 +20,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contrastive.engine import TrainConfig, help_field, run
+from contrastive.methods import BarlowTwins
+
+#: the method's keyword arguments in the paper's setting: the one home of these values
+#: (BarlowTwins.from_preset("resnet50") builds the same); the fields below default to them
+PRESET = BarlowTwins.presets["resnet50"]
 
 
 @dataclass
 class BarlowTwinsR50(TrainConfig):
     """Barlow Twins, ResNet-50, ImageNet (ICML 2021; official facebookresearch/barlowtwins)."""
 
-    encoder: str = "torchvision:resnet50"
+    encoder: str = PRESET["encoder"]
     image_size: int = 224
     epochs: int = 1000
     batch_size: int = 2048
@@ -34,22 +39,21 @@ class BarlowTwinsR50(TrainConfig):
     lr: float = help_field(0.2, "the weights' lr per 256 images (1.6 at batch 2048)")
     lr_scaling: str = help_field("linear", "lr x batch / 256, as the paper and code",
                                  choices=("linear", "sqrt", "none"))
-    bias_lr_scale: float = help_field(0.024, "biases and BN parameters: this times the "
-                                      "weights' lr (official 0.0048 / 0.2)")
+    bias_lr_scale: float = help_field(
+        PRESET["bias_lr_scale"], "biases and BN parameters: this times the "
+        "weights' lr (official 0.0048 / 0.2)")
     weight_decay: float = 1.5e-6
     warmup_epochs: float = 10
     min_lr: float = help_field(0.001, "cosine floor: 1/1000 of the peak (official end_lr)")
     schedule_per: str = help_field("step", "per iteration", choices=("step", "epoch"))
     sync_bn: bool = help_field(True, "official: SyncBN across GPU processes")
 
-    dim: int = help_field(8192, "projector output width")
-    mlp_hidden: int = help_field(8192, "projector hidden width")
-    lambd: float = help_field(0.0051, "off-diagonal weight (code 0.0051, paper 5e-3)")
+    dim: int = help_field(PRESET["dim"], "projector output width")
+    mlp_hidden: int = help_field(PRESET["mlp_hidden"], "projector hidden width")
+    lambd: float = help_field(PRESET["lambd"], "off-diagonal weight (code 0.0051, paper 5e-3)")
 
 
 def build_method(cfg: BarlowTwinsR50):
-    from contrastive.methods import BarlowTwins
-
     return BarlowTwins(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
                        lambd=cfg.lambd, bias_lr_scale=cfg.bias_lr_scale,
                        encoder_kwargs=cfg.encoder_options())

@@ -15,26 +15,31 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contrastive.engine import CifarConfig, help_field, run
+from contrastive.methods import BYOL
+
+#: the method's keyword arguments in the paper's setting: the one home of these values
+#: (BYOL.from_preset("cifar") builds the same); the fields below default to them
+PRESET = BYOL.presets["cifar"]
 
 
 @dataclass
 class BYOLCifar(CifarConfig):
     """BYOL, CIFAR-10 (solo-learn's byol.yaml)."""
 
+    encoder: str = PRESET["encoder"]
     optimizer: str = help_field("lars", "solo-learn: LARS", choices=("sgd", "adamw", "lars"))
     lr: float = help_field(1.0, "per 256 images (linear rule)")
     weight_decay: float = 1e-5
 
-    dim: int = help_field(256, "projection dimension")
-    mlp_hidden: int = help_field(4096, "hidden width of projector and predictor")
-    tau_base: float = help_field(0.99, "target momentum at the start (-> 1, cosine)")
+    dim: int = help_field(PRESET["dim"], "projection dimension")
+    mlp_hidden: int = help_field(PRESET["mlp_hidden"], "hidden width of projector and predictor")
+    momentum: float = help_field(PRESET["momentum"], "EMA momentum of the target network at the "
+                                 "start (tau_base; -> 1 on a half cosine)")
 
 
 def build_method(cfg: BYOLCifar):
-    from contrastive.methods import BYOL
-
     return BYOL(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
-                momentum=cfg.tau_base, encoder_kwargs=cfg.encoder_options())
+                momentum=cfg.momentum, encoder_kwargs=cfg.encoder_options())
 
 
 def build_pipeline(cfg: BYOLCifar):

@@ -16,13 +16,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contrastive.engine import TrainConfig, help_field, run
+from contrastive.methods import BYOL
+
+#: the method's keyword arguments in the paper's setting: the one home of these values
+#: (BYOL.from_preset("resnet50") builds the same); the fields below default to them
+PRESET = BYOL.presets["resnet50"]
 
 
 @dataclass
 class BYOLR50(TrainConfig):
     """BYOL, ResNet-50, ImageNet (NeurIPS 2020, Sec. 3.3)."""
 
-    encoder: str = "torchvision:resnet50"
+    encoder: str = PRESET["encoder"]
     image_size: int = 224
     epochs: int = 1000
     batch_size: int = 4096
@@ -33,16 +38,15 @@ class BYOLR50(TrainConfig):
     schedule_per: str = help_field("step", "per iteration", choices=("step", "epoch"))
     sync_bn: bool = help_field(True, "global BN across GPU processes")
 
-    dim: int = help_field(256, "projection dimension")
-    mlp_hidden: int = help_field(4096, "hidden width of projector and predictor")
-    tau_base: float = help_field(0.996, "target momentum at the start (-> 1, cosine)")
+    dim: int = help_field(PRESET["dim"], "projection dimension")
+    mlp_hidden: int = help_field(PRESET["mlp_hidden"], "hidden width of projector and predictor")
+    momentum: float = help_field(PRESET["momentum"], "EMA momentum of the target network at the "
+                                 "start (tau_base; -> 1 on a half cosine)")
 
 
 def build_method(cfg: BYOLR50):
-    from contrastive.methods import BYOL
-
     return BYOL(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
-                momentum=cfg.tau_base, encoder_kwargs=cfg.encoder_options())
+                momentum=cfg.momentum, encoder_kwargs=cfg.encoder_options())
 
 
 def build_pipeline(cfg: BYOLR50):

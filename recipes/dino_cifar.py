@@ -15,30 +15,35 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contrastive.engine import CifarConfig, help_field, run
+from contrastive.methods import DINO
+
+#: the method's keyword arguments in the paper's setting: the one home of these values
+#: (DINO.from_preset("cifar") builds the same); the fields below default to them
+PRESET = DINO.presets["cifar"]
 
 
 @dataclass
 class DINOCifar(CifarConfig):
     """DINO, CIFAR-10 (solo-learn's dino.yaml)."""
 
+    encoder: str = PRESET["encoder"]
     optimizer: str = help_field("lars", "solo-learn: LARS", choices=("sgd", "adamw", "lars"))
     lr: float = help_field(0.3, "per 256 images (linear rule)")
     weight_decay: float = 1e-6
 
-    out_dim: int = help_field(4096, "number of prototypes")
-    hidden_dim: int = help_field(2048, "head hidden width")
-    bottleneck_dim: int = help_field(256, "head bottleneck")
-    momentum_teacher: float = help_field(0.9995, "teacher momentum at the start (-> 1)")
+    out_dim: int = help_field(PRESET["out_dim"], "number of prototypes")
+    hidden_dim: int = help_field(PRESET["hidden_dim"], "head hidden width")
+    bottleneck_dim: int = help_field(PRESET["bottleneck_dim"], "head bottleneck")
+    momentum: float = help_field(
+        PRESET["momentum"], "EMA momentum of the teacher at the start (-> 1)")
     teacher_temperature: float = help_field(0.04, "teacher temperature")
     local_crops: int = help_field(0, "DINO's local crops of --local-size px (0: two views)")
     local_size: int = help_field(16, "side of the local crops")
 
 
 def build_method(cfg: DINOCifar):
-    from contrastive.methods import DINO
-
     return DINO(encoder=cfg.encoder, out_dim=cfg.out_dim, hidden_dim=cfg.hidden_dim,
-                bottleneck_dim=cfg.bottleneck_dim, momentum=cfg.momentum_teacher,
+                bottleneck_dim=cfg.bottleneck_dim, momentum=cfg.momentum,
                 teacher_temperature=cfg.teacher_temperature,
                 encoder_kwargs=cfg.encoder_options())
 

@@ -20,13 +20,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contrastive.engine import TrainConfig, help_field, run
+from contrastive.methods import DINO
+
+#: the method's keyword arguments in the paper's setting: the one home of these values
+#: (DINO.from_preset("vit_small") builds the same); the fields below default to them
+PRESET = DINO.presets["vit_small"]
 
 
 @dataclass
 class DINOViTSmall(TrainConfig):
     """DINO, ViT-S/16, ImageNet (ICCV 2021; official facebookresearch/dino defaults)."""
 
-    encoder: str = "timm:vit_small_patch16_224"
+    encoder: str = PRESET["encoder"]
     image_size: int = 224
     epochs: int = 100
     batch_size: int = 1024
@@ -40,9 +45,12 @@ class DINOViTSmall(TrainConfig):
     schedule_per: str = help_field("step", "per iteration", choices=("step", "epoch"))
     clip_grad_norm: float = help_field(3.0, "official --clip_grad 3.0")
 
-    out_dim: int = help_field(65536, "number of prototypes")
-    momentum_teacher: float = help_field(0.996, "teacher momentum at the start (-> 1)")
-    teacher_temperature: float = help_field(0.04, "teacher temperature after the warm-up")
+    out_dim: int = help_field(PRESET["out_dim"], "number of prototypes")
+    momentum: float = help_field(
+        PRESET["momentum"], "EMA momentum of the teacher at the start (-> 1; "
+        "the code's --momentum_teacher)")
+    teacher_temperature: float = help_field(
+        PRESET["teacher_temperature"], "teacher temperature after the warm-up")
     warmup_teacher_temperature: float = help_field(0.04, "teacher temperature at the start")
     warmup_teacher_epochs: int = help_field(0, "teacher-temperature warm-up epochs")
     norm_last_layer: bool = help_field(True, "fix the prototypes' norm")
@@ -57,11 +65,9 @@ def _steps_per_epoch(cfg) -> int:
 
 
 def build_method(cfg: DINOViTSmall):
-    from contrastive.methods import DINO
-
     spe = _steps_per_epoch(cfg)
     return DINO(encoder=cfg.encoder, out_dim=cfg.out_dim, norm_last_layer=cfg.norm_last_layer,
-                momentum=cfg.momentum_teacher, teacher_temperature=cfg.teacher_temperature,
+                momentum=cfg.momentum, teacher_temperature=cfg.teacher_temperature,
                 warmup_teacher_temperature=cfg.warmup_teacher_temperature,
                 warmup_teacher_steps=cfg.warmup_teacher_epochs * spe,
                 weight_decay=cfg.weight_decay, weight_decay_end=cfg.weight_decay_end,

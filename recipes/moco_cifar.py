@@ -25,6 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contrastive.engine import TrainConfig, help_field, run
+from contrastive.methods import MoCo
+
+#: the method's keyword arguments in the paper's setting: the one home of these values
+#: (MoCo.from_preset("cifar") builds the same); the fields below default to them
+PRESET = MoCo.presets["cifar"]
 
 # CIFAR-10 per-channel statistics used by the demo's transforms.Normalize
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
@@ -36,7 +41,7 @@ class MoCoCifar(TrainConfig):
     """MoCo CIFAR-10 demo (see the module docstring for the sources)."""
 
     data: str = "cifar10"
-    encoder: str = "cifar_resnet18"
+    encoder: str = PRESET["encoder"]
     image_size: int = 32
     epochs: int = 200
     batch_size: int = 512
@@ -54,13 +59,13 @@ class MoCoCifar(TrainConfig):
     save_every_steps: int = 0
 
     # MoCo
-    dim: int = help_field(128, "output (key) dimension; the head is Linear(512, dim)")
-    queue_size: int = help_field(4096, "negative keys K")
-    moco_momentum: float = help_field(0.99, "key-encoder EMA momentum m")
-    temperature: float = help_field(0.1, "softmax temperature tau")
+    dim: int = help_field(PRESET["dim"], "output (key) dimension; the head is Linear(512, dim)")
+    queue_size: int = help_field(PRESET["queue_size"], "negative keys K")
+    momentum: float = help_field(PRESET["momentum"], "key-encoder EMA momentum m")
+    temperature: float = help_field(PRESET["temperature"], "softmax temperature tau")
     symmetric: bool = help_field(False, "symmetric loss L(q1,k2) + L(q2,k1) (85.3 %% in the "
                                  "demo)")
-    split_bn: int = help_field(8, "split-BN groups per process (0 = plain BN)")
+    split_bn: int = help_field(PRESET["split_bn"], "split-BN groups per process (0 = plain BN)")
     shuffle_bn: bool = help_field(True, "shuffle BN (across processes; locally with split BN)")
 
     # augmentation (the demo's: mocov2 at 32 px without blur)
@@ -72,10 +77,8 @@ class MoCoCifar(TrainConfig):
 
 
 def build_method(cfg: MoCoCifar):
-    from contrastive.methods import MoCo
-
-    return MoCo(encoder=cfg.encoder, version=1, dim=cfg.dim, queue_size=cfg.queue_size,
-                momentum=cfg.moco_momentum, temperature=cfg.temperature,
+    return MoCo(encoder=cfg.encoder, version=PRESET["version"], dim=cfg.dim,
+                queue_size=cfg.queue_size, momentum=cfg.momentum, temperature=cfg.temperature,
                 symmetric=cfg.symmetric, split_bn=cfg.split_bn, shuffle_bn=cfg.shuffle_bn,
                 queue_labels=cfg.pass_indices,  # diagnostics: data-set index of each key
                 encoder_kwargs=cfg.encoder_options())

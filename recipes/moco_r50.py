@@ -23,13 +23,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contrastive.engine import TrainConfig, help_field, run
+from contrastive.methods import MoCo
+
+#: the method's keyword arguments in the paper's setting: the one home of these values
+#: (MoCo.from_preset("v2") builds the same); the fields below default to them
+PRESET = MoCo.presets["v2"]
 
 
 @dataclass
 class MoCoV2R50(TrainConfig):
     """MoCo v2, ResNet-50, ImageNet (arXiv:2003.04297; official facebookresearch/moco)."""
 
-    encoder: str = "torchvision:resnet50"
+    encoder: str = PRESET["encoder"]
     image_size: int = 224
     epochs: int = 200
     batch_size: int = 256
@@ -43,11 +48,11 @@ class MoCoV2R50(TrainConfig):
     schedule_per: str = help_field("epoch", "official: lr set once per epoch",
                                    choices=("step", "epoch"))
 
-    dim: int = help_field(128, "output (key) dimension")
-    mlp_hidden: int = help_field(2048, "hidden width of the 2-layer MLP head")
-    queue_size: int = help_field(65536, "negative keys K")
-    moco_momentum: float = help_field(0.999, "key-encoder EMA momentum m")
-    temperature: float = help_field(0.2, "softmax temperature tau")
+    dim: int = help_field(PRESET["dim"], "output (key) dimension")
+    mlp_hidden: int = help_field(PRESET["mlp_hidden"], "hidden width of the 2-layer MLP head")
+    queue_size: int = help_field(PRESET["queue_size"], "negative keys K")
+    momentum: float = help_field(PRESET["momentum"], "key-encoder EMA momentum m")
+    temperature: float = help_field(PRESET["temperature"], "softmax temperature tau")
     shuffle_bn: bool = help_field(True, "shuffle BN across processes")
     split_bn: int = help_field(0, "split-BN groups per process: the one-GPU stand-in for "
                                "shuffle BN of the MoCo CIFAR demo (0 = plain BN)")
@@ -61,10 +66,8 @@ class MoCoV2R50(TrainConfig):
 
 
 def build_method(cfg: MoCoV2R50):
-    from contrastive.methods import MoCo
-
-    return MoCo(encoder=cfg.encoder, version=2, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
-                queue_size=cfg.queue_size, momentum=cfg.moco_momentum,
+    return MoCo(encoder=cfg.encoder, version=PRESET["version"], dim=cfg.dim,
+                mlp_hidden=cfg.mlp_hidden, queue_size=cfg.queue_size, momentum=cfg.momentum,
                 temperature=cfg.temperature, shuffle_bn=cfg.shuffle_bn,
                 split_bn=cfg.split_bn,
                 queue_labels=cfg.pass_indices, encoder_kwargs=cfg.encoder_options())

@@ -21,13 +21,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contrastive.engine import TrainConfig, help_field, run
+from contrastive.methods import MoCoV3
+
+#: the method's keyword arguments in the paper's setting: the one home of these values
+#: (MoCoV3.from_preset("resnet50") builds the same); the fields below default to them
+PRESET = MoCoV3.presets["resnet50"]
 
 
 @dataclass
 class MoCoV3R50(TrainConfig):
     """MoCo v3, ResNet-50, ImageNet (ICCV 2021; official facebookresearch/moco-v3 CONFIG.md)."""
 
-    encoder: str = "torchvision:resnet50"
+    encoder: str = PRESET["encoder"]
     image_size: int = 224
     epochs: int = 100
     batch_size: int = 4096
@@ -41,11 +46,11 @@ class MoCoV3R50(TrainConfig):
     schedule_per: str = help_field("step", "official: per iteration", choices=("step", "epoch"))
     sync_bn: bool = help_field(True, "official: SyncBN across GPU processes")
 
-    dim: int = help_field(256, "output dimension")
-    mlp_hidden: int = help_field(4096, "hidden width of projector and predictor")
-    temperature: float = help_field(1.0, "softmax temperature tau")
-    moco_momentum: float = help_field(0.99, "initial key-encoder momentum m0 (0.996 for 1000 "
-                                      "epochs)")
+    dim: int = help_field(PRESET["dim"], "output dimension")
+    mlp_hidden: int = help_field(PRESET["mlp_hidden"], "hidden width of projector and predictor")
+    temperature: float = help_field(PRESET["temperature"], "softmax temperature tau")
+    momentum: float = help_field(
+        PRESET["momentum"], "initial key-encoder momentum m0 (0.996 for 1000 epochs)")
     momentum_cosine: bool = help_field(True, "anneal m from m0 to 1 (half cosine)")
     crop_min: float = help_field(0.2, "RandomResizedCrop minimum scale (CONFIG.md: .2)")
     zero_init_residual: bool = help_field(True, "torchvision ResNets: zero-init the last BN of "
@@ -53,13 +58,11 @@ class MoCoV3R50(TrainConfig):
 
 
 def build_method(cfg: MoCoV3R50):
-    from contrastive.methods import MoCoV3
-
     kwargs = cfg.encoder_options()
     if cfg.encoder.startswith("torchvision:resnet") and cfg.zero_init_residual:
         kwargs["zero_init_residual"] = True
     return MoCoV3(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
-                  temperature=cfg.temperature, momentum=cfg.moco_momentum,
+                  temperature=cfg.temperature, momentum=cfg.momentum,
                   momentum_schedule="cosine" if cfg.momentum_cosine else "constant", vit=False,
                   encoder_kwargs=kwargs)
 

@@ -21,13 +21,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contrastive.engine import TrainConfig, help_field, run
+from contrastive.methods import MoCoV3
+
+#: the method's keyword arguments in the paper's setting: the one home of these values
+#: (MoCoV3.from_preset("vit_small") builds the same); the fields below default to them
+PRESET = MoCoV3.presets["vit_small"]
 
 
 @dataclass
 class MoCoV3ViTSmall(TrainConfig):
     """MoCo v3, ViT-Small/16, ImageNet (ICCV 2021; official facebookresearch/moco-v3)."""
 
-    encoder: str = "timm:vit_small_patch16_224"
+    encoder: str = PRESET["encoder"]
     image_size: int = 224
     epochs: int = 300
     batch_size: int = 4096
@@ -41,14 +46,15 @@ class MoCoV3ViTSmall(TrainConfig):
     schedule_per: str = help_field("step", "official: per iteration", choices=("step", "epoch"))
     sync_bn: bool = help_field(True, "official: SyncBN (in the heads) across GPU processes")
 
-    dim: int = help_field(256, "output dimension")
-    mlp_hidden: int = help_field(4096, "hidden width of projector and predictor")
-    temperature: float = help_field(0.2, "softmax temperature tau")
-    moco_momentum: float = help_field(0.99, "initial key-encoder momentum m0")
+    dim: int = help_field(PRESET["dim"], "output dimension")
+    mlp_hidden: int = help_field(PRESET["mlp_hidden"], "hidden width of projector and predictor")
+    temperature: float = help_field(PRESET["temperature"], "softmax temperature tau")
+    momentum: float = help_field(PRESET["momentum"], "initial key-encoder momentum m0")
     momentum_cosine: bool = help_field(True, "anneal m from m0 to 1 (half cosine)")
     crop_min: float = help_field(0.08, "RandomResizedCrop minimum scale")
-    freeze_patch_embed: bool = help_field(True, "frozen random patch projection "
-                                          "(--stop-grad-conv1)")
+    freeze_patch_embed: bool = help_field(
+        PRESET["freeze_patch_embed"], "frozen random patch projection "
+        "(--stop-grad-conv1)")
     vit_num_heads: int = help_field(0, "attention heads of timm ViTs (official ViT-S: 12; 0 = "
                                     "timm's default, 6)")
     fixed_pos_embed: bool = help_field(True, "fixed 2-D sin-cos position embedding (official)")
@@ -61,11 +67,9 @@ class MoCoV3ViTSmall(TrainConfig):
 
 
 def build_method(cfg: MoCoV3ViTSmall):
-    from contrastive.methods import MoCoV3
-
     vit = cfg.encoder.startswith("timm:vit")
     method = MoCoV3(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
-                    temperature=cfg.temperature, momentum=cfg.moco_momentum,
+                    temperature=cfg.temperature, momentum=cfg.momentum,
                     momentum_schedule="cosine" if cfg.momentum_cosine else "constant", vit=vit,
                     freeze_patch_embed=cfg.freeze_patch_embed and vit,
                     encoder_kwargs=cfg.encoder_options())

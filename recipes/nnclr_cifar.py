@@ -14,26 +14,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contrastive.engine import CifarConfig, help_field, run
+from contrastive.methods import NNCLR
+
+#: the method's keyword arguments in the paper's setting: the one home of these values
+#: (NNCLR.from_preset("cifar") builds the same); the fields below default to them
+PRESET = NNCLR.presets["cifar"]
 
 
 @dataclass
 class NNCLRCifar(CifarConfig):
     """NNCLR, CIFAR-10 (solo-learn's nnclr.yaml)."""
 
+    encoder: str = PRESET["encoder"]
     optimizer: str = help_field("lars", "solo-learn: LARS", choices=("sgd", "adamw", "lars"))
     lr: float = help_field(0.4, "per 256 images (linear rule)")
     weight_decay: float = 1e-5
 
-    dim: int = help_field(256, "embedding dimension")
-    proj_hidden: int = help_field(2048, "projector hidden width")
-    pred_hidden: int = help_field(4096, "predictor hidden width")
-    support_size: int = help_field(65536, "support set size")
-    temperature: float = help_field(0.2, "temperature tau")
+    dim: int = help_field(PRESET["dim"], "embedding dimension")
+    proj_hidden: int = help_field(PRESET["proj_hidden"], "projector hidden width")
+    pred_hidden: int = help_field(PRESET["pred_hidden"], "predictor hidden width")
+    support_size: int = help_field(PRESET["support_size"], "support set size")
+    temperature: float = help_field(PRESET["temperature"], "temperature tau")
 
 
 def build_method(cfg: NNCLRCifar):
-    from contrastive.methods import NNCLR
-
     return NNCLR(encoder=cfg.encoder, dim=cfg.dim, proj_hidden=cfg.proj_hidden,
                  pred_hidden=cfg.pred_hidden, support_size=cfg.support_size,
                  temperature=cfg.temperature, encoder_kwargs=cfg.encoder_options())

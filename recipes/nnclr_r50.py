@@ -21,13 +21,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contrastive.engine import TrainConfig, help_field, run
+from contrastive.methods import NNCLR
+
+#: the method's keyword arguments in the paper's setting: the one home of these values
+#: (NNCLR.from_preset("resnet50") builds the same); the fields below default to them
+PRESET = NNCLR.presets["resnet50"]
 
 
 @dataclass
 class NNCLRR50(TrainConfig):
     """NNCLR, ResNet-50, ImageNet (ICCV 2021, Sec. 4.1)."""
 
-    encoder: str = "torchvision:resnet50"
+    encoder: str = PRESET["encoder"]
     image_size: int = 224
     epochs: int = 1000
     batch_size: int = 4096
@@ -38,16 +43,14 @@ class NNCLRR50(TrainConfig):
     schedule_per: str = help_field("step", "per iteration", choices=("step", "epoch"))
     sync_bn: bool = help_field(True, "global BN across GPU processes")
 
-    dim: int = help_field(256, "embedding dimension d")
-    proj_hidden: int = help_field(2048, "projector hidden width")
-    pred_hidden: int = help_field(4096, "predictor hidden width")
-    support_size: int = help_field(98304, "support set size")
-    temperature: float = help_field(0.1, "temperature tau")
+    dim: int = help_field(PRESET["dim"], "embedding dimension d")
+    proj_hidden: int = help_field(PRESET["proj_hidden"], "projector hidden width")
+    pred_hidden: int = help_field(PRESET["pred_hidden"], "predictor hidden width")
+    support_size: int = help_field(PRESET["support_size"], "support set size")
+    temperature: float = help_field(PRESET["temperature"], "temperature tau")
 
 
 def build_method(cfg: NNCLRR50):
-    from contrastive.methods import NNCLR
-
     return NNCLR(encoder=cfg.encoder, dim=cfg.dim, proj_hidden=cfg.proj_hidden,
                  pred_hidden=cfg.pred_hidden, support_size=cfg.support_size,
                  temperature=cfg.temperature, encoder_kwargs=cfg.encoder_options())

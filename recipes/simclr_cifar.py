@@ -21,6 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contrastive.engine import TrainConfig, help_field, run
+from contrastive.methods import SimCLR
+
+#: the method's keyword arguments in the paper's setting: the one home of these values
+#: (SimCLR.from_preset("cifar") builds the same); the fields below default to them
+PRESET = SimCLR.presets["cifar"]
 
 
 @dataclass
@@ -43,10 +48,10 @@ class SimCLRCifar(TrainConfig):
     knn_every: int = 10
     save_every_steps: int = 0
 
-    dim: int = help_field(128, "projection output dimension")
+    dim: int = help_field(PRESET["dim"], "projection output dimension")
     mlp_hidden: int = help_field(512, "projection head hidden width (= backbone width)")
     proj_layers: int = help_field(2, "projection head layers")
-    temperature: float = help_field(0.5, "NT-Xent temperature tau")
+    temperature: float = help_field(PRESET["temperature"], "NT-Xent temperature tau")
     color_strength: float = help_field(0.5, "colour distortion strength s")
     crop_min: float = help_field(0.08, "RandomResizedCrop minimum scale of the two views "
                                  "(1.0: whole image; not used with --local-crops)")
@@ -58,8 +63,6 @@ class SimCLRCifar(TrainConfig):
 
 
 def build_method(cfg: SimCLRCifar):
-    from contrastive.methods import SimCLR
-
     return SimCLR(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
                   num_layers=cfg.proj_layers, temperature=cfg.temperature,
                   encoder_kwargs=cfg.encoder_options())

@@ -19,13 +19,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contrastive.engine import TrainConfig, help_field, run
+from contrastive.methods import SimCLR
+
+#: the method's keyword arguments in the paper's setting: the one home of these values
+#: (SimCLR.from_preset("imagenet") builds the same); the fields below default to them
+PRESET = SimCLR.presets["imagenet"]
 
 
 @dataclass
 class SimCLRR50(TrainConfig):
     """SimCLR, ResNet-50, ImageNet (ICML 2020; google-research/simclr)."""
 
-    encoder: str = "torchvision:resnet50"
+    encoder: str = PRESET["encoder"]
     image_size: int = 224
     epochs: int = 100
     batch_size: int = 4096
@@ -38,16 +43,14 @@ class SimCLRR50(TrainConfig):
                                                                       "constant"))
     sync_bn: bool = help_field(True, "paper: global BN across devices")
 
-    dim: int = help_field(128, "projection output dimension")
+    dim: int = help_field(PRESET["dim"], "projection output dimension")
     mlp_hidden: int = help_field(2048, "projection head hidden width")
     proj_layers: int = help_field(2, "projection head layers (SimCLR v1: 2; v2: 3)")
-    temperature: float = help_field(0.1, "NT-Xent temperature tau")
+    temperature: float = help_field(PRESET["temperature"], "NT-Xent temperature tau")
     color_strength: float = help_field(1.0, "colour distortion strength s")
 
 
 def build_method(cfg: SimCLRR50):
-    from contrastive.methods import SimCLR
-
     return SimCLR(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
                   num_layers=cfg.proj_layers, temperature=cfg.temperature,
                   encoder_kwargs=cfg.encoder_options())

@@ -48,6 +48,11 @@ from pathlib import Path
 from typing import Any
 
 from contrastive.engine import TextAdapter, TextConfig, help_field, run
+from contrastive.methods import SimCSE
+
+#: the method's keyword arguments in the paper's setting (the default --mode sup): the one home
+#: of these values (SimCSE.from_preset("sup") builds the same); the fields below default to them
+PRESET = SimCSE.presets["sup"]
 
 #: the paper's per-mode values (README "Hyperparameters", BERT-base)
 PAPER = {"sup": dict(lr=5e-5, batch_size=512, epochs=3),
@@ -81,9 +86,10 @@ class SimCSEConfig(TextConfig):
     intermediate: int = help_field(0, "bert: FFN size (0 = 4 x hidden)")
     dropout: float = help_field(0.1, "bert: dropout p (BERT 0.1; the unsupervised positives' "
                                 "noise)")
-    pooling: str = help_field("cls", "cls | cls_before_pooler | avg (official pooler_type)",
-                              choices=("cls", "cls_before_pooler", "avg"))
-    temperature: float = help_field(0.05, "tau (paper 0.05)")
+    pooling: str = help_field(
+        PRESET["pooling"], "cls | cls_before_pooler | avg (official pooler_type)",
+        choices=("cls", "cls_before_pooler", "avg"))
+    temperature: float = help_field(PRESET["temperature"], "tau (paper 0.05)")
     # optimisation: the official train.py (Hugging Face Trainer defaults)
     lr: float = help_field(0.0, "AdamW lr, absolute (0 = paper: sup 5e-5, unsup 3e-5)")
     batch_size: int = help_field(0, "GLOBAL examples per step (0 = paper: sup 512, unsup 64)")
@@ -153,8 +159,6 @@ def make() -> tuple[type[SimCSEConfig], Any, TextAdapter]:
     adapter = TextAdapter(training_data)
 
     def build_method(cfg: SimCSEConfig) -> Any:
-        from contrastive.methods import SimCSE
-
         return SimCSE(**method_kwargs(cfg, adapter.tokenizer.vocab_size))  # the run's tokenizer
 
     return SimCSEConfig, build_method, adapter

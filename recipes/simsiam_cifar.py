@@ -16,29 +16,33 @@ from dataclasses import dataclass
 
 from contrastive.engine import CifarConfig, help_field, run
 from contrastive.engine.schedules import scaled_lr
+from contrastive.methods import SimSiam
+
+#: the method's keyword arguments in the paper's setting: the one home of these values
+#: (SimSiam.from_preset("cifar") builds the same); the fields below default to them
+PRESET = SimSiam.presets["cifar"]
 
 
 @dataclass
 class SimSiamCifar(CifarConfig):
     """SimSiam, CIFAR-10 (solo-learn's simsiam.yaml)."""
 
+    encoder: str = PRESET["encoder"]
     optimizer: str = help_field("sgd", "solo-learn: SGD", choices=("sgd", "adamw", "lars"))
     lr: float = help_field(0.5, "per 256 images (linear rule)")
     weight_decay: float = 1e-5
     sgd_momentum: float = 0.9
 
-    dim: int = help_field(2048, "projection dimension")
-    proj_hidden: int = help_field(2048, "projector hidden width")
-    pred_hidden: int = help_field(512, "predictor bottleneck")
-    proj_layers: int = help_field(2, "projector Linear layers")
+    dim: int = help_field(PRESET["dim"], "projection dimension")
+    proj_hidden: int = help_field(PRESET["proj_hidden"], "projector hidden width")
+    pred_hidden: int = help_field(PRESET["pred_hidden"], "predictor bottleneck")
+    proj_layers: int = help_field(PRESET["proj_layers"], "projector Linear layers")
     fix_predictor_lr: bool = help_field(True, "the predictor keeps the peak lr (paper fix_lr)")
     stop_gradient: bool = help_field(True, "false only for the collapse control")
     crop_min: float = help_field(0.2, "RandomResizedCrop minimum scale (solo-learn: 0.2)")
 
 
 def build_method(cfg: SimSiamCifar):
-    from contrastive.methods import SimSiam
-
     peak = scaled_lr(cfg.lr, cfg.batch_size, cfg.lr_scaling)
     return SimSiam(encoder=cfg.encoder, dim=cfg.dim, proj_hidden=cfg.proj_hidden,
                    pred_hidden=cfg.pred_hidden, proj_layers=cfg.proj_layers,

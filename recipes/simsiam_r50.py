@@ -17,13 +17,18 @@ from dataclasses import dataclass
 
 from contrastive.engine import TrainConfig, help_field, run
 from contrastive.engine.schedules import scaled_lr
+from contrastive.methods import SimSiam
+
+#: the method's keyword arguments in the paper's setting: the one home of these values
+#: (SimSiam.from_preset("resnet50") builds the same); the fields below default to them
+PRESET = SimSiam.presets["resnet50"]
 
 
 @dataclass
 class SimSiamR50(TrainConfig):
     """SimSiam, ResNet-50, ImageNet (CVPR 2021; official facebookresearch/simsiam)."""
 
-    encoder: str = "torchvision:resnet50"
+    encoder: str = PRESET["encoder"]
     image_size: int = 224
     epochs: int = 100
     batch_size: int = 512
@@ -37,14 +42,12 @@ class SimSiamR50(TrainConfig):
                                                                                  "epoch"))
     sync_bn: bool = help_field(True, "official: SyncBN across GPU processes")
 
-    dim: int = help_field(2048, "projection dimension")
-    pred_hidden: int = help_field(512, "predictor bottleneck")
+    dim: int = help_field(PRESET["dim"], "projection dimension")
+    pred_hidden: int = help_field(PRESET["pred_hidden"], "predictor bottleneck")
     fix_predictor_lr: bool = help_field(True, "official --fix-pred-lr")
 
 
 def build_method(cfg: SimSiamR50):
-    from contrastive.methods import SimSiam
-
     peak = scaled_lr(cfg.lr, cfg.batch_size, cfg.lr_scaling)
     return SimSiam(encoder=cfg.encoder, dim=cfg.dim, pred_hidden=cfg.pred_hidden,
                    predictor_lr=peak if cfg.fix_predictor_lr else None,

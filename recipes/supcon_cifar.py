@@ -19,28 +19,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contrastive.engine import CifarConfig, help_field, run
+from contrastive.methods import SupCon
+
+#: the method's keyword arguments in the paper's setting: the one home of these values
+#: (SupCon.from_preset("cifar") builds the same); the fields below default to them
+PRESET = SupCon.presets["cifar"]
 
 
 @dataclass
 class SupConCifar(CifarConfig):
     """SupCon, CIFAR-10 (solo-learn's supcon.yaml)."""
 
+    encoder: str = PRESET["encoder"]
     optimizer: str = help_field("sgd", "solo-learn: SGD", choices=("sgd", "adamw", "lars"))
     lr: float = help_field(0.4, "per 256 images (linear rule)")
     weight_decay: float = 1e-5
     sgd_momentum: float = 0.9
 
-    dim: int = help_field(256, "head output dimension")
-    mlp_hidden: int = help_field(2048, "head hidden width")
+    dim: int = help_field(PRESET["dim"], "head output dimension")
+    mlp_hidden: int = help_field(PRESET["mlp_hidden"], "head hidden width")
     head_bn: bool = help_field(False, "SimCLR's head: BN after the hidden layer and on the "
                                "output (for small encoders that start collapsed, see "
                                "SupCon's docstring)")
-    temperature: float = help_field(0.2, "temperature tau")
+    temperature: float = help_field(PRESET["temperature"], "temperature tau")
 
 
 def build_method(cfg: SupConCifar):
-    from contrastive.methods import SupCon
-
     return SupCon(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
                   head_bn=cfg.head_bn,
                   temperature=cfg.temperature, encoder_kwargs=cfg.encoder_options())

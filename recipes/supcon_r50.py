@@ -31,13 +31,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contrastive.engine import TrainConfig, help_field, run
+from contrastive.methods import SupCon
+
+#: the method's keyword arguments in the paper's setting: the one home of these values
+#: (SupCon.from_preset("resnet50") builds the same); the fields below default to them
+PRESET = SupCon.presets["resnet50"]
 
 
 @dataclass
 class SupConR50(TrainConfig):
     """SupCon, ResNet-50, ImageNet (NeurIPS 2020; official google-research supcon script)."""
 
-    encoder: str = "torchvision:resnet50"
+    encoder: str = PRESET["encoder"]
     image_size: int = 224
     epochs: int = help_field(350, "the official ResNet-50 script's stage-1 epochs")
     batch_size: int = 6144
@@ -48,16 +53,14 @@ class SupConR50(TrainConfig):
     schedule_per: str = help_field("step", "per iteration", choices=("step", "epoch"))
     sync_bn: bool = help_field(True, "official: global BN across cores")
 
-    dim: int = help_field(128, "embedding dimension")
+    dim: int = help_field(PRESET["dim"], "embedding dimension")
     mlp_hidden: int = help_field(2048, "head hidden width (paper Sec. 3)")
-    temperature: float = help_field(0.1, "temperature tau")
+    temperature: float = help_field(PRESET["temperature"], "temperature tau")
     base_temperature: float = help_field(1.0, "loss x tau / base: 1 = the code's "
                                          "scale_by_temperature")
 
 
 def build_method(cfg: SupConR50):
-    from contrastive.methods import SupCon
-
     return SupCon(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
                   temperature=cfg.temperature, base_temperature=cfg.base_temperature,
                   encoder_kwargs=cfg.encoder_options())

@@ -18,21 +18,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contrastive.engine import CifarConfig, help_field, run
+from contrastive.methods import SwAV
+
+#: the method's keyword arguments in the paper's setting: the one home of these values
+#: (SwAV.from_preset("cifar") builds the same); the fields below default to them
+PRESET = SwAV.presets["cifar"]
 
 
 @dataclass
 class SwAVCifar(CifarConfig):
     """SwAV, CIFAR-10 (solo-learn's swav.yaml)."""
 
+    encoder: str = PRESET["encoder"]
     optimizer: str = help_field("lars", "solo-learn: LARS", choices=("sgd", "adamw", "lars"))
     lr: float = help_field(0.6, "per 256 images (linear rule)")
     weight_decay: float = 1e-6
 
-    dim: int = help_field(128, "embedding dimension")
-    mlp_hidden: int = help_field(2048, "projector hidden width")
-    num_prototypes: int = help_field(3000, "number of prototypes")
-    temperature: float = help_field(0.1, "softmax temperature")
-    queue_size: int = help_field(3840, "queue of past embeddings (0: none)")
+    dim: int = help_field(PRESET["dim"], "embedding dimension")
+    mlp_hidden: int = help_field(PRESET["mlp_hidden"], "projector hidden width")
+    num_prototypes: int = help_field(PRESET["num_prototypes"], "number of prototypes")
+    temperature: float = help_field(PRESET["temperature"], "softmax temperature")
+    queue_size: int = help_field(PRESET["queue_size"], "queue of past embeddings (0: none)")
     queue_start_steps: int = help_field(9750, "the queue starts at this step (solo-learn: "
                                         "epoch 50 = 9750 steps at batch 256)")
     freeze_prototypes_steps: int = help_field(390, "prototypes frozen for these steps")
@@ -41,8 +47,6 @@ class SwAVCifar(CifarConfig):
 
 
 def build_method(cfg: SwAVCifar):
-    from contrastive.methods import SwAV
-
     return SwAV(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
                 num_prototypes=cfg.num_prototypes, temperature=cfg.temperature,
                 queue_size=cfg.queue_size, queue_start_steps=cfg.queue_start_steps,

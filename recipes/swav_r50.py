@@ -18,13 +18,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contrastive.engine import TrainConfig, help_field, run
+from contrastive.methods import SwAV
+
+#: the method's keyword arguments in the paper's setting: the one home of these values
+#: (SwAV.from_preset("resnet50") builds the same); the fields below default to them
+PRESET = SwAV.presets["resnet50"]
 
 
 @dataclass
 class SwAVR50(TrainConfig):
     """SwAV, ResNet-50, ImageNet (NeurIPS 2020; official facebookresearch/swav, 800 epochs)."""
 
-    encoder: str = "torchvision:resnet50"
+    encoder: str = PRESET["encoder"]
     image_size: int = 224
     epochs: int = 800
     batch_size: int = 4096
@@ -38,10 +43,10 @@ class SwAVR50(TrainConfig):
     schedule_per: str = help_field("step", "per iteration", choices=("step", "epoch"))
     sync_bn: bool = help_field(True, "official: SyncBN across GPU processes")
 
-    dim: int = help_field(128, "embedding dimension (--feat_dim)")
-    mlp_hidden: int = help_field(2048, "projector hidden width")
-    num_prototypes: int = help_field(3000, "number of prototypes")
-    temperature: float = help_field(0.1, "softmax temperature")
+    dim: int = help_field(PRESET["dim"], "embedding dimension (--feat_dim)")
+    mlp_hidden: int = help_field(PRESET["mlp_hidden"], "projector hidden width")
+    num_prototypes: int = help_field(PRESET["num_prototypes"], "number of prototypes")
+    temperature: float = help_field(PRESET["temperature"], "softmax temperature")
     epsilon: float = help_field(0.05, "Sinkhorn-Knopp entropy regularisation")
     queue_size: int = help_field(0, "queue of past embeddings (0 at batch 4096; 3840 at 256)")
     queue_start_steps: int = help_field(75075, "the queue starts at this step (the code's "
@@ -51,8 +56,6 @@ class SwAVR50(TrainConfig):
 
 
 def build_method(cfg: SwAVR50):
-    from contrastive.methods import SwAV
-
     return SwAV(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
                 num_prototypes=cfg.num_prototypes, temperature=cfg.temperature,
                 epsilon=cfg.epsilon, queue_size=cfg.queue_size,

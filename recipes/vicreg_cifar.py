@@ -15,18 +15,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contrastive.engine import CifarConfig, help_field, run
+from contrastive.methods import VICReg
+
+#: the method's keyword arguments in the paper's setting: the one home of these values
+#: (VICReg.from_preset("cifar") builds the same); the fields below default to them
+PRESET = VICReg.presets["cifar"]
 
 
 @dataclass
 class VICRegCifar(CifarConfig):
     """VICReg, CIFAR-10 (solo-learn's vicreg.yaml)."""
 
+    encoder: str = PRESET["encoder"]
     optimizer: str = help_field("lars", "solo-learn: LARS", choices=("sgd", "adamw", "lars"))
     lr: float = help_field(0.3, "per 256 images (linear rule)")
     weight_decay: float = 1e-4
 
-    dim: int = help_field(2048, "expander output width")
-    mlp_hidden: int = help_field(2048, "expander hidden width")
+    dim: int = help_field(PRESET["dim"], "expander output width")
+    mlp_hidden: int = help_field(PRESET["mlp_hidden"], "expander hidden width")
     sim_coeff: float = help_field(25.0, "invariance weight lambda")
     std_coeff: float = help_field(25.0, "variance weight mu")
     cov_coeff: float = help_field(1.0, "covariance weight nu")
@@ -34,8 +40,6 @@ class VICRegCifar(CifarConfig):
 
 
 def build_method(cfg: VICRegCifar):
-    from contrastive.methods import VICReg
-
     return VICReg(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
                   sim_coeff=cfg.sim_coeff, std_coeff=cfg.std_coeff, cov_coeff=cfg.cov_coeff,
                   encoder_kwargs=cfg.encoder_options())

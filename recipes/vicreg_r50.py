@@ -16,13 +16,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contrastive.engine import TrainConfig, help_field, run
+from contrastive.methods import VICReg
+
+#: the method's keyword arguments in the paper's setting: the one home of these values
+#: (VICReg.from_preset("resnet50") builds the same); the fields below default to them
+PRESET = VICReg.presets["resnet50"]
 
 
 @dataclass
 class VICRegR50(TrainConfig):
     """VICReg, ResNet-50, ImageNet (ICLR 2022; official facebookresearch/vicreg)."""
 
-    encoder: str = "torchvision:resnet50"
+    encoder: str = PRESET["encoder"]
     image_size: int = 224
     epochs: int = 1000
     batch_size: int = 2048
@@ -33,13 +38,11 @@ class VICRegR50(TrainConfig):
     schedule_per: str = help_field("step", "per iteration", choices=("step", "epoch"))
     sync_bn: bool = help_field(True, "global BN across GPU processes")
 
-    dim: int = help_field(8192, "expander output width")
-    mlp_hidden: int = help_field(8192, "expander hidden width")
+    dim: int = help_field(PRESET["dim"], "expander output width")
+    mlp_hidden: int = help_field(PRESET["mlp_hidden"], "expander hidden width")
 
 
 def build_method(cfg: VICRegR50):
-    from contrastive.methods import VICReg
-
     return VICReg(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
                   encoder_kwargs=cfg.encoder_options())
 

@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         "--data", args.data, "--encoder", args.encoder, "--image-size", str(args.image_size),
         "--epochs", str(epochs), "--batch-size", str(args.batch_size), "--lr", str(args.lr),
         "--lr-scaling", "none", "--schedule-per", "step", "--crop-min", str(args.crop_min),
-        "--knn-feature", "backbone", "--queue-size", "2048", "--temperature", "0.2", "--moco-momentum", "0.99",
+        "--knn-feature", "backbone", "--queue-size", "2048", "--temperature", "0.2", "--momentum", "0.99",
         "--split-bn", str(args.split_bn), "--mixed-precision", args.mixed_precision, "--num-workers", str(args.workers),
         "--output-dir", str(out), "--knn-every", str(max(1, epochs // 4)), "--knn-max-train", "5000",
         "--knn-max-test", "1000", "--save-every-epochs", "0", "--save-every-steps", "0", "--log-every", "5",

@@ -159,6 +159,7 @@ def _asymmetric(
     ]
 
 
+@register_pipeline("mocov3", "moco_v3")  # the same views
 @register_pipeline("byol")
 def byol(
     image_size: int = 224,
@@ -182,35 +183,8 @@ def byol(
     """BYOL (Grill et al. 2020, table 6): two asymmetric views. Both: RandomResizedCrop
     (0.08-1), flip, ColorJitter(0.4, 0.4, 0.2, 0.1) p 0.8, grayscale p 0.2; blur p 1.0 / 0.1,
     solarize p 0.0 / 0.2 for view 1 / view 2. ``blur_p`` None: (1.0, 0.1), or (0, 0) for small
-    images."""
-    views = _asymmetric(image_size, scale, brightness, contrast, saturation, hue, jitter_p,
-                        grayscale_p, blur_p, solarize_p, blur_sigma, blur_kernel_size, flip_p,
-                        jitter_order)
-    return Pipeline(views, mean, std)
-
-
-@register_pipeline("mocov3", "moco_v3")
-def mocov3(
-    image_size: int = 224,
-    *,
-    scale: Pair = (0.08, 1.0),
-    brightness: float = 0.4,
-    contrast: float = 0.4,
-    saturation: float = 0.2,
-    hue: float = 0.1,
-    jitter_p: float = 0.8,
-    grayscale_p: float = 0.2,
-    blur_p: tuple[float, float] | None = None,
-    solarize_p: tuple[float, float] = (0.0, 0.2),
-    blur_sigma: Pair = (0.1, 2.0),
-    blur_kernel_size: int | None = None,
-    flip_p: float = 0.5,
-    jitter_order: str = "random",
-    mean: Sequence[float] = IMAGENET_MEAN,
-    std: Sequence[float] = IMAGENET_STD,
-) -> Pipeline:
-    """MoCo v3 (Chen, Xie, He 2021): the BYOL views; crop minimum scale 0.08 (``--crop-min``),
-    blur p 1.0 / 0.1, solarize p 0.0 / 0.2. ``blur_p`` None: (1.0, 0.1), (0, 0) for small images."""
+    images. Registered as ``mocov3`` too: MoCo v3 (Chen, Xie, He 2021) takes BYOL's views, with
+    the crop minimum scale 0.08 (its recipes' ``--crop-min``)."""
     views = _asymmetric(image_size, scale, brightness, contrast, saturation, hue, jitter_p,
                         grayscale_p, blur_p, solarize_p, blur_sigma, blur_kernel_size, flip_p,
                         jitter_order)

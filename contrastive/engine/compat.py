@@ -39,9 +39,17 @@ OPERATIONAL_FIELDS = frozenset({
 
 #: Config fields renamed since checkpoints were first written: old name -> new name. A checkpoint's
 #: ``config`` is read through this table before it is compared with the run's, so a rename never
-#: refuses a resume. Fields added since (absent from an older checkpoint) count as their default;
-#: fields removed since (absent from this version) are ignored. Append, never edit, an entry.
-RENAMED_FIELDS: dict[str, str] = {}
+#: refuses a resume; the old flags and ``--config`` keys still work, with a one-time
+#: ``FutureWarning`` (:func:`contrastive.engine.config.parse_config`). Fields added since (absent
+#: from an older checkpoint) count as their default; fields removed since (absent from this
+#: version) are ignored. Append, never edit, an entry.
+RENAMED_FIELDS: dict[str, str] = {
+    # issue 29: one name for the EMA momentum of a key encoder / target / teacher, the name the
+    # methods' constructors, their schedule and metrics.jsonl already used
+    "moco_momentum": "momentum",  # moco_cifar, moco_r50, mocov1_r50, mocov3_r50, mocov3_vit_small
+    "tau_base": "momentum",  # byol_cifar, byol_r50
+    "momentum_teacher": "momentum",  # dino_cifar, dino_vit_small
+}
 
 
 class IncompatibleCheckpointError(ValueError):

@@ -20,10 +20,12 @@ import os
 import sys
 import types
 import typing
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
+from contrastive.engine.compat import RENAMED_FIELDS
 from contrastive.hardware import PRECISIONS
 
 __all__ = ["RunConfig", "TrainConfig", "ImageTextConfig", "TextRunConfig", "TextConfig",
@@ -108,8 +110,9 @@ class RunConfig:
         "numerical checks such as 2 processes against 1, where float32 rounding of sums taken "
         "in another order would otherwise hide or fake a difference")
     compile: bool = help_field(False, "torch.compile the backbone (nn.Module.compile, in place)")
-    sync_bn: bool = help_field(False, "convert BatchNorm to SyncBatchNorm when several GPU "
-                               "processes train (MoCo v3, SimCLR use global BN)")
+    sync_bn: bool = help_field(False, "convert every BatchNorm of the method to SyncBatchNorm "
+                               "when several GPU processes train (global BN: MoCo v3, SimCLR, "
+                               "BYOL...); the one switch, methods have none of their own")
     ddp_find_unused_parameters: bool = help_field(
         False, "DDP find_unused_parameters (needed when some trainable parameters get no grad)")
 
@@ -561,6 +564,18 @@ def _flag(name: str) -> str:
     return name.replace("_", "-")
 
 
+def _renamed_fields(names: set[str]) -> dict[str, str]:
+    """The old names (:data:`~contrastive.engine.compat.RENAMED_FIELDS`) of fields in ``names``:
+    old -> new, for the old names that are not fields themselves."""
+    return {old: new for old, new in RENAMED_FIELDS.items() if new in names and old not in names}
+
+
+def _warn_renamed(old: str, new: str) -> None:
+    """A deprecation warning, shown once per old name and process (the ``warnings`` default)."""
+    warnings.warn(f"{old} is renamed {new}; the old name still works for now", FutureWarning,
+                  stacklevel=3)
+
+
 def _parse_bool(text: str) -> bool:
     low = text.strip().lower()
     if low in ("1", "true", "yes", "on", "y"):
@@ -580,19 +595,25 @@ def _unwrap_optional(tp: Any) -> Any:
 
 
 def _add_field(parser: argparse.ArgumentParser, f: dataclasses.Field, tp: Any,
-               default: Any) -> None:
-    flags = [f"--{_flag(f.name)}"]
-    if "_" in f.name:
-        flags.append(f"--{f.name}")
+               default: Any, old_name: str = "") -> None:
+    """``--foo-bar`` / ``--foo_bar`` for field ``foo_bar``; with ``old_name``, that name's flags
+    instead (hidden from ``--help``), filling the same field."""
+    name = old_name or f.name
+    flags = [f"--{_flag(name)}"]
+    if "_" in name:
+        flags.append(f"--{name}")
     help_text = f.metadata.get("help", "")
+    if old_name:
+        help_text = argparse.SUPPRESS
     kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS}
     tp = _unwrap_optional(tp)
     origin = typing.get_origin(tp)
     shown = default if not isinstance(default, tuple) else " ".join(map(str, default))
     if tp is bool:
         parser.add_argument(*flags, nargs="?", const=True, type=_parse_bool, metavar="BOOL",
-                            help=f"{help_text} (default: {str(default).lower()})", **kwargs)
-        parser.add_argument(f"--no-{_flag(f.name)}", dest=f.name, action="store_false",
+                            help=help_text if old_name else
+                            f"{help_text} (default: {str(default).lower()})", **kwargs)
+        parser.add_argument(f"--no-{_flag(name)}", dest=f.name, action="store_false",
                             default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         return
     if origin is tuple:
@@ -609,6 +630,9 @@ def _add_field(parser: argparse.ArgumentParser, f: dataclasses.Field, tp: Any,
         raise TypeError(f"config field {f.name}: unsupported type {tp!r}")
     if "choices" in f.metadata:
         kwargs["choices"] = f.metadata["choices"]
+    if old_name:
+        parser.add_argument(*flags, help=help_text, **kwargs)
+        return
     parser.add_argument(*flags, help=f"{help_text} (default: {shown!r})"
                         if isinstance(shown, str) else f"{help_text} (default: {shown})",
                         **kwargs)
@@ -655,7 +679,15 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, *, prog: str |
     defaults = cls()
     for f in fields:
         _add_field(parser, f, hints[f.name], getattr(defaults, f.name))
-    ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    by_name = {f.name: f for f in fields}
+    renamed = _renamed_fields(set(by_name))
+    for old, new in renamed.items():  # old flags still work (resume a run's command line)
+        _add_field(parser, by_name[new], hints[new], getattr(defaults, new), old_name=old)
+    args = list(sys.argv[1:] if argv is None else argv)
+    ns = parser.parse_args(args)
+    old_flags = {f"--{v}": k for k in renamed for v in (k, _flag(k))}
+    for used in [old_flags[a.split("=", 1)[0]] for a in args if a.split("=", 1)[0] in old_flags]:
+        _warn_renamed(f"--{_flag(used)}", f"--{_flag(renamed[used])}")
     values = vars(ns)
     config_file = values.pop("__config", None)
     base: dict[str, Any] = {}
@@ -680,9 +712,17 @@ def config_to_dict(cfg: RunConfig) -> dict[str, Any]:
 
 
 def config_from_dict(cls: type[C], values: dict[str, Any], *, ignore_unknown: bool = False) -> C:
-    """Inverse of :func:`config_to_dict`; unknown keys raise ``KeyError`` unless ignored."""
+    """Inverse of :func:`config_to_dict`; unknown keys raise ``KeyError`` unless ignored. A
+    field's old name (:data:`~contrastive.engine.compat.RENAMED_FIELDS`, such as an older run's
+    ``config.json`` holds) is read as the new one, with a one-time ``FutureWarning``."""
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
+    values = dict(values)
+    for old, new in _renamed_fields(names).items():
+        if old in values:
+            _warn_renamed(repr(old), repr(new))
+            value = values.pop(old)
+            values.setdefault(new, value)
     unknown = sorted(set(values) - names)
     if unknown and not ignore_unknown:
         close = difflib.get_close_matches(unknown[0], sorted(names), n=1)

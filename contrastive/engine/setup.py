@@ -209,7 +209,9 @@ def build_model(cfg: RunConfig, build_method: Callable[[Any], nn.Module],
                        "batch", cfg.grad_accum_steps, cfg.batch_size // cfg.grad_accum_steps)
     if cfg.sync_bn and world > 1:
         if device.type == "cuda":
-            method = nn.SyncBatchNorm.convert_sync_batchnorm(method)
+            from contrastive.nn.norm import convert_to_sync_bn
+
+            method = convert_to_sync_bn(method)
         else:
             logger.warning("--sync-bn ignored: SyncBatchNorm needs GPU processes")
     if cfg.float64:

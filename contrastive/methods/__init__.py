@@ -41,8 +41,10 @@ The contract (every method; the training engine relies on nothing else)
 - ``uses_in_batch_negatives`` (class attribute, default False): the engine warns that gradient
   accumulation shrinks the negatives of such a method (each micro-batch contrasts only itself).
 
-Beside the contract, for users: ``presets`` / ``from_preset(name, **kw)`` hold a paper's settings
-(``get_method(name, preset=...)`` reads them; the engine does not).
+Beside the contract: ``presets`` hold a paper's settings of the method's arguments, their one
+home: ``from_preset(name, **kw)`` and ``get_method(name, preset=...)`` build from them, and the
+recipes' fields default to them (``recipes/moco_cifar.py``: ``PRESET = MoCo.presets["cifar"]``);
+the engine does not read them.
 
 By hand, ``method.make_batch(views, step=s, total_steps=T, labels=...)`` builds what the loop
 passes. Adding a method is one file: subclass :class:`Method`, decorate it with

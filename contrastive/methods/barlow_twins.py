@@ -34,7 +34,7 @@ from contrastive.losses import get_loss
 from contrastive.methods._common import unit, width
 from contrastive.methods.base import Method, ParamGroup, views_of
 from contrastive.methods.registry import register_method
-from contrastive.nn import build_mlp, convert_to_sync_bn, resolve_encoder
+from contrastive.nn import build_mlp, resolve_encoder
 from contrastive.nn.distributed import gather_with_grad, world_size
 
 __all__ = ["BarlowTwins"]
@@ -52,7 +52,6 @@ class BarlowTwins(Method):
         scale: a factor on the loss (1; solo-learn's CIFAR setup uses 0.1).
         bias_lr_scale: the lr of biases and norm parameters (every 1-d parameter) as a multiple
             of the scheduled lr (1; the official ImageNet setup 0.024 = 0.0048 / 0.2).
-        sync_bn: SyncBatchNorm everywhere (GPU only).
         encoder_kwargs: keyword arguments for ``create_encoder``.
     """
 
@@ -67,7 +66,7 @@ class BarlowTwins(Method):
 
     def __init__(self, encoder: str | nn.Module = "cifar_resnet18", dim: int = 8192,
                  mlp_hidden: int = 8192, proj_layers: int = 3, lambd: float = 0.0051,
-                 scale: float = 1.0, sync_bn: bool = False, bias_lr_scale: float = 1.0,
+                 scale: float = 1.0, bias_lr_scale: float = 1.0,
                  encoder_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__()
         if not bias_lr_scale >= 0:
@@ -75,9 +74,6 @@ class BarlowTwins(Method):
         self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
         self.projector: nn.Module = build_mlp(width(self.encoder), mlp_hidden, dim, proj_layers,
                                    bias=False)
-        if sync_bn:
-            self.encoder, self.projector = (convert_to_sync_bn(m)
-                                            for m in (self.encoder, self.projector))
         self.scale, self.bias_lr_scale = scale, bias_lr_scale
         self.criterion = get_loss("barlow_twins", lambd=lambd)
 

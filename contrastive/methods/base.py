@@ -73,6 +73,16 @@ class Method(nn.Module):
     uses_in_batch_negatives: bool = False  # a class or an instance attribute (Distiller)
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Method:
+        """Refuse the ``sync_bn`` keyword the methods once took: global BN is the engine's one
+        switch (``--sync-bn``, which converts the whole model when several GPU processes train),
+        so a method never converts its own layers."""
+        if "sync_bn" in kwargs:
+            raise TypeError(f"{cls.__name__}: sync_bn is not a method argument any more; "
+                            "SyncBatchNorm is the engine's --sync-bn (RunConfig.sync_bn), or "
+                            "contrastive.nn.convert_to_sync_bn(method) by hand")
+        return super().__new__(cls)
+
     def schedules(self) -> dict[str, Schedule]:
         """Name -> ``f(step, total_steps)``; each value arrives as ``batch[name]``."""
         return {}
@@ -100,7 +110,8 @@ class Method(nn.Module):
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> Method:
-        """Build with the keyword arguments of ``presets[name]`` (a paper's settings)."""
+        """Build with the keyword arguments of ``presets[name]`` (a paper's settings, whose one
+        home the presets are: the recipes' fields default to them), ``overrides`` winning."""
         if name not in cls.presets:
             raise KeyError(
                 f"{cls.__name__}.from_preset: unknown preset {name!r}; known: {sorted(cls.presets)}"

@@ -33,7 +33,6 @@ from contrastive.methods.registry import register_method
 from contrastive.nn import (
     MomentumEncoder,
     build_mlp,
-    convert_to_sync_bn,
     cosine_momentum,
     resolve_encoder,
 )
@@ -50,7 +49,6 @@ class BYOL(Method):
         dim: projection dimension (256).
         mlp_hidden: hidden width of projector and predictor (4096).
         momentum: tau_base of the ``"momentum"`` schedule (0.996; 0.99 in solo-learn's CIFAR).
-        sync_bn: SyncBatchNorm everywhere (the paper's global BN; GPU only).
         encoder_kwargs: keyword arguments for ``create_encoder``.
 
     ``forward(batch)``: ``batch["views"]`` two views, ``batch["momentum"]`` the schedule value.
@@ -64,7 +62,7 @@ class BYOL(Method):
     }
 
     def __init__(self, encoder: str | nn.Module = "cifar_resnet18", dim: int = 256,
-                 mlp_hidden: int = 4096, momentum: float = 0.996, sync_bn: bool = False,
+                 mlp_hidden: int = 4096, momentum: float = 0.996,
                  encoder_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__()
         if not 0.0 <= momentum <= 1.0:
@@ -73,9 +71,6 @@ class BYOL(Method):
         self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
         self.projector: nn.Module = build_mlp(width(self.encoder), mlp_hidden, dim, 2)
         self.predictor: nn.Module = build_mlp(dim, mlp_hidden, dim, 2)
-        if sync_bn:
-            self.encoder, self.projector, self.predictor = (
-                convert_to_sync_bn(m) for m in (self.encoder, self.projector, self.predictor))
         self.target = MomentumEncoder(nn.Sequential(self.encoder, self.projector))
         self.criterion = get_loss("byol")
 

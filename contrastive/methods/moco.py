@@ -31,7 +31,6 @@ from contrastive.nn import (
     build_head,
     constant_momentum,
     convert_to_split_bn,
-    convert_to_sync_bn,
     resolve_encoder,
 )
 from contrastive.nn.distributed import batch_shuffle, batch_unshuffle, world_size
@@ -59,7 +58,6 @@ class MoCo(Method):
             (the CIFAR demo's single-GPU emulation of shuffle BN; 8 there).
         shuffle_bn: shuffle the key batch across processes before the key encoder (no-op in
             one process unless ``split_bn`` > 1, where the batch is permuted locally).
-        sync_bn: convert the backbone's BN to ``SyncBatchNorm`` (GPU only; not in the paper).
         loss: registry name of the loss, called as ``loss(q, k, queue)``.
         queue_labels: also store each key's data-set index beside it (``batch["indices"]``
             becomes a need).
@@ -71,47 +69,19 @@ class MoCo(Method):
     """
 
     uses_in_batch_negatives = False
+    # He et al. 2020: ResNet-50, K 65536, m 0.999, tau 0.07, 128-d linear head.
+    _V1: ClassVar[dict[str, Any]] = dict(encoder="torchvision:resnet50", version=1, dim=128,
+                                         queue_size=65536, momentum=0.999, temperature=0.07)
+    # MoCo CIFAR-10 demo: ResNet-18 (CIFAR stem), linear 512->128, K 4096, m 0.99, tau 0.1,
+    # split BN 8.
+    _CIFAR: ClassVar[dict[str, Any]] = {**_V1, "encoder": "cifar_resnet18", "queue_size": 4096,
+                                        "momentum": 0.99, "temperature": 0.1, "split_bn": 8}
     presets: ClassVar[dict[str, dict[str, Any]]] = {
-        # He et al. 2020: ResNet-50, K 65536, m 0.999, tau 0.07, 128-d linear head.
-        "v1": dict(
-            encoder="torchvision:resnet50",
-            version=1,
-            dim=128,
-            queue_size=65536,
-            momentum=0.999,
-            temperature=0.07,
-        ),
+        "v1": _V1,
         # Chen et al. 2020: 2048-2048-128 MLP head, tau 0.2.
-        "v2": dict(
-            encoder="torchvision:resnet50",
-            version=2,
-            dim=128,
-            queue_size=65536,
-            momentum=0.999,
-            temperature=0.2,
-            mlp_hidden=2048,
-        ),
-        # MoCo CIFAR-10 demo: ResNet-18 (CIFAR stem), linear 512->128, K 4096, m 0.99,
-        # tau 0.1, split BN 8.
-        "cifar": dict(
-            encoder="cifar_resnet18",
-            version=1,
-            dim=128,
-            queue_size=4096,
-            momentum=0.99,
-            temperature=0.1,
-            split_bn=8,
-        ),
-        "cifar_symmetric": dict(
-            encoder="cifar_resnet18",
-            version=1,
-            dim=128,
-            queue_size=4096,
-            momentum=0.99,
-            temperature=0.1,
-            split_bn=8,
-            symmetric=True,
-        ),
+        "v2": {**_V1, "version": 2, "temperature": 0.2, "mlp_hidden": 2048},
+        "cifar": _CIFAR,
+        "cifar_symmetric": {**_CIFAR, "symmetric": True},
     }
 
     def __init__(
@@ -126,7 +96,6 @@ class MoCo(Method):
         mlp_hidden: int = 2048,
         split_bn: int = 0,
         shuffle_bn: bool = True,
-        sync_bn: bool = False,
         loss: str = "infonce",
         queue_labels: bool = False,
         encoder_kwargs: dict[str, Any] | None = None,
@@ -145,8 +114,6 @@ class MoCo(Method):
 
         self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
         self.encoder = convert_to_split_bn(self.encoder, split_bn)
-        if sync_bn:
-            self.encoder = convert_to_sync_bn(self.encoder)
         kind = "linear" if version == 1 else "mocov2"
         self.head = build_head(kind, width(self.encoder), mlp_hidden, dim)
         self.key_net = MomentumEncoder(nn.Sequential(self.encoder, self.head))

@@ -36,7 +36,6 @@ from contrastive.nn import (
     MomentumEncoder,
     build_head,
     constant_momentum,
-    convert_to_sync_bn,
     cosine_momentum,
     resolve_encoder,
 )
@@ -64,52 +63,26 @@ class MoCoV3(Method):
             auto (the encoder has a ``patch_embed``).
         freeze_patch_embed: the paper's "random patch projection" for ViTs (no gradient to the
             patch embedding, ``--stop-grad-conv1``).
-        sync_bn: convert every BN (backbone and heads) to SyncBatchNorm, as the paper's code
-            does (GPU only).
         loss: registry name, called as ``loss(q, k_all, positive_offset=N * rank)``.
         encoder_kwargs: keyword arguments for ``create_encoder``.
     """
 
     needs = ("views",)
     uses_in_batch_negatives = True
+    # Paper + CONFIG.md: ResNet-50, tau 1.0, 2-layer projector 2048-4096-256 (the code),
+    # predictor 256-4096-256, m0 0.99 (0.996 for 1000 epochs), LARS lr 0.3 x bs/256.
+    _R50: ClassVar[dict[str, Any]] = dict(encoder="torchvision:resnet50", dim=256,
+                                          mlp_hidden=4096, temperature=1.0, momentum=0.99,
+                                          vit=False)
+    # ViT-S/B: tau 0.2, 3-layer projector, frozen random patch projection, AdamW.
+    _VIT_S: ClassVar[dict[str, Any]] = {**_R50, "encoder": "timm:vit_small_patch16_224",
+                                        "temperature": 0.2, "vit": True,
+                                        "freeze_patch_embed": True}
     presets: ClassVar[dict[str, dict[str, Any]]] = {
-        # Paper + CONFIG.md: ResNet-50, tau 1.0, 2-layer projector 2048-4096-256 (the code),
-        # predictor 256-4096-256, m0 0.99 (0.996 for 1000 epochs), LARS lr 0.3 x bs/256.
-        "resnet50": dict(
-            encoder="torchvision:resnet50",
-            dim=256,
-            mlp_hidden=4096,
-            temperature=1.0,
-            momentum=0.99,
-            vit=False,
-        ),
-        "resnet50_1000ep": dict(
-            encoder="torchvision:resnet50",
-            dim=256,
-            mlp_hidden=4096,
-            temperature=1.0,
-            momentum=0.996,
-            vit=False,
-        ),
-        # ViT-S/B: tau 0.2, 3-layer projector, frozen random patch projection, AdamW.
-        "vit_small": dict(
-            encoder="timm:vit_small_patch16_224",
-            dim=256,
-            mlp_hidden=4096,
-            temperature=0.2,
-            momentum=0.99,
-            vit=True,
-            freeze_patch_embed=True,
-        ),
-        "vit_base": dict(
-            encoder="timm:vit_base_patch16_224",
-            dim=256,
-            mlp_hidden=4096,
-            temperature=0.2,
-            momentum=0.99,
-            vit=True,
-            freeze_patch_embed=True,
-        ),
+        "resnet50": _R50,
+        "resnet50_1000ep": {**_R50, "momentum": 0.996},
+        "vit_small": _VIT_S,
+        "vit_base": {**_VIT_S, "encoder": "timm:vit_base_patch16_224"},
     }
 
     def __init__(
@@ -123,7 +96,6 @@ class MoCoV3(Method):
         num_global: int = 2,
         vit: bool | None = None,
         freeze_patch_embed: bool = False,
-        sync_bn: bool = False,
         loss: str = "infonce",
         encoder_kwargs: dict[str, Any] | None = None,
     ) -> None:
@@ -154,10 +126,6 @@ class MoCoV3(Method):
         nf = width(self.encoder)
         self.projector: nn.Module = build_head("mocov3_projector" + suffix, nf, mlp_hidden, dim)
         self.predictor: nn.Module = build_head("mocov3_predictor" + suffix, dim, mlp_hidden, dim)
-        if sync_bn:
-            self.encoder = convert_to_sync_bn(self.encoder)
-            self.projector = convert_to_sync_bn(self.projector)
-            self.predictor = convert_to_sync_bn(self.predictor)
         self.key_net = MomentumEncoder(nn.Sequential(self.encoder, self.projector))
         self.criterion = get_loss(loss, temperature=self.temperature, normalize=False)
 

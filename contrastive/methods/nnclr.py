@@ -31,7 +31,7 @@ from contrastive.losses import get_loss
 from contrastive.methods._common import in_batch_metrics, unit, width
 from contrastive.methods.base import Method, views_of
 from contrastive.methods.registry import register_method
-from contrastive.nn import KeyQueue, build_mlp, convert_to_sync_bn, resolve_encoder
+from contrastive.nn import KeyQueue, build_mlp, resolve_encoder
 from contrastive.nn.distributed import gather_with_grad, rank, world_size
 
 __all__ = ["NNCLR"]
@@ -46,7 +46,6 @@ class NNCLR(Method):
         dim: embedding dimension (256); proj_hidden (2048), pred_hidden (4096).
         support_size: size of the support set (98,304).
         temperature: tau (0.1).
-        sync_bn: SyncBatchNorm everywhere (GPU only).
         encoder_kwargs: keyword arguments for ``create_encoder``.
     """
 
@@ -63,15 +62,12 @@ class NNCLR(Method):
 
     def __init__(self, encoder: str | nn.Module = "cifar_resnet18", dim: int = 256,
                  proj_hidden: int = 2048, pred_hidden: int = 4096, support_size: int = 98304,
-                 temperature: float = 0.1, sync_bn: bool = False,
+                 temperature: float = 0.1,
                  encoder_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
         self.projector: nn.Module = build_mlp(width(self.encoder), proj_hidden, dim, 3, last_bn=True)
         self.predictor: nn.Module = build_mlp(dim, pred_hidden, dim, 2)
-        if sync_bn:
-            self.encoder, self.projector, self.predictor = (
-                convert_to_sync_bn(m) for m in (self.encoder, self.projector, self.predictor))
         self.support = KeyQueue(dim, support_size)
         self.temperature = temperature
         self.criterion = get_loss("infonce", temperature=temperature, normalize=False)

@@ -35,7 +35,7 @@ from contrastive.losses import get_loss
 from contrastive.methods._common import in_batch_metrics, unit, width
 from contrastive.methods.base import Method, views_of
 from contrastive.methods.registry import register_method
-from contrastive.nn import build_mlp, convert_to_sync_bn, resolve_encoder
+from contrastive.nn import build_mlp, resolve_encoder
 from contrastive.nn.distributed import gather_with_grad, rank, world_size
 
 __all__ = ["SimCLR", "multiview_loss"]
@@ -53,7 +53,6 @@ class SimCLR(Method):
         num_layers: Linear layers of the head (2 in SimCLR v1, 3 in v2).
         last_bn: BN on the head output as in the official code (without affine here).
         temperature: tau (0.1 for ImageNet in the paper; 0.5 for CIFAR-10).
-        sync_bn: convert every BN to SyncBatchNorm (the paper uses global BN; GPU only).
         loss: registry name, called as ``loss(z1, z2, z1_all=..., z2_all=..., positive_offset=...)``.
         encoder_kwargs: keyword arguments for ``create_encoder``.
 
@@ -78,7 +77,6 @@ class SimCLR(Method):
         num_layers: int = 2,
         last_bn: bool = True,
         temperature: float = 0.1,
-        sync_bn: bool = False,
         loss: str = "ntxent",
         encoder_kwargs: dict[str, Any] | None = None,
     ) -> None:
@@ -88,9 +86,6 @@ class SimCLR(Method):
         self.head: nn.Module = build_mlp(
             nf, mlp_hidden or nf, dim, num_layers, hidden_bn=True, last_bn=last_bn
         )
-        if sync_bn:
-            self.encoder = convert_to_sync_bn(self.encoder)
-            self.head = convert_to_sync_bn(self.head)
         self.temperature = temperature
         self.criterion = get_loss(loss, temperature=temperature, normalize=False)
 

@@ -28,7 +28,7 @@ from contrastive.losses import get_loss
 from contrastive.methods._common import unit, width
 from contrastive.methods.base import Method, ParamGroup, views_of
 from contrastive.methods.registry import register_method
-from contrastive.nn import build_mlp, convert_to_sync_bn, resolve_encoder
+from contrastive.nn import build_mlp, resolve_encoder
 
 __all__ = ["SimSiam"]
 
@@ -46,7 +46,6 @@ class SimSiam(Method):
         predictor_lr: the predictor's fixed learning rate (its parameter group); None = the
             run's schedule (not fixed). Recipes pass the run's peak lr, as the code does.
         stop_gradient: False only for the collapse control.
-        sync_bn: SyncBatchNorm everywhere (GPU only).
         encoder_kwargs: keyword arguments for ``create_encoder``.
     """
 
@@ -62,15 +61,12 @@ class SimSiam(Method):
     def __init__(self, encoder: str | nn.Module = "cifar_resnet18", dim: int = 2048,
                  proj_hidden: int | None = None, pred_hidden: int = 512, proj_layers: int = 3,
                  predictor_lr: float | None = None, stop_gradient: bool = True,
-                 sync_bn: bool = False, encoder_kwargs: dict[str, Any] | None = None) -> None:
+                 encoder_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
         nf = width(self.encoder)
         self.projector: nn.Module = build_mlp(nf, proj_hidden or nf, dim, proj_layers, last_bn=True)
         self.predictor: nn.Module = build_mlp(dim, pred_hidden, dim, 2)
-        if sync_bn:
-            self.encoder, self.projector, self.predictor = (
-                convert_to_sync_bn(m) for m in (self.encoder, self.projector, self.predictor))
         self.predictor_lr, self.stop_gradient = predictor_lr, stop_gradient
         self.criterion = get_loss("simsiam")
 

@@ -36,7 +36,7 @@ from contrastive.losses import get_loss
 from contrastive.methods._common import unit, width
 from contrastive.methods.base import Method, read, views_of
 from contrastive.methods.registry import register_method
-from contrastive.nn import build_mlp, convert_to_sync_bn, resolve_encoder
+from contrastive.nn import build_mlp, resolve_encoder
 from contrastive.nn.distributed import gather, gather_with_grad, world_size
 
 __all__ = ["SupCon"]
@@ -54,7 +54,6 @@ class SupCon(Method):
             authors' codes' head) by default; see the module docstring for when it is needed.
         temperature: tau (0.1).
         base_temperature: the official code's loss factor tau / base_temperature; None = 1.
-        sync_bn: SyncBatchNorm everywhere (GPU only).
         encoder_kwargs: keyword arguments for ``create_encoder``.
     """
 
@@ -69,15 +68,13 @@ class SupCon(Method):
 
     def __init__(self, encoder: str | nn.Module = "cifar_resnet18", dim: int = 128,
                  mlp_hidden: int | None = None, head_bn: bool = False, temperature: float = 0.1,
-                 base_temperature: float | None = None, sync_bn: bool = False,
+                 base_temperature: float | None = None,
                  encoder_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
         nf = width(self.encoder)
         self.head: nn.Module = build_mlp(nf, mlp_hidden or nf, dim, 2, hidden_bn=head_bn,
                                           last_bn=head_bn)
-        if sync_bn:
-            self.encoder, self.head = (convert_to_sync_bn(m) for m in (self.encoder, self.head))
         self.factor = 1.0 if base_temperature is None else temperature / base_temperature
         self.criterion = get_loss("supcon", temperature=temperature, normalize=False)
 

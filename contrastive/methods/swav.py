@@ -35,7 +35,7 @@ from contrastive.losses.clustering import swav, swav_codes
 from contrastive.methods._common import unit, width
 from contrastive.methods.base import Method, ParamGroup, Schedule, views_of
 from contrastive.methods.registry import register_method
-from contrastive.nn import KeyQueue, build_mlp, convert_to_sync_bn, resolve_encoder
+from contrastive.nn import KeyQueue, build_mlp, resolve_encoder
 
 __all__ = ["SwAV"]
 
@@ -53,7 +53,6 @@ class SwAV(Method):
         queue_size: 0 = no queue; else the number of past embeddings kept per global view.
         queue_start_steps: the queue is neither filled nor used before this optimiser step.
         freeze_prototypes_steps: the prototypes do not move for that many optimiser steps.
-        sync_bn: SyncBatchNorm everywhere (GPU only).
         encoder_kwargs: keyword arguments for ``create_encoder``.
     """
 
@@ -72,14 +71,11 @@ class SwAV(Method):
                  mlp_hidden: int = 2048, num_prototypes: int = 3000, temperature: float = 0.1,
                  epsilon: float = 0.05, sinkhorn_iterations: int = 3, num_global: int = 2,
                  queue_size: int = 0, queue_start_steps: int = 0,
-                 freeze_prototypes_steps: int = 0, sync_bn: bool = False,
+                 freeze_prototypes_steps: int = 0,
                  encoder_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
         self.projector: nn.Module = build_mlp(width(self.encoder), mlp_hidden, dim, 2)
-        if sync_bn:
-            self.encoder, self.projector = (convert_to_sync_bn(m)
-                                            for m in (self.encoder, self.projector))
         self.prototypes = nn.Linear(dim, num_prototypes, bias=False)
         self.temperature, self.epsilon, self.iterations = temperature, epsilon, sinkhorn_iterations
         self.num_global, self.freeze_prototypes_steps = num_global, freeze_prototypes_steps

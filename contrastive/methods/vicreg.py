@@ -29,7 +29,7 @@ from contrastive.losses.decorrelation import VICRegLoss, vicreg_terms
 from contrastive.methods._common import unit, width
 from contrastive.methods.base import Method, views_of
 from contrastive.methods.registry import register_method
-from contrastive.nn import build_mlp, convert_to_sync_bn, resolve_encoder
+from contrastive.nn import build_mlp, resolve_encoder
 from contrastive.nn.distributed import gather_with_grad, world_size
 
 __all__ = ["VICReg"]
@@ -43,7 +43,6 @@ class VICReg(Method):
         encoder: backbone name or module with ``num_features`` (``self.encoder``).
         dim, mlp_hidden, proj_layers: expander widths and depth (8192, 8192, 3).
         sim_coeff, std_coeff, cov_coeff: lambda, mu, nu (25, 25, 1).
-        sync_bn: SyncBatchNorm everywhere (GPU only).
         encoder_kwargs: keyword arguments for ``create_encoder``.
     """
 
@@ -56,14 +55,11 @@ class VICReg(Method):
 
     def __init__(self, encoder: str | nn.Module = "cifar_resnet18", dim: int = 8192,
                  mlp_hidden: int = 8192, proj_layers: int = 3, sim_coeff: float = 25.0,
-                 std_coeff: float = 25.0, cov_coeff: float = 1.0, sync_bn: bool = False,
+                 std_coeff: float = 25.0, cov_coeff: float = 1.0,
                  encoder_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
         self.projector: nn.Module = build_mlp(width(self.encoder), mlp_hidden, dim, proj_layers)
-        if sync_bn:
-            self.encoder, self.projector = (convert_to_sync_bn(m)
-                                            for m in (self.encoder, self.projector))
         self.criterion = get_loss("vicreg", sim_coeff=sim_coeff, std_coeff=std_coeff,
                                   cov_coeff=cov_coeff)
 

@@ -102,3 +102,12 @@ def test_width_reads_the_encoder_contract(tiny):
     assert width(enc) == enc.num_features
     with pytest.raises(TypeError, match="int attribute `num_features`"):
         width(nn.Linear(2, 3))
+
+
+@pytest.mark.parametrize("name", ["moco", "mocov3", "simclr", "byol", "simsiam", "swav",
+                                  "barlowtwins", "vicreg", "supcon", "nnclr"])
+def test_sync_bn_is_the_engines_switch(name):
+    """The ten methods that once took ``sync_bn`` refuse it with a message naming the engine's
+    ``--sync-bn`` (the one switch), through the constructor and ``get_method`` alike."""
+    with pytest.raises(TypeError, match=r"sync_bn is not a method argument.*--sync-bn"):
+        get_method(name, encoder="small_cnn", sync_bn=True)

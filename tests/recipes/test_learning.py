@@ -29,7 +29,7 @@ from __future__ import annotations
 
 ARGS = ["--data", "shapes:size=24", "--image-size", "24", "--encoder", "small_cnn",
         "--batch-size", "128", "--lr", "0.06", "--lr-scaling", "none", "--schedule-per", "step",
-        "--queue-size", "2048", "--temperature", "0.2", "--moco-momentum", "0.99",
+        "--queue-size", "2048", "--temperature", "0.2", "--momentum", "0.99",
         "--crop-min", "1.0", "--mixed-precision", "no", "--epochs", "30", "--max-steps",
         "400", "--num-workers", "2", "--knn-every", "100", "--knn-max-train", "2000",
         "--knn-feature", "backbone", "--save-every-epochs", "0", "--save-every-steps", "0",

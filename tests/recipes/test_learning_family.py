@@ -45,7 +45,7 @@ step 9,750, solo-learn's epoch 50; before ``queue_start_steps`` existed the queu
 60 and the run fell to 12.7 at 4 epochs): seed 0 per epoch 15.5, 14.8, 20.7, 24.3, 25.3, 30.7,
 30.5, 32.1, 32.6 (bf16); margin 10 between the spread (fp32: 6.6) and the smallest gain (14.2);
 67-69 s of CPU (bf16).
-BYOL at 10 epochs = 780 steps with target momentum 0.9 -> 1 (``--tau-base 0.9``): with the
+BYOL at 10 epochs = 780 steps with target momentum 0.9 -> 1 (``--momentum 0.9``): with the
 recipe's 0.99 (solo-learn's, for 1000 epochs) the target barely moves in a short run (13
 epochs: 15.5 -> 18.6 and 12.9 -> 13.3); the BYOL paper's ablation of tau_base trains well from
 0.9 to 0.999. Seed 0 per epoch 15.5, 13.0, 14.4, 19.5, 22.2, 27.4, 29.7, 28.5, 28.9, 30.0, 29.8.
@@ -137,10 +137,10 @@ LONG: dict[str, tuple[str, ...]] = {
     "swav_cifar": ("--epochs", "8", "--freeze-prototypes-steps", "78"),
     # 780 steps; target momentum 0.9 -> 1 (the recipe's 0.99 leaves the target too slow for a
     # run this short; the BYOL paper's ablation of tau_base trains well from 0.9 to 0.999)
-    "byol_cifar": ("--epochs", "10", "--tau-base", "0.9"),
+    "byol_cifar": ("--epochs", "10", "--momentum", "0.9"),
     # 1,560 steps; the official code's teacher momentum 0.996 (the recipe's 0.9995 is
     # solo-learn's, made for 1000 epochs)
-    "dino_cifar": ("--epochs", "20", "--momentum-teacher", "0.996"),
+    "dino_cifar": ("--epochs", "20", "--momentum", "0.996"),
 }
 MARGIN_LONG: dict[str, float] = {
     "nnclr_cifar": 10.0,

@@ -60,11 +60,11 @@ def test_vit_recipe_fixes_every_position_embedding(rx):
 
 @pytest.mark.parametrize("name, values", [
     ("moco_r50", dict(lr=0.03, batch_size=256, epochs=200, weight_decay=1e-4, queue_size=65536,
-                      moco_momentum=0.999, temperature=0.2, dim=128, mlp_hidden=2048)),
+                      momentum=0.999, temperature=0.2, dim=128, mlp_hidden=2048)),
     ("mocov1_r50", dict(lr=0.03, batch_size=256, epochs=200, lr_milestones=(120, 160),
-                        temperature=0.07, queue_size=65536, moco_momentum=0.999)),
+                        temperature=0.07, queue_size=65536, momentum=0.999)),
     ("mocov3_r50", dict(lr=0.6, batch_size=4096, epochs=100, weight_decay=1e-6,
-                        warmup_epochs=10, temperature=1.0, moco_momentum=0.99, dim=256,
+                        warmup_epochs=10, temperature=1.0, momentum=0.99, dim=256,
                         mlp_hidden=4096, optimizer="lars", crop_min=0.2)),
     ("mocov3_vit_small", dict(lr=1.5e-4, batch_size=4096, epochs=300, weight_decay=0.1,
                               warmup_epochs=40, temperature=0.2, optimizer="adamw",
@@ -74,7 +74,7 @@ def test_vit_recipe_fixes_every_position_embedding(rx):
     ("simclr_cifar", dict(lr=1.0, batch_size=512, epochs=1000, weight_decay=1e-4,
                           temperature=0.5, color_strength=0.5, optimizer="lars")),
     ("moco_cifar", dict(lr=0.03, batch_size=512, epochs=200, weight_decay=5e-4,
-                        queue_size=4096, moco_momentum=0.99, temperature=0.1, split_bn=8)),
+                        queue_size=4096, momentum=0.99, temperature=0.1, split_bn=8)),
 ])
 def test_paper_defaults(rx, name, values):
     import dataclasses
@@ -95,9 +95,11 @@ RECIPE_PRESETS = {
     "dino_cifar": ("DINO", "cifar"), "dino_vit_small": ("DINO", "vit_small"),
     "moco_cifar": ("MoCo", "cifar"), "moco_r50": ("MoCo", "v2"), "mocov1_r50": ("MoCo", "v1"),
     "mocov3_r50": ("MoCoV3", "resnet50"), "mocov3_vit_small": ("MoCoV3", "vit_small"),
-    "nnclr_cifar": ("NNCLR", "cifar"), "simclr_cifar": ("SimCLR", "cifar"),
+    "nnclr_cifar": ("NNCLR", "cifar"), "nnclr_r50": ("NNCLR", "resnet50"),
+    "simclr_cifar": ("SimCLR", "cifar"),
     "simclr_r50": ("SimCLR", "imagenet"), "simsiam_cifar": ("SimSiam", "cifar"),
     "simsiam_r50": ("SimSiam", "resnet50"), "supcon_cifar": ("SupCon", "cifar"),
+    "supcon_r50": ("SupCon", "resnet50"),
     "swav_cifar": ("SwAV", "cifar"), "swav_r50": ("SwAV", "resnet50"),
     "vicreg_cifar": ("VICReg", "cifar"), "vicreg_r50": ("VICReg", "resnet50"),
     "simcse": ("SimCSE", "sup"),  # the default --mode; --mode unsup builds the other preset
@@ -105,7 +107,6 @@ RECIPE_PRESETS = {
 # presets no recipe builds (a variant of a recipe's preset, or a model size without a recipe)
 PRESETS_WITHOUT_RECIPE = {("MoCo", "cifar_symmetric"), ("MoCoV3", "resnet50_1000ep"),
                           ("MoCoV3", "vit_base"), ("DeepInfoMax", "*"),
-                          ("NNCLR", "resnet50"), ("SupCon", "resnet50"),
                           ("SimCSE", "unsup")}  # recipes/simcse.py --mode unsup
 
 # where a recipe deliberately departs from its preset, and why
@@ -158,6 +159,37 @@ def test_recipe_defaults_equal_the_method_preset(recipe, rx, monkeypatch):
     expected = {**cls.presets[preset], **RECIPE_OVERRIDES.get(recipe, {})}
     differ = {k: (got.get(k), v) for k, v in expected.items() if got.get(k) != v}
     assert not differ, f"{recipe} vs {cls_name}.presets[{preset!r}] (recipe, preset): {differ}"
+
+
+# preset keys a recipe derives instead of reading (MoCo v3: ``vit`` from the encoder's name)
+DERIVED = {"mocov3_r50": {"vit"}, "mocov3_vit_small": {"vit"}, "simcse": {"mlp_only_train"}}
+
+
+def _changed(value):
+    """Another value of the same type (a string stays a string, a flag flips)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1 if isinstance(value, int) else value / 2
+    return f"{value}_x"
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPE_PRESETS))
+def test_recipe_reads_the_method_preset(recipe, rx, monkeypatch):
+    """One home for a paper's settings: each method argument the preset holds reaches the
+    recipe's build_method from the preset itself (change it there and the recipe follows), not
+    from a copy in the recipe. Would fail for a recipe default written as a literal."""
+    import contrastive.methods as methods
+
+    cls_name, preset = RECIPE_PRESETS[recipe]
+    cls = getattr(methods, cls_name)
+    keys = [k for k, v in cls.presets[preset].items() if v is not None and k not in
+            {*RECIPE_OVERRIDES.get(recipe, {}), *DERIVED.get(recipe, ())}]
+    for key in keys:
+        monkeypatch.setitem(cls.presets[preset], key, _changed(cls.presets[preset][key]))
+    got = _constructor_arguments(rx, monkeypatch, recipe, cls)
+    stale = {k: got.get(k) for k in keys if got.get(k) != cls.presets[preset][k]}
+    assert not stale, f"{recipe}: not read from {cls_name}.presets[{preset!r}]: {stale}"
 
 
 def test_every_preset_has_a_recipe_or_is_listed():
