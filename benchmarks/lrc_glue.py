@@ -3,7 +3,7 @@
 table itself.
 
     python benchmarks/lrc_glue.py plan                       # the runs and their state
-    python benchmarks/lrc_glue.py run [--workers 2] [--phase teachers|lr|main|control]
+    python benchmarks/lrc_glue.py run [--workers 2] [--phase teachers|lr|why|main|control]
     python benchmarks/lrc_glue.py table                      # results/lrc_glue_runs.json + table
     python benchmarks/lrc_glue.py speed                      # teacher vs student inference
 
@@ -28,6 +28,9 @@ The design (the issue's phase 1, at CPU scale):
   steps 1:0:0 then 1:1:3, perturbation); (4b) ``lrc_np`` the same without perturbation.
   Learning rates from the paper's grid {5e-5, 1e-4, 3e-4} chosen on the held-out rows at seed 0
   for ``ce`` (which ``kd`` uses) and ``lrc`` (which ``lrc_np`` uses); seeds 0, 1, 2.
+- why (diagnostics, SST-2, seed 0, lr 1e-4): LRC-BERT with and without perturbation with the
+  paper's 1:1:3 from the first step (``--no-two-stage``): does the two-stage schedule starve
+  the prediction layer at this budget? (The slow check's (4b) predicted one class.)
 - control (distillation known to help, DistilBERT-style): a 3 x 384 student initialised from
   the pretrained MiniLM's layers 2, 4, 6 (``--student hf:MiniLM --keep-layers 1,3,5``), trained
   with ``ce`` and with ``kd`` at lr 5e-5 (the teacher's), seeds 0, 1, 2.
@@ -70,7 +73,12 @@ VARIANTS: dict[str, tuple[str, ...]] = {  # lrc_bert.py flags of each variant
     "kd": ("--no-two-stage", "--no-perturb", "--stage2-weights", "0", "1", "1"),
     "lrc": (),
     "lrc_np": ("--no-perturb",),
+    # diagnostics (phase "why"): the paper's losses from the first step (1:1:3 throughout)
+    "lrc_1stage": ("--no-two-stage",),
+    "lrc_np_1stage": ("--no-two-stage", "--no-perturb"),
 }
+MAIN_VARIANTS = ("ce", "kd", "lrc", "lrc_np")
+WHY_VARIANTS, WHY_TASKS, WHY_LR = ("lrc_1stage", "lrc_np_1stage"), ("sst2",), 1e-4
 LR_FROM = {"ce": "ce", "kd": "ce", "lrc": "lrc", "lrc_np": "lrc"}  # whose chosen lr a variant uses
 CONTROL_STUDENT = ("--student", f"hf:{MINILM}", "--keep-layers", "1,3,5")
 
@@ -141,9 +149,11 @@ def plan(root: Path) -> list[Run]:
     runs = [teacher_run(t) for t in TASKS]
     runs += [student_run(t, v, lr, 0, root, phase="lr") for t in TASKS for v in ("ce", "lrc")
              for lr in LR_GRID]
+    runs += [student_run(t, v, WHY_LR, 0, root, phase="why") for t in WHY_TASKS
+             for v in WHY_VARIANTS]
     for seed in SEEDS:
         for t in TASKS:
-            for v in VARIANTS:
+            for v in MAIN_VARIANTS:
                 lr = chosen_lr(t, v, root)
                 if lr is not None:
                     runs.append(student_run(t, v, lr, seed, root))
@@ -202,7 +212,7 @@ def execute(run: Run, root: Path, threads: int) -> dict[str, Any]:
 
 def run_phase(root: Path, phase: str | None, workers: int, threads: int) -> None:
     """Run what is not done, phase by phase (a later phase's plan needs the earlier results)."""
-    phases = ("teachers", "lr", "main", "control") if phase is None else (phase,)
+    phases = ("teachers", "lr", "why", "main", "control") if phase is None else (phase,)
     for p in phases:
         todo = [r for r in plan(root) if r.phase == p and not r.done(root)]
         print(f"[{time.strftime('%H:%M:%S')}] phase {p}: {len(todo)} runs to do", flush=True)
@@ -243,7 +253,7 @@ def collect(root: Path) -> dict[str, Any]:
         teacher = out["runs"].get(teacher_run(task).name)
         rows["teacher"] = teacher and teacher["dev"]["score"]
         for v in VARIANTS:
-            lr = chosen_lr(task, v, root)
+            lr = WHY_LR if v in WHY_VARIANTS else chosen_lr(task, v, root)
             for control in (False, True):
                 if control and v not in ("ce", "kd"):
                     continue
@@ -275,7 +285,7 @@ def table(root: Path, out_file: Path) -> str:
         spread = f" [{100 * row['min']:.1f}, {100 * row['max']:.1f}]" if row["n"] > 1 else ""
         return f"{100 * row['mean']:.1f}{spread} (n {row['n']}, lr {row['lr']:g}{kept})"
 
-    for key in ("teacher", "ce", "kd", "lrc", "lrc_np", "control-ce", "control-kd"):
+    for key in ("teacher", *MAIN_VARIANTS, "control-ce", "control-kd", *WHY_VARIANTS):
         lines.append(f"| {key} | " + " | ".join(cell(t, key) for t in TASKS) + " |")
     return "\n".join(lines)
 
@@ -318,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("command", choices=("plan", "run", "table", "speed"))
     p.add_argument("--root", type=Path, default=ROOT / "runs" / "lrc_glue")
-    p.add_argument("--phase", choices=("teachers", "lr", "main", "control"))
+    p.add_argument("--phase", choices=("teachers", "lr", "why", "main", "control"))
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" /

@@ -93,7 +93,7 @@ class DistillCosNCE(TrainConfig):
                                                             "alpha beta gamma of stage 1")
     stage2_weights: tuple[float, float, float] = help_field((1.0, 1.0, 3.0),
                                                             "alpha beta gamma of stage 2")
-    kd_temperature: float = help_field(1.1, "KD soft-loss temperature t")
+    temperature: float = help_field(1.1, "KD soft-loss temperature t (paper 1.1)")
     perturb: bool = help_field(True, "gradient perturbation of the student's stem output: TWO "
                                "student forward passes per step (about 2x the student's cost)")
     perturb_scale: float = help_field(1.0, "norm of the per-sample perturbation g / ||g||")
@@ -149,7 +149,7 @@ def build_method(cfg: DistillCosNCE) -> nn.Module:
         layer_map=cfg.layer_map or None, token_pool=cfg.token_pool, queue_size=cfg.queue_size,
         stage_weights=(cfg.stage1_weights, cfg.stage2_weights),
         stage1_fraction=cfg.stage1_fraction, use_labels=use_labels,
-        temperature=cfg.kd_temperature,
+        temperature=cfg.temperature,
         perturb=cfg.perturb, perturb_scale=cfg.perturb_scale, stem=cfg.stem or None,
         image_size=cfg.image_size,
         student_kwargs=cfg.encoder_options(),

@@ -49,6 +49,8 @@ RENAMED_FIELDS: dict[str, str] = {
     "moco_momentum": "momentum",  # moco_cifar, moco_r50, mocov1_r50, mocov3_r50, mocov3_vit_small
     "tau_base": "momentum",  # byol_cifar, byol_r50
     "momentum_teacher": "momentum",  # dino_cifar, dino_vit_small
+    # one name for the KD soft-loss temperature t, as recipes/lrc_bert.py and the methods say it
+    "kd_temperature": "temperature",  # distill_cosnce
 }
 
 

@@ -113,6 +113,13 @@ def test_old_field_names_in_a_config_file_and_on_the_command_line(tmp_path):
     for flag in ("--momentum-teacher", "--momentum_teacher", "--tau-base"):
         with pytest.warns(FutureWarning, match="is renamed --momentum"):
             assert parse_config(Recipe, ["--data", "shapes", flag, "0.8"]).momentum == 0.8
+
+    @dataclasses.dataclass
+    class Distil(TrainConfig):  # distill_cosnce's KD temperature, once kd_temperature
+        temperature: float = 1.1
+
+    with pytest.warns(FutureWarning, match="is renamed --temperature"):
+        assert parse_config(Distil, ["--data", "shapes", "--kd-temperature", "2"]).temperature == 2
     with pytest.raises(KeyError, match="moco_momentum"):  # a config without the new field
         config_from_dict(RunConfig, {"moco_momentum": 0.9})
 
