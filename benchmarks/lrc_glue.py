@@ -182,8 +182,43 @@ def score_on_dev(run: Run, root: Path) -> dict[str, float]:
         return evaluate(model, dev, load_tokenizer(model_dir), task)
 
 
+def _claim(lock: Path) -> bool:
+    """Take ``lock`` for this process: False while another live process holds it (a second
+    driver, e.g. another session's), so two drivers never train one run folder at once."""
+    while True:
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                os.kill(int(lock.read_text() or 0), 0)
+                return False
+            except (ProcessLookupError, ValueError):
+                lock.unlink(missing_ok=True)  # its holder is gone
+                continue
+            except PermissionError:
+                return False
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        return True
+
+
 def execute(run: Run, root: Path, threads: int) -> dict[str, Any]:
-    """Train (or resume) one run in a child process, then score it on dev; returns its timing."""
+    """Train (or resume) one run in a child process, then score it on dev; returns its timing,
+    or ``{"skipped": why}`` when its teacher is not trained yet or another driver holds it."""
+    teacher = Path(run.args[run.args.index("--teacher") + 1]) if "--teacher" in run.args else None
+    if teacher is not None and not (teacher.parent / "results.json").is_file():
+        return {"skipped": "its teacher is not trained yet"}
+    root.mkdir(parents=True, exist_ok=True)
+    lock = root / f"{run.name}.lock"
+    if not _claim(lock):
+        return {"skipped": "another driver runs it"}
+    try:
+        return _execute(run, root, threads)
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def _execute(run: Run, root: Path, threads: int) -> dict[str, Any]:
     folder = run.folder(root)
     cmd = [sys.executable, str(ROOT / "recipes" / run.recipe), *run.args,
            "--output-dir", str(folder), "--resume", "auto"]
@@ -211,15 +246,29 @@ def execute(run: Run, root: Path, threads: int) -> dict[str, Any]:
 
 
 def run_phase(root: Path, phase: str | None, workers: int, threads: int) -> None:
-    """Run what is not done, phase by phase (a later phase's plan needs the earlier results)."""
+    """Run what is not done, phase by phase (a later phase's plan needs the earlier results),
+    again while some runs were skipped (a teacher or another driver still busy), until every run
+    is done or failed once (a failed run's log is ``ROOT/NAME.log``; the next call retries)."""
     phases = ("teachers", "lr", "why", "main", "control") if phase is None else (phase,)
-    for p in phases:
-        todo = [r for r in plan(root) if r.phase == p and not r.done(root)]
-        print(f"[{time.strftime('%H:%M:%S')}] phase {p}: {len(todo)} runs to do", flush=True)
-        with ThreadPoolExecutor(workers) as pool:
-            for run, timing in zip(todo, pool.map(lambda r: execute(r, root, threads), todo)):
-                print(f"[{time.strftime('%H:%M:%S')}] {run.name}: {timing or 'scored'}",
-                      flush=True)
+    failed: set[str] = set()
+    while True:
+        skipped = progressed = 0
+        for p in phases:
+            todo = [r for r in plan(root) if r.phase == p and not r.done(root)
+                    and r.name not in failed]
+            print(f"[{time.strftime('%H:%M:%S')}] phase {p}: {len(todo)} runs to do", flush=True)
+            with ThreadPoolExecutor(workers) as pool:
+                for run, timing in zip(todo, pool.map(lambda r: execute(r, root, threads), todo)):
+                    print(f"[{time.strftime('%H:%M:%S')}] {run.name}: {timing or 'scored'}",
+                          flush=True)
+                    skipped += "skipped" in timing
+                    progressed += "skipped" not in timing
+                    if timing.get("rc"):
+                        failed.add(run.name)
+        if not skipped:
+            return
+        if not progressed:
+            time.sleep(60)
 
 
 def encoder_flops(layers: int, hidden: int, intermediate: int, tokens: int) -> int:

@@ -153,3 +153,19 @@ def test_sst2_subset_lrc_without_perturbation_beats_cross_entropy(driver, tmp_pa
     assert scores["teacher"] > 0.75 and scores["ce"] > 0.6, scores  # floors 50.9, BoW 77.9
     if not scores["lrc_np"] > scores["ce"]:
         raise OrderNotHeld(scores)
+
+
+def test_a_run_is_claimed_by_one_driver_and_a_dead_drivers_claim_is_taken_over(driver,
+                                                                               tmp_path: Path):
+    import os
+    import subprocess
+
+    lock = tmp_path / "run.lock"
+    assert driver._claim(lock) and lock.read_text() == str(os.getpid())
+    assert not driver._claim(lock)  # held by a live process (this one)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    lock.write_text(str(dead.pid))  # its holder has exited
+    assert driver._claim(lock) and lock.read_text() == str(os.getpid())
+    teacherless = driver.student_run("mrpc", "ce", 1e-4, 0, tmp_path)
+    assert driver.execute(teacherless, tmp_path, 1) == {"skipped": "its teacher is not trained yet"}
