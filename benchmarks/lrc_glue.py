@@ -340,24 +340,34 @@ def table(root: Path, out_file: Path) -> str:
 
 
 def speed(root: Path, repeats: int = 5) -> dict[str, Any]:
-    """Teacher vs 4 x 312 student forward on SST-2 dev batches of 32, side by side, alternated,
-    at 1 and 2 threads; parameters and FLOPs per 128-token sequence."""
+    """Teacher (MiniLM, 6 x 384), the 4 x 312 student and the 3 x 384 control student forward on
+    SST-2 dev batches of 32, side by side, alternated, at 1 and 2 threads (ms per sentence, the
+    best of ``repeats``); parameters; FLOPs per 128-token sequence. Speed does not depend on the
+    weights: the students are built from their shapes (random init), the teacher is MiniLM."""
     import torch
 
     from contrastive.data.text_tasks import load_task
     from contrastive.data.tokenizer import load_tokenizer
-    from contrastive.methods.text_classifier import load_classifier
+    from contrastive.engine import LabelledTextConfig
+    from contrastive.methods.text_classifier import TextClassifier
 
-    models = {}
-    for name, folder in (("teacher", teacher_run("sst2").folder(root) / "model"),
-                         ("student", next(iter(sorted(root.glob("student-sst2-*-s0")))) / "model")):
-        models[name], _ = load_classifier(folder)
-        models[name].eval()
-    tok = load_tokenizer(teacher_run("sst2").folder(root) / "model")
+    torch.manual_seed(0)
+    student = LabelledTextConfig(layers=4, hidden=312, heads=12, intermediate_size=1200)
+    tok = load_tokenizer(MINILM)
+    encoders = {"teacher 6x384": LabelledTextConfig().text_encoder(f"hf:{MINILM}", 0),
+                "student 4x312": student.text_encoder("bert", tok.vocab_size),
+                "control 3x384": LabelledTextConfig(keep_layers="1,3,5").text_encoder(
+                    f"hf:{MINILM}", 0)}
+    models = {n: TextClassifier(e, 2).eval() for n, e in encoders.items()}
     dev = load_task("sst2", GLUE).dev
     batches = [tok.collate([dev[i] for i in range(s, s + 32)]) for s in range(0, 320, 32)]
-    result: dict[str, Any] = {"params": {n: sum(p.numel() for p in m.parameters())
-                                         for n, m in models.items()}}
+    shapes = {"teacher 6x384": (6, 384, 1536), "student 4x312": (4, 312, 1200),
+              "control 3x384": (3, 384, 1536)}
+    result: dict[str, Any] = {
+        "params": {n: sum(p.numel() for p in m.parameters()) for n, m in models.items()},
+        "gflops_per_128_tokens": {n: encoder_flops(*shapes[n], 128) / 1e9 for n in models},
+        "tokens_per_sentence": float(sum(int(b["attention_mask"].sum()) for b in batches)
+                                     / (32 * len(batches)))}
     for threads in (1, 2):
         torch.set_num_threads(threads)
         times: dict[str, list[float]] = {n: [] for n in models}
@@ -368,8 +378,8 @@ def speed(root: Path, repeats: int = 5) -> dict[str, Any]:
                     for b in batches:
                         m.predict(b)
                     times[n].append(time.perf_counter() - t0)
-        result[f"threads{threads}"] = {n: min(v) / (32 * len(batches)) * 1e3
-                                       for n, v in times.items()}  # ms per sentence
+        result[f"ms_per_sentence_threads{threads}"] = {
+            n: min(v) / (32 * len(batches)) * 1e3 for n, v in times.items()}
     return result
 
 
