@@ -336,6 +336,19 @@ def table(root: Path, out_file: Path) -> str:
 
     for key in ("teacher", *MAIN_VARIANTS, "control-ce", "control-kd", *WHY_VARIANTS):
         lines.append(f"| {key} | " + " | ".join(cell(t, key) for t in TASKS) + " |")
+    runs = plan(root)
+    lines.append("")
+    for phase in ("teachers", "lr", "why", "main", "control"):
+        done = [r.name for r in runs if r.phase == phase and r.name in data["runs"]]
+        cpu = sum(data["runs"][n]["cpu_s"] for n in done)
+        lines.append(f"- {phase}: {len(done)} of {sum(r.phase == phase for r in runs)} runs "
+                     f"done, {cpu / 3600:.2f} CPU hours")
+    lines.append("")
+    lines.append("| run | held-out | dev | CPU s |")
+    lines.append("|---|---|---|---|")
+    for name, r in data["runs"].items():
+        held = "-" if r["held_out"] is None else f"{100 * r['held_out']:.1f}"
+        lines.append(f"| {name} | {held} | {100 * r['dev']['score']:.1f} | {r['cpu_s']:.0f} |")
     return "\n".join(lines)
 
 
