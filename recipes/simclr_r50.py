@@ -2,7 +2,7 @@
 """SimCLR, ResNet-50, ImageNet: Chen, Kornblith, Norouzi, Hinton, "A Simple Framework for
 Contrastive Learning of Visual Representations", ICML 2020 (and google-research/simclr).
 
-Hyper-parameters (paper sec. B.? "default setting" / sec. 4-5, and the official README command):
+Hyper-parameters (paper sec. 2.3 "Default setting", sec. 4-5, and the official README command):
 batch 4096, 100 epochs, LARS with lr 0.3 x batch / 256 (= 4.8; the README's equivalent is 0.075
 x sqrt(batch)), weight decay 1e-6 (biases and BN excluded from decay and adaptation), 10 warmup
 epochs then cosine decay; 2-layer projection head 2048-2048-128 with BN; NT-Xent with
