@@ -9,8 +9,9 @@ Use by name (the registry) or by class / function::
     from contrastive.losses import functional as LF
     loss = LF.ntxent(z1, z2, temperature=0.5)
 
-Registered names: ``infonce``, ``ntxent``, ``cosnce``, ``supcon``, ``dcl``, ``kd``, ``byol``,
-``simsiam``, ``barlow_twins``, ``vicreg``, ``swav``, ``dino``, ``dim`` (see ``list_losses()``). Add yours with
+Registered names: ``infonce``, ``ntxent``, ``cosnce``, ``supcon``, ``dcl``, ``dclw``, ``siglip``,
+``kd``, ``byol``, ``simsiam``, ``barlow_twins``, ``vicreg``, ``swav``, ``dino``, ``dim`` (see
+``list_losses()``). Add yours with
 ``@register_loss("name")``. Inputs may be half precision: the maths runs in float32 and the
 result is float32.
 
@@ -28,9 +29,11 @@ from .modules import (
     BaseLoss,
     CosNCELoss,
     DCLLoss,
+    DCLWLoss,
     InfoNCELoss,
     KDLoss,
     NTXentLoss,
+    SigLIPLoss,
     SupConLoss,
 )
 from .mutual_info import DIMLoss
@@ -45,9 +48,11 @@ __all__ = [
     "DINOLoss",
     "CosNCELoss",
     "DCLLoss",
+    "DCLWLoss",
     "InfoNCELoss",
     "KDLoss",
     "NTXentLoss",
+    "SigLIPLoss",
     "SimSiamLoss",
     "SwAVLoss",
     "SupConLoss",

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["EPS", "cosnce", "dcl", "infonce", "kd", "ntxent", "supcon"]
+__all__ = ["EPS", "cosnce", "dcl", "dclw", "infonce", "kd", "ntxent", "siglip", "supcon"]
 
 EPS = 1e-8
 """Lower bound of the norm in the L2 normalisation (keeps zero vectors finite)."""
@@ -358,17 +358,17 @@ def dcl(
     z2_all: Tensor | None = None,
     positive_offset: int = 0,
 ) -> Tensor:
-    r"""Decoupled contrastive loss, DCL (Yeh et al., "Decoupled Contrastive Learning", ECCV 2022):
-    NT-Xent with the positive removed from the denominator.
+    r"""Decoupled contrastive loss, DCL (Yeh et al., "Decoupled Contrastive Learning", ECCV 2022,
+    arXiv 2110.06848, eq. 6): NT-Xent with the positive removed from the denominator.
 
     .. math::
         \ell_i = -\cos(z_i, z_{p(i)}) / \tau
                  + \log \sum_{k \ne i, k \ne p(i)} \exp(\cos(z_i, z_k) / \tau),
         \qquad L = \frac{1}{2N} \sum_{i=1}^{2N} \ell_i
 
-    (The unweighted DCL of the paper; the von Mises-Fisher weighted DCLW is not included.)
     The values can be negative. Same shapes, options and multi-process arguments as
-    :func:`ntxent`; at least 2 samples in total are needed (2M - 2 >= 1 negatives).
+    :func:`ntxent`; at least 2 samples in total are needed (2M - 2 >= 1 negatives). The paper's
+    weighted variant is :func:`dclw`.
 
     Args:
         z1: (N, D) first views.
@@ -382,7 +382,88 @@ def dcl(
     Returns:
         A scalar, or (N, 2) per-anchor losses with ``reduction="none"`` (as :func:`ntxent`).
     """
-    fn = "dcl"
+    return _decoupled(
+        "dcl", z1, z2, temperature, None, normalize, reduction, z1_all, z2_all, positive_offset
+    )
+
+
+def dclw(
+    z1: Tensor,
+    z2: Tensor,
+    *,
+    temperature: float | Tensor = 0.1,
+    sigma: float = 0.5,
+    detach_weight: bool = False,
+    normalize: bool = True,
+    reduction: str = "mean",
+    z1_all: Tensor | None = None,
+    z2_all: Tensor | None = None,
+    positive_offset: int = 0,
+) -> Tensor:
+    r"""DCLW, decoupled contrastive loss with the negative von Mises-Fisher weighting of the
+    positive term (Yeh et al., "Decoupled Contrastive Learning", ECCV 2022, arXiv 2110.06848,
+    sec. 4 "DCLW"):
+
+    .. math::
+        \ell_i = -w_i \cos(z_i, z_{p(i)}) / \tau
+                 + \log \sum_{k \ne i, k \ne p(i)} \exp(\cos(z_i, z_k) / \tau),
+        \qquad w_i = 2 - \frac{\exp(\cos(z^1_i, z^2_i) / \sigma)}
+                               {\frac{1}{M} \sum_{k=1}^{M} \exp(\cos(z^1_k, z^2_k) / \sigma)}
+
+    i.e. ``w = 2 - M * softmax(cos(z1, z2) / sigma)`` over the M positive pairs of the batch
+    (the same w_i for both views of sample i, so the weights average to 1): easy positives
+    (high similarity) get less weight than hard ones. sigma = 0.5 is the paper's value, also the
+    default of the implementation lightly cites (github.com/raminnakhli/Decoupled-Contrastive-
+    Learning, ``loss/dcl.py``: ``2 - N * softmax((z1 * z2).sum(1) / sigma)``) and of lightly's
+    ``DCLWLoss``. The paper does not say whether gradients flow through w: that implementation
+    lets them (our default); lightly detaches w (``detach_weight=True``).
+
+    Several processes: the mean in w runs over the GLOBAL batch ``z1_all`` / ``z2_all`` (M rows),
+    so that 2 processes equal 1 with the same global batch (lightly weighs each process's local
+    batch instead). Otherwise as :func:`dcl`.
+
+    Args:
+        z1: (N, D) first views.
+        z2: (N, D) second views.
+        temperature: tau > 0 (0.1 default).
+        sigma: the weighting's concentration sigma > 0 (0.5 in the paper).
+        detach_weight: stop the gradient through w (lightly's choice).
+        normalize: L2-normalise the inputs first (the weights use the same vectors).
+        reduction: "mean" | "sum" | "none".
+        z1_all, z2_all: (M, D) views of all processes gathered with gradient, or None.
+        positive_offset: row of ``z1_all`` / ``z2_all`` holding ``z1[0]`` / ``z2[0]``.
+
+    Returns:
+        A scalar, or (N, 2) per-anchor losses with ``reduction="none"`` (as :func:`ntxent`).
+    """
+    if (
+        isinstance(sigma, bool)
+        or not isinstance(sigma, (int, float))
+        or not math.isfinite(sigma)
+        or sigma <= 0
+    ):
+        raise ValueError(
+            f"dclw: `sigma` must be a finite number > 0 (0.5 in the paper), got {sigma!r}"
+        )
+    return _decoupled(
+        "dclw", z1, z2, temperature, (float(sigma), detach_weight), normalize, reduction,
+        z1_all, z2_all, positive_offset,
+    )
+
+
+def _decoupled(
+    fn: str,
+    z1: Tensor,
+    z2: Tensor,
+    temperature: float | Tensor,
+    weighting: tuple[float, bool] | None,
+    normalize: bool,
+    reduction: str,
+    z1_all: Tensor | None,
+    z2_all: Tensor | None,
+    positive_offset: int,
+) -> Tensor:
+    """DCL (``weighting=None``) or DCLW (``weighting=(sigma, detach_weight)``)."""
     check_reduction(fn, reduction)
     with _full_precision(z1.device if isinstance(z1, Tensor) else torch.device("cpu")):
         logits, self_col, pos_col = _two_view_logits(
@@ -394,9 +475,120 @@ def dcl(
                 f"got z1 {_shape(z1)} and z1_all {_shape(z1_all)}"
             )
         positive = logits.gather(1, pos_col)[:, 0]
+        if weighting is not None:
+            w = _vmf_weight(
+                z1, z2, z1_all, z2_all, positive_offset, weighting[0], normalize, logits.dtype
+            )
+            positive = positive * (w.detach() if weighting[1] else w).repeat(2)
         negatives = logits.scatter(1, torch.cat([self_col, pos_col], dim=1), float("-inf"))
         loss = torch.logsumexp(negatives, dim=1) - positive
     return _reduce(loss.view(2, -1).T, reduction)
+
+
+def _vmf_weight(
+    z1: Tensor,
+    z2: Tensor,
+    z1_all: Tensor | None,
+    z2_all: Tensor | None,
+    positive_offset: int,
+    sigma: float,
+    normalize: bool,
+    dtype: torch.dtype,
+) -> Tensor:
+    """DCLW's weights (N,) of the local pairs: ``2 - M softmax(cos(z1_all, z2_all) / sigma)``."""
+    a = _embed(z1 if z1_all is None else z1_all, dtype, normalize)
+    b = _embed(z2 if z2_all is None else z2_all, dtype, normalize)
+    m = a.shape[0]
+    w = 2 - m * torch.softmax((a * b).sum(dim=1) / sigma, dim=0)
+    return w.narrow(0, positive_offset, z1.shape[0])
+
+
+# --------------------------------------------------------------------------- SigLIP
+
+
+def _check_scalar(fn: str, name: str, value: float | Tensor, positive: bool, hint: str) -> None:
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"{fn}: `{name}` tensor must hold one value, got shape {_shape(value)}")
+        return  # no value check: reading it would synchronise the device
+    bad = isinstance(value, bool) or not isinstance(value, (int, float))
+    if bad or not math.isfinite(value) or (positive and value <= 0):
+        need = "a finite number > 0" if positive else "a finite number"
+        raise ValueError(f"{fn}: `{name}` must be {need} ({hint}), got {value!r}")
+
+
+def siglip(
+    image: Tensor,
+    text: Tensor,
+    *,
+    scale: float | Tensor = 10.0,
+    bias: float | Tensor = -10.0,
+    normalize: bool = True,
+    positives: bool = True,
+    reduction: str = "mean",
+) -> Tensor:
+    r"""SigLIP's pairwise sigmoid loss (Zhai et al., "Sigmoid Loss for Language Image
+    Pre-Training", ICCV 2023, arXiv 2303.15343, eq. 1 and Algorithm 1):
+
+    .. math::
+        L = -\frac{1}{N} \sum_{i=1}^{N} \sum_{j=1}^{M}
+            \log \sigma\big(z_{ij} (t\, x_i \cdot y_j + b)\big),
+        \qquad z_{ij} = 1 \text{ if } i = j \text{ else } -1
+
+    with x, y the L2-normalised image and text embeddings, the scale t = exp(t') and the bias b
+    (learnable in the paper, initialised t' = log 10, b = -10: the paper's sec. 3.2 and Algorithm
+    1; big_vision's SigLIP configs ``temperature_init = 10.0``, ``bias_init = -10.0`` with
+    ``t = exp(param)``; open_clip's ``init_logit_scale = log(10)``, ``init_logit_bias = -10``).
+    Every image-text pair is an independent binary classification: no softmax over the batch.
+    The paper's loss sums over j and averages over i (``-sum(log_sigmoid(z * logits)) / N`` in
+    Algorithm 1 and in open_clip's ``SigLipLoss``).
+
+    Several processes, exactly and without the full similarity matrix (the paper's sec. 3.3,
+    open_clip's ``neighbour_exchange``): each process computes ``siglip(x, y)`` on its own pairs
+    plus ``siglip(x, y_other, positives=False)`` for the text chunk of every other process (all
+    of them negatives), each divided by the same local N; the sum over processes of these terms,
+    averaged over processes, is the one-process loss on the whole batch.
+
+    Args:
+        image: (N, D) image embeddings x.
+        text: (M, D) text embeddings y; with ``positives=True`` M == N and (x_i, y_i) are the
+            positive pairs.
+        scale: t > 0 (a float or a scalar tensor such as ``log_scale.exp()``; 10 at init).
+        bias: b (a float or a scalar tensor; -10 at init).
+        normalize: L2-normalise the inputs first (the paper does).
+        positives: False when ``text`` holds no positive of any image (another process's chunk):
+            every z_ij is then -1.
+        reduction: "mean" | "sum" | "none".
+
+    Returns:
+        A scalar (mean over the N images of their row sums), or with ``reduction="none"`` the
+        (N,) row sums ``-sum_j log sigma(z_ij (t x_i . y_j + b))``.
+    """
+    fn = "siglip"
+    check_reduction(fn, reduction)
+    _check_scalar(fn, "scale", scale, True, "t = exp(t'), 10 at the paper's init")
+    _check_scalar(fn, "bias", bias, False, "-10 at the paper's init")
+    _check_float(fn, "image", image, 2, "(N, D)")
+    _check_float(fn, "text", text, 2, "(M, D)")
+    n, d = image.shape
+    if n == 0 or text.shape[1] != d or (positives and text.shape[0] != n):
+        need = "(N, D), the shape of `image`" if positives else "(M, D) with the D of `image`"
+        raise ValueError(
+            f"{fn}: `image` must be a non-empty (N, D) and `text` {need}; "
+            f"got image {_shape(image)} and text {_shape(text)}"
+        )
+    with _full_precision(image.device):
+        dtype = _math_dtype(image, text)
+        x = _embed(image, dtype, normalize)
+        y = _embed(text, dtype, normalize)
+        logits = x @ y.T * scale + bias  # N x M
+        if positives:
+            sign = 2 * torch.eye(n, dtype=logits.dtype, device=logits.device) - 1
+            logits = logits * sign
+        else:
+            logits = -logits
+        loss = -F.logsigmoid(logits).sum(dim=1)
+    return _reduce(loss, reduction)
 
 
 # --------------------------------------------------------------------------- COS-NCE

@@ -17,7 +17,17 @@ from torch import Tensor, nn
 from . import functional as LF
 from .registry import register_loss
 
-__all__ = ["BaseLoss", "CosNCELoss", "DCLLoss", "InfoNCELoss", "KDLoss", "NTXentLoss", "SupConLoss"]
+__all__ = [
+    "BaseLoss",
+    "CosNCELoss",
+    "DCLLoss",
+    "DCLWLoss",
+    "InfoNCELoss",
+    "KDLoss",
+    "NTXentLoss",
+    "SigLIPLoss",
+    "SupConLoss",
+]
 
 
 class BaseLoss(nn.Module):
@@ -216,6 +226,111 @@ class DCLLoss(_TwoViewLoss):
     ``forward(z1 (N, D), z2 (N, D), *, z1_all=None, z2_all=None, positive_offset=0)``."""
 
     _fn = staticmethod(LF.dcl)
+
+
+@register_loss("dclw", "decoupled_contrastive_weighted")
+class DCLWLoss(_TwoViewLoss):
+    """DCL with the von Mises-Fisher weighting; see :func:`contrastive.losses.functional.dclw`.
+    ``forward(z1 (N, D), z2 (N, D), *, z1_all=None, z2_all=None, positive_offset=0)``."""
+
+    def __init__(
+        self,
+        temperature: float = 0.1,
+        *,
+        sigma: float = 0.5,
+        detach_weight: bool = False,
+        normalize: bool = True,
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__(temperature, normalize=normalize, reduction=reduction)
+        LF.dclw(*_pair_inputs(2, 2, torch.float32, None), sigma=sigma)  # checks sigma early
+        self.sigma = float(sigma)
+        self.detach_weight = detach_weight
+
+    def forward(
+        self,
+        z1: Tensor,
+        z2: Tensor,
+        *,
+        z1_all: Tensor | None = None,
+        z2_all: Tensor | None = None,
+        positive_offset: int = 0,
+    ) -> Tensor:
+        return LF.dclw(
+            z1,
+            z2,
+            temperature=self.temperature,
+            sigma=self.sigma,
+            detach_weight=self.detach_weight,
+            normalize=self.normalize,
+            reduction=self.reduction,
+            z1_all=z1_all,
+            z2_all=z2_all,
+            positive_offset=positive_offset,
+        )
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, sigma={self.sigma}, detach_weight={self.detach_weight}"
+
+
+@register_loss("siglip", "sigmoid")
+class SigLIPLoss(BaseLoss):
+    """SigLIP's pairwise sigmoid loss; see :func:`contrastive.losses.functional.siglip`.
+
+    ``forward(image (N, D), text (N, D))``. Holds the paper's learnable ``log_scale`` t'
+    (t = exp(t'), init log 10) and ``bias`` b (init -10) as parameters (``learnable=False``
+    keeps them as fixed buffers), so the optimiser must see this module's parameters (as
+    CLIP's ``logit_scale``). No clamp on t: the paper and big_vision's SigLIP configs use none.
+    """
+
+    def __init__(
+        self,
+        scale_init: float = 10.0,
+        bias_init: float = -10.0,
+        *,
+        learnable: bool = True,
+        normalize: bool = True,
+        reduction: str = "mean",
+    ) -> None:
+        super().__init__(reduction=reduction)
+        LF.siglip(*_pair_inputs(2, 2, torch.float32, None), scale=scale_init, bias=bias_init)
+        log_scale = torch.tensor(math.log(scale_init))
+        bias = torch.tensor(float(bias_init))
+        if learnable:
+            self.log_scale = nn.Parameter(log_scale)
+            self.bias = nn.Parameter(bias)
+        else:
+            self.register_buffer("log_scale", log_scale)
+            self.register_buffer("bias", bias)
+        self.learnable = learnable
+        self.normalize = normalize
+
+    def forward(self, image: Tensor, text: Tensor) -> Tensor:
+        return LF.siglip(
+            image,
+            text,
+            scale=self.log_scale.exp(),
+            bias=self.bias,
+            normalize=self.normalize,
+            reduction=self.reduction,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"learnable={self.learnable}, normalize={self.normalize}, "
+            f"reduction={self.reduction!r}"
+        )
+
+    @classmethod
+    def example_inputs(
+        cls,
+        n: int = 6,
+        dim: int = 8,
+        *,
+        dtype: torch.dtype = torch.float32,
+        generator: torch.Generator | None = None,
+    ) -> tuple[Tensor, ...]:
+        return _pair_inputs(n, dim, dtype, generator)
 
 
 @register_loss("cosnce", "cos_nce")
