@@ -23,12 +23,25 @@ import contextlib
 import math
 import operator
 from collections.abc import Iterator
+from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["EPS", "cosnce", "dcl", "dclw", "infonce", "kd", "ntxent", "siglip", "supcon"]
+__all__ = [
+    "EPS",
+    "cosnce",
+    "dcl",
+    "dclw",
+    "infonce",
+    "kd",
+    "ntxent",
+    "siglip",
+    "siglip_ring",
+    "supcon",
+]
 
 EPS = 1e-8
 """Lower bound of the norm in the L2 normalisation (keeps zero vectors finite)."""
@@ -543,11 +556,11 @@ def siglip(
     The paper's loss sums over j and averages over i (``-sum(log_sigmoid(z * logits)) / N`` in
     Algorithm 1 and in open_clip's ``SigLipLoss``).
 
-    Several processes, exactly and without the full similarity matrix (the paper's sec. 3.3,
-    open_clip's ``neighbour_exchange``): each process computes ``siglip(x, y)`` on its own pairs
-    plus ``siglip(x, y_other, positives=False)`` for the text chunk of every other process (all
-    of them negatives), each divided by the same local N; the sum over processes of these terms,
-    averaged over processes, is the one-process loss on the whole batch.
+    Several processes, exactly and without the full similarity matrix: :func:`siglip_ring`
+    (the paper's sec. 3.3, open_clip's ``neighbour_exchange``) adds to ``siglip(x, y)`` on the
+    local pairs ``siglip(x, y_other, positives=False)`` for the text chunk of every other
+    process (all negatives), each over the same local N; the mean over processes is the
+    one-process loss on the whole batch.
 
     Args:
         image: (N, D) image embeddings x.
@@ -589,6 +602,69 @@ def siglip(
             logits = -logits
         loss = -F.logsigmoid(logits).sum(dim=1)
     return _reduce(loss, reduction)
+
+
+class _RingShift(torch.autograd.Function):
+    """Send a tensor to the next rank and receive the previous rank's, keeping the graph: the
+    backward sends the received tensor's gradient back to the rank it came from."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: Tensor) -> Tensor:
+        return _shift(tensor.contiguous(), +1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        return _shift(grad.contiguous(), -1)
+
+
+def _shift(tensor: Tensor, step: int) -> Tensor:
+    world, rank = dist.get_world_size(), dist.get_rank()
+    received = torch.empty_like(tensor)
+    ops = [
+        dist.P2POp(dist.isend, tensor, (rank + step) % world),
+        dist.P2POp(dist.irecv, received, (rank - step) % world),
+    ]
+    for request in dist.batch_isend_irecv(ops):
+        request.wait()
+    return received
+
+
+def _ring_shift(tensor: Tensor) -> Tensor:
+    return _RingShift.apply(tensor)
+
+
+def siglip_ring(
+    image: Tensor,
+    text: Tensor,
+    *,
+    scale: float | Tensor = 10.0,
+    bias: float | Tensor = -10.0,
+    normalize: bool = True,
+    reduction: str = "mean",
+) -> Tensor:
+    """SigLIP on several processes, exact, without gathering the batch (the paper's sec. 3.3
+    "efficient loss implementation"; open_clip's ``SigLipLoss`` with ``dist_impl="shift"``).
+
+    Each process scores its N images against its own N texts (the positives) and then, W - 1
+    times, passes the text chunk it holds to the next rank and receives the previous rank's
+    (all negatives), adding :func:`siglip` of each chunk: only an N x N block is ever in memory.
+    The exchange is autograd-aware: each chunk's gradient travels back round the ring to its
+    process. With DDP averaging the gradients, the mean of the per-process losses and its
+    gradients equal the one-process loss on the whole batch (all processes need the same N).
+    Without a process group it is :func:`siglip` itself. Arguments as :func:`siglip`; with
+    ``reduction="none"`` the (N,) row sums over the whole global batch of texts.
+    """
+    loss = siglip(image, text, scale=scale, bias=bias, normalize=normalize, reduction=reduction)
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return loss
+    chunk = text
+    for _ in range(dist.get_world_size() - 1):
+        chunk = _ring_shift(chunk)
+        loss = loss + siglip(
+            image, chunk, scale=scale, bias=bias, normalize=normalize, positives=False,
+            reduction=reduction,
+        )
+    return loss
 
 
 # --------------------------------------------------------------------------- COS-NCE

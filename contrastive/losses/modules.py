@@ -306,7 +306,10 @@ class SigLIPLoss(BaseLoss):
         self.normalize = normalize
 
     def forward(self, image: Tensor, text: Tensor) -> Tensor:
-        return LF.siglip(
+        """The loss of the local pairs; on several processes (a default process group) the
+        exact global loss by the ring exchange of :func:`~contrastive.losses.functional.
+        siglip_ring` (pass the local batch, not a gathered one)."""
+        return LF.siglip_ring(
             image,
             text,
             scale=self.log_scale.exp(),

@@ -6,6 +6,7 @@ The comparisons with open_clip and lightly are in test_vs_peers.py."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -276,3 +277,24 @@ def test_bad_arguments_raise_one_line_value_errors(call, match):
     with pytest.raises(ValueError, match=match) as info:
         call()
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.distributed
+def test_siglip_ring_over_two_processes_equals_one(tmp_path, run_two_ranks):
+    """gloo, 2 processes x 4 pairs against 1 process x 8: the mean of the ring losses and the
+    DDP-averaged gradients (images, texts, log-scale, bias) equal the one-process ones; the ring
+    that skips the peer does not (see dist_case_siglip.py)."""
+    results = run_two_ranks(Path(__file__).with_name("dist_case_siglip.py"), tmp_path)
+    full, world = results[0]["full"], len(results)
+    rings = [r["ring"] for r in results]
+    tol = {"rtol": 1e-12, "atol": 1e-12}
+    torch.testing.assert_close(torch.stack([r["loss"] for r in rings]).mean(), full["loss"], **tol)
+    for rank, r in enumerate(rings):
+        rows = slice(rank * 4, (rank + 1) * 4)
+        # DDP divides each process's gradient by the world size
+        torch.testing.assert_close(r["gx"] / world, full["gx"][rows], **tol)
+        torch.testing.assert_close(r["gy"] / world, full["gy"][rows], **tol)
+    for name in ("g_log_scale", "g_bias"):
+        torch.testing.assert_close(torch.stack([r[name] for r in rings]).mean(), full[name], **tol)
+    skipped = torch.stack([r["skipped"]["loss"] for r in results]).mean()
+    assert (skipped - full["loss"]).abs() > 1e-3
