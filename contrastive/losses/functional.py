@@ -550,8 +550,10 @@ def siglip(
 
     with x, y the L2-normalised image and text embeddings, the scale t = exp(t') and the bias b
     (learnable in the paper, initialised t' = log 10, b = -10: the paper's sec. 3.2 and Algorithm
-    1; big_vision's SigLIP configs ``temperature_init = 10.0``, ``bias_init = -10.0`` with
-    ``t = exp(param)``; open_clip's ``init_logit_scale = log(10)``, ``init_logit_bias = -10``).
+    1; big_vision's SigLIP configs ``config.model.temperature_init = 10.0``,
+    ``config.model.bias_init = -10.0``, the model learning log t; open_clip 3.3's
+    ``open_clip_train/main.py`` with ``--siglip``: ``init_logit_scale = np.log(10)``,
+    ``init_logit_bias = -10``).
     Every image-text pair is an independent binary classification: no softmax over the batch.
     The paper's loss sums over j and averages over i (``-sum(log_sigmoid(z * logits)) / N`` in
     Algorithm 1 and in open_clip's ``SigLipLoss``).

@@ -280,7 +280,9 @@ class SigLIPLoss(BaseLoss):
     ``forward(image (N, D), text (N, D))``. Holds the paper's learnable ``log_scale`` t'
     (t = exp(t'), init log 10) and ``bias`` b (init -10) as parameters (``learnable=False``
     keeps them as fixed buffers), so the optimiser must see this module's parameters (as
-    CLIP's ``logit_scale``). No clamp on t: the paper and big_vision's SigLIP configs use none.
+    CLIP's ``logit_scale``). No clamp on t here: the paper states none and big_vision's SigLIP
+    configs set ``max_temperature = False``; open_clip's training loop clamps its logit scale
+    to t <= 100 for every model (``open_clip_train/train.py``), a trainer's choice.
     """
 
     def __init__(
