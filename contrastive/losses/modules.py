@@ -9,7 +9,7 @@ that iterate the registry (and handy to try a loss in a notebook).
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -58,8 +58,9 @@ class BaseLoss(nn.Module):
         generator: torch.Generator | None = None,
     ) -> tuple[Tensor, ...]:
         """Small valid positional inputs for ``forward``. Every tensor is indexed by the sample
-        along dim 0, so permuting dim 0 of all of them permutes the samples."""
-        raise NotImplementedError
+        along dim 0, so permuting dim 0 of all of them permutes the samples. Default: two
+        (n, dim) tensors (a two-view or two-tower loss); other losses override it."""
+        return _pair_inputs(n, dim, dtype, generator)
 
     @staticmethod
     def _randn(*shape: int, dtype: torch.dtype, generator: torch.Generator | None) -> Tensor:
@@ -152,17 +153,6 @@ class InfoNCELoss(_TemperatureLoss):
             f"{super().extra_repr()}, normalize={self.normalize}, symmetric={self.symmetric}{learn}"
         )
 
-    @classmethod
-    def example_inputs(
-        cls,
-        n: int = 6,
-        dim: int = 8,
-        *,
-        dtype: torch.dtype = torch.float32,
-        generator: torch.Generator | None = None,
-    ) -> tuple[Tensor, ...]:
-        return _pair_inputs(n, dim, dtype, generator)
-
 
 class _TwoViewLoss(_TemperatureLoss):
     """Shared by NT-Xent and DCL: ``forward(z1, z2, *, z1_all=None, z2_all=None,
@@ -194,21 +184,15 @@ class _TwoViewLoss(_TemperatureLoss):
             z1_all=z1_all,
             z2_all=z2_all,
             positive_offset=positive_offset,
+            **self._options(),
         )
+
+    def _options(self) -> dict[str, Any]:
+        """Keyword arguments of ``_fn`` beyond the two-view ones (a subclass's own)."""
+        return {}
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, normalize={self.normalize}"
-
-    @classmethod
-    def example_inputs(
-        cls,
-        n: int = 6,
-        dim: int = 8,
-        *,
-        dtype: torch.dtype = torch.float32,
-        generator: torch.Generator | None = None,
-    ) -> tuple[Tensor, ...]:
-        return _pair_inputs(n, dim, dtype, generator)
 
 
 @register_loss("ntxent", "nt_xent")
@@ -233,6 +217,8 @@ class DCLWLoss(_TwoViewLoss):
     """DCL with the von Mises-Fisher weighting; see :func:`contrastive.losses.functional.dclw`.
     ``forward(z1 (N, D), z2 (N, D), *, z1_all=None, z2_all=None, positive_offset=0)``."""
 
+    _fn = staticmethod(LF.dclw)
+
     def __init__(
         self,
         temperature: float = 0.1,
@@ -247,27 +233,8 @@ class DCLWLoss(_TwoViewLoss):
         self.sigma = float(sigma)
         self.detach_weight = detach_weight
 
-    def forward(
-        self,
-        z1: Tensor,
-        z2: Tensor,
-        *,
-        z1_all: Tensor | None = None,
-        z2_all: Tensor | None = None,
-        positive_offset: int = 0,
-    ) -> Tensor:
-        return LF.dclw(
-            z1,
-            z2,
-            temperature=self.temperature,
-            sigma=self.sigma,
-            detach_weight=self.detach_weight,
-            normalize=self.normalize,
-            reduction=self.reduction,
-            z1_all=z1_all,
-            z2_all=z2_all,
-            positive_offset=positive_offset,
-        )
+    def _options(self) -> dict[str, Any]:
+        return {"sigma": self.sigma, "detach_weight": self.detach_weight}
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, sigma={self.sigma}, detach_weight={self.detach_weight}"
@@ -325,17 +292,6 @@ class SigLIPLoss(BaseLoss):
             f"learnable={self.learnable}, normalize={self.normalize}, "
             f"reduction={self.reduction!r}"
         )
-
-    @classmethod
-    def example_inputs(
-        cls,
-        n: int = 6,
-        dim: int = 8,
-        *,
-        dtype: torch.dtype = torch.float32,
-        generator: torch.Generator | None = None,
-    ) -> tuple[Tensor, ...]:
-        return _pair_inputs(n, dim, dtype, generator)
 
 
 @register_loss("cosnce", "cos_nce")
@@ -421,14 +377,3 @@ class KDLoss(_TemperatureLoss):
         return LF.kd(
             student_logits, teacher_logits, temperature=self.temperature, reduction=self.reduction
         )
-
-    @classmethod
-    def example_inputs(
-        cls,
-        n: int = 6,
-        dim: int = 8,
-        *,
-        dtype: torch.dtype = torch.float32,
-        generator: torch.Generator | None = None,
-    ) -> tuple[Tensor, ...]:
-        return _pair_inputs(n, dim, dtype, generator)
