@@ -58,6 +58,8 @@ from contrastive.methods.barlow_twins import BarlowTwins
 from contrastive.methods.base import Method, ParamGroup, Schedule
 from contrastive.methods.byol import BYOL
 from contrastive.methods.clip import CLIP
+from contrastive.methods.dcl import DCL
+from contrastive.methods.dclw import DCLW
 from contrastive.methods.deep_infomax import DeepInfoMax
 from contrastive.methods.dino import DINO
 from contrastive.methods.distill import Distiller
@@ -83,6 +85,8 @@ from contrastive.methods.vicreg import VICReg
 __all__ = [
     "BYOL",
     "CLIP",
+    "DCL",
+    "DCLW",
     "BarlowTwins",
     "DINO",
     "DeepInfoMax",

@@ -73,6 +73,8 @@ def test_vit_recipe_fixes_every_position_embedding(rx):
                         warmup_epochs=10, temperature=0.1, optimizer="lars")),
     ("simclr_cifar", dict(lr=1.0, batch_size=512, epochs=1000, weight_decay=1e-4,
                           temperature=0.5, color_strength=0.5, optimizer="lars")),
+    ("dcl_cifar", dict(batch_size=256, epochs=200, temperature=0.1, dim=128)),
+    ("dclw_cifar", dict(batch_size=256, epochs=200, temperature=0.1, sigma=0.5, dim=128)),
     ("moco_cifar", dict(lr=0.03, batch_size=512, epochs=200, weight_decay=5e-4,
                         queue_size=4096, momentum=0.99, temperature=0.1, split_bn=8)),
 ])
@@ -97,6 +99,7 @@ RECIPE_PRESETS = {
     "mocov3_r50": ("MoCoV3", "resnet50"), "mocov3_vit_small": ("MoCoV3", "vit_small"),
     "nnclr_cifar": ("NNCLR", "cifar"), "nnclr_r50": ("NNCLR", "resnet50"),
     "simclr_cifar": ("SimCLR", "cifar"),
+    "dcl_cifar": ("DCL", "cifar"), "dclw_cifar": ("DCLW", "cifar"),
     "simclr_r50": ("SimCLR", "imagenet"), "simsiam_cifar": ("SimSiam", "cifar"),
     "simsiam_r50": ("SimSiam", "resnet50"), "supcon_cifar": ("SupCon", "cifar"),
     "supcon_r50": ("SupCon", "resnet50"),
@@ -105,7 +108,8 @@ RECIPE_PRESETS = {
     "simcse": ("SimCSE", "sup"),  # the default --mode; --mode unsup builds the other preset
 }
 # presets no recipe builds (a variant of a recipe's preset, or a model size without a recipe)
-PRESETS_WITHOUT_RECIPE = {("MoCo", "cifar_symmetric"), ("MoCoV3", "resnet50_1000ep"),
+PRESETS_WITHOUT_RECIPE = {("DCL", "imagenet"), ("DCLW", "imagenet"),
+                          ("MoCo", "cifar_symmetric"), ("MoCoV3", "resnet50_1000ep"),
                           ("MoCoV3", "vit_base"), ("DeepInfoMax", "*"),
                           ("SimCSE", "unsup")}  # recipes/simcse.py --mode unsup
 
