@@ -106,7 +106,8 @@ class ClipArtefacts:
             clamp()
         config = {"model": a.model_config(cfg, a.tokenizer), "max_length":
                   int(a.tokenizer.max_length), "data": cfg.data, "image_size": cfg.image_size,
-                  "step": step, "recipe": recipe}
+                  "step": step, "recipe": recipe,
+                  "method": type(module).__name__.lower()}  # the registered name (clip, siglip)
         path = save_clip_record(out, module.state_dict(), config, a.tokenizer)
         write_encoder(out, cfg, module, a.pipeline, recipe, step)  # the image tower alone
         return path

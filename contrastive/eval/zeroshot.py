@@ -165,15 +165,16 @@ def evaluate_pairs(model: Any, tokenizer: Any, images: Tensor, captions: Sequenc
 # ---- a run folder: clip.pt (weights + JSON-able config) and tokenizer/ -------------------------
 
 def load_clip_run(folder: str | Path) -> tuple[Any, Any, dict[str, Any]]:
-    """(CLIP model in eval mode, tokenizer, config) of a run of ``recipes/clip.py``
-    (:func:`contrastive.records.load_clip_record`: nothing in the files can run code)."""
+    """(model in eval mode, tokenizer, config) of a run of ``recipes/clip.py`` or
+    ``recipes/siglip.py`` (the registered method ``config["method"]``, CLIP when absent;
+    :func:`contrastive.records.load_clip_record`: nothing in the files can run code)."""
     from contrastive.data.tokenizer import load_tokenizer
-    from contrastive.methods import CLIP
+    from contrastive.methods import method_class
     from contrastive.records import TOKENIZER_DIR, load_clip_record
 
     state, config = load_clip_record(folder)
     tokenizer = load_tokenizer(Path(folder) / TOKENIZER_DIR, max_length=int(config["max_length"]))
-    model = CLIP(**config["model"])
+    model = method_class(str(config.get("method", "clip")))(**config["model"])
     model.load_state_dict(state)
     return model.eval(), tokenizer, config
 

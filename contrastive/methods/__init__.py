@@ -74,6 +74,7 @@ from contrastive.methods.registry import (
     method_class,
     register_method,
 )
+from contrastive.methods.siglip import SigLIP
 from contrastive.methods.simclr import SimCLR
 from contrastive.methods.simcse import SimCSE
 from contrastive.methods.simsiam import SimSiam
@@ -98,6 +99,7 @@ __all__ = [
     "NNCLR",
     "ParamGroup",
     "Schedule",
+    "SigLIP",
     "SimCLR",
     "SimCSE",
     "SimSiam",

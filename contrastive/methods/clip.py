@@ -84,6 +84,14 @@ class CLIP(Method):
         if not 0 < temperature or 1.0 / temperature > max_logit_scale:
             raise ValueError(f"CLIP: need temperature > 0 and 1 / temperature <= "
                              f"max_logit_scale; got {temperature}, {max_logit_scale}")
+        self._build_towers(encoder, text_encoder, dim, encoder_kwargs, text_kwargs)
+        self.logit_scale = nn.Parameter(torch.tensor(math.log(1.0 / temperature)))
+        self.max_logit_scale = float(max_logit_scale)
+
+    def _build_towers(self, encoder: str | nn.Module, text_encoder: str | nn.Module, dim: int,
+                      encoder_kwargs: dict[str, Any] | None,
+                      text_kwargs: dict[str, Any] | None) -> None:
+        """The two encoders and their bias-free projections to the shared space (also SigLIP's)."""
         self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
         self.text_encoder = resolve_encoder(text_encoder, **(text_kwargs or {}))
         # a text pooler the pooling does not use (BERT's, with "cls" / "mean") gets no gradient:
@@ -94,8 +102,6 @@ class CLIP(Method):
             pooler.requires_grad_(False)
         self.image_proj = nn.Linear(cast(int, self.encoder.num_features), dim, bias=False)
         self.text_proj = nn.Linear(cast(int, self.text_encoder.num_features), dim, bias=False)
-        self.logit_scale = nn.Parameter(torch.tensor(math.log(1.0 / temperature)))
-        self.max_logit_scale = float(max_logit_scale)
 
     @torch.no_grad()
     def clamp_logit_scale(self) -> None:
@@ -119,15 +125,20 @@ class CLIP(Method):
         """Unit text embeddings (N, dim) of token ids (N, T)."""
         return unit(self.text_proj(self.text_encoder(input_ids, attention_mask)))
 
-    def forward(self, batch: Mapping[str, Any]) -> dict[str, Tensor]:
-        self.clamp_logit_scale()  # = the clamp after the previous optimiser step
-        image = views_of(batch, "CLIP")[0]
-        ids, mask = read(batch, "input_ids", "CLIP"), read(batch, "attention_mask", "CLIP")
+    def encode_pairs(self, batch: Mapping[str, Any]) -> tuple[Tensor, Tensor]:
+        """Unit image and text embeddings (N, dim) of a batch's image-text pairs."""
+        name = type(self).__name__
+        image = views_of(batch, name)[0]
+        ids, mask = read(batch, "input_ids", name), read(batch, "attention_mask", name)
         if ids.shape != mask.shape or ids.dim() != 2 or ids.shape[0] != image.shape[0]:
-            raise ValueError(f"CLIP: input_ids and attention_mask must be (N, T) with the N of "
+            raise ValueError(f"{name}: input_ids and attention_mask must be (N, T) with the N of "
                              f"the images ({image.shape[0]}); got {tuple(ids.shape)} and "
                              f"{tuple(mask.shape)}")
-        zi, zt = self.encode_image(image), self.encode_text(ids, mask)
+        return self.encode_image(image), self.encode_text(ids, mask)
+
+    def forward(self, batch: Mapping[str, Any]) -> dict[str, Tensor]:
+        self.clamp_logit_scale()  # = the clamp after the previous optimiser step
+        zi, zt = self.encode_pairs(batch)
         n = zi.shape[0]
         if world_size() > 1:
             zi_all, zt_all, offset = gather_with_grad(zi), gather_with_grad(zt), n * rank()

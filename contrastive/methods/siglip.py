@@ -1,0 +1,74 @@
+"""SigLIP: image-text pre-training with the pairwise sigmoid loss.
+
+Zhai, Mustafa, Kolesnikov, Beyer, "Sigmoid Loss for Language Image Pre-Training", ICCV 2023
+(arXiv 2303.15343), Algorithm 1 and sec. 3.3. CLIP's two towers, data, evaluation and recipe
+conventions (:class:`contrastive.methods.CLIP`); only the loss differs::
+
+    x = normalize(image_proj(image_encoder(image)))          # N x D, local
+    y = normalize(text_proj(text_encoder(tokens)))           # N x D, local
+    loss = siglip(x, y, scale=exp(t'), bias=b)               # one process
+    loss = siglip_ring(x, y, scale=exp(t'), bias=b)          # several: texts passed round
+
+- t' and b are the registry's ``siglip`` loss parameters (:class:`~contrastive.losses.modules.
+  SigLIPLoss`), learnt, initialised t' = log 10, b = -10 (paper sec. 3.2 / Algorithm 1;
+  big_vision's configs and open_clip's ``--siglip`` use the same), no clamp (the paper states
+  none; see SigLIPLoss), no weight decay (CLIP's :meth:`param_groups`: ``ndim < 2``).
+- Several processes: each process passes its LOCAL batch; the loss runs the paper's chunked
+  exchange (each text chunk visits every process, autograd-aware), so no (M x M) matrix and no
+  gather; the mean over processes with DDP's gradient average equals one process with the whole
+  batch. The metrics (``pos_acc`` ...) are those of the local pairs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, cast
+
+import torch
+from torch import Tensor, nn
+
+from contrastive.losses import get_loss
+from contrastive.losses.modules import SigLIPLoss
+from contrastive.methods._common import in_batch_metrics
+from contrastive.methods.base import Method
+from contrastive.methods.clip import CLIP
+from contrastive.methods.registry import register_method
+
+__all__ = ["SigLIP"]
+
+
+@register_method("siglip")
+class SigLIP(CLIP):
+    """SigLIP with CLIP's towers (see :class:`CLIP` for the encoders and the batch keys).
+
+    Args:
+        encoder, text_encoder, dim, encoder_kwargs, text_kwargs: as :class:`CLIP`.
+        scale_init: t = exp(t') at init (10, the paper's).
+        bias_init: b at init (-10, the paper's).
+    """
+
+    def __init__(self, encoder: str | nn.Module = "small_cnn",
+                 text_encoder: str | nn.Module = "bert", dim: int = 64,
+                 scale_init: float = 10.0, bias_init: float = -10.0,
+                 encoder_kwargs: dict[str, Any] | None = None,
+                 text_kwargs: dict[str, Any] | None = None) -> None:
+        Method.__init__(self)  # CLIP's towers without its softmax logit scale
+        self._build_towers(encoder, text_encoder, dim, encoder_kwargs, text_kwargs)
+        self.criterion = cast(SigLIPLoss, get_loss("siglip", scale_init=scale_init,
+                                                   bias_init=bias_init, normalize=False))
+
+    def clamp_logit_scale(self) -> None:
+        """Nothing: SigLIP's scale is not clamped (see the module docstring)."""
+
+    def after_optimizer_step(self) -> None:
+        """Nothing after a step (CLIP clamps its scale here)."""
+
+    def forward(self, batch: Mapping[str, Any]) -> dict[str, Tensor]:
+        zi, zt = self.encode_pairs(batch)
+        loss = self.criterion(zi, zt)  # the ring exchange on several processes
+        cols = torch.arange(zi.shape[0], device=zi.device)
+        metrics = in_batch_metrics(zi.detach(), zt.detach(), pos_col=cols)  # local pairs
+        return {"loss": loss, **metrics,
+                "logit_scale": self.criterion.log_scale.detach().exp(),
+                "logit_bias": self.criterion.bias.detach(),
+                "embeddings": zi.detach()}
