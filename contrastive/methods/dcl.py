@@ -58,16 +58,10 @@ class DCL(SimCLR):
         last_bn: bool = True,
         temperature: float = 0.1,
         encoder_kwargs: dict[str, Any] | None = None,
-        **loss_options: Any,
     ) -> None:
         super().__init__(encoder, dim=dim, mlp_hidden=mlp_hidden, num_layers=num_layers,
                          last_bn=last_bn, temperature=temperature, loss=self.loss_name,
                          encoder_kwargs=encoder_kwargs)
-        if loss_options:  # DCLW's sigma / detach_weight reach its loss
-            from contrastive.losses import get_loss
-
-            self.criterion = get_loss(self.loss_name, temperature=temperature,
-                                      normalize=False, **loss_options)
 
     def forward(self, batch: Mapping[str, Any]) -> dict[str, Tensor]:
         views = views_of(batch, type(self).__name__, min_n=2)

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 from torch import nn
 
+from contrastive.losses import get_loss
 from contrastive.methods.dcl import DCL
 from contrastive.methods.registry import register_method
 
@@ -49,6 +50,7 @@ class DCLW(DCL):
         encoder_kwargs: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(encoder, dim=dim, mlp_hidden=mlp_hidden, num_layers=num_layers,
-                         last_bn=last_bn, temperature=temperature, encoder_kwargs=encoder_kwargs,
-                         sigma=sigma, detach_weight=detach_weight)
+                         last_bn=last_bn, temperature=temperature, encoder_kwargs=encoder_kwargs)
+        self.criterion = get_loss("dclw", temperature=temperature, sigma=sigma,
+                                  detach_weight=detach_weight, normalize=False)
         self.sigma = float(sigma)
