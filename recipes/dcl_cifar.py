@@ -4,11 +4,14 @@ Contrastive Learning", ECCV 2022, arXiv 2110.06848).
 
 The method's settings (ResNet-18 with the CIFAR stem, 128-d projection, tau 0.1) live in
 ``DCL.presets["cifar"]``; the training schedule is SimCLR's CIFAR-10 recipe
-(recipes/simclr_cifar.py) at the paper's small-scale batch 256 and 200 epochs, with the loss
-swapped, as the paper's CIFAR experiments build on SimCLR. Not checked against the paper's text
-or the authors' code in this session (neither could be read here): tau 0.1 for CIFAR, the
-optimiser and learning rate of the paper's CIFAR runs; tau 0.1 and sigma 0.5 are lightly's
-``DCLLoss`` / ``DCLWLoss`` defaults (docs.lightly.ai, examples/dcl).
+(recipes/simclr_cifar.py) with the loss swapped, as the paper's experiments build on SimCLR.
+Sources: the paper's abstract (arXiv 2110.06848 v3) gives batch 256 and 200 epochs for its
+ImageNet-1K headline (68.2 %), used here as the budget; the paper names no official code; the
+implementation lightly cites (github.com/raminnakhli/Decoupled-Contrastive-Learning,
+``loss/dcl.py``: sigma 0.5; its README example uses tau 0.5) and lightly's ``DCLLoss`` /
+``DCLWLoss`` (tau 0.1, sigma 0.5, docs.lightly.ai examples/dcl). NOT checked (the paper's body
+could not be read in this session): the paper's CIFAR-10 tau, batch, epochs, optimiser and
+learning rate; check them against its sec. 5 / appendix before quoting results.
 
     python recipes/dcl_cifar.py --data cifar10
     python recipes/dcl_cifar.py --data shapes --encoder small_cnn --epochs 5   # CPU minutes
