@@ -6,7 +6,7 @@ The method's settings (ResNet-18 with the CIFAR stem, 128-d projection, tau 0.1)
 ``DCL.presets["cifar"]``; the training schedule is SimCLR's CIFAR-10 recipe
 (recipes/simclr_cifar.py) with the loss swapped, as the paper's experiments build on SimCLR.
 Sources: the paper's abstract (arXiv 2110.06848 v3) gives batch 256 and 200 epochs for its
-ImageNet-1K headline (68.2 %), used here as the budget; the paper names no official code; the
+ImageNet-1K headline (68.2 %), used here as the budget; no official code was found; the
 implementation lightly cites (github.com/raminnakhli/Decoupled-Contrastive-Learning,
 ``loss/dcl.py``: sigma 0.5; its README example uses tau 0.5) and lightly's ``DCLLoss`` /
 ``DCLWLoss`` (tau 0.1, sigma 0.5, docs.lightly.ai examples/dcl). NOT checked (the paper's body
