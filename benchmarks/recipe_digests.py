@@ -60,7 +60,7 @@ ARGS: dict[str, list[str]] = {
     "moco_r50": [*IMAGE, "--queue-size", "32", "--mlp-hidden", "32"],
     "mocov1_r50": [*IMAGE, "--queue-size", "32"],
     **{name: HEADS for name in ("mocov3_r50", "mocov3_vit_small", "simclr_r50", "simclr_cifar",
-                                "dcl_cifar", "dclw_cifar",
+                                "dcl_cifar",
                                 "byol_cifar", "byol_r50", "supcon_cifar", "supcon_r50")},
     "simsiam_cifar": [*IMAGE, "--dim", "16", "--proj-hidden", "32", "--pred-hidden", "8"],
     "simsiam_r50": [*IMAGE, "--dim", "16", "--pred-hidden", "8"],

@@ -35,7 +35,6 @@ SMALL = {
     "simclr_r50": ["--mlp-hidden", "32", "--dim", "16", "--warmup-epochs", "0.5",
                    "--grad-accum-steps", "2"],
     "dcl_cifar": ["--mlp-hidden", "32", "--dim", "16", "--warmup-epochs", "0.5"],
-    "dclw_cifar": ["--mlp-hidden", "32", "--dim", "16", "--warmup-epochs", "0.5"],
     "simclr_cifar": ["--mlp-hidden", "32", "--dim", "16", "--warmup-epochs", "0.5",
                      "--knn-every", "1", "--knn-max-train", "32"],
 }

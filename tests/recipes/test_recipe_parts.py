@@ -74,7 +74,7 @@ def test_vit_recipe_fixes_every_position_embedding(rx):
     ("simclr_cifar", dict(lr=1.0, batch_size=512, epochs=1000, weight_decay=1e-4,
                           temperature=0.5, color_strength=0.5, optimizer="lars")),
     ("dcl_cifar", dict(batch_size=256, epochs=200, temperature=0.1, dim=128)),
-    ("dclw_cifar", dict(batch_size=256, epochs=200, temperature=0.1, sigma=0.5, dim=128)),
+    ("dcl_cifar", dict(weighting="none", sigma=0.5)),  # --weighting vmf: DCLW's sigma
     ("moco_cifar", dict(lr=0.03, batch_size=512, epochs=200, weight_decay=5e-4,
                         queue_size=4096, momentum=0.99, temperature=0.1, split_bn=8)),
 ])
@@ -99,7 +99,7 @@ RECIPE_PRESETS = {
     "mocov3_r50": ("MoCoV3", "resnet50"), "mocov3_vit_small": ("MoCoV3", "vit_small"),
     "nnclr_cifar": ("NNCLR", "cifar"), "nnclr_r50": ("NNCLR", "resnet50"),
     "simclr_cifar": ("SimCLR", "cifar"),
-    "dcl_cifar": ("DCL", "cifar"), "dclw_cifar": ("DCLW", "cifar"),
+    "dcl_cifar": ("DCL", "cifar"),
     "simclr_r50": ("SimCLR", "imagenet"), "simsiam_cifar": ("SimSiam", "cifar"),
     "simsiam_r50": ("SimSiam", "resnet50"), "supcon_cifar": ("SupCon", "cifar"),
     "supcon_r50": ("SupCon", "resnet50"),
@@ -109,6 +109,7 @@ RECIPE_PRESETS = {
 }
 # presets no recipe builds (a variant of a recipe's preset, or a model size without a recipe)
 PRESETS_WITHOUT_RECIPE = {("DCL", "imagenet"), ("DCLW", "imagenet"),
+                          ("DCLW", "cifar"),  # recipes/dcl_cifar.py --weighting vmf
                           ("MoCo", "cifar_symmetric"), ("MoCoV3", "resnet50_1000ep"),
                           ("MoCoV3", "vit_base"), ("DeepInfoMax", "*"),
                           ("SimCSE", "unsup")}  # recipes/simcse.py --mode unsup
@@ -206,3 +207,14 @@ def test_every_preset_has_a_recipe_or_is_listed():
             key = (name, preset)
             assert key in covered or key in PRESETS_WITHOUT_RECIPE or (name, "*") in \
                 PRESETS_WITHOUT_RECIPE, f"preset {key} has no recipe: map it in RECIPE_PRESETS"
+
+
+def test_dcl_recipe_builds_dclw_with_vmf_weighting(rx):
+    """recipes/dcl_cifar.py is both of the paper's methods: --weighting vmf is DCLW."""
+    from contrastive.methods import DCL, DCLW
+
+    mod = rx.load_recipe("dcl_cifar")
+    built = {w: mod.build_method(mod.DCLCifar(encoder="small_cnn", weighting=w, sigma=0.7))
+             for w in ("none", "vmf")}
+    assert type(built["none"]) is DCL and type(built["vmf"]) is DCLW
+    assert built["vmf"].criterion.sigma == 0.7

@@ -11,7 +11,7 @@ import torch
 from contrastive.engine import parse_config
 from contrastive.engine.schedules import lr_at, scaled_lr
 
-ALL_RECIPES = ["dcl_cifar", "dclw_cifar", "moco_cifar", "moco_r50", "mocov1_r50", "mocov3_r50",
+ALL_RECIPES = ["dcl_cifar", "moco_cifar", "moco_r50", "mocov1_r50", "mocov3_r50",
                "mocov3_vit_small",
                "simclr_cifar", "simclr_r50"]
 REQUIRED = {"step", "epoch", "loss", "lr", "pos_acc", "images_per_s", "embedding_std"}
