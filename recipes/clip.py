@@ -34,42 +34,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from contrastive.engine import ImageTextAdapter, ImageTextConfig, help_field, run
+from contrastive.engine import DualEncoderConfig, ImageTextAdapter, help_field, run
 
 
 @dataclass
-class ClipConfig(ImageTextConfig):
-    """CLIP on image-caption data (see the module docstring for the sources)."""
+class ClipConfig(DualEncoderConfig):
+    """CLIP on image-caption data (see the module docstring for the sources); the schedule and
+    the towers' sizes are :class:`~contrastive.engine.DualEncoderConfig`'s."""
 
-    steps: int = help_field(300, "optimiser steps (the budget the schedule follows)")
-    batch_size: int = 128
-    optimizer: str = help_field("adamw", "AdamW with decoupled weight decay (CLIP)",
-                                choices=("sgd", "adamw", "lars"))
-    lr: float = 2e-3
-    lr_scaling: str = help_field("none", "lr is absolute", choices=("linear", "sqrt", "none"))
-    weight_decay: float = help_field(0.1, "CLIP uses 0.2 at scale; 0.1 at this size")
-    betas: tuple[float, float] = help_field((0.9, 0.98), "CLIP's AdamW betas")
-    warmup_steps: int = 50
-    save_every_steps: int = 100
-    num_workers: int = 0
-    log_every: int = 50
-    # model
-    dim: int = help_field(64, "shared embedding width")
-    text_layers: int = help_field(2, "text encoder layers")
-    text_width: int = help_field(64, "text encoder hidden size")
-    text_heads: int = help_field(2, "text encoder attention heads")
-    text_dropout: float = help_field(0.1, "text encoder dropout (hidden and attention; BERT's)")
     temperature: float = help_field(0.07, "initial temperature (logit scale log(1 / t))")
 
 
 def model_config(cfg: ClipConfig, tokenizer: Any) -> dict[str, Any]:
     """CLIP's keyword arguments (recorded in clip.pt, so evaluation rebuilds the model)."""
-    return dict(encoder=cfg.encoder, encoder_kwargs=cfg.encoder_options(), text_encoder="bert",
-                dim=cfg.dim, temperature=cfg.temperature, text_kwargs=dict(
-                    num_layers=cfg.text_layers, hidden_size=cfg.text_width,
-                    num_heads=cfg.text_heads, vocab_size=tokenizer.vocab_size,
-                    dropout=cfg.text_dropout, attention_dropout=cfg.text_dropout,
-                    max_position_embeddings=int(tokenizer.max_length), pooling="mean"))
+    return {**cfg.tower_kwargs(tokenizer), "temperature": cfg.temperature}
 
 
 def make(argv: list[str] | None = None) -> tuple[type[ClipConfig], Any, ImageTextAdapter]:

@@ -53,6 +53,7 @@ from contrastive.engine.checkpoint import (
 from contrastive.engine.config import (
     CifarConfig,
     DIMConfig,
+    DualEncoderConfig,
     ImageTextConfig,
     LabelledTextConfig,
     RunConfig,
@@ -78,6 +79,7 @@ __all__ = [
     "GlueEvaluator",
     "ImageAdapter",
     "ImageTextAdapter",
+    "DualEncoderConfig",
     "ImageTextConfig",
     "LabelledTextAdapter",
     "LabelledTextConfig",

@@ -315,6 +315,44 @@ class ImageTextConfig(RunConfig):
 
 
 @dataclass
+class DualEncoderConfig(ImageTextConfig):
+    """An image tower and a text tower trained on image-caption pairs at CPU scale (the CLIP
+    family: recipes/clip.py, recipes/siglip.py): the schedule both recipes share (so that the
+    methods compare on the same budget) and the text tower's sizes. A recipe adds its loss's
+    fields and builds its method from :meth:`tower_kwargs`."""
+
+    steps: int = help_field(300, "optimiser steps (the budget the schedule follows)")
+    batch_size: int = 128
+    optimizer: str = help_field("adamw", "AdamW with decoupled weight decay (CLIP)",
+                                choices=("sgd", "adamw", "lars"))
+    lr: float = 2e-3
+    lr_scaling: str = help_field("none", "lr is absolute", choices=("linear", "sqrt", "none"))
+    weight_decay: float = help_field(0.1, "CLIP uses 0.2 at scale; 0.1 at this size")
+    betas: tuple[float, float] = help_field((0.9, 0.98), "CLIP's AdamW betas")
+    warmup_steps: int = 50
+    save_every_steps: int = 100
+    num_workers: int = 0
+    log_every: int = 50
+    # model
+    dim: int = help_field(64, "shared embedding width")
+    text_layers: int = help_field(2, "text encoder layers")
+    text_width: int = help_field(64, "text encoder hidden size")
+    text_heads: int = help_field(2, "text encoder attention heads")
+    text_dropout: float = help_field(0.1, "text encoder dropout (hidden and attention; BERT's)")
+
+    def tower_kwargs(self, tokenizer: Any) -> dict[str, Any]:
+        """The two towers' keyword arguments of :class:`~contrastive.methods.CLIP` and its
+        kin: the image encoder, a BERT text encoder of these sizes over ``tokenizer``'s
+        vocabulary (mean pooled), the shared width."""
+        return dict(encoder=self.encoder, encoder_kwargs=self.encoder_options(),
+                    text_encoder="bert", dim=self.dim, text_kwargs=dict(
+                        num_layers=self.text_layers, hidden_size=self.text_width,
+                        num_heads=self.text_heads, vocab_size=tokenizer.vocab_size,
+                        dropout=self.text_dropout, attention_dropout=self.text_dropout,
+                        max_position_embeddings=int(tokenizer.max_length), pooling="mean"))
+
+
+@dataclass
 class TextRunConfig(RunConfig):
     """What every run on text has besides :class:`RunConfig`'s fields: the tokenizer folder, the
     sentence length, the seed of generated data and the evaluator's cadence. Its two
