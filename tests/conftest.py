@@ -80,6 +80,37 @@ def run_two_ranks() -> Callable[..., list[dict]]:
     return _run_two_ranks
 
 
+def param_gap(run: dict, ref: dict) -> float:
+    """The largest parameter difference between two recorded runs (``run["params"]``)."""
+    return max(float((p - q).abs().max()) for p, q in zip(run["params"], ref["params"]))
+
+
+def _ranks_match_one_process(runs: list[dict], ref: dict) -> None:
+    """Two ranks' records against the one-process ``ref`` in float64: each step's rank losses
+    average to the reference loss, every rank's gradients equal it, and so do the parameters
+    after the last step (records ``loss``, ``grads``, ``params`` per step)."""
+    assert ref["loss"][0].dtype == torch.float64
+    for step in range(len(ref["loss"])):
+        _close_f64((runs[0]["loss"][step] + runs[1]["loss"][step]) / 2, ref["loss"][step])
+        for run in runs:
+            for g, g_ref in zip(run["grads"][step], ref["grads"][step]):
+                _close_f64(g, g_ref)
+    for run in runs:
+        assert param_gap(run, ref) < 1e-10
+
+
+@pytest.fixture(scope="session")
+def ranks_match_one_process() -> Callable[[list[dict], dict], None]:
+    """``check(runs, ref)``: the two-process equivalence of the float64 method cases."""
+    return _ranks_match_one_process
+
+
+@pytest.fixture(scope="session")
+def gap() -> Callable[[dict, dict], float]:
+    """``gap(run, ref)``: :func:`param_gap` (what a mutated run must exceed)."""
+    return param_gap
+
+
 @pytest.fixture
 def fresh_accelerate():
     """Reset accelerate's process-wide state around an in-process training run."""
