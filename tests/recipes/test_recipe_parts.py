@@ -4,6 +4,7 @@ ViT's fixed 2-D sin-cos position embedding; the hyper-parameters the papers fix.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -106,6 +107,7 @@ RECIPE_PRESETS = {
     "swav_cifar": ("SwAV", "cifar"), "swav_r50": ("SwAV", "resnet50"),
     "vicreg_cifar": ("VICReg", "cifar"), "vicreg_r50": ("VICReg", "resnet50"),
     "simcse": ("SimCSE", "sup"),  # the default --mode; --mode unsup builds the other preset
+    "siglip": ("SigLIP", "paper"),
 }
 # presets no recipe builds (a variant of a recipe's preset, or a model size without a recipe)
 PRESETS_WITHOUT_RECIPE = {("DCL", "imagenet"), ("DCLW", "imagenet"),
@@ -149,6 +151,10 @@ def _constructor_arguments(rx, monkeypatch, recipe: str, cls) -> dict:
     with pytest.raises(_Built):
         if hasattr(mod, "build_method"):
             mod.build_method(parse_config(config_class, ["--data", "shapes"]))
+        elif hasattr(mod, "make"):  # an image-text recipe: a stand-in for the run's tokenizer
+            _, build_method, adapter = mod.make()
+            adapter.tokenizer = SimpleNamespace(vocab_size=100, max_length=16)
+            build_method(parse_config(config_class, []))
         else:  # a text recipe: its method's arguments, the tokenizer's vocabulary aside
             cls(**mod.method_kwargs(parse_config(config_class, []), 100))
     return seen
