@@ -7,11 +7,11 @@ views and multi-process gather as SimCLR / :class:`contrastive.methods.dcl.DCL`.
 
 Settings (``presets``; sources and gaps as :mod:`contrastive.methods.dcl`): sigma 0.5 is lightly's
 ``DCLWLoss`` default and the raminnakhli implementation's (``loss/dcl.py`` ``DCLW(sigma=0.5)``;
-its README runs tau 0.1, sigma 0.5), tau 0.1 as DCL. The weights ``2 - M * softmax`` follow the
-paper's formula (mean over the batch in the denominator) as lightly and that implementation's
-latest ``loss/dcl.py`` (commit f876c83) do; its earlier version (50991ef) left out the factor M,
-which makes every weight about 2. NOT checked: the paper's sigma per data set (body unreadable,
-see DCL).
+its README runs tau 0.1, sigma 0.5), tau 0.1 as DCL. The weights ``2 - M * softmax`` (the
+batch mean in the denominator, so they average to 1) are what lightly and that implementation's
+latest ``loss/dcl.py`` (commit f876c83) compute; its earlier version (50991ef) left out the
+factor M, which makes every weight about 2. NOT checked against the paper's text (its body was
+unreadable, see DCL): the weighting's exact form and its sigma per data set.
 """
 
 from __future__ import annotations

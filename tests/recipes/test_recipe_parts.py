@@ -224,3 +224,12 @@ def test_dcl_recipe_builds_dclw_with_vmf_weighting(rx):
              for w in ("none", "vmf")}
     assert type(built["none"]) is DCL and type(built["vmf"]) is DCLW
     assert built["vmf"].criterion.sigma == 0.7
+
+
+def test_dcl_recipe_reads_dclw_sigma_from_its_preset(rx, monkeypatch):
+    """DCLW.presets["cifar"] (listed as without a recipe of its own) is still the one home of
+    --sigma: change it there and recipes/dcl_cifar.py's default follows."""
+    from contrastive.methods import DCLW
+
+    monkeypatch.setitem(DCLW.presets["cifar"], "sigma", 0.25)
+    assert rx.load_recipe("dcl_cifar").DCLCifar().sigma == 0.25
