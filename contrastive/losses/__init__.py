@@ -10,7 +10,7 @@ Use by name (the registry) or by class / function::
     loss = LF.ntxent(z1, z2, temperature=0.5)
 
 Registered names: ``infonce``, ``ntxent``, ``cosnce``, ``supcon``, ``dcl``, ``dclw``, ``siglip``,
-``kd``, ``byol``, ``simsiam``, ``barlow_twins``, ``vicreg``, ``swav``, ``dino``, ``dim`` (see
+``kd``, ``byol``, ``simsiam``, ``barlow_twins``, ``vicreg``, ``swav``, ``dino``, ``dim``, ``mae`` (see
 ``list_losses()``). Add yours with
 ``@register_loss("name")``. Inputs may be half precision: the maths runs in float32 and the
 result is float32.
@@ -22,7 +22,7 @@ statistics of the whole batch: pass the GLOBAL batch (gathered with gradient) an
 
 from __future__ import annotations
 
-from . import clustering, decorrelation, functional, mutual_info, regression
+from . import clustering, decorrelation, functional, mutual_info, reconstruction, regression
 from .clustering import DINOLoss, SwAVLoss
 from .decorrelation import BarlowTwinsLoss, VICRegLoss
 from .modules import (
@@ -37,6 +37,7 @@ from .modules import (
     SupConLoss,
 )
 from .mutual_info import DIMLoss
+from .reconstruction import MAELoss
 from .registry import UnknownLossError, get_loss, list_losses, loss_class, register_loss
 from .regression import BYOLLoss, SimSiamLoss
 
@@ -51,6 +52,7 @@ __all__ = [
     "DCLWLoss",
     "InfoNCELoss",
     "KDLoss",
+    "MAELoss",
     "NTXentLoss",
     "SigLIPLoss",
     "SimSiamLoss",
@@ -65,6 +67,7 @@ __all__ = [
     "list_losses",
     "loss_class",
     "mutual_info",
+    "reconstruction",
     "register_loss",
     "regression",
 ]
