@@ -262,6 +262,22 @@ def dino(
     return Pipeline([g1, g2] + [loc] * num_local, mean, std)
 
 
+@register_pipeline("mae")
+def mae(
+    image_size: int = 224,
+    *,
+    scale: Pair = (0.2, 1.0),
+    flip_p: float = 0.5,
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
+) -> Pipeline:
+    """MAE (He et al. 2022; facebookresearch/mae ``main_pretrain.py``): one view,
+    RandomResizedCrop (0.2-1) and a horizontal flip, no colour augmentation. The code resizes
+    the crop bicubically; ours resizes as every other pipeline here does."""
+    return Pipeline([ViewConfig(size=_check_size(image_size), scale=scale, flip_p=flip_p)],
+                    mean, std)
+
+
 @register_pipeline("eval", "val", "test")
 def eval_(
     image_size: int = 224,

@@ -10,9 +10,8 @@ Use by name (the registry) or by class / function::
     loss = LF.ntxent(z1, z2, temperature=0.5)
 
 Registered names: ``infonce``, ``ntxent``, ``cosnce``, ``supcon``, ``dcl``, ``dclw``, ``siglip``,
-``kd``, ``byol``, ``simsiam``, ``barlow_twins``, ``vicreg``, ``swav``, ``dino``, ``dim`` (see
-``list_losses()``). Add yours with
-``@register_loss("name")``. Inputs may be half precision: the maths runs in float32 and the
+``kd``, ``byol``, ``simsiam``, ``barlow_twins``, ``vicreg``, ``swav``, ``dino``, ``dim``, ``mae``,
+``ibot_patch``, ``koleo`` (see ``list_losses()``). Add yours with ``@register_loss("name")``. Inputs may be half precision: the maths runs in float32 and the
 result is float32.
 
 Batch-level losses (``barlow_twins``, ``vicreg``; ``loss_class(name).batch_level`` is True) are
@@ -22,9 +21,18 @@ statistics of the whole batch: pass the GLOBAL batch (gathered with gradient) an
 
 from __future__ import annotations
 
-from . import clustering, decorrelation, functional, mutual_info, regression
+from . import (
+    clustering,
+    decorrelation,
+    dinov2,
+    functional,
+    mutual_info,
+    reconstruction,
+    regression,
+)
 from .clustering import DINOLoss, SwAVLoss
 from .decorrelation import BarlowTwinsLoss, VICRegLoss
+from .dinov2 import IBOTPatchLoss, KoLeoLoss
 from .modules import (
     BaseLoss,
     CosNCELoss,
@@ -37,6 +45,7 @@ from .modules import (
     SupConLoss,
 )
 from .mutual_info import DIMLoss
+from .reconstruction import MAELoss
 from .registry import UnknownLossError, get_loss, list_losses, loss_class, register_loss
 from .regression import BYOLLoss, SimSiamLoss
 
@@ -49,8 +58,11 @@ __all__ = [
     "CosNCELoss",
     "DCLLoss",
     "DCLWLoss",
+    "IBOTPatchLoss",
     "InfoNCELoss",
     "KDLoss",
+    "KoLeoLoss",
+    "MAELoss",
     "NTXentLoss",
     "SigLIPLoss",
     "SimSiamLoss",
@@ -60,11 +72,13 @@ __all__ = [
     "VICRegLoss",
     "clustering",
     "decorrelation",
+    "dinov2",
     "functional",
     "get_loss",
     "list_losses",
     "loss_class",
     "mutual_info",
+    "reconstruction",
     "register_loss",
     "regression",
 ]

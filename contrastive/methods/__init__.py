@@ -4,7 +4,8 @@
 ``Distiller`` (COS-NCE contrastive distillation of a frozen teacher into a student, LRC-BERT);
 the two-view family without (or with other) negatives: ``BYOL``, ``SimSiam``, ``SupCon``,
 ``NNCLR``, ``BarlowTwins``, ``VICReg``; multi-crop clustering and self-distillation: ``SwAV``,
-``DINO``; mutual information: ``DeepInfoMax``; image-text: ``CLIP`` (reads ``input_ids`` and
+``DINO``; masked image modelling: ``MAE`` (one view, a timm ViT); mutual information:
+``DeepInfoMax``; image-text: ``CLIP`` (reads ``input_ids`` and
 ``attention_mask`` besides the image); sentence embeddings: ``SimCSE`` (reads ``input_ids`` and
 ``attention_mask``); labelled text: ``TextClassifier`` (an encoder fine-tuned with a prediction
 layer: the LRC-BERT teacher, the cross-entropy student) and ``LRCBert`` (contrastive
@@ -64,6 +65,7 @@ from contrastive.methods.deep_infomax import DeepInfoMax
 from contrastive.methods.dino import DINO
 from contrastive.methods.distill import Distiller
 from contrastive.methods.lrc_bert import LRCBert
+from contrastive.methods.mae import MAE
 from contrastive.methods.moco import MoCo
 from contrastive.methods.moco_v3 import MoCoV3
 from contrastive.methods.nnclr import NNCLR
@@ -93,6 +95,7 @@ __all__ = [
     "DeepInfoMax",
     "Distiller",
     "LRCBert",
+    "MAE",
     "Method",
     "MoCo",
     "MoCoV3",

@@ -1,0 +1,61 @@
+"""Case of tests/methods/test_mae_distributed.py for the one worker, tests/dist_worker.py.
+
+Rank 0 first trains MAE in one process on the whole batch (2B images); then both ranks train
+the same 3 SGD steps on their half with gloo + DDP, each image keeping the mask it had in the
+one-process run (the global batch's noise, this rank's rows: masks are per sample); then again
+with every rank using rank 0's rows of the noise (masks drawn per process instead of per
+image), which the test must see. Float64. MAE has no cross-process term: the per-rank loss is
+the mean over the rank's masked patches and DDP averages the gradients, which equals the
+one-process mean because every image has the same number of masked patches.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from contrastive.methods import MAE
+from contrastive.nn.masking import random_masking
+
+B, STEPS, L = 4, 3, 16
+
+
+def build() -> MAE:
+    torch.manual_seed(0)
+    return MAE("timm:vit_tiny_patch16_224", decoder_dim=8, decoder_depth=1, decoder_heads=2,
+               encoder_kwargs=dict(img_size=16, patch_size=4, embed_dim=16, depth=1,
+                                   num_heads=2)).double()
+
+
+def batches():
+    g = torch.Generator().manual_seed(123)
+    return [(torch.randn(2 * B, 3, 16, 16, generator=g, dtype=torch.float64),
+             torch.rand(2 * B, L, generator=g, dtype=torch.float64)) for _ in range(STEPS)]
+
+
+def train(rank: int, world: int, mutate: bool = False) -> dict:
+    method = build()
+    model = DDP(method) if world > 1 else method
+    opt = torch.optim.SGD(method.parameters(), lr=0.5)
+    record: dict = {"loss": [], "grads": []}
+    for images, noise in batches():
+        rows = slice(rank * B, (rank + 1) * B) if world > 1 else slice(None)
+        local_noise = noise[:B] if mutate else noise[rows]
+        method.draw_masking = lambda n, device, z=local_noise: random_masking(  # type: ignore
+            n, L, method.mask_ratio, noise=z)
+        out = model({"views": [images[rows]]})
+        opt.zero_grad()
+        out["loss"].backward()
+        record["loss"].append(out["loss"].detach())
+        record["grads"].append([p.grad.clone() for p in method.parameters() if p.requires_grad])
+        opt.step()
+    record["params"] = [p.detach().clone() for p in method.parameters()]
+    return record
+
+
+def reference(world: int) -> dict:
+    return {"mae": train(0, 1)}
+
+
+def distributed(rank: int, world: int) -> dict:
+    return {"mae_distributed": train(rank, world), "mae_mutated": train(rank, world, True)}
