@@ -108,13 +108,15 @@ RECIPE_PRESETS = {
     "vicreg_cifar": ("VICReg", "cifar"), "vicreg_r50": ("VICReg", "resnet50"),
     "simcse": ("SimCSE", "sup"),  # the default --mode; --mode unsup builds the other preset
     "siglip": ("SigLIP", "paper"),
+    "mae_cifar": ("MAE", "cifar"), "mae_in1k": ("MAE", "vit_large"),
 }
 # presets no recipe builds (a variant of a recipe's preset, or a model size without a recipe)
 PRESETS_WITHOUT_RECIPE = {("DCL", "imagenet"), ("DCLW", "imagenet"),
                           ("DCLW", "cifar"),  # recipes/dcl_cifar.py --weighting vmf
                           ("MoCo", "cifar_symmetric"), ("MoCoV3", "resnet50_1000ep"),
                           ("MoCoV3", "vit_base"), ("DeepInfoMax", "*"),
-                          ("SimCSE", "unsup")}  # recipes/simcse.py --mode unsup
+                          ("SimCSE", "unsup"),  # recipes/simcse.py --mode unsup
+                          ("MAE", "vit_base")}  # recipes/mae_in1k.py trains the ViT-L preset
 
 # where a recipe deliberately departs from its preset, and why
 RECIPE_OVERRIDES = {
@@ -180,6 +182,8 @@ def _changed(value):
     """Another value of the same type (a string stays a string, a flag flips)."""
     if isinstance(value, bool):
         return not value
+    if isinstance(value, dict):
+        return {**value, "changed": 1}
     if isinstance(value, (int, float)):
         return value + 1 if isinstance(value, int) else value / 2
     return f"{value}_x"
