@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -70,6 +71,8 @@ METHODS: dict[str, Entry] = {
     "MoCo v2": Entry("moco_r50", ("--queue-size", "4096")),
     "MoCo v3": Entry("mocov3_r50"),
     "SimCLR": Entry("simclr_cifar"),
+    "DCL": Entry("dcl_cifar"),
+    "DCLW": Entry("dcl_cifar", ("--weighting", "vmf")),
     "BYOL": Entry("byol_cifar"),
     "SimSiam": Entry("simsiam_cifar"),
     "SupCon": Entry("supcon_cifar"),
@@ -264,7 +267,7 @@ def main() -> None:
         entry = METHODS[name]
         if not (ROOT / "recipes" / f"{entry.recipe}.py").exists():
             return {"method": name, "skipped": f"no recipes/{entry.recipe}.py"}
-        out = out_root / entry.recipe
+        out = out_root / re.sub(r"\W+", "_", name.lower())  # one folder per row (DCL, DCLW)
         shutil.rmtree(out, ignore_errors=True)
         row = train(name, entry, args, data, epoch_steps, out)
         row["load_after_training"] = [round(x, 1) for x in os.getloadavg()]

@@ -3,16 +3,16 @@
 Contrastive Learning", ECCV 2022, arXiv 2110.06848); ``--weighting vmf`` is DCLW, the positive
 term weighted by the von Mises-Fisher weighting (sec. 4; sigma 0.5, ``DCLW.presets["cifar"]``).
 
-The method's settings (ResNet-18 with the CIFAR stem, 128-d projection, tau 0.1) live in
-``DCL.presets["cifar"]``; the training schedule is SimCLR's CIFAR-10 recipe
-(recipes/simclr_cifar.py) with the loss swapped, as the paper's experiments build on SimCLR.
-Sources: the paper's abstract (arXiv 2110.06848 v3) gives batch 256 and 200 epochs for its
-ImageNet-1K headline (68.2 %), used here as the budget; no official code was found; the
-implementation lightly cites (github.com/raminnakhli/Decoupled-Contrastive-Learning,
-``loss/dcl.py``: sigma 0.5; its README example uses tau 0.5) and lightly's ``DCLLoss`` /
-``DCLWLoss`` (tau 0.1, sigma 0.5, docs.lightly.ai examples/dcl). NOT checked (the paper's body
-could not be read in this session): the paper's CIFAR-10 tau, batch, epochs, optimiser and
-learning rate; check them against its sec. 5 / appendix before quoting results.
+The method's settings (ResNet-18 with the CIFAR stem, 128-d projection, tau 0.1; DCLW's sigma
+0.5) live in ``DCL.presets["cifar"]`` / ``DCLW.presets["cifar"]``, with their sources and what
+could not be checked (contrastive/methods/dcl.py, dclw.py). The training schedule is SimCLR's
+CIFAR-10 recipe (recipes/simclr_cifar.py) with the loss swapped, as the paper's experiments build
+on SimCLR; the paper's abstract gives batch 256 and 200 epochs for its ImageNet-1K headline
+(68.2 %), used here as the budget. The implementation lightly cites
+(github.com/raminnakhli/Decoupled-Contrastive-Learning) trains CIFAR-10 differently: Adam lr
+1e-3, weight decay 1e-6, 100 epochs, batch 32-256 (not this recipe's default). NOT checked:
+the paper's own CIFAR-10 tau, batch, epochs, optimiser and learning rate (its body could not be
+read); check them against its sec. 5 / appendix before quoting results.
 
     python recipes/dcl_cifar.py --data cifar10
     python recipes/dcl_cifar.py --data cifar10 --weighting vmf          # DCLW

@@ -425,11 +425,12 @@ def dclw(
 
     i.e. ``w = 2 - M * softmax(cos(z1, z2) / sigma)`` over the M positive pairs of the batch
     (the same w_i for both views of sample i, so the weights average to 1): easy positives
-    (high similarity) get less weight than hard ones. sigma = 0.5 is the paper's value, also the
-    default of the implementation lightly cites (github.com/raminnakhli/Decoupled-Contrastive-
+    (high similarity) get less weight than hard ones. sigma = 0.5 is the default of the
+    implementation lightly cites (github.com/raminnakhli/Decoupled-Contrastive-
     Learning, ``loss/dcl.py``: ``2 - N * softmax((z1 * z2).sum(1) / sigma)``) and of lightly's
-    ``DCLWLoss``. The paper does not say whether gradients flow through w: that implementation
-    lets them (our default); lightly detaches w (``detach_weight=True``).
+    ``DCLWLoss`` (the paper's own sigma was not read: see :mod:`contrastive.methods.dcl`).
+    Whether gradients flow through w is not checked against the paper: that implementation lets
+    them (our default); lightly detaches w (``detach_weight=True``).
 
     Several processes: the mean in w runs over the GLOBAL batch ``z1_all`` / ``z2_all`` (M rows),
     so that 2 processes equal 1 with the same global batch (lightly weighs each process's local
@@ -439,7 +440,7 @@ def dclw(
         z1: (N, D) first views.
         z2: (N, D) second views.
         temperature: tau > 0 (0.1 default).
-        sigma: the weighting's concentration sigma > 0 (0.5 in the paper).
+        sigma: the weighting's concentration sigma > 0 (0.5, lightly's default).
         detach_weight: stop the gradient through w (lightly's choice).
         normalize: L2-normalise the inputs first (the weights use the same vectors).
         reduction: "mean" | "sum" | "none".
@@ -456,7 +457,7 @@ def dclw(
         or sigma <= 0
     ):
         raise ValueError(
-            f"dclw: `sigma` must be a finite number > 0 (0.5 in the paper), got {sigma!r}"
+            f"dclw: `sigma` must be a finite number > 0 (0.5 is usual), got {sigma!r}"
         )
     return _decoupled(
         "dclw", z1, z2, temperature, (float(sigma), detach_weight), normalize, reduction,

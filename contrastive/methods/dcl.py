@@ -8,6 +8,20 @@ of eq. 6 (:func:`contrastive.losses.functional.dcl`)::
     loss = dcl(z1, z2, z1_all=gather(z1), z2_all=gather(z2), positive_offset=N * rank)
 
 Two views only: the paper defines the loss on view pairs (no multi-crop form).
+
+Settings (``presets``, their one home; checked 2026-11-27 against the stored copies named here):
+
+- tau 0.1: lightly's ``DCLLoss`` default (``lightly/loss/dcl_loss.py``) and the CIFAR-10/100
+  runs of the implementation lightly cites, github.com/raminnakhli/Decoupled-Contrastive-Learning
+  (README results: "temperature is set to 0.1 and sigma to 0.5", ResNet-18, 100 epochs, batch
+  32-256; ``run_simclr.sh``: ``TEMP=0.1``, batch 128; ``experiment/simclr/main.py``: Adam lr
+  1e-3, weight decay 1e-6, 128-d output). Its README's usage example shows tau 0.5; both are
+  its authors' choices, not the paper's.
+- The paper (arXiv 2110.06848) gives batch 256 and 200 epochs for its ImageNet-1K headline
+  (68.2 %, abstract). NOT checked: the paper's own tau per data set and its CIFAR batch,
+  epochs, optimiser and learning rate. Its body (sec. 5 and the appendix) was not readable in
+  this project's stored copies (the ar5iv and arXiv pages are indexed from their first page
+  only), and no code by the authors was found (the repository above is a third party's).
 """
 
 from __future__ import annotations
@@ -41,8 +55,8 @@ class DCL(SimCLR):
     """
 
     presets: ClassVar[dict[str, dict[str, Any]]] = {
-        # SimCLR's networks with tau 0.1 (lightly's DCLLoss default); the paper's own tau per
-        # data set is not checked yet (see recipes/dcl_cifar.py for the sources and the gaps)
+        # SimCLR's networks with tau 0.1 (lightly's DCLLoss default, the CIFAR runs of the
+        # implementation lightly cites); the paper's own tau is not checked (module docstring)
         "imagenet": dict(encoder="torchvision:resnet50", dim=128, temperature=0.1),
         "cifar": dict(encoder="cifar_resnet18", dim=128, temperature=0.1),
     }

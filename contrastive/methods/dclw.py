@@ -4,6 +4,14 @@ Yeh et al., "Decoupled Contrastive Learning", ECCV 2022, arXiv 2110.06848, sec. 
 term of sample i is weighted by ``w_i = 2 - M * softmax_k(cos(z1_k, z2_k) / sigma)_i`` over the
 M pairs of the (global) batch (:func:`contrastive.losses.functional.dclw`), sigma = 0.5. Network,
 views and multi-process gather as SimCLR / :class:`contrastive.methods.dcl.DCL`.
+
+Settings (``presets``; sources and gaps as :mod:`contrastive.methods.dcl`): sigma 0.5 is lightly's
+``DCLWLoss`` default and the raminnakhli implementation's (``loss/dcl.py`` ``DCLW(sigma=0.5)``;
+its README runs tau 0.1, sigma 0.5), tau 0.1 as DCL. The weights ``2 - M * softmax`` (the
+batch mean in the denominator, so they average to 1) are what lightly and that implementation's
+latest ``loss/dcl.py`` (commit f876c83) compute; its earlier version (50991ef) left out the
+factor M, which makes every weight about 2. NOT checked against the paper's text (its body was
+unreadable, see DCL): the weighting's exact form and its sigma per data set.
 """
 
 from __future__ import annotations
@@ -26,9 +34,9 @@ class DCLW(DCL):
     Args:
         encoder, dim, mlp_hidden, num_layers, last_bn, encoder_kwargs: as :class:`DCL`.
         temperature: tau (0.1).
-        sigma: the weighting's concentration (0.5 in the paper).
-        detach_weight: stop the gradient through the weights (lightly's choice; the paper does
-            not say, the implementation lightly cites lets it flow: False).
+        sigma: the weighting's concentration (0.5: lightly's and raminnakhli's).
+        detach_weight: stop the gradient through the weights (lightly's choice; the
+            implementation lightly cites lets it flow: False; the paper's not checked).
     """
 
     presets: ClassVar[dict[str, dict[str, Any]]] = {

@@ -10,9 +10,18 @@ conventions (:class:`contrastive.methods.CLIP`); only the loss differs::
     loss = siglip_ring(x, y, scale=exp(t'), bias=b)          # several: texts passed round
 
 - t' and b are the registry's ``siglip`` loss parameters (:class:`~contrastive.losses.modules.
-  SigLIPLoss`), learnt, initialised t' = log 10, b = -10 (paper sec. 3.2 / Algorithm 1;
-  big_vision's configs and open_clip's ``--siglip`` use the same), no clamp (the paper states
-  none; see SigLIPLoss), no weight decay (CLIP's :meth:`param_groups`: ``ndim < 2``).
+  SigLIPLoss`), learnt, initialised t' = log 10, b = -10 (``presets["paper"]``; checked
+  2026-11-27: the paper's sec. 3.2, "We initialize t' and b to log 10 and -10", and sec. 4.9 /
+  Table 4, the default of all its experiments; open_clip ``open_clip_train/main.py`` with
+  ``--siglip``: ``init_logit_scale = np.log(10)``, ``init_logit_bias = -10``; big_vision
+  ``models/proj/image_text/two_towers.py`` learns t' with ``t = exp(t')`` from
+  ``log(temperature_init)``; its public ``siglip_lit_coco.py`` example, a LiT fine-tune, sets
+  ``temperature_init = 10`` but ``bias_init = -2.71``), no clamp (the paper states none; see
+  SigLIPLoss), no weight decay (CLIP's :meth:`param_groups`: ``ndim < 2``).
+- The paper's training settings belong to its recipe, not to this module: ScalingViT-Adafactor
+  by default (sec. 4), beta2 0.95 for Adam and Adafactor (sec. 4.7), batch 32k (sec. 4.2, 4.6).
+  Its learning rate and weight decay for SigLIP from scratch were not found in the text read
+  (sec. 4.4 gives the SigLiT-on-4-chips run: LION, lr 1e-4, decoupled weight decay 1e-7).
 - Several processes: each process passes its LOCAL batch; the loss runs the paper's chunked
   exchange (each text chunk visits every process, autograd-aware), so no (M x M) matrix and no
   gather; the mean over processes with DDP's gradient average equals one process with the whole
@@ -22,7 +31,7 @@ conventions (:class:`contrastive.methods.CLIP`); only the loss differs::
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import Tensor, nn
@@ -46,6 +55,12 @@ class SigLIP(CLIP):
         scale_init: t = exp(t') at init (10, the paper's).
         bias_init: b at init (-10, the paper's).
     """
+
+    presets: ClassVar[dict[str, dict[str, Any]]] = {
+        # the paper's initialisation of the loss (sec. 3.2, Table 4; module docstring); the
+        # towers' sizes are the recipe's (DualEncoderConfig), as CLIP's
+        "paper": dict(scale_init=10.0, bias_init=-10.0),
+    }
 
     def __init__(self, encoder: str | nn.Module = "small_cnn",
                  text_encoder: str | nn.Module = "bert", dim: int = 64,

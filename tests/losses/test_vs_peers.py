@@ -73,3 +73,25 @@ def test_dcl_and_dclw_equal_lightly(weighted):
     torch.testing.assert_close(ours, theirs.to(ours.dtype), rtol=1e-12, atol=1e-12)
     for a, c in zip(torch.autograd.grad(ours, [z1, z2]), torch.autograd.grad(theirs, [z1, z2])):
         torch.testing.assert_close(a, c.to(a.dtype), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.filterwarnings("ignore:To copy construct from a tensor:UserWarning")  # lightly's
+def test_the_speed_benchmark_times_equal_losses():
+    """benchmarks/bench_peer_losses.py on a tiny batch: every timed pair gives the same fp32
+    loss (the script's own gate), one row per loss and precision."""
+    import argparse
+    import importlib.util
+    from pathlib import Path
+
+    pytest.importorskip("lightly.loss", reason=f"lightly {SKIP}")
+    pytest.importorskip("open_clip.loss", reason=f"open-clip-torch {SKIP}")
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_peer_losses.py"
+    spec = importlib.util.spec_from_file_location("bench_peer_losses", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = bench.measure(argparse.Namespace(batches=[8], dim=16, siglip_dim=16, rounds=1,
+                                            iters=1, json=True))
+    fp32 = [r for r in rows if r["precision"] == "fp32"]
+    assert [r["loss"] for r in fp32] == ["DCL", "DCLW", "SigLIP"]
+    for r in fp32:
+        assert r["loss_ours"] == pytest.approx(r["loss_peer"], rel=1e-5), r

@@ -1,8 +1,9 @@
-"""The CLIP learning check (slow): recipes/clip.py with its defaults (shapes-captions, 300 steps
-at batch 128, through the engine), 3 seeds. Zero-shot top-1 on the held-out shapes test split
-(class-name prompts, 10 classes, chance 10 %) must reach 25 % for every seed and beat the
-random-init model (the same run's ``--eval-at-start`` record) by more than the spread of the
-seeds. Figures: benchmarks/results/clip.md."""
+"""The image-text learning checks (slow): recipes/clip.py and recipes/siglip.py with their
+defaults (shapes-captions, 300 steps at batch 128, through the engine; the same towers, data,
+optimiser and budget, only the loss differs), 3 seeds each. Zero-shot top-1 on the held-out
+shapes test split (class-name prompts, 10 classes, chance 10 %) must reach FLOOR for every seed
+and beat the random-init model (the same run's ``--eval-at-start`` record) by more than the
+spread of the seeds. Figures: MEASURED below and benchmarks/results/clip.md (CLIP, SigLIP)."""
 
 from __future__ import annotations
 
@@ -16,31 +17,44 @@ import pytest
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
+#: every seed's zero-shot top-1 % must reach this (chance is 10 %)
+FLOOR = 25.0
+# recipe -> (random init, trained) zero-shot top-1 % for seeds 0, 1, 2 (fp32, 1 thread, the
+# AVX-512-bf16 kind); see benchmarks/results/clip.md
+MEASURED = {
+    "clip": ((10.0, 73.7), (9.9, 72.5), (10.7, 71.3)),  # 2026-11-26: spread 2.4
+    # 2026-11-27: spread 3.9. Below CLIP at CLIP's budget, why not established; t and b move
+    # little in 300 steps (t 10 -> 11.1-11.3, b -10 -> -9.95; benchmarks/results/clip.md)
+    "siglip": ((10.0, 60.0), (9.9, 56.1), (10.7, 57.7)),
+}
 
-def _recipe():
-    spec = importlib.util.spec_from_file_location("recipe_clip", ROOT / "recipes" / "clip.py")
+
+def _recipe(name: str):
+    spec = importlib.util.spec_from_file_location(f"recipe_{name}",
+                                                  ROOT / "recipes" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclass looks its module up there
     spec.loader.exec_module(module)
     return module
 
 
-def test_clip_learns_zero_shot_shapes_over_three_seeds(tmp_path, fresh_accelerate):
+@pytest.mark.parametrize("recipe", sorted(MEASURED))
+def test_learns_zero_shot_shapes_over_three_seeds(recipe, tmp_path, fresh_accelerate):
     pytest.importorskip("transformers")
     trained, random = [], []
     for seed in (0, 1, 2):
         out = tmp_path / f"s{seed}"
         _reset()
-        _recipe().main(["--output-dir", str(out), "--seed", str(seed), "--eval-at-start",
-                        "--mixed-precision", "no", "--progress", "false"])
+        _recipe(recipe).main(["--output-dir", str(out), "--seed", str(seed), "--eval-at-start",
+                              "--mixed-precision", "no", "--progress", "false"])
         _reset()
         recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
         top1 = {r["zeroshot_when"]: r["zeroshot_top1"] for r in recs if "zeroshot_when" in r}
         trained.append(top1["end"])
         random.append(top1["start"])
     spread = max(trained) - min(trained)
-    assert min(trained) >= 25.0, trained
-    assert min(trained) - max(random) > spread, (trained, random)
+    assert min(trained) >= FLOOR, (recipe, trained)
+    assert min(trained) - max(random) > spread, (recipe, trained, random)
 
 
 def _reset() -> None:

@@ -64,3 +64,13 @@ def test_is_not_clip_and_has_no_softmax_scale():
     with pytest.raises(ValueError, match="SigLIP: input_ids"):
         s({"views": [torch.randn(3, 3, 8, 8)], "input_ids": torch.ones(2, 4, dtype=torch.long),
            "attention_mask": torch.ones(2, 4, dtype=torch.long)})
+
+
+def test_the_paper_preset_is_the_papers_init():
+    """presets["paper"]: t' = log 10, b = -10 (sec. 3.2 and Table 4), and the defaults agree."""
+    s = SigLIP.from_preset("paper", encoder=TinyImage(), text_encoder=TinyText(), dim=5)
+    assert s.criterion.log_scale.item() == pytest.approx(math.log(10.0))
+    assert s.criterion.bias.item() == -10.0
+    default = SigLIP(encoder=TinyImage(), text_encoder=TinyText(), dim=5)
+    assert default.criterion.log_scale.item() == s.criterion.log_scale.item()
+    assert default.criterion.bias.item() == s.criterion.bias.item()

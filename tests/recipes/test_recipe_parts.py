@@ -4,6 +4,7 @@ ViT's fixed 2-D sin-cos position embedding; the hyper-parameters the papers fix.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -106,13 +107,16 @@ RECIPE_PRESETS = {
     "swav_cifar": ("SwAV", "cifar"), "swav_r50": ("SwAV", "resnet50"),
     "vicreg_cifar": ("VICReg", "cifar"), "vicreg_r50": ("VICReg", "resnet50"),
     "simcse": ("SimCSE", "sup"),  # the default --mode; --mode unsup builds the other preset
+    "siglip": ("SigLIP", "paper"),
+    "mae_cifar": ("MAE", "cifar"), "mae_in1k": ("MAE", "vit_large"),
 }
 # presets no recipe builds (a variant of a recipe's preset, or a model size without a recipe)
 PRESETS_WITHOUT_RECIPE = {("DCL", "imagenet"), ("DCLW", "imagenet"),
                           ("DCLW", "cifar"),  # recipes/dcl_cifar.py --weighting vmf
                           ("MoCo", "cifar_symmetric"), ("MoCoV3", "resnet50_1000ep"),
                           ("MoCoV3", "vit_base"), ("DeepInfoMax", "*"),
-                          ("SimCSE", "unsup")}  # recipes/simcse.py --mode unsup
+                          ("SimCSE", "unsup"),  # recipes/simcse.py --mode unsup
+                          ("MAE", "vit_base")}  # recipes/mae_in1k.py trains the ViT-L preset
 
 # where a recipe deliberately departs from its preset, and why
 RECIPE_OVERRIDES = {
@@ -149,6 +153,10 @@ def _constructor_arguments(rx, monkeypatch, recipe: str, cls) -> dict:
     with pytest.raises(_Built):
         if hasattr(mod, "build_method"):
             mod.build_method(parse_config(config_class, ["--data", "shapes"]))
+        elif hasattr(mod, "make"):  # an image-text recipe: a stand-in for the run's tokenizer
+            _, build_method, adapter = mod.make()
+            adapter.tokenizer = SimpleNamespace(vocab_size=100, max_length=16)
+            build_method(parse_config(config_class, []))
         else:  # a text recipe: its method's arguments, the tokenizer's vocabulary aside
             cls(**mod.method_kwargs(parse_config(config_class, []), 100))
     return seen
@@ -174,6 +182,8 @@ def _changed(value):
     """Another value of the same type (a string stays a string, a flag flips)."""
     if isinstance(value, bool):
         return not value
+    if isinstance(value, dict):
+        return {**value, "changed": 1}
     if isinstance(value, (int, float)):
         return value + 1 if isinstance(value, int) else value / 2
     return f"{value}_x"
@@ -218,3 +228,12 @@ def test_dcl_recipe_builds_dclw_with_vmf_weighting(rx):
              for w in ("none", "vmf")}
     assert type(built["none"]) is DCL and type(built["vmf"]) is DCLW
     assert built["vmf"].criterion.sigma == 0.7
+
+
+def test_dcl_recipe_reads_dclw_sigma_from_its_preset(rx, monkeypatch):
+    """DCLW.presets["cifar"] (listed as without a recipe of its own) is still the one home of
+    --sigma: change it there and recipes/dcl_cifar.py's default follows."""
+    from contrastive.methods import DCLW
+
+    monkeypatch.setitem(DCLW.presets["cifar"], "sigma", 0.25)
+    assert rx.load_recipe("dcl_cifar").DCLCifar().sigma == 0.25
