@@ -93,9 +93,6 @@ def check_grad_cache(method: nn.Module, chunk: int, accum: int) -> str:
             f"--grad-cache-chunk {chunk}: {name} has no backbone the engine can cache (its loss "
             "reads more than the backbone's output, e.g. intermediate layers); train without "
             "--grad-cache-chunk")
-    for attr in backbone_names(method):
-        if not isinstance(getattr(method, attr, None), nn.Module):
-            raise GradCacheError(f"{name}.backbones names {attr!r}, which is not a submodule")
     return "cache" if chunk > 0 or accum > 1 else "plain"
 
 
@@ -208,6 +205,10 @@ class GradCache:
         self.names = backbone_names(method)
         if not self.names:
             raise GradCacheError(f"{type(method).__name__} has no backbone to cache")
+        for attr in self.names:
+            if not isinstance(getattr(method, attr, None), nn.Module):
+                raise GradCacheError(f"{type(method).__name__}.backbones names {attr!r}, which "
+                                     "is not a submodule")
         self._calls: list[_Call] = []
         self.pending: list[Mapping[str, Any]] = []  # micro-batches of the step so far
 

@@ -226,3 +226,115 @@ def test_batch_norm_backbone_differs_by_its_per_chunk_statistics_and_updates_the
     assert rel > 1e-3
     for b, e in zip(cached.encoder.buffers(), expect.buffers()):
         torch.testing.assert_close(b, e, rtol=1e-12, atol=1e-12)
+
+
+# ---- the engine's step: --grad-accum-steps through the cache ------------------------------------
+
+def _steps(name: str, accum: int, cached: bool, steps: int = 2) -> dict[str, torch.Tensor]:
+    """``steps`` optimiser steps of ``name`` through :func:`optimisation_step`, each batch of N
+    images served in ``accum`` micro-batches; the method's state afterwards."""
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    from contrastive.engine.run_log import ScalarWindow
+    from contrastive.engine.step import NonFiniteGuard, Updater, optimisation_step
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    PartialState._reset_state()
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=accum)
+    method = build(name)
+    opt = torch.optim.SGD([p for p in method.parameters() if p.requires_grad], lr=0.5)
+    model, opt = acc.prepare(method, opt)
+    up, cfg = Updater(model, opt, acc), SimpleNamespace(on_nonfinite="stop", clip_grad_norm=0.0)
+    cache = GradCache(method, N // accum) if cached else None
+    guard, window = NonFiniteGuard(acc.device), ScalarWindow()
+    for step in range(steps):
+        batch = batch_for(name, method, seed=10 + step)
+        part = N // accum
+        for i in range(accum):
+            micro = {k: [v[i * part:(i + 1) * part] for v in val] if k == "views" else
+                     val[i * part:(i + 1) * part] if isinstance(val, torch.Tensor) and val.dim()
+                     else val for k, val in batch.items()}
+            optimisation_step(model, micro, opt, acc, cfg, step, guard, window, updater=up,
+                              cache=cache)
+    assert len(window.means(acc)) > 0
+    return {k: v.detach().clone() for k, v in method.state_dict().items()}
+
+
+@pytest.mark.parametrize("name", ["moco", "byol"])
+def test_accumulation_equals_the_whole_batch_and_the_old_accumulation_did_not(name,
+                                                                               fresh_accelerate):
+    """Two optimiser steps (the EMA of step 0 is a no-op: target == online), float64."""
+    whole = _steps(name, 1, cached=False)
+    assert_same(_steps(name, 2, cached=True), whole)
+    assert_same(_steps(name, 3, cached=True), whole)
+    with pytest.raises(AssertionError):  # per micro-batch: EMA and queue k times, BN heads
+        assert_same(_steps(name, 2, cached=False), whole)
+
+
+@pytest.mark.parametrize("name", ["simclr", "supcon", "nnclr", "barlowtwins", "vicreg", "clip",
+                                  "simcse", "mocov3", "dcl"])
+def test_accumulation_is_refused_where_the_loss_couples_samples(name):
+    method = method_class(name).__new__(method_class(name))
+    with pytest.raises(GradCacheError, match=r"^--grad-accum-steps 2 with .*couples the samples"
+                                             r".*--grad-cache-chunk N instead"):
+        check_grad_cache(method, 0, 2)
+    assert check_grad_cache(method, 4, 1) == "cache"
+
+
+@pytest.mark.parametrize("name", ["moco", "byol", "dino", "simsiam", "swav"])
+def test_accumulation_of_per_sample_methods_goes_through_the_cache(name):
+    assert check_grad_cache(method_class(name).__new__(method_class(name)), 0, 4) == "cache"
+
+
+# ---- the run's settings ------------------------------------------------------------------------
+
+def _simclr_run(tmp_path, **kw: Any):
+    import dataclasses
+
+    from contrastive.augment import get_pipeline
+    from contrastive.engine import TrainConfig, train
+    from contrastive.methods import SimCLR
+
+    @dataclasses.dataclass
+    class Cfg(TrainConfig):
+        data: str = "synthetic:n=32,size=16"
+        encoder: str = "small_cnn"
+        image_size: int = 16
+        batch_size: int = 8
+        epochs: int = 1
+        num_workers: int = 0
+        progress: bool = False
+        mixed_precision: str = "no"
+        save_every_steps: int = 1
+
+    cfg = Cfg(output_dir=str(tmp_path / "run"), **kw)
+    return train(cfg, lambda c: SimCLR(encoder="small_cnn", dim=8, mlp_hidden=16),
+                 lambda c: get_pipeline("mocov2", image_size=16), recipe="gc")
+
+
+def test_the_chunk_is_a_setting_of_the_run_and_older_run_folders_resume(tmp_path,
+                                                                       fresh_accelerate):
+    import json
+
+    from contrastive.engine.compat import IncompatibleCheckpointError
+
+    _simclr_run(tmp_path, grad_cache_chunk=4, max_steps=1)
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["grad_cache_chunk"] == 4 and config["resolved"]["grad_cache_chunk"] == 4
+    meta_path = tmp_path / "run" / "checkpoints" / "step_00000001" / "meta.json"
+    assert json.loads(meta_path.read_text())["config"]["grad_cache_chunk"] == 4
+    with pytest.raises(IncompatibleCheckpointError, match=r"grad_cache_chunk: 4 -> 2"):
+        _simclr_run(tmp_path, grad_cache_chunk=2, max_steps=2, resume="auto")
+    # a run folder written before the option existed: its checkpoint has no such field
+    old = tmp_path / "old"
+    _simclr_run(old, max_steps=1)
+    meta_path = old / "run" / "checkpoints" / "step_00000001" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["config"]["grad_cache_chunk"]
+    meta_path.write_text(json.dumps(meta))
+    result = _simclr_run(old, max_steps=2, resume="auto")
+    assert result.steps_trained == 1 and result.step == 2
