@@ -338,3 +338,61 @@ def test_the_chunk_is_a_setting_of_the_run_and_older_run_folders_resume(tmp_path
     meta_path.write_text(json.dumps(meta))
     result = _simclr_run(old, max_steps=2, resume="auto")
     assert result.steps_trained == 1 and result.step == 2
+
+
+# ---- randomness in the backbone: dropout replayed ------------------------------------------------
+
+class _ChunkedWithGrad(nn.Module):
+    """The reference for a backbone with dropout: the backbone run chunk by chunk WITH gradient in
+    one graph, so that it draws the same masks as the cache's first pass."""
+
+    def __init__(self, inner: nn.Module, chunk: int) -> None:
+        super().__init__()
+        self.inner, self.chunk = inner, chunk
+
+    def forward(self, *args: Any) -> torch.Tensor:
+        n = args[0].shape[0]
+        return torch.cat([self.inner(*[a[s:s + self.chunk] if isinstance(a, torch.Tensor)
+                                        else a for a in args]) for s in range(0, n, self.chunk)])
+
+
+def _simcse() -> tuple[nn.Module, dict[str, Any]]:
+    from contrastive.methods import SimCSE
+
+    torch.manual_seed(0)
+    m = SimCSE(encoder="bert", encoder_kwargs=dict(num_layers=1, hidden_size=16, num_heads=2,
+                                                   intermediate_size=16, vocab_size=40,
+                                                   max_position_embeddings=16, dropout=0.3,
+                                                   attention_dropout=0.3))
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(1, 40, (6, 7), generator=g)
+    mask = torch.ones(6, 7, dtype=torch.long)
+    mask[::2, 5:] = 0  # padding
+    return m.double().train(), {"input_ids": ids, "attention_mask": mask}
+
+
+@pytest.mark.parametrize("chunk", [4, 5])
+def test_dropout_in_the_backbone_is_equal_only_with_the_replay(chunk):
+    """SimCSE (unsupervised: each sentence twice, 12 rows in one backbone call) with dropout 0.3:
+    the cached gradient equals the one of the same masks (the backbone run chunk by chunk in one
+    graph) when the second pass replays the first pass's random state, and differs without."""
+    ref, batch = _simcse()
+    cached, plain = copy.deepcopy(ref), copy.deepcopy(ref)
+    ref._modules["encoder"] = _ChunkedWithGrad(ref.encoder, chunk)
+    torch.manual_seed(7)
+    whole_step(ref, batch)
+    torch.manual_seed(7)
+    cached_step(cached, batch, chunk)
+    grads = {k: p.grad for k, p in cached.named_parameters() if p.grad is not None}
+    ref_grads = {k.replace("encoder.inner.", "encoder."): p.grad
+                 for k, p in ref.named_parameters() if p.grad is not None}
+    assert_same(grads, ref_grads)
+    torch.manual_seed(7)
+    cached_step(plain, batch, chunk, replay_rng=False)
+    no_replay = {k: p.grad for k, p in plain.named_parameters() if p.grad is not None}
+    with pytest.raises(AssertionError):
+        assert_same(no_replay, ref_grads)
+    after = torch.get_rng_state()  # the second pass leaves the stream where the first left it
+    torch.manual_seed(7)
+    cached_step(copy.deepcopy(plain), batch, chunk)
+    assert torch.equal(torch.get_rng_state(), after)

@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 pytestmark = pytest.mark.distributed
 
