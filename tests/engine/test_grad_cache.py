@@ -396,3 +396,27 @@ def test_dropout_in_the_backbone_is_equal_only_with_the_replay(chunk):
     torch.manual_seed(7)
     cached_step(copy.deepcopy(plain), batch, chunk)
     assert torch.equal(torch.get_rng_state(), after)
+
+
+@pytest.mark.parametrize("chunk", [2, 4])
+@pytest.mark.parametrize("name", ["clip", "siglip"])
+def test_image_text_methods_cache_both_towers_exactly(name, chunk):
+    """CLIP and SigLIP: the image backbone and the text backbone (a BERT without dropout) both
+    run in chunks; float64 gradients equal the whole batch's."""
+    torch.manual_seed(0)
+    text = dict(num_layers=1, hidden_size=16, num_heads=2, intermediate_size=16, vocab_size=40,
+                max_position_embeddings=16, dropout=0.0, attention_dropout=0.0)
+    ref = get_method(name, encoder=Tiny(), text_encoder="bert", dim=4,
+                     text_kwargs=text).double().train()
+    assert GradCache(ref, chunk).names == ("encoder", "text_encoder")
+    cached = copy.deepcopy(ref)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(1, 40, (N, 7), generator=g)
+    mask = torch.ones(N, 7, dtype=torch.long)
+    mask[1::2, 4:] = 0
+    batch = ref.make_batch([torch.randn(N, 3, 8, 8, generator=g, dtype=torch.float64)],
+                           input_ids=ids, attention_mask=mask)
+    whole_step(ref, batch)
+    cached_step(cached, batch, chunk)
+    assert cached.text_encoder.model.embeddings.word_embeddings.weight.grad.abs().sum() > 0
+    assert_same(state(cached), state(ref))
