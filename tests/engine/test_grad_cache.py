@@ -420,3 +420,26 @@ def test_image_text_methods_cache_both_towers_exactly(name, chunk):
     cached_step(cached, batch, chunk)
     assert cached.text_encoder.model.embeddings.word_embeddings.weight.grad.abs().sum() > 0
     assert_same(state(cached), state(ref))
+
+
+def test_the_second_pass_runs_under_the_first_pass_autocast():
+    """bf16 autocast (the engine's mixed precision): the backbone's second pass runs in bf16
+    as its first did, and the gradients match the whole batch's to bf16 precision."""
+    ref = get_method("simclr", encoder=Tiny(), dim=4, mlp_hidden=8).train()
+    cached = copy.deepcopy(ref)
+    dtypes: list[torch.dtype] = []
+    cached.encoder.register_forward_hook(lambda mod, inp, out: dtypes.append(out.dtype))
+    g = torch.Generator().manual_seed(0)
+    batch = ref.make_batch([torch.randn(N, 3, 8, 8, generator=g) for _ in range(2)])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss_ref = ref(batch)["loss"]
+    loss_ref.backward()
+    cache = GradCache(cached, 4)
+    with cache.recording(), torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = cached(batch)["loss"]
+    loss.backward()
+    cache.backward()
+    assert dtypes == [torch.bfloat16] * 8  # 2 views x 2 chunks, twice
+    g = torch.cat([p.grad.flatten() for p in cached.parameters()])
+    g_ref = torch.cat([p.grad.flatten() for p in ref.parameters()])
+    assert float((g - g_ref).norm() / g_ref.norm()) < 2e-2  # bf16 rounding (8 bits), per chunk
