@@ -366,10 +366,3 @@ def all_reduce_grads(params: Sequence[nn.Parameter], world: int,
                     g0.copy_(v)
             bucket, size = ([g], g.numel()) if g is not None else ([], 0)
 
-
-def run_cached(forward: Callable[[], dict[str, Tensor]], cache: GradCache
-               ) -> dict[str, Tensor]:
-    """Passes 1 and 2 of a step: ``forward()`` (the method on the whole batch) with the proxies
-    in place. The caller checks the loss, calls ``loss.backward()`` then ``cache.backward()``."""
-    with cache.recording():
-        return forward()
