@@ -43,6 +43,7 @@ def _gap(a, b):
     return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
 
 
+@pytest.mark.slow  # three recipe launches (~1 min); the gloo case test is the default's
 @pytest.mark.distributed
 def test_two_processes_with_chunks_equal_one_process_with_the_whole_batch(tmp_path, rx):
     recipe = rx.RECIPES / "clip.py"
