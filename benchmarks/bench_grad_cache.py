@@ -72,28 +72,33 @@ def _build(encoder: str, views: int, seed: int = 0):
     return method, batch
 
 
-def _step(method, batch, chunk: int) -> None:
+def _step(method, batch, chunk: int, bf16: bool = False) -> None:
+    import torch
+
     from contrastive.engine.grad_cache import GradCache
 
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
     if chunk:
         cache = GradCache(method, chunk)
-        with cache.recording():
+        with cache.recording(), autocast:
             loss = method(batch)["loss"]
         loss.backward()
         cache.backward()
     else:
-        method(batch)["loss"].backward()
+        with autocast:
+            loss = method(batch)["loss"]
+        loss.backward()
     method.zero_grad(set_to_none=True)
 
 
-def child(encoder: str, views: int, chunk: int) -> None:
+def child(encoder: str, views: int, chunk: int, bf16: bool) -> None:
     """One step in this fresh process; prints its peak resident set in MB (JSON)."""
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     method, batch = _build(encoder, views)
-    _step(method, batch, chunk)
+    _step(method, batch, chunk, bf16)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"views": views, "chunk": chunk, "peak_mb": peak, "import_mb": base}))
 
@@ -103,14 +108,16 @@ def memory(args: argparse.Namespace) -> None:
     for views in args.views:
         for chunk in (0, args.chunk):
             out = subprocess.run([sys.executable, __file__, "child", "--encoder", args.encoder,
-                                  "--views", str(views), "--chunk", str(chunk)],
+                                  "--views", str(views), "--chunk", str(chunk),
+                                  *(["--bf16"] if args.bf16 else [])],
                                  capture_output=True, text=True, check=True)
             rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
             print(f"views {views} chunk {chunk}: {rows[-1]['peak_mb']:.0f} MB", file=sys.stderr)
     plain = [(r["views"], r["peak_mb"]) for r in rows if r["chunk"] == 0]
     (v0, m0), (v1, m1) = plain[0], plain[-1]
     slope = (m1 - m0) / (v1 - v0)
-    print(f"\n{args.encoder} at 32 px, SimCLR step (forward + backward), fp32, "
+    print(f"\n{args.encoder} at 32 px, SimCLR step (forward + backward), "
+          f"{'bf16 autocast' if args.bf16 else 'fp32'}, "
           f"{_cpu()}, load {_load()}\n")
     print("| views per step | peak RSS, no chunks (MB) | peak RSS, chunks of "
           f"{args.chunk} (MB) |\n|---|---|---|")
@@ -176,9 +183,10 @@ def main() -> None:
     p.add_argument("--data", default="")
     p.add_argument("--num-workers", type=int, default=1)
     p.add_argument("--output-dir", default="/tmp/bench_grad_cache_recipe")
+    p.add_argument("--bf16", action="store_true", help="memory: bf16 autocast, as the recipe")
     args = p.parse_args()
     if args.part == "child":
-        child(args.encoder, args.views[0], args.chunk)
+        child(args.encoder, args.views[0], args.chunk, args.bf16)
     elif args.part == "memory":
         memory(args)
     elif args.part == "time":
