@@ -1,7 +1,8 @@
 """Gradient caching: the whole batch's exact gradient with the backbone run chunk by chunk.
 
 Gao, Zhang, Han, Callan, "Scaling Deep Contrastive Learning Batch Size under Memory Limited
-Setup" (RepL4NLP 2021, arXiv 2101.06983; the authors' ``luyug/GradCache``). The loss of a
+Setup" (RepL4NLP 2021, arXiv 2101.06983; the authors' code ``luyug/GradCache``, whose
+``RandContext`` replays the random state as the second pass here does). The loss of a
 contrastive method couples the samples of a batch, so accumulating micro-batches trains another
 experiment (fewer negatives, other batch statistics). Caching at the backbone's output keeps the
 experiment and bounds the memory that grows with the batch (the backbone's activations):
