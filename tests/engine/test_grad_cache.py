@@ -101,7 +101,7 @@ def per_chunk_step(method: nn.Module, batch: dict[str, Any], chunk: int) -> torc
                 for k, val in batch.items()}
         loss = method(part)["loss"] * (min(chunk, n - s) / n)
         loss.backward()
-        total += float(loss)
+        total += float(loss.detach())
     return torch.tensor(total, dtype=torch.float64)
 
 
