@@ -150,9 +150,18 @@ class RunConfig:
         "'epoch': once per epoch (official MoCo v1/v2 code)", choices=("step", "epoch"),
     )
     grad_accum_steps: int = help_field(
-        1, "gradient accumulation micro-steps per optimiser step. NOT a bigger contrastive "
-        "batch: each micro-batch only sees its own in-batch negatives"
+        1, "gradient accumulation micro-steps per optimiser step: the loader serves the batch "
+        "in that many parts, trained as one step through the gradient cache (the EMA, queue and "
+        "centre updates and the heads see the whole batch: equal to the whole batch). Refused "
+        "where the loss couples the samples of a batch (SimCLR, SupCon, NNCLR, Barlow Twins, "
+        "VICReg, CLIP, SimCSE...): use --grad-cache-chunk there"
     )
+    grad_cache_chunk: int = help_field(
+        0, "gradient caching (Gao et al. 2021): the whole batch's exact gradient in bounded "
+        "memory. The backbone runs N samples per process at a time, without then with gradient "
+        "(one extra forward pass); heads, loss and EMA/queue updates run once on the whole "
+        "batch. Exact except with batch norm in the backbone (per-chunk statistics). 0 = off; "
+        "see contrastive.engine.grad_cache")
     clip_grad_norm: float = help_field(0.0, "clip the gradient norm to this (0 = off)")
     on_nonfinite: str = help_field(
         "stop", "non-finite loss: 'stop' with an error naming the step (the last checkpoint "
@@ -191,7 +200,7 @@ class RunConfig:
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
         for name in ("steps", "max_steps", "num_workers", "save_every_steps",
-                     "save_every_epochs", "warmup_epochs", "warmup_steps"):
+                     "save_every_epochs", "warmup_epochs", "warmup_steps", "grad_cache_chunk"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
         if self.lr < 0 or self.weight_decay < 0:

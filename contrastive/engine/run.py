@@ -21,6 +21,7 @@ from torch import nn
 
 from contrastive.engine.adapters import DataAdapter
 from contrastive.engine.config import RunConfig, parse_config
+from contrastive.engine.grad_cache import GradCacheError
 from contrastive.engine.run_folder import RunFolderError, os_error_message
 from contrastive.engine.trainer import TrainResult, train
 
@@ -61,8 +62,8 @@ def run(config_cls: type[RunConfig], build_method: Callable[[Any], nn.Module],
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         result = train(cfg, build_method, build_pipeline, adapter=adapter, recipe=name)
-    except RunFolderError as e:  # the folder or a checkpoint file: one line, no traceback
-        raise SystemExit(f"{name}: error: {e}") from None
+    except (RunFolderError, GradCacheError) as e:  # the folder, a checkpoint file, options
+        raise SystemExit(f"{name}: error: {e}") from None  # the method refuses: one line
     except OSError as e:
         if e.errno not in _DISK_ERRNOS:
             raise

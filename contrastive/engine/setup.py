@@ -19,6 +19,7 @@ from torch import nn
 from contrastive.engine.adapters import BATCH_KEYS
 from contrastive.engine.checkpoint import model_signature, read_meta, resolve_resume
 from contrastive.engine.config import RunConfig
+from contrastive.engine.grad_cache import GradCache, check_grad_cache
 from contrastive.engine.loader import GlobalBatchSampler, build_train_loader
 from contrastive.engine.monitor import encoder_of
 from contrastive.engine.optim import build_optimizer
@@ -189,6 +190,7 @@ class Model:
     signature: dict[str, Any]  # see checkpoint.model_signature
     peak_lr: float
     after_step: Callable[[], None] | None  # the method's after_optimizer_step, if it has one
+    cache: GradCache | None = None  # --grad-cache-chunk / cached --grad-accum-steps, else None
 
 
 def build_model(cfg: RunConfig, build_method: Callable[[Any], nn.Module],
@@ -203,10 +205,8 @@ def build_model(cfg: RunConfig, build_method: Callable[[Any], nn.Module],
     method = build_method(cfg)
     needs, schedules = method_inputs(method, extra)
     signature = model_signature(method)  # as built: what a checkpoint must match
-    if getattr(method, "uses_in_batch_negatives", False) and cfg.grad_accum_steps > 1:
-        logger.warning("--grad-accum-steps %d with in-batch negatives: each micro-batch of %d "
-                       "images only contrasts against itself; this is NOT a bigger contrastive "
-                       "batch", cfg.grad_accum_steps, cfg.batch_size // cfg.grad_accum_steps)
+    # accumulation where the loss couples samples, caching without a backbone: refused here
+    cached = check_grad_cache(method, cfg.grad_cache_chunk, cfg.grad_accum_steps) == "cache"
     if cfg.sync_bn and world > 1:
         if device.type == "cuda":
             from contrastive.nn.norm import convert_to_sync_bn
@@ -234,8 +234,15 @@ def build_model(cfg: RunConfig, build_method: Callable[[Any], nn.Module],
     model, optimizer = accelerator.prepare(method, optimizer)
     module = accelerator.unwrap_model(model)
     after_step = getattr(module, "after_optimizer_step", None)
+    cache = None
+    if cached:  # accumulation alone: chunks of one micro-batch
+        micro = cfg.batch_size // (world * cfg.grad_accum_steps)
+        cache = GradCache(module, cfg.grad_cache_chunk or micro)
+        logger.info("gradient caching: %s run %d samples at a time per process, the heads and "
+                    "the loss on the whole batch of %d", ", ".join(cache.names), cache.chunk,
+                    cfg.batch_size // world)
     return Model(model, module, optimizer, needs, schedules, signature, peak_lr,
-                 after_step if callable(after_step) else None)
+                 after_step if callable(after_step) else None, cache)
 
 
 def compile_encoders(method: nn.Module) -> list[str]:

@@ -5,6 +5,7 @@ The method's ``batch`` comes from the data adapter (:mod:`contrastive.engine.ada
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable
@@ -15,6 +16,12 @@ import torch
 from torch import nn
 
 from contrastive.engine.config import RunConfig
+from contrastive.engine.grad_cache import (
+    GradCache,
+    GradCacheError,
+    all_reduce_grads,
+    concat_batches,
+)
 from contrastive.engine.optim import drop_frozen_grads
 from contrastive.engine.run_log import ScalarWindow
 
@@ -155,12 +162,18 @@ def direct_calls_equivalent(accelerator: Any, optimizer: Any, params: list[nn.Pa
 def optimisation_step(model: nn.Module, batch: dict[str, Any], optimizer: Any, accelerator: Any,
                       cfg: RunConfig, step: int, guard: NonFiniteGuard, window: ScalarWindow,
                       after_step: Callable[[], None] | None = None, *,
-                      updater: Updater | None = None) -> None:
+                      updater: Updater | None = None, cache: GradCache | None = None) -> None:
     """Forward, backward and (on the last micro-batch of a step) the optimiser step: frozen
     groups' gradients dropped, gradients clipped; a non-finite loss is skipped or noted.
     ``after_step`` (the method's ``after_optimizer_step``) runs after each real optimiser step.
-    ``updater``: the run's :class:`Updater` (built here when not given)."""
+    ``updater``: the run's :class:`Updater` (built here when not given). ``cache``: train
+    through the gradient cache (:mod:`~contrastive.engine.grad_cache`): the micro-batches of a
+    step are collected and trained as one batch, the backbone chunk by chunk."""
     up = updater if updater is not None else Updater(model, optimizer, accelerator)
+    if cache is not None:
+        _cached_step(model, batch, optimizer, accelerator, cfg, step, guard, window, after_step,
+                     up, cache)
+        return
     with accelerator.accumulate(model):
         out = model(batch)
         loss = out["loss"]
@@ -181,6 +194,50 @@ def optimisation_step(model: nn.Module, batch: dict[str, Any], optimizer: Any, a
             after_step()  # e.g. CLIP clamps its logit scale, as open_clip does
         up.zero_grad()
         window.add(out)  # every scalar the method returns is logged (mean over the log window)
+
+
+def _cached_step(model: nn.Module, batch: dict[str, Any], optimizer: Any, accelerator: Any,
+                 cfg: RunConfig, step: int, guard: NonFiniteGuard, window: ScalarWindow,
+                 after_step: Callable[[], None] | None, up: Updater, cache: GradCache) -> None:
+    """:func:`optimisation_step` through the gradient cache. The micro-batches of an
+    accumulated step wait until the last one; then the method runs once on their union with
+    the backbone cached (passes 1 and 2), ``loss.backward()``, the backbone's second pass, and
+    with several processes the gradients' average (DDP's hooks are off: ``no_sync``)."""
+    if not up.direct:
+        raise GradCacheError("gradient caching (--grad-cache-chunk, --grad-accum-steps) runs "
+                             "in one process or under DDP without fp16 loss scaling, FSDP or "
+                             "DeepSpeed; use bf16 or fp32 there")
+    with accelerator.accumulate(model):  # keeps accelerate's count of micro-batches
+        cache.pending.append(batch)
+        if not accelerator.sync_gradients:
+            return
+        whole = concat_batches(cache.pending)
+        cache.pending = []
+        world = accelerator.num_processes
+        no_sync = getattr(model, "no_sync", None)
+        with no_sync() if callable(no_sync) and world > 1 else contextlib.nullcontext():
+            with cache.recording():
+                out = model(whole)
+            loss = out["loss"]
+            finite = torch.isfinite(loss.detach())
+            if cfg.on_nonfinite == "skip" and not all_true(finite, accelerator):
+                logger.warning("non-finite loss at step %d: skipping the optimiser step", step)
+                cache.clear()
+                optimizer.zero_grad(set_to_none=True)
+                return
+            guard.note(finite, step)
+            loss.backward()  # the whole batch's loss: no division by the micro-batches
+            cache.backward()
+        if world > 1:
+            all_reduce_grads(up.params, world)
+        drop_frozen_grads(optimizer, step)
+        if cfg.clip_grad_norm > 0:
+            up.clip(cfg.clip_grad_norm)
+        up.step()
+        if after_step is not None:
+            after_step()
+        up.zero_grad()
+        window.add(out)
 
 
 def all_true(flag: torch.Tensor, accelerator: Any) -> bool:

@@ -275,6 +275,7 @@ class _Run:
             "peak_lr": self.m.peak_lr, "steps_per_epoch": data.steps_per_epoch,
             "total_steps": data.total_steps, "world_size": world,
             "per_process_micro_batch": cfg.batch_size // (world * cfg.grad_accum_steps),
+            "grad_cache_chunk": self.m.cache.chunk if self.m.cache is not None else 0,
             "mixed_precision": acc.mixed_precision, "precision_reason": precision_reason,
             "device": str(acc.device),
             "torch": torch.__version__, "command": " ".join(sys.argv),
@@ -409,7 +410,7 @@ class _Run:
                         counted = units.double() if counted is None else counted + units
                     optimisation_step(m.model, batch, m.optimizer, acc, cfg, state.step,
                                       self.guard, self.window, m.after_step,
-                                      updater=self.updater)
+                                      updater=self.updater, cache=m.cache)
                     if self.probe is not None:
                         with acc.autocast():
                             feats = self.probe.features(encoder_of(m.module), batch["views"][0])

@@ -39,8 +39,19 @@ The contract (every method; the training engine relies on nothing else)
   Momentum (key) encoders have ``requires_grad=False`` and never enter the optimiser.
 - ``method.encoder``: the backbone. The engine saves it as ``encoder.pt`` and the kNN monitor
   encodes with it; ``--knn-feature head`` uses ``head`` (else ``projector``) on top of it.
-- ``uses_in_batch_negatives`` (class attribute, default False): the engine warns that gradient
-  accumulation shrinks the negatives of such a method (each micro-batch contrasts only itself).
+- ``uses_in_batch_negatives`` / ``couples_samples`` (class attributes, default False): the loss
+  couples the samples of a batch through the gradient (in-batch negatives; batch statistics such
+  as Barlow Twins' cross-correlation); the engine refuses ``--grad-accum-steps`` for such a
+  method (micro-batches would train a smaller batch) and names ``--grad-cache-chunk``.
+- ``backbones`` (class attribute, default ``("encoder",)``; CLIP: both towers; ``()`` where the
+  loss reads intermediate layers): during a training step with gradient caching
+  (:mod:`contrastive.engine.grad_cache`) the engine may stand in for these submodules with a
+  proxy that runs them chunk by chunk and returns the cached features in call order (each call,
+  multi-crop included, gets its own). So a method calls a backbone only as
+  ``backbone(tensors...)`` -> one tensor with one row per input row, may read its attributes and
+  parameters, and calls none of its other methods during ``forward`` (refused with a clear
+  error). Momentum copies built as ``MomentumEncoder(nn.Sequential(backbone, head))`` get their
+  backbone chunked (without gradient) too.
 
 Beside the contract: ``presets`` hold a paper's settings of the method's arguments, their one
 home: ``from_preset(name, **kw)`` and ``get_method(name, preset=...)`` build from them, and the

@@ -56,6 +56,7 @@ class BarlowTwins(Method):
     """
 
     needs = ("views",)
+    couples_samples = True  # the cross-correlation matrix is a batch statistic
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "resnet50": dict(encoder="torchvision:resnet50", dim=8192, mlp_hidden=8192, lambd=0.0051,
                          bias_lr_scale=0.024),

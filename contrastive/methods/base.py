@@ -71,6 +71,15 @@ class Method(nn.Module):
 
     needs: tuple[str, ...] = ("views",)
     uses_in_batch_negatives: bool = False  # a class or an instance attribute (Distiller)
+    #: the loss couples the batch's samples through the gradient by other means than in-batch
+    #: negatives (batch statistics of the embeddings: Barlow Twins, VICReg); with
+    #: ``uses_in_batch_negatives`` it makes the engine refuse --grad-accum-steps
+    couples_samples: bool = False
+    #: the backbones the engine may run chunk by chunk (--grad-cache-chunk,
+    #: :mod:`contrastive.engine.grad_cache`): submodule names the method calls only as
+    #: ``backbone(tensors...)`` -> one row per input row; () = the loss reads more than their
+    #: output (intermediate layers), no caching
+    backbones: tuple[str, ...] = ("encoder",)
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Method:

@@ -74,6 +74,7 @@ class CLIP(Method):
 
     needs = ("views", "input_ids", "attention_mask")
     uses_in_batch_negatives = True
+    backbones = ("encoder", "text_encoder")
 
     def __init__(self, encoder: str | nn.Module = "small_cnn",
                  text_encoder: str | nn.Module = "bert", dim: int = 64,

@@ -76,6 +76,8 @@ class DeepInfoMax(Method):
     """
 
     needs = ("views",)
+    uses_in_batch_negatives = True  # the other images of the batch are the negatives
+    backbones = ()  # the loss reads an intermediate stage, not only the output
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "cifar": dict(encoder="dcgan32", mi_units=2048, estimator="infonce"),
         "stl10": dict(encoder="alexnet64", mi_units=2048, estimator="infonce"),

@@ -54,6 +54,7 @@ class ContrastiveDistillation(Method):
 
     teacher: Any
     head: Any
+    backbones = ()  # the losses read intermediate layers: no --grad-cache-chunk
 
     def _init_stages(self, stage_weights: Sequence[Sequence[float]], stage1_fraction: float,
                      switch_step: int | None) -> None:

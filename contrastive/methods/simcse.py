@@ -133,8 +133,9 @@ class SimCSE(Method):
     def _pooled(self, input_ids: Tensor, attention_mask: Tensor,
                 token_type_ids: Tensor | None, use_mlp: bool) -> Tensor:
         encoder: Any = self.encoder
-        out = encoder.encode(input_ids, attention_mask, token_type_ids)
-        h = out.pooled  # [CLS] or masked mean, set in __init__
+        # [CLS] or masked mean (set in __init__): encoder(...) is encode(...).pooled, called
+        # as the backbone itself so that the engine can cache it (--grad-cache-chunk)
+        h = encoder(input_ids, attention_mask, token_type_ids)
         if use_mlp and self.mlp is not None:
             h = self.mlp(h)
         return h

@@ -79,6 +79,7 @@ class TextClassifier(Method):
     """
 
     needs = TEXT_KEYS
+    backbones = ()  # no --grad-cache-chunk: accumulation stays plain (a per-sample loss)
 
     def __init__(self, encoder: TextEncoder, num_labels: int, *, regression: bool = False,
                  dropout: float = 0.1) -> None:

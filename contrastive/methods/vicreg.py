@@ -47,6 +47,7 @@ class VICReg(Method):
     """
 
     needs = ("views",)
+    couples_samples = True  # variance and covariance are batch statistics
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "resnet50": dict(encoder="torchvision:resnet50", dim=8192, mlp_hidden=8192),
         # solo-learn scripts/pretrain/cifar/vicreg.yaml: 2048-2048-2048, weights 25 / 25 / 1

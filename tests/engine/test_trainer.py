@@ -35,6 +35,7 @@ class _Cfg(TrainConfig):
     nan_at: int = -1  # the step whose loss is NaN
     signal_at: int = -1  # the optimiser step (0-based) whose forward sends ``signals``
     signals: str = ""  # e.g. "SIGTERM,SIGTERM"
+    coupled: bool = True  # the toy's uses_in_batch_negatives (False: a per-sample loss)
 
 
 class _Toy(Method):
@@ -92,7 +93,9 @@ def _pipeline(cfg):
 
 
 def _build(cfg):
-    return _Toy(cfg.nan_at, signal_at=cfg.signal_at, signals=cfg.signals)
+    toy = _Toy(cfg.nan_at, signal_at=cfg.signal_at, signals=cfg.signals)
+    toy.uses_in_batch_negatives = cfg.coupled
+    return toy
 
 
 def _train(tmp_path, **kw):
@@ -130,17 +133,28 @@ def test_nonfinite_loss_skip_continues(tmp_path, fresh_accelerate, caplog):
     assert all(math.isfinite(r["loss"]) for r in lines if "loss" in r)
 
 
-def test_accumulation_with_in_batch_negatives_warns_and_counts_steps(tmp_path, fresh_accelerate,
-                                                                     caplog):
-    caplog.set_level(logging.WARNING)
-    result = _train(tmp_path, grad_accum_steps=2, max_steps=3)
-    assert "NOT a bigger contrastive batch" in caplog.text
+def test_accumulation_with_in_batch_negatives_is_refused_in_one_line(tmp_path, fresh_accelerate,
+                                                                     capsys):
+    argv = ["--output-dir", str(tmp_path / "run"), "--grad-accum-steps", "2", "--max-steps", "1"]
+    with pytest.raises(SystemExit) as exc:
+        run(_Cfg, _build, _pipeline, argv=argv, name="toy")
+    assert str(exc.value) == (
+        "toy: error: --grad-accum-steps 2 with _Toy: its loss couples the samples of a batch "
+        "(in-batch negatives or batch statistics), so micro-batches would train a smaller batch, "
+        "another experiment; pass --grad-cache-chunk N instead (the whole batch's exact "
+        "gradient, the backbone run N samples at a time)")
+
+
+def test_accumulation_of_a_per_sample_loss_counts_micro_batches_and_steps(tmp_path,
+                                                                          fresh_accelerate):
+    result = _train(tmp_path, grad_accum_steps=2, max_steps=3, coupled=False)
     assert result.status == "max_steps" and result.step == 3
     meta = json.loads((tmp_path / "run" / "checkpoints" / "step_00000003" / "meta.json")
                       .read_text())
     assert meta["micro_in_epoch"] == 6  # 2 micro-batches of 8 per optimiser step
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["resolved"]["per_process_micro_batch"] == 8
+    assert config["resolved"]["grad_cache_chunk"] == 8  # accumulation runs through the cache
 
 
 def test_encoder_file_is_plain_backbone(tmp_path, fresh_accelerate):
@@ -165,15 +179,16 @@ def test_every_scalar_the_method_returns_is_logged_as_a_window_mean(tmp_path, fr
 
 def test_schedules_are_evaluated_per_optimiser_step_passed_and_logged(tmp_path,
                                                                       fresh_accelerate):
-    _train(tmp_path, max_steps=3, log_every=1, grad_accum_steps=2)
+    _train(tmp_path, max_steps=3, log_every=1, grad_accum_steps=2, coupled=False)
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().split("\n")
              if x]
     records = [r for r in lines if "loss" in r]
-    # both micro-batches of optimiser step s (0-based) see step_seen = s; forward calls keep
-    # counting; the schedules' values are logged under their names (8 steps in the run)
+    # the two micro-batches of optimiser step s (0-based) are trained as one batch through the
+    # gradient cache: one forward call per step, which sees step_seen = s; the schedules'
+    # values are logged under their names (8 steps in the run)
     assert [r["step_seen"] for r in records] == [0.0, 1.0, 2.0]
     assert [r["progress"] for r in records] == [0.0, 1 / 8, 2 / 8]
-    assert [r["call_index"] for r in records] == [0.5, 2.5, 4.5]
+    assert [r["call_index"] for r in records] == [0.0, 1.0, 2.0]
 
 
 def test_sigterm_saves_then_exits_75_with_run_state_and_resume_completes(tmp_path,

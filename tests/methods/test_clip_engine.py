@@ -102,9 +102,11 @@ def test_the_engine_carries_each_samples_tokens(tmp_path, fresh_accelerate):
     assert all(v <= math.log(100.0) + 1e-6 for v in seen[0].after_steps)
 
 
-def test_the_post_step_hook_runs_once_per_optimiser_step_not_per_micro_batch(tmp_path,
-                                                                            fresh_accelerate):
-    cfg = _Cfg(output_dir=str(tmp_path / "run"), grad_accum_steps=2, max_steps=2, knn_every=0)
+def test_the_post_step_hook_runs_once_per_optimiser_step_with_the_cache(tmp_path,
+                                                                       fresh_accelerate):
+    """Both towers in chunks of 8 (--grad-cache-chunk; CLIP refuses --grad-accum-steps): one
+    forward on the whole batch and one post-step hook per optimiser step."""
+    cfg = _Cfg(output_dir=str(tmp_path / "run"), grad_cache_chunk=8, max_steps=2, knn_every=0)
     seen: list = []
 
     def build(c):
@@ -113,7 +115,7 @@ def test_the_post_step_hook_runs_once_per_optimiser_step_not_per_micro_batch(tmp
         return m
 
     train(cfg, build, lambda c: _OneView(), recipe="clip-test")
-    assert len(seen[0].seen) == 4 and len(seen[0].after_steps) == 2
+    assert len(seen[0].seen) == 2 and len(seen[0].after_steps) == 2
 
 
 def test_a_method_needing_fields_the_data_set_lacks_fails_before_training(tmp_path,
