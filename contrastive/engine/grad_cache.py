@@ -91,9 +91,9 @@ def check_grad_cache(method: nn.Module, chunk: int, accum: int) -> str:
         if chunk == 0:
             return "plain"  # a per-sample method without a backbone to cache: accumulate
         raise GradCacheError(
-            f"--grad-cache-chunk {chunk}: {name} has no backbone the engine can cache (its loss "
-            "reads more than the backbone's output, e.g. intermediate layers); train without "
-            "--grad-cache-chunk")
+            f"--grad-cache-chunk {chunk}: {name} has no backbone the engine can cache (it uses "
+            "more than the backbone's output on its input: intermediate layers, or tokens it "
+            "masks itself); train without --grad-cache-chunk")
     return "cache" if chunk > 0 or accum > 1 else "plain"
 
 

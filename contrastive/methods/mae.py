@@ -118,6 +118,9 @@ class MAE(Method):
     """
 
     needs = ("views",)
+    #: the encoder runs on the visible tokens through ``masked_tokens`` (its parts, not its
+    #: forward), so gradient caching cannot stand in for it; per-sample loss: accumulation is exact
+    backbones = ()
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         # paper Table 1 defaults / the code's mae_vit_*_dec512d8b and PRETRAIN.md
         "vit_base": dict(encoder="timm:vit_base_patch16_224", mask_ratio=0.75, decoder_dim=512,
