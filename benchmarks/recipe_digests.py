@@ -91,6 +91,10 @@ ARGS: dict[str, list[str]] = {
     "siglip": ["--data", "shapes-captions:n=48,n_test=20,size=16,max_length=12", "--image-size",
                "16", "--batch-size", "16", "--warmup-steps", "2", "--dim", "8", "--text-layers",
                "1", "--text-width", "16", "--eval-max", "0"],
+    **{name: [*IMAGE[:4], "--encoder-kwargs", json.dumps(
+        {"img_size": 16, "patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2}),
+        "--decoder-dim", "8", "--decoder-depth", "1", "--decoder-heads", "2", "--batch-size", "16",
+        "--warmup-epochs", "0.5", "--knn-every", "0"] for name in ("mae_cifar", "mae_in1k")},
     "simcse": [*TEXT, "--mode", "sup", "--n-train", "160", "--vocab-size", "300",
                "--intermediate", "32", "--eval", "none"],
     "bert_finetune": [*LABELLED],
