@@ -443,3 +443,16 @@ def test_the_second_pass_runs_under_the_first_pass_autocast():
     g = torch.cat([p.grad.flatten() for p in cached.parameters()])
     g_ref = torch.cat([p.grad.flatten() for p in ref.parameters()])
     assert float((g - g_ref).norm() / g_ref.norm()) < 2e-2  # bf16 rounding (8 bits), per chunk
+
+
+def test_a_cached_run_keeps_the_online_probe_and_the_knn_monitor(tmp_path, fresh_accelerate):
+    """The probe reads the backbone after the step and the monitor between steps: neither sees
+    the proxies, and both report as in a plain run."""
+    import json
+
+    _simclr_run(tmp_path, grad_cache_chunk=3, max_steps=4, online_probe=True, knn_every=1,
+                data="shapes:n=32,n_test=16,size=16", log_every=2)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get("probe_top1") is not None for r in rows), rows
+    assert any("knn_top1" in r for r in rows), rows
+    assert all(r["loss"] == r["loss"] for r in rows if "loss" in r)  # finite, not NaN
