@@ -83,6 +83,16 @@ METHODS: dict[str, Entry] = {
     "DINO": Entry("dino_cifar"),
     "Deep InfoMax": Entry("dim_cifar"),  # skipped (with a note) while the recipe is missing
 }
+#: ``--block vit``: the methods made for a ViT, on one ViT (``VIT_ENCODER``, ``VIT_KWARGS``),
+#: DINO the comparator (issue 33). MAE trains on one view with its own augmentation.
+VIT_METHODS: dict[str, Entry] = {
+    "DINO": Entry("dino_cifar"),
+    "MAE": Entry("mae_cifar"),
+    "iBOT": Entry("ibot_cifar"),
+}
+VIT_ENCODER = "timm:vit_tiny_patch16_224"
+#: ViT-Tiny's width and heads, 6 blocks, patch 4 at 24 px: 36 tokens (as mae_cifar at 32 px)
+VIT_KWARGS = {"img_size": 24, "patch_size": 4, "embed_dim": 192, "depth": 6, "num_heads": 3}
 
 
 def unpacked_cifar(tar_path: Path) -> Path:
@@ -111,6 +121,7 @@ def budget_args(args: argparse.Namespace, data: str) -> list[str]:
             "--batch-size", str(args.batch_size), "--epochs", str(args.epochs),
             "--warmup-epochs", str(args.warmup_epochs), "--crop-min", str(args.crop_min),
             "--mixed-precision", args.precision, "--num-workers", str(args.workers),
+            *(["--encoder-kwargs", args.encoder_kwargs] if args.encoder_kwargs else []),
             "--seed", str(args.seed), "--knn-every", "0", "--save-every-epochs", "0",
             "--save-every-steps", "0", "--log-every", str(args.log_every), "--progress", "false"]
 
@@ -174,7 +185,10 @@ def evaluate(checkpoint: str, args: argparse.Namespace, data: str) -> dict[str, 
     from contrastive.eval.runner import encode_split, eval_transform, load_split
 
     torch.manual_seed(args.seed)  # the random-init row's weights
-    loaded = load_encoder(checkpoint, encoder=args.encoder if checkpoint == "random" else None)
+    random = checkpoint == "random"
+    loaded = load_encoder(checkpoint, encoder=args.encoder if random else None,
+                          encoder_kwargs=json.loads(args.encoder_kwargs or "{}") if random
+                          else None)
     transform = eval_transform(args.image_size, loaded.setting("mean"), loaded.setting("std"))
     (xtr, ytr), (xte, yte) = (
         encode_split(loaded, load_split(data, split, transform), num_workers=args.workers)
@@ -189,6 +203,7 @@ def evaluate_child(checkpoint: Path, args: argparse.Namespace, data: str) -> dic
     """:func:`evaluate` in a child process (so that ``--jobs`` evaluates in parallel too)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--evaluate", str(checkpoint),
            "--data", data, "--encoder", args.encoder, "--image-size", str(args.image_size),
+           "--encoder-kwargs", args.encoder_kwargs,
            "--workers", str(args.workers), "--seed", str(args.seed),
            "--probe-epochs", str(args.probe_epochs)]
     proc = subprocess.run(cmd, cwd=ROOT, env=child_env(args.threads), capture_output=True,
@@ -221,7 +236,10 @@ def main() -> None:
     p.add_argument("--fraction", type=float, default=1.0,
                    help="train and evaluate on this stratified seeded fraction of both splits "
                    "(0.2 of CIFAR-10: 10,000 / 2,000 images, 156 steps per epoch at batch 64)")
-    p.add_argument("--encoder", default="small_cnn")
+    p.add_argument("--block", default="image", choices=("image", "vit"),
+                   help="vit: the ViT methods (DINO, MAE, iBOT) on VIT_ENCODER / VIT_KWARGS")
+    p.add_argument("--encoder", default="")
+    p.add_argument("--encoder-kwargs", default="", help="JSON object (default: the block's)")
     p.add_argument("--image-size", type=int, default=24)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--epochs", type=float, default=2, help="the step budget, in epochs")
@@ -239,21 +257,26 @@ def main() -> None:
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--probe-epochs", type=int, default=100)
     p.add_argument("--methods", default="", help="comma-separated subset of: "
-                   + ", ".join(METHODS))
+                   + ", ".join(METHODS) + "; with --block vit: " + ", ".join(VIT_METHODS))
     p.add_argument("--out-dir", default="runs/bench_methods")
     p.add_argument("--json", default="", help="append one JSON line per row to this file")
     p.add_argument("--evaluate", default="", help=argparse.SUPPRESS)  # the evaluation child
     args = p.parse_args()
+    vit = args.block == "vit"
+    args.encoder = args.encoder or (VIT_ENCODER if vit else "small_cnn")
+    if vit and not args.encoder_kwargs:
+        args.encoder_kwargs = json.dumps(VIT_KWARGS)
     if args.evaluate:
         print(json.dumps(evaluate(args.evaluate, args, args.data)))
         return
     if args.epochs != int(args.epochs):
         raise SystemExit("--epochs must be a whole number here (the recipes take an int)")
     args.epochs = int(args.epochs)
-    names = [m.strip() for m in args.methods.split(",") if m.strip()] or list(METHODS)
-    unknown = [m for m in names if m not in METHODS]
+    block = VIT_METHODS if vit else METHODS
+    names = [m.strip() for m in args.methods.split(",") if m.strip()] or list(block)
+    unknown = [m for m in names if m not in block]
     if unknown:
-        raise SystemExit(f"unknown method(s) {unknown}; known: {', '.join(METHODS)}")
+        raise SystemExit(f"unknown method(s) {unknown}; known: {', '.join(block)}")
     data = data_spec(args.data, args.fraction)
     if args.workers < 0:
         args.workers = 0 if data.startswith("shapes") else 2
@@ -264,7 +287,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = [{"method": "random init", **evaluate("random", args, data)}]
 
     def one(name: str) -> dict[str, Any]:
-        entry = METHODS[name]
+        entry = block[name]
         if not (ROOT / "recipes" / f"{entry.recipe}.py").exists():
             return {"method": name, "skipped": f"no recipes/{entry.recipe}.py"}
         out = out_root / re.sub(r"\W+", "_", name.lower())  # one folder per row (DCL, DCLW)
