@@ -300,8 +300,8 @@ class IBOT(Method):
         w_dino, w_ibot, w_koleo = self.weights
         loss = w_dino * dino_loss + w_ibot * ibot_loss
         koleo_loss = torch.zeros((), dtype=loss.dtype, device=loss.device)
-        if w_koleo:  # per process and per global crop, summed (DINOv2's ssl_meta_arch)
-            koleo_loss = sum((koleo(c) for c in s_tokens[:, 0].chunk(g)), koleo_loss)
+        if w_koleo:
+            koleo_loss = self.koleo_term(s_tokens[:, 0])
             loss = loss + w_koleo * koleo_loss
         with torch.no_grad():
             probs = F.softmax((cls_logits[:b] - (0 if cls_center is None else cls_center))
@@ -316,6 +316,12 @@ class IBOT(Method):
                 "koleo_loss": koleo_loss.detach(), "teacher_entropy": entropy,
                 "mask_fraction": masks.float().mean(),
                 "embeddings": F.normalize(s_tokens[:b, 0].detach(), dim=1)}
+
+    def koleo_term(self, cls_tokens: Tensor) -> Tensor:
+        """KoLeo of the student's class tokens (G B, D) of the global crops, before the head:
+        per global crop on this process's B rows, summed over the crops (DINOv2's
+        ``ssl_meta_arch``: ``sum(koleo_loss(p) for p in student_cls_tokens.chunk(2))``)."""
+        return torch.stack([koleo(c) for c in cls_tokens.chunk(self.num_global)]).sum()
 
     def _student_params(self) -> list[nn.Parameter]:
         """The student's parameters in the teacher's order (encoder, head[, patch head])."""
