@@ -265,8 +265,13 @@ class IBOT(Method):
         if len({tuple(v.shape) for v in views[:g]}) != 1:
             raise ValueError(f"iBOT: the {g} global crops must have one size, got "
                              f"{[tuple(v.shape) for v in views[:g]]}")
-        images = torch.cat(views[:g])  # (G B, C, H, W), crop-major
         vit: Any = self.encoder  # a timm VisionTransformer (check_vit)
+        if any(v.shape[-2:] != views[0].shape[-2:] for v in views[g:]) and \
+                not getattr(vit, "dynamic_img_size", False):
+            raise ValueError("iBOT: local crops of another size than the global ones need a ViT "
+                             "built with dynamic_img_size=True (encoder_kwargs / "
+                             "--encoder-kwargs '{\"dynamic_img_size\": true, ...}')")
+        images = torch.cat(views[:g])  # (G B, C, H, W), crop-major
         ph, pw = vit.patch_embed.patch_size
         prefix = int(vit.num_prefix_tokens)  # class token (+ registers): not patches
         masks = self.draw_masks(g * b, images.shape[-2] // ph, images.shape[-1] // pw).to(

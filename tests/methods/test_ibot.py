@@ -211,6 +211,10 @@ def test_bad_input_names_the_problem():
         build(mask_ratio=(0.5, 0.1))
     with pytest.raises(TypeError, match="timm VisionTransformer"):
         IBOT("small_cnn")
+    fixed = build(encoder_kwargs={**VIT, "dynamic_img_size": False})
+    with pytest.raises(ValueError, match="dynamic_img_size=True"):
+        fixed(fixed.make_batch([torch.randn(2, 3, 16, 16).double()] * 2
+                               + [torch.randn(2, 3, 8, 8).double()]))
     method = build()
     with pytest.raises(ValueError, match="global crops must have one size"):
         method(method.make_batch([torch.randn(2, 3, 16, 16).double(),
