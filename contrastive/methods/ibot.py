@@ -41,7 +41,8 @@ for the class and patch tokens (``shared_head``: iBOT's README runs ``--shared_h
 DINOv2's default ``ibot.separate_head: false``) or a second one for the patches (DINOv2
 vitl14). The running centres follow iBOT's ``update_center``: the class centre over the global
 crops' teacher outputs, the patch centre over every patch (DINOv2's default config takes the
-masked patches only). The encoder must be a timm ViT; local crops of another size need
+masked patches only); the heads run on the masked patches only, save the teacher's under
+running centres (that centre needs them all). The encoder must be a timm ViT; local crops of another size need
 ``dynamic_img_size=True`` (timm resamples the position embedding, as the codes'
 ``interpolate_pos_encoding``).
 """
@@ -70,6 +71,12 @@ from contrastive.nn.masking import block_masks
 __all__ = ["IBOT"]
 
 CENTERING = ("mean", "sinkhorn", "none")
+
+
+def _pack(rows: Tensor, packed: Tensor) -> Tensor:
+    """(M, K) rows -> (N, W, K), zeros where ``packed`` (N, W) is False (M True entries)."""
+    out = rows.new_zeros(*packed.shape, rows.shape[-1])
+    return out.masked_scatter(packed.unsqueeze(-1), rows)
 
 
 @register_method("ibot")
@@ -281,26 +288,28 @@ class IBOT(Method):
             parts: Any = self.teacher.module
             t_tokens = masked_tokens(parts["encoder"], images)
             t_cls = parts["head"](t_tokens[:, 0])  # (G B, K)
-            t_patch = parts["patch_head" if "patch_head" in parts else "head"](
-                t_tokens[:, prefix:])  # (G B, L, K')
+            t_patch_head = parts["patch_head" if "patch_head" in parts else "head"]
+            # the heads run on the masked patches only (the loss reads nothing else), except
+            # the teacher's under running centres: iBOT's patch centre averages every patch
+            t_all = t_patch_head(t_tokens[:, prefix:]) if self.centering == "mean" else None
+            t_rows = t_all[masks] if t_all is not None else t_patch_head(
+                t_tokens[:, prefix:][masks])  # (M, K'), image-major
         s_tokens = masked_tokens(self.encoder, images, mask=masks, mask_token=self.mask_token)
         s_cls = [s_tokens[:, 0]] + [masked_tokens(self.encoder, v)[:, 0] for v in views[g:]]
         student = self.head(torch.cat(s_cls)).reshape(len(views), b, -1).transpose(0, 1)
-        s_patch = self._patch_head()(s_tokens[:, prefix:])
+        s_rows = self._patch_head()(s_tokens[:, prefix:][masks])  # (M, K')
 
         cls_logits, cls_center, cls_tau = self._targets(t_cls, self.center, tau_t)
         dino_loss = dino(student, cls_logits.reshape(g, b, -1).transpose(0, 1), cls_center,
                          student_temperature=self.student_temperature,
                          teacher_temperature=cls_tau)
-        if self.centering == "sinkhorn":  # the masked patches' codes only (DINOv2)
-            logq, _, _ = self._targets(t_patch[masks], self.center_patch, tau_p)
-            patch_logits = torch.zeros_like(t_patch).masked_scatter(masks.unsqueeze(-1), logq)
-            patch_center, patch_tau = None, 1.0
-        else:
-            patch_logits, patch_center, patch_tau = self._targets(t_patch, self.center_patch,
-                                                                  tau_p)
-        ibot_loss = ibot_patch(s_patch, patch_logits, masks, patch_center,
-                               student_temperature=self.student_temperature,
+        # (M, K') rows -> (N, W, K'), each image's masked patches first (W: the most masked)
+        counts = masks.sum(1)
+        packed = torch.arange(int(counts.max()) if masks.any() else 1,
+                              device=masks.device) < counts.unsqueeze(1)
+        t_rows, patch_center, patch_tau = self._targets(t_rows, self.center_patch, tau_p)
+        ibot_loss = ibot_patch(_pack(s_rows, packed), _pack(t_rows, packed), packed,
+                               patch_center, student_temperature=self.student_temperature,
                                teacher_temperature=patch_tau)
         w_dino, w_ibot, w_koleo = self.weights
         loss = w_dino * dino_loss + w_ibot * ibot_loss
@@ -315,7 +324,8 @@ class IBOT(Method):
             if self.centering == "mean":
                 self.center.copy_(dino_center(self.center, t_cls,
                                               momentum=self.center_momentum))
-                self.center_patch.copy_(dino_center(self.center_patch, t_patch.mean(1),
+                assert t_all is not None  # computed under running centres
+                self.center_patch.copy_(dino_center(self.center_patch, t_all.mean(1),
                                                     momentum=self.center_momentum))
         return {"loss": loss, "dino_loss": dino_loss.detach(), "ibot_loss": ibot_loss.detach(),
                 "koleo_loss": koleo_loss.detach(), "teacher_entropy": entropy,
