@@ -21,8 +21,8 @@ fp32 ours 2227 / lightly 1934 ms/step (lightly / ours 0.87); bf16 autocast ours 
 1123 ms/step (0.92). The gap is iBOT's patch centre: it averages the teacher's head output
 over EVERY patch (bytedance/ibot ``update_center``), so our teacher runs its head on all 64
 patches of each global crop, where lightly's centre (DINOv2's rule) reads the masked ones only.
-Before the heads ran on the masked patches only (the student always, the teacher except for
-that centre), ours was 3048 ms/step in fp32 (0.64) and 1596 in bf16 (0.71).
+With the heads on every patch (before they were limited to the masked ones: the student always,
+the teacher except for that centre), ours took 3048 ms/step in fp32 (0.64), 1596 in bf16 (0.71).
 """
 
 from __future__ import annotations
