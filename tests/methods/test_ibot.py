@@ -202,6 +202,13 @@ def test_presets_and_registry():
     assert IBOT.presets["dinov2"]["centering"] == "sinkhorn"
     assert IBOT.presets["dinov2"]["koleo_weight"] == 0.1
     assert IBOT.presets["vit_small"]["shared_head"] and IBOT.presets["vit_small"]["koleo_weight"] == 0
+    with torch.device("meta"):  # every preset builds (no memory): names and keywords valid
+        built = {name: IBOT.from_preset(name) for name in IBOT.presets}
+    assert built["dinov2"].encoder.patch_embed.patch_size == (14, 14)
+    assert built["dinov2"].patch_head is not None and built["dinov2"].center.shape == (131072,)
+    assert built["dinov2_in1k"].patch_head is None and built["dinov2_in1k"].base_momentum == 0.992
+    assert built["cifar"].encoder.patch_embed.grid_size == (8, 8)
+    assert all(m.encoder.dynamic_img_size for m in built.values())  # local crops
 
 
 def test_bad_input_names_the_problem():
