@@ -79,6 +79,10 @@ METHODS: dict[str, Entry] = {
     "SwAV": Entry("swav_cifar", ("--freeze-prototypes-steps", "{epoch_steps}")),
     "DINO": Entry("dino_cifar"),
     "Deep InfoMax": Entry("dim_cifar"),  # skipped (with a note) while the recipe is missing
+    # the ViT block (--encoder timm:... --encoder-kwargs): MAE takes one view; iBOT without
+    # local crops, as DINO's CIFAR recipe (its default of 10 would give it 6x the crops)
+    "MAE": Entry("mae_cifar"),
+    "iBOT": Entry("ibot_cifar", ("--local-crops", "0")),
 }
 
 
@@ -104,7 +108,9 @@ def data_spec(data: str, fraction: float = 1.0) -> str:
 
 def budget_args(args: argparse.Namespace, data: str) -> list[str]:
     """The flags every method gets: the shared budget."""
-    return ["--data", data, "--encoder", args.encoder, "--image-size", str(args.image_size),
+    kwargs = ["--encoder-kwargs", args.encoder_kwargs] if args.encoder_kwargs else []
+    return ["--data", data, "--encoder", args.encoder, *kwargs,
+            "--image-size", str(args.image_size),
             "--batch-size", str(args.batch_size), "--epochs", str(args.epochs),
             "--warmup-epochs", str(args.warmup_epochs), "--crop-min", str(args.crop_min),
             "--mixed-precision", args.precision, "--num-workers", str(args.workers),
@@ -171,7 +177,10 @@ def evaluate(checkpoint: str, args: argparse.Namespace, data: str) -> dict[str, 
     from contrastive.eval.runner import encode_split, eval_transform, load_split
 
     torch.manual_seed(args.seed)  # the random-init row's weights
-    loaded = load_encoder(checkpoint, encoder=args.encoder if checkpoint == "random" else None)
+    random = checkpoint == "random"
+    loaded = load_encoder(checkpoint, encoder=args.encoder if random else None,
+                          encoder_kwargs=json.loads(args.encoder_kwargs or "{}") if random
+                          else None)
     transform = eval_transform(args.image_size, loaded.setting("mean"), loaded.setting("std"))
     (xtr, ytr), (xte, yte) = (
         encode_split(loaded, load_split(data, split, transform), num_workers=args.workers)
@@ -186,7 +195,7 @@ def evaluate_child(checkpoint: Path, args: argparse.Namespace, data: str) -> dic
     """:func:`evaluate` in a child process (so that ``--jobs`` evaluates in parallel too)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--evaluate", str(checkpoint),
            "--data", data, "--encoder", args.encoder, "--image-size", str(args.image_size),
-           "--workers", str(args.workers), "--seed", str(args.seed),
+           "--encoder-kwargs", args.encoder_kwargs, "--workers", str(args.workers), "--seed", str(args.seed),
            "--probe-epochs", str(args.probe_epochs)]
     proc = subprocess.run(cmd, cwd=ROOT, env=child_env(args.threads), capture_output=True,
                           text=True)
@@ -219,6 +228,8 @@ def main() -> None:
                    help="train and evaluate on this stratified seeded fraction of both splits "
                    "(0.2 of CIFAR-10: 10,000 / 2,000 images, 156 steps per epoch at batch 64)")
     p.add_argument("--encoder", default="small_cnn")
+    p.add_argument("--encoder-kwargs", default="",
+                   help="create_encoder keyword arguments (JSON), e.g. a ViT's img_size")
     p.add_argument("--image-size", type=int, default=24)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--epochs", type=float, default=2, help="the step budget, in epochs")
