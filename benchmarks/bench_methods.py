@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -71,8 +70,6 @@ METHODS: dict[str, Entry] = {
     "MoCo v2": Entry("moco_r50", ("--queue-size", "4096")),
     "MoCo v3": Entry("mocov3_r50"),
     "SimCLR": Entry("simclr_cifar"),
-    "DCL": Entry("dcl_cifar"),
-    "DCLW": Entry("dcl_cifar", ("--weighting", "vmf")),
     "BYOL": Entry("byol_cifar"),
     "SimSiam": Entry("simsiam_cifar"),
     "SupCon": Entry("supcon_cifar"),
@@ -82,17 +79,11 @@ METHODS: dict[str, Entry] = {
     "SwAV": Entry("swav_cifar", ("--freeze-prototypes-steps", "{epoch_steps}")),
     "DINO": Entry("dino_cifar"),
     "Deep InfoMax": Entry("dim_cifar"),  # skipped (with a note) while the recipe is missing
-}
-#: ``--block vit``: the methods made for a ViT, on one ViT (``VIT_ENCODER``, ``VIT_KWARGS``),
-#: DINO the comparator (issue 33). MAE trains on one view with its own augmentation.
-VIT_METHODS: dict[str, Entry] = {
-    "DINO": Entry("dino_cifar"),
+    # the ViT block (--encoder timm:... --encoder-kwargs): MAE takes one view; iBOT without
+    # local crops, as DINO's CIFAR recipe (its default of 10 would give it 6x the crops)
     "MAE": Entry("mae_cifar"),
-    "iBOT": Entry("ibot_cifar"),
+    "iBOT": Entry("ibot_cifar", ("--local-crops", "0")),
 }
-VIT_ENCODER = "timm:vit_tiny_patch16_224"
-#: ViT-Tiny's width and heads, 6 blocks, patch 4 at 24 px: 36 tokens (as mae_cifar at 32 px)
-VIT_KWARGS = {"img_size": 24, "patch_size": 4, "embed_dim": 192, "depth": 6, "num_heads": 3}
 
 
 def unpacked_cifar(tar_path: Path) -> Path:
@@ -117,11 +108,12 @@ def data_spec(data: str, fraction: float = 1.0) -> str:
 
 def budget_args(args: argparse.Namespace, data: str) -> list[str]:
     """The flags every method gets: the shared budget."""
-    return ["--data", data, "--encoder", args.encoder, "--image-size", str(args.image_size),
+    kwargs = ["--encoder-kwargs", args.encoder_kwargs] if args.encoder_kwargs else []
+    return ["--data", data, "--encoder", args.encoder, *kwargs,
+            "--image-size", str(args.image_size),
             "--batch-size", str(args.batch_size), "--epochs", str(args.epochs),
             "--warmup-epochs", str(args.warmup_epochs), "--crop-min", str(args.crop_min),
             "--mixed-precision", args.precision, "--num-workers", str(args.workers),
-            *(["--encoder-kwargs", args.encoder_kwargs] if args.encoder_kwargs else []),
             "--seed", str(args.seed), "--knn-every", "0", "--save-every-epochs", "0",
             "--save-every-steps", "0", "--log-every", str(args.log_every), "--progress", "false"]
 
@@ -203,8 +195,7 @@ def evaluate_child(checkpoint: Path, args: argparse.Namespace, data: str) -> dic
     """:func:`evaluate` in a child process (so that ``--jobs`` evaluates in parallel too)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--evaluate", str(checkpoint),
            "--data", data, "--encoder", args.encoder, "--image-size", str(args.image_size),
-           "--encoder-kwargs", args.encoder_kwargs,
-           "--workers", str(args.workers), "--seed", str(args.seed),
+           "--encoder-kwargs", args.encoder_kwargs, "--workers", str(args.workers), "--seed", str(args.seed),
            "--probe-epochs", str(args.probe_epochs)]
     proc = subprocess.run(cmd, cwd=ROOT, env=child_env(args.threads), capture_output=True,
                           text=True)
@@ -236,10 +227,9 @@ def main() -> None:
     p.add_argument("--fraction", type=float, default=1.0,
                    help="train and evaluate on this stratified seeded fraction of both splits "
                    "(0.2 of CIFAR-10: 10,000 / 2,000 images, 156 steps per epoch at batch 64)")
-    p.add_argument("--block", default="image", choices=("image", "vit"),
-                   help="vit: the ViT methods (DINO, MAE, iBOT) on VIT_ENCODER / VIT_KWARGS")
-    p.add_argument("--encoder", default="")
-    p.add_argument("--encoder-kwargs", default="", help="JSON object (default: the block's)")
+    p.add_argument("--encoder", default="small_cnn")
+    p.add_argument("--encoder-kwargs", default="",
+                   help="create_encoder keyword arguments (JSON), e.g. a ViT's img_size")
     p.add_argument("--image-size", type=int, default=24)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--epochs", type=float, default=2, help="the step budget, in epochs")
@@ -257,26 +247,21 @@ def main() -> None:
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--probe-epochs", type=int, default=100)
     p.add_argument("--methods", default="", help="comma-separated subset of: "
-                   + ", ".join(METHODS) + "; with --block vit: " + ", ".join(VIT_METHODS))
+                   + ", ".join(METHODS))
     p.add_argument("--out-dir", default="runs/bench_methods")
     p.add_argument("--json", default="", help="append one JSON line per row to this file")
     p.add_argument("--evaluate", default="", help=argparse.SUPPRESS)  # the evaluation child
     args = p.parse_args()
-    vit = args.block == "vit"
-    args.encoder = args.encoder or (VIT_ENCODER if vit else "small_cnn")
-    if vit and not args.encoder_kwargs:
-        args.encoder_kwargs = json.dumps(VIT_KWARGS)
     if args.evaluate:
         print(json.dumps(evaluate(args.evaluate, args, args.data)))
         return
     if args.epochs != int(args.epochs):
         raise SystemExit("--epochs must be a whole number here (the recipes take an int)")
     args.epochs = int(args.epochs)
-    block = VIT_METHODS if vit else METHODS
-    names = [m.strip() for m in args.methods.split(",") if m.strip()] or list(block)
-    unknown = [m for m in names if m not in block]
+    names = [m.strip() for m in args.methods.split(",") if m.strip()] or list(METHODS)
+    unknown = [m for m in names if m not in METHODS]
     if unknown:
-        raise SystemExit(f"unknown method(s) {unknown}; known: {', '.join(block)}")
+        raise SystemExit(f"unknown method(s) {unknown}; known: {', '.join(METHODS)}")
     data = data_spec(args.data, args.fraction)
     if args.workers < 0:
         args.workers = 0 if data.startswith("shapes") else 2
@@ -287,10 +272,10 @@ def main() -> None:
     rows: list[dict[str, Any]] = [{"method": "random init", **evaluate("random", args, data)}]
 
     def one(name: str) -> dict[str, Any]:
-        entry = block[name]
+        entry = METHODS[name]
         if not (ROOT / "recipes" / f"{entry.recipe}.py").exists():
             return {"method": name, "skipped": f"no recipes/{entry.recipe}.py"}
-        out = out_root / re.sub(r"\W+", "_", name.lower())  # one folder per row (DCL, DCLW)
+        out = out_root / entry.recipe
         shutil.rmtree(out, ignore_errors=True)
         row = train(name, entry, args, data, epoch_steps, out)
         row["load_after_training"] = [round(x, 1) for x in os.getloadavg()]

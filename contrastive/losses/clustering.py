@@ -64,7 +64,8 @@ def sinkhorn_knopp(scores: Tensor, *, epsilon: float = 0.05, iterations: int = 3
 
     Q = exp(scores / epsilon)^T (K, B), normalised to sum 1, then ``iterations`` times: rows to
     1/K, columns to 1/B_global; finally columns to 1. The sums run over every process when
-    ``distributed`` (None: whenever torch.distributed is initialised). The scores are shifted
+    ``distributed`` (None: whenever torch.distributed is initialised); the processes may hold
+    different numbers of rows (DINOv2's masked patches), even none. The scores are shifted
     by their global maximum first, which the normalisation cancels, and the maths runs in
     float64, so a small epsilon neither overflows nor underflows.
     """
@@ -91,9 +92,14 @@ def _sinkhorn_rows(e: Tensor, epsilon: float, iterations: int, world: int, last:
     one pass over the (N, K) matrix per sum and no (N, K) write, which matters once a queue
     makes N thousands of rows (SwAV's CIFAR queue: 3,904 x 3,000 per view and step).
     """
-    top = _all_reduce(e.max().clone(), world, dist.ReduceOp.MAX)
+    local_top = e.max() if e.numel() else torch.tensor(float("-inf"), dtype=e.dtype,
+                                                         device=e.device)
+    top = _all_reduce(local_top.clone(), world, dist.ReduceOp.MAX)
     e.sub_(top).div_(epsilon).exp_()  # exp((s - max) / epsilon) in (0, 1]
     k, b = e.shape[1], e.shape[0] * world
+    if world > 1:  # the global row count: the processes' counts may differ (DINOv2's patches)
+        count = torch.tensor(float(e.shape[0]), dtype=e.dtype, device=e.device)
+        b = int(_all_reduce(count, world).item())
     r = torch.ones(k, dtype=e.dtype, device=e.device)  # prototype (row of Q) scalings
     c = torch.ones(e.shape[0], dtype=e.dtype, device=e.device)  # sample (column) scalings
     c /= _all_reduce(e.sum(), world)

@@ -4,7 +4,8 @@
 ``Distiller`` (COS-NCE contrastive distillation of a frozen teacher into a student, LRC-BERT);
 the two-view family without (or with other) negatives: ``BYOL``, ``SimSiam``, ``SupCon``,
 ``NNCLR``, ``BarlowTwins``, ``VICReg``; multi-crop clustering and self-distillation: ``SwAV``,
-``DINO``; masked image modelling: ``MAE`` (one view, a timm ViT); mutual information:
+``DINO``, ``IBOT`` (iBOT / DINOv2: DINO plus masked-patch distillation and KoLeo, a timm
+ViT); masked image modelling: ``MAE`` (one view, a timm ViT); mutual information:
 ``DeepInfoMax``; image-text: ``CLIP`` (reads ``input_ids`` and
 ``attention_mask`` besides the image); sentence embeddings: ``SimCSE`` (reads ``input_ids`` and
 ``attention_mask``); labelled text: ``TextClassifier`` (an encoder fine-tuned with a prediction
@@ -75,6 +76,7 @@ from contrastive.methods.dclw import DCLW
 from contrastive.methods.deep_infomax import DeepInfoMax
 from contrastive.methods.dino import DINO
 from contrastive.methods.distill import Distiller
+from contrastive.methods.ibot import IBOT
 from contrastive.methods.lrc_bert import LRCBert
 from contrastive.methods.mae import MAE
 from contrastive.methods.moco import MoCo
@@ -105,6 +107,7 @@ __all__ = [
     "DINO",
     "DeepInfoMax",
     "Distiller",
+    "IBOT",
     "LRCBert",
     "MAE",
     "Method",

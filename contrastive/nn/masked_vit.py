@@ -12,7 +12,9 @@ state dict stays timm's (an encoder trained here exports as it is):
   embeddings are replaced by the learned token *before* the position embedding: (N, prefix + L,
   D) out.
 
-Without either it equals ``vit.forward_features(images)``.
+Without either it equals ``vit.forward_features(images)``. A ``dynamic_img_size`` ViT (timm
+resamples its position embedding to the input's grid: iBOT's local crops) is masked the same
+way, its (N, H, W, D) patch grid read row-major as the sequence.
 """
 
 from __future__ import annotations
@@ -32,9 +34,6 @@ def check_vit(vit: nn.Module, what: str) -> None:
         raise TypeError(f"{what}: the encoder must be a timm VisionTransformer (e.g. "
                         f"'timm:vit_tiny_patch16_224' with img_size / patch_size), got "
                         f"{type(vit).__name__}")
-    if getattr(vit, "dynamic_img_size", False):
-        raise ValueError(f"{what}: dynamic_img_size ViTs are not supported (their patch "
-                         "embedding is a grid, not a sequence); build it with a fixed img_size")
 
 
 def masked_tokens(vit: nn.Module, images: Tensor, *, keep: Tensor | None = None,
@@ -49,12 +48,14 @@ def masked_tokens(vit: nn.Module, images: Tensor, *, keep: Tensor | None = None,
         raise ValueError("masked_tokens: give keep (drop tokens, MAE) or mask (mask tokens, "
                          "iBOT), not both")
     net: Any = vit  # a timm VisionTransformer, duck-typed (check_vit)
-    x = net.patch_embed(images)  # (N, L, D)
+    x = net.patch_embed(images)  # (N, L, D), or (N, H, W, D) when dynamic_img_size
     if mask is not None:
-        if mask_token is None or mask.shape != x.shape[:2]:
-            raise ValueError(f"masked_tokens: mask must be (N, L) = {tuple(x.shape[:2])} with a "
+        n, length = x.shape[0], x.shape[1:-1].numel()
+        if mask_token is None or mask.shape != (n, length):
+            raise ValueError(f"masked_tokens: mask must be (N, L) = {(n, length)} with a "
                              f"mask_token, got {tuple(mask.shape)}")
-        x = torch.where(mask.unsqueeze(-1), mask_token.to(x.dtype), x)
+        grid = mask.reshape(x.shape[:-1])  # (N, H, W) on a dynamic-size ViT's patch grid
+        x = torch.where(grid.unsqueeze(-1), mask_token.to(x.dtype), x)
     x = net._pos_embed(x)  # prefix tokens + every patch, position embedding added
     if keep is not None:
         prefix = int(net.num_prefix_tokens)

@@ -1,0 +1,239 @@
+"""iBOT / DINOv2 (``ibot``): 3 SGD steps against the codes' step written out in float64.
+
+The reference is bytedance/ibot's ``iBOTLoss.forward`` (loops over teacher crop q and student
+crop v: the class term for v != q, the masked-patch term for v == q, each averaged over its
+pairs; ``update_center``) and, for DINOv2, ``sinkhorn_knopp_teacher`` (dinov2/loss/
+dino_clstoken_loss.py, on the masked patch rows for the patch term) and ``KoLeoLoss`` (summed
+over the global crops), with the EMA, the cosine momentum and the linear temperature warm-up
+as the codes' schedules; the ViT's masked forward is timm's, its patch embeddings replaced by
+the mask token before the position embedding (iBOT's ``prepare_tokens``).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from contrastive.methods import IBOT, get_method
+
+B, STEPS, LR = 4, 3, 0.5
+VIT = dict(img_size=16, patch_size=4, embed_dim=16, depth=1, num_heads=2, dynamic_img_size=True)
+CONFIGS = {
+    # iBOT: running centres, one head, a temperature warm-up, a local crop, no KoLeo
+    "ibot": dict(centering="mean", shared_head=True, koleo_weight=0.0,
+                 warmup_teacher_temperature=0.04, teacher_temperature=0.07,
+                 warmup_teacher_patch_temperature=0.05, teacher_patch_temperature=0.08,
+                 warmup_teacher_steps=2),
+    # DINOv2 vitl14-style: Sinkhorn-Knopp, separate heads, KoLeo 0.1, norm_last_layer
+    "dinov2": dict(centering="sinkhorn", shared_head=False, patch_out_dim=10, koleo_weight=0.1,
+                   teacher_temperature=0.07, teacher_patch_temperature=0.06,
+                   norm_last_layer=True, ibot_weight=0.7, dino_weight=1.3),
+}
+
+
+def build(**kw) -> IBOT:
+    torch.manual_seed(0)
+    base = dict(out_dim=12, hidden_dim=16, bottleneck_dim=8, momentum=0.9,
+                student_temperature=0.1, encoder_kwargs=VIT)
+    method = IBOT("timm:vit_tiny_patch16_224", **{**base, **kw}).double()
+    with torch.no_grad():  # a non-zero mask token, so that a wrong placement shows
+        method.mask_token.normal_(0, 0.5)
+    return method
+
+
+def data(seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    steps = []
+    for _ in range(STEPS):
+        views = [torch.randn(B, 3, 16, 16, generator=g, dtype=torch.float64) for _ in range(2)]
+        views.append(torch.randn(B, 3, 8, 8, generator=g, dtype=torch.float64))
+        masks = torch.rand(2 * B, 16, generator=g) < 0.35
+        masks[0] = False  # an image without masks (half of them are, in the codes)
+        masks[1, :3] = True
+        steps.append((views, masks))
+    return steps
+
+
+def run_method(method: IBOT, steps) -> dict:
+    opt = torch.optim.SGD([p for p in method.parameters() if p.requires_grad], lr=LR)
+    losses = []
+    for step, (views, masks) in enumerate(steps):
+        method.draw_masks = lambda n, h, w, m=masks: m  # type: ignore[method-assign]
+        out = method(method.make_batch(views, step=step, total_steps=STEPS))
+        opt.zero_grad()
+        out["loss"].backward()
+        opt.step()
+        losses.append(out["loss"].detach())
+    return {"loss": losses, "token": method.mask_token.detach().clone(),
+            "student": [p.detach().clone() for p in method._student_params()],
+            "teacher": [p.detach().clone() for p in method.teacher.parameters()]}
+
+
+def vit_tokens(vit, x, mask=None, token=None):
+    x = vit.patch_embed(x)  # (N, H, W, D) on a dynamic-size ViT
+    if mask is not None:
+        x = x.flatten(1, 2)
+        x = x * (~mask).unsqueeze(-1) + token * mask.unsqueeze(-1)
+        x = x.reshape(x.shape[0], 4, 4, -1)
+    return vit.norm(vit.blocks(vit._pos_embed(x)))
+
+
+def sinkhorn_teacher(t, tau, iterations=3):  # DINOv2's sinkhorn_knopp_teacher, one process
+    q = torch.exp(t / tau).t()
+    n, k = q.shape[1], q.shape[0]
+    q = q / q.sum()
+    for _ in range(iterations):
+        q = q / q.sum(dim=1, keepdim=True) / k
+        q = q / q.sum(dim=0, keepdim=True) / n
+    return (q * n).t()
+
+
+def koleo_code(x, eps=1e-8):  # DINOv2's KoLeoLoss.forward
+    x = F.normalize(x, eps=eps, p=2, dim=-1)
+    dots = x @ x.t()
+    n = x.shape[0]
+    dots.view(-1)[:: n + 1].fill_(-1)
+    nearest = dots.argmax(dim=1)
+    return -torch.log(F.pairwise_distance(x, x[nearest], 2, eps=eps) + eps).mean()
+
+
+def _linear_warmup(step, warm, start, end):  # the codes' np.linspace warm-up, per step
+    return end if step >= warm else start + (end - start) * step / warm
+
+
+def run_reference(cfg: dict, steps) -> dict:
+    method = build(**cfg)
+    enc, head = copy.deepcopy(method.encoder), copy.deepcopy(method.head)
+    phead = head if method.patch_head is None else copy.deepcopy(method.patch_head)
+    token = method.mask_token.detach().clone().requires_grad_(True)
+    t_enc, t_head = copy.deepcopy(enc), copy.deepcopy(head)
+    t_phead = t_head if method.patch_head is None else copy.deepcopy(phead)
+    del method
+    s_mods = [enc, head] + ([] if cfg["shared_head"] else [phead])
+    t_mods = [t_enc, t_head] + ([] if cfg["shared_head"] else [t_phead])
+    center, center2 = torch.zeros(12, dtype=torch.float64), 0.0
+    w1, w2, wk = cfg.get("dino_weight", 1.0), cfg.get("ibot_weight", 1.0), cfg["koleo_weight"]
+    losses = []
+    for step, (views, masks) in enumerate(steps):
+        m = 1 - (1 - 0.9) * (math.cos(math.pi * step / STEPS) + 1) / 2
+        warm = cfg.get("warmup_teacher_steps", 0)
+        tau = _linear_warmup(step, warm, cfg.get("warmup_teacher_temperature",
+                                                 cfg["teacher_temperature"]),
+                             cfg["teacher_temperature"])
+        tau2 = _linear_warmup(step, warm, cfg.get("warmup_teacher_patch_temperature", 0.04),
+                              cfg["teacher_patch_temperature"])
+        with torch.no_grad():
+            for tm, sm in zip(t_mods, s_mods):
+                for pt, ps in zip(tm.parameters(), sm.parameters()):
+                    pt.mul_(m).add_((1 - m) * ps)
+            gl = torch.cat(views[:2])
+            tt = vit_tokens(t_enc, gl)
+            t_cls, t_patch = t_head(tt[:, 0]), t_phead(tt[:, 1:])
+        ss = vit_tokens(enc, gl, masks, token)
+        s_cls = torch.cat([head(ss[:, 0]), head(vit_tokens(enc, views[2])[:, 0])]) / 0.1
+        s_patch = phead(ss[:, 1:]) / 0.1
+        if cfg["centering"] == "mean":
+            tc = F.softmax((t_cls - center) / tau, dim=-1)
+            tp = F.softmax((t_patch - center2) / tau2, dim=-1)
+        else:
+            tc = sinkhorn_teacher(t_cls, tau)
+            tp = torch.zeros_like(t_patch)
+            tp[masks] = sinkhorn_teacher(t_patch[masks], tau2)
+        tc_c, tp_c, sc_c, sp_c = tc.chunk(2), tp.chunk(2), s_cls.chunk(3), s_patch.chunk(2)
+        loss1 = loss2 = 0.0
+        n1 = n2 = 0
+        for q in range(2):
+            for v in range(3):
+                if v == q:
+                    ce = torch.sum(-tp_c[q] * F.log_softmax(sp_c[v], dim=-1), dim=-1)
+                    mk = masks.chunk(2)[v].double()
+                    loss2 = loss2 + (torch.sum(ce * mk, -1) / mk.sum(-1).clamp(min=1.0)).mean()
+                    n2 += 1
+                else:
+                    ce = torch.sum(-tc_c[q] * F.log_softmax(sc_c[v], dim=-1), dim=-1)
+                    loss1 = loss1 + ce.mean()
+                    n1 += 1
+        loss = loss1 / n1 * w1 + loss2 / n2 * w2
+        if wk:
+            loss = loss + wk * sum(koleo_code(p) for p in ss[:, 0].chunk(2))
+        if cfg["centering"] == "mean":
+            center = center * 0.9 + t_cls.mean(0) * 0.1
+            center2 = center2 * 0.9 + t_patch.mean(1).mean(0) * 0.1
+        params = [p for mod in s_mods for p in mod.parameters() if p.requires_grad] + [token]
+        grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                p.sub_(LR * g)
+        losses.append(loss.detach())
+    return {"loss": losses, "token": token.detach(),
+            "student": [p.detach() for mod in s_mods for p in mod.parameters()],
+            "teacher": [p.detach() for mod in t_mods for p in mod.parameters()]}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_three_sgd_steps_equal_the_codes_float64(name, close_f64):
+    steps = data()
+    ours, ref = run_method(build(**CONFIGS[name]), steps), run_reference(CONFIGS[name], steps)
+    for a, b in zip(ours["loss"], ref["loss"]):
+        close_f64(a, b)
+    assert len(ours["student"]) == len(ref["student"])
+    for key in ("student", "teacher", "token"):
+        for a, b in zip(*((r[key] if key != "token" else [r[key]]) for r in (ours, ref))):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+    assert ours["loss"][0] != ours["loss"][-1]
+
+
+def test_the_reference_sees_a_wrong_mask_token_placement():
+    """The check above can fail: masks shifted by one patch change the losses."""
+    steps = data()
+    cfg = CONFIGS["ibot"]
+    shifted = [(v, m.roll(1, dims=1)) for v, m in steps]
+    ours, ref = run_method(build(**cfg), shifted), run_reference(cfg, steps)
+    assert abs(float(ours["loss"][0] - ref["loss"][0])) > 1e-6
+
+
+def test_presets_and_registry():
+    assert type(get_method("ibot", encoder="timm:vit_tiny_patch16_224", out_dim=8,
+                           hidden_dim=8, bottleneck_dim=4, encoder_kwargs=VIT)) is IBOT
+    assert IBOT.presets["dinov2"]["centering"] == "sinkhorn"
+    assert IBOT.presets["dinov2"]["koleo_weight"] == 0.1
+    assert IBOT.presets["vit_small"]["shared_head"] and IBOT.presets["vit_small"]["koleo_weight"] == 0
+    with torch.device("meta"):  # every preset builds (no memory): names and keywords valid
+        built = {name: IBOT.from_preset(name) for name in IBOT.presets}
+    assert built["dinov2"].encoder.patch_embed.patch_size == (14, 14)
+    assert built["dinov2"].patch_head is not None and built["dinov2"].center.shape == (131072,)
+    assert built["dinov2_in1k"].patch_head is None and built["dinov2_in1k"].base_momentum == 0.992
+    assert built["cifar"].encoder.patch_embed.grid_size == (8, 8)
+    assert all(m.encoder.dynamic_img_size for m in built.values())  # local crops
+
+
+def test_bad_input_names_the_problem():
+    with pytest.raises(ValueError, match="centering"):
+        build(centering="centre")
+    with pytest.raises(ValueError, match="mask_ratio"):
+        build(mask_ratio=(0.5, 0.1))
+    with pytest.raises(TypeError, match="timm VisionTransformer"):
+        IBOT("small_cnn")
+    fixed = build(encoder_kwargs={**VIT, "dynamic_img_size": False})
+    with pytest.raises(ValueError, match="dynamic_img_size=True"):
+        fixed(fixed.make_batch([torch.randn(2, 3, 16, 16).double()] * 2
+                               + [torch.randn(2, 3, 8, 8).double()]))
+    method = build()
+    with pytest.raises(ValueError, match="global crops must have one size"):
+        method(method.make_batch([torch.randn(2, 3, 16, 16).double(),
+                                  torch.randn(2, 3, 8, 8).double()]))
+
+
+def test_draw_masks_follows_the_settings():
+    method = build(mask_probability=0.5, mask_ratio=(0.1, 0.5))
+    torch.manual_seed(3)
+    masks = method.draw_masks(8, 4, 4)
+    assert masks.shape == (8, 16) and masks.dtype == torch.bool
+    assert int((masks.sum(1) > 0).sum()) <= 4  # half the images at most
+    assert int(masks.sum(1).max()) <= 8  # ratio 0.5 of 16 patches at most
+    torch.manual_seed(3)
+    assert torch.equal(method.draw_masks(8, 4, 4), masks)  # follows torch's seed

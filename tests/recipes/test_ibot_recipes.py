@@ -1,0 +1,81 @@
+"""The iBOT recipes: ibot_cifar trains a few steps end to end as a program on tiny generated
+data (a 16-px ViT, local crops of 8 px) and leaves an encoder.pt that loads into timm's model;
+ibot_in1k's defaults are the README's / the code's ViT-S/16 settings and build that method."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+
+import pytest
+import torch
+
+from contrastive.engine import parse_config
+
+VIT16 = json.dumps({"img_size": 16, "patch_size": 4, "embed_dim": 16, "depth": 1,
+                    "num_heads": 2, "dynamic_img_size": True})
+TINY = ["--data", "shapes:n=64,n_test=32,size=16", "--image-size", "16", "--encoder-kwargs",
+        VIT16, "--out-dim", "32", "--local-crops", "2", "--local-size", "8",
+        "--batch-size", "16", "--epochs", "2", "--warmup-epochs", "0.5", "--num-workers", "0",
+        "--progress", "false", "--log-every", "1", "--mixed-precision", "no", "--seed", "0",
+        "--knn-every", "1", "--knn-max-train", "32"]
+
+
+def test_ibot_cifar_trains_and_leaves_a_timm_encoder(tmp_path, rx):
+    out = tmp_path / "run"
+    proc = subprocess.run([rx.PYTHON, str(rx.RECIPES / "ibot_cifar.py"), *TINY, "--max-steps",
+                           "3", "--koleo-weight", "0.1", "--centering", "sinkhorn",
+                           "--output-dir", str(out)], env=rx.env(), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    records = rx.read_metrics(out)
+    steps = [r for r in records if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert all(math.isfinite(r["loss"]) for r in steps)
+    assert any("knn_top1" in r for r in records)  # the monitor reads the class token
+    payload = torch.load(out / "encoder.pt", weights_only=True)
+    from contrastive.nn import create_encoder
+
+    assert payload["encoder"] == "timm:vit_tiny_patch16_224"
+    enc = create_encoder(payload["encoder"], **payload["encoder_kwargs"])
+    enc.load_state_dict(payload["state_dict"], strict=True)  # timm's keys, nothing extra
+
+
+def test_ibot_cifar_defaults_build_vit_tiny_with_64_tokens(rx):
+    mod = rx.load_recipe("ibot_cifar")
+    cfg = parse_config(mod.IBOTCifar, ["--data", "shapes:n=512"])
+    method = mod.build_method(cfg)
+    assert tuple(method.encoder.patch_embed.grid_size) == (8, 8)
+    assert method.encoder.dynamic_img_size and method.centering == "mean"
+    spe = 512 // 256
+    assert method.teacher_temperatures == (0.04, 0.07, 30 * spe)
+    assert method.freeze_last_layer_steps == spe
+    pipeline = mod.build_pipeline(cfg)
+    assert len(pipeline.views) == 12 and pipeline.views[2].size == 16
+
+
+def test_ibot_in1k_defaults_are_the_papers(rx):
+    mod = rx.load_recipe("ibot_in1k")
+    cfg = parse_config(mod.IBOTImageNet, ["--data", "shapes"])
+    assert cfg.encoder == "timm:vit_small_patch16_224" and cfg.image_size == 224
+    assert (cfg.epochs, cfg.batch_size, cfg.optimizer, cfg.lr, cfg.warmup_epochs) == (
+        800, 1024, "adamw", 5e-4, 10)
+    assert (cfg.weight_decay, cfg.weight_decay_end, cfg.clip_grad_norm, cfg.out_dim,
+            cfg.momentum, cfg.teacher_temperature, cfg.local_crops) == (
+        0.04, 0.4, 3.0, 8192, 0.996, 0.07, 10)
+    small = parse_config(mod.IBOTImageNet, ["--data", "shapes", "--image-size", "16",
+                                            "--encoder-kwargs", VIT16, "--out-dim", "16"])
+    method = mod.build_method(small)
+    assert method.patch_head is None and method.mask_ratio == (0.1, 0.5)
+    assert method.weights == (1.0, 1.0, 0.0)  # no KoLeo in iBOT
+    assert method.head.last_layer.parametrizations.weight.original0.requires_grad  # trainable
+    pipeline = mod.build_pipeline(small)
+    assert pipeline.views[0].scale == (0.25, 1.0) and pipeline.views[2].scale == (0.05, 0.25)
+
+
+def test_bad_centering_exits_2_naming_the_choices(rx, capsys):
+    mod = rx.load_recipe("ibot_cifar")
+    with pytest.raises(SystemExit) as exc:
+        parse_config(mod.IBOTCifar, ["--data", "shapes", "--centering", "median"])
+    assert exc.value.code == 2 and "centering" in capsys.readouterr().err
