@@ -95,6 +95,12 @@ ARGS: dict[str, list[str]] = {
         {"img_size": 16, "patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2}),
         "--decoder-dim", "8", "--decoder-depth", "1", "--decoder-heads", "2", "--batch-size", "16",
         "--warmup-epochs", "0.5", "--knn-every", "0"] for name in ("mae_cifar", "mae_in1k")},
+    **{name: [*IMAGE[:4], "--encoder-kwargs", json.dumps(
+        {"img_size": 16, "patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2,
+         "dynamic_img_size": True}), "--out-dim", "32", "--batch-size", "16",
+        "--warmup-epochs", "0.5", "--knn-every", "0", *local]
+       for name, local in (("ibot_cifar", ["--local-crops", "2", "--local-size", "8"]),
+                           ("ibot_in1k", ["--local-crops", "0"]))},  # in1k: 96-px locals only
     "simcse": [*TEXT, "--mode", "sup", "--n-train", "160", "--vocab-size", "300",
                "--intermediate", "32", "--eval", "none"],
     "bert_finetune": [*LABELLED],

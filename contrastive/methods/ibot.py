@@ -106,6 +106,12 @@ class IBOT(Method):
     center: Tensor  # buffer (out_dim,): running mean of the teacher's class outputs
     center_patch: Tensor  # buffer (patch_out_dim,): running mean of its patch outputs
     needs = ("views",)
+    #: the student ViT runs through ``masked_tokens`` (mask tokens swapped in), not its forward:
+    #: gradient caching cannot stand in for it; and the loss couples the batch (KoLeo's nearest
+    #: neighbours, the Sinkhorn codes, the centre and the teacher's EMA once per step), so
+    #: --grad-accum-steps is refused
+    backbones = ()
+    couples_samples = True
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         # iBOT README, ViT-S/16 800 epochs: --teacher_temp 0.07 --warmup_teacher_temp_epochs 30
         # --norm_last_layer false --shared_head true --out_dim 8192 --pred_ratio 0 0.3

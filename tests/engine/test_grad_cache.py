@@ -56,7 +56,7 @@ IMAGE_METHODS: dict[str, tuple[dict[str, Any], tuple[int, ...]]] = {
     "vicreg": (dict(dim=8, mlp_hidden=8), (GLOBAL, GLOBAL)),
 }
 #: image methods whose loss reads more than the backbone's output: caching refused
-NOT_CACHEABLE = {"deepinfomax", "distill", "mae"}  # mae: the ViT runs on visible tokens
+NOT_CACHEABLE = {"deepinfomax", "distill", "mae", "ibot"}  # mae, ibot: masked ViT tokens
 OTHER_MODALITIES = {"clip", "siglip", "simcse", "lrcbert", "textclassifier"}  # own tests below
 
 
@@ -283,6 +283,13 @@ def test_accumulation_is_refused_where_the_loss_couples_samples(name):
                                              r".*--grad-cache-chunk N instead"):
         check_grad_cache(method, 0, 2)
     assert check_grad_cache(method, 4, 1) == "cache"
+
+
+def test_accumulation_is_refused_for_ibot_which_cannot_be_cached_either():
+    method = method_class("ibot").__new__(method_class("ibot"))
+    with pytest.raises(GradCacheError, match=r"^--grad-accum-steps 2 with IBOT: .*couples the "
+                                             r"samples.*smaller --batch-size, or more processes"):
+        check_grad_cache(method, 0, 2)
 
 
 @pytest.mark.parametrize("name", ["moco", "byol", "dino", "simsiam", "swav"])

@@ -109,6 +109,7 @@ RECIPE_PRESETS = {
     "simcse": ("SimCSE", "sup"),  # the default --mode; --mode unsup builds the other preset
     "siglip": ("SigLIP", "paper"),
     "mae_cifar": ("MAE", "cifar"), "mae_in1k": ("MAE", "vit_large"),
+    "ibot_cifar": ("IBOT", "cifar"), "ibot_in1k": ("IBOT", "vit_small"),
 }
 # presets no recipe builds (a variant of a recipe's preset, or a model size without a recipe)
 PRESETS_WITHOUT_RECIPE = {("DCL", "imagenet"), ("DCLW", "imagenet"),
@@ -116,7 +117,10 @@ PRESETS_WITHOUT_RECIPE = {("DCL", "imagenet"), ("DCLW", "imagenet"),
                           ("MoCo", "cifar_symmetric"), ("MoCoV3", "resnet50_1000ep"),
                           ("MoCoV3", "vit_base"), ("DeepInfoMax", "*"),
                           ("SimCSE", "unsup"),  # recipes/simcse.py --mode unsup
-                          ("MAE", "vit_base")}  # recipes/mae_in1k.py trains the ViT-L preset
+                          ("MAE", "vit_base"),  # recipes/mae_in1k.py trains the ViT-L preset
+                          # DINOv2's objective: ibot_cifar --koleo-weight 0.1 --centering
+                          # sinkhorn, or IBOT.from_preset (no layer-wise lr decay for a recipe)
+                          ("IBOT", "dinov2"), ("IBOT", "dinov2_in1k")}
 
 # where a recipe deliberately departs from its preset, and why
 RECIPE_OVERRIDES = {
@@ -184,6 +188,8 @@ def _changed(value):
         return not value
     if isinstance(value, dict):
         return {**value, "changed": 1}
+    if isinstance(value, (tuple, list)):  # a range such as iBOT's mask ratio
+        return type(value)(_changed(v) for v in value)
     if isinstance(value, (int, float)):
         return value + 1 if isinstance(value, int) else value / 2
     return f"{value}_x"
