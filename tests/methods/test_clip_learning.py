@@ -23,8 +23,9 @@ FLOOR = 25.0
 # AVX-512-bf16 kind); see benchmarks/results/clip.md
 MEASURED = {
     "clip": ((10.0, 73.7), (9.9, 72.5), (10.7, 71.3)),  # 2026-11-26: spread 2.4
-    # 2026-11-27: spread 3.9. Below CLIP at CLIP's budget, why not established; t and b move
-    # little in 300 steps (t 10 -> 11.1-11.3, b -10 -> -9.95; benchmarks/results/clip.md)
+    # 2026-11-27: spread 3.9. Below CLIP at CLIP's budget: no defect found (t and b are not
+    # decayed, get the weights' lr; their lr, init and the loss's scale do not change seed 0's
+    # figure): benchmarks/results/clip.md, "Why SigLIP trails CLIP here"
     "siglip": ((10.0, 60.0), (9.9, 56.1), (10.7, 57.7)),
 }
 

@@ -74,3 +74,29 @@ def test_the_paper_preset_is_the_papers_init():
     default = SigLIP(encoder=TinyImage(), text_encoder=TinyText(), dim=5)
     assert default.criterion.log_scale.item() == s.criterion.log_scale.item()
     assert default.criterion.bias.item() == s.criterion.bias.item()
+
+
+def test_scale_and_bias_get_no_weight_decay_and_the_scheduled_lr():
+    """t' and b through the engine's optimiser (issue 32): weight decay 0 even with
+    ``exclude_from_wd=False`` (open_clip excludes ``logit_scale`` / ``logit_bias``; big_vision
+    decays only ``.*/kernel$``) and the weights' scheduled lr (both references give them the one
+    schedule); one AdamW step on zero gradients leaves them where they were."""
+    from contrastive.engine.optim import build_optimizer, set_lr
+
+    torch.manual_seed(0)
+    s = SigLIP(encoder=TinyImage(), text_encoder=TinyText(), dim=5)
+    opt = build_optimizer(s, "adamw", lr=0.1, weight_decay=0.3, exclude_from_wd=False)
+    set_lr(opt, 0.05)  # a point of the schedule
+    group = {id(p): g for g in opt.param_groups for p in g["params"]}
+    scalars = (s.criterion.log_scale, s.criterion.bias)
+    for p in scalars:
+        assert group[id(p)]["weight_decay"] == 0.0 and group[id(p)]["lr"] == 0.05
+    assert group[id(s.image_proj.weight)]["weight_decay"] == 0.3
+    assert group[id(s.image_proj.weight)]["lr"] == 0.05
+    before = [p.item() for p in scalars]
+    for p in s.parameters():
+        p.grad = torch.zeros_like(p)
+    w = s.image_proj.weight.detach().clone()
+    opt.step()
+    assert [p.item() for p in scalars] == before
+    torch.testing.assert_close(s.image_proj.weight.detach(), w * (1 - 0.05 * 0.3))
