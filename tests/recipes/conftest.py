@@ -24,16 +24,17 @@ TINY = ["--data", "shapes:n=64,n_test=32,size=16", "--image-size", "16", "--enco
         "--log-every", "1", "--mixed-precision", "no", "--seed", "0"]
 # Per recipe: shrink the heads / queue and the warmup to the tiny run; some runs also exercise
 # an engine option (bf16 autocast, per-image augmentation in the workers instead of the default
-# batched one, channels_last, gradient accumulation).
+# batched one, channels_last, gradient caching, gradient accumulation through the cache).
 SMALL = {
     "moco_cifar": ["--queue-size", "32", "--split-bn", "2", "--knn-max-train", "32"],
-    "moco_r50": ["--queue-size", "32", "--mlp-hidden", "32", "--mixed-precision", "bf16"],
+    "moco_r50": ["--queue-size", "32", "--mlp-hidden", "32", "--mixed-precision", "bf16",
+                 "--grad-accum-steps", "2"],
     "mocov1_r50": ["--queue-size", "32", "--channels-last", "--batched-augment", "off"],
     "mocov3_r50": ["--mlp-hidden", "32", "--dim", "16", "--warmup-epochs", "0.5",
                    "--batched-augment", "off"],
     "mocov3_vit_small": ["--mlp-hidden", "32", "--dim", "16", "--warmup-epochs", "0.5"],
     "simclr_r50": ["--mlp-hidden", "32", "--dim", "16", "--warmup-epochs", "0.5",
-                   "--grad-accum-steps", "2"],
+                   "--grad-cache-chunk", "3"],
     "dcl_cifar": ["--mlp-hidden", "32", "--dim", "16", "--warmup-epochs", "0.5"],
     "simclr_cifar": ["--mlp-hidden", "32", "--dim", "16", "--warmup-epochs", "0.5",
                      "--knn-every", "1", "--knn-max-train", "32"],
