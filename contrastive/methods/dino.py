@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -73,6 +73,31 @@ def _teacher_temperature(step: int, total: int, *, start: float, end: float,
 def _cosine_value(step: int, total: int, *, start: float, end: float) -> float:
     """The code's ``cosine_scheduler`` per step: start -> end over the run."""
     return end + (start - end) * (1 + math.cos(math.pi * min(step, total) / max(1, total))) / 2
+
+
+def teacher_schedules(base_momentum: float,
+                      temperatures: dict[str, tuple[float, float, int]],
+                      weight_decays: tuple[float, float] | None) -> dict[str, Schedule]:
+    """The schedules of a DINO-family method (DINO, iBOT): the teacher's cosine momentum, each
+    teacher temperature ``(start, end, warm-up steps)`` by name, and the cosine weight decay when
+    given."""
+    out: dict[str, Schedule] = {
+        "momentum": functools.partial(cosine_momentum, m0=base_momentum)}
+    for name, (start, end, warmup) in temperatures.items():
+        out[name] = functools.partial(_teacher_temperature, start=start, end=end, warmup=warmup)
+    if weight_decays is not None:
+        out["weight_decay"] = functools.partial(_cosine_value, start=weight_decays[0],
+                                                end=weight_decays[1])
+    return out
+
+
+def last_layer_groups(heads: Sequence[DINOHead], frozen_steps: int) -> list[ParamGroup]:
+    """The heads' last layers as one group frozen for the first ``frozen_steps`` (DINO's
+    ``freeze_last_layer``); none when 0."""
+    if not frozen_steps:
+        return []
+    trainable = [p for h in heads for p in h.last_layer.parameters() if p.requires_grad]
+    return [ParamGroup("last_layer", trainable, frozen_steps=frozen_steps)]
 
 
 @register_method("dino")
@@ -138,22 +163,12 @@ class DINO(Method):
         self.freeze_last_layer_steps = freeze_last_layer_steps
 
     def schedules(self) -> dict[str, Schedule]:
-        start, end, warmup = self.teacher_temperatures
-        out: dict[str, Schedule] = {
-            "momentum": functools.partial(cosine_momentum, m0=self.base_momentum),
-            "teacher_temperature": functools.partial(_teacher_temperature, start=start,
-                                                     end=end, warmup=warmup),
-        }
-        if self.weight_decays is not None:
-            out["weight_decay"] = functools.partial(_cosine_value, start=self.weight_decays[0],
-                                                    end=self.weight_decays[1])
-        return out
+        return teacher_schedules(self.base_momentum,
+                                 {"teacher_temperature": self.teacher_temperatures},
+                                 self.weight_decays)
 
     def param_groups(self) -> list[ParamGroup]:
-        if not self.freeze_last_layer_steps:
-            return []
-        trainable = [p for p in self.head.last_layer.parameters() if p.requires_grad]
-        return [ParamGroup("last_layer", trainable, frozen_steps=self.freeze_last_layer_steps)]
+        return last_layer_groups([self.head], self.freeze_last_layer_steps)
 
     def forward(self, batch: Mapping[str, Any]) -> dict[str, Tensor]:
         views = views_of(batch, "DINO", min_n=self.num_global)

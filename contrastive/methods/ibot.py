@@ -49,7 +49,6 @@ running centres (that centre needs them all). The encoder must be a timm ViT; lo
 
 from __future__ import annotations
 
-import functools
 import random
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -62,9 +61,9 @@ from contrastive.losses.clustering import dino, dino_center, sinkhorn_knopp
 from contrastive.losses.dinov2 import ibot_patch, koleo
 from contrastive.methods._common import width
 from contrastive.methods.base import Method, ParamGroup, Schedule, read, views_of
-from contrastive.methods.dino import DINOHead, _cosine_value, _teacher_temperature
+from contrastive.methods.dino import DINOHead, last_layer_groups, teacher_schedules
 from contrastive.methods.registry import register_method
-from contrastive.nn import MomentumEncoder, cosine_momentum, resolve_encoder
+from contrastive.nn import MomentumEncoder, resolve_encoder
 from contrastive.nn.masked_vit import check_vit, masked_tokens
 from contrastive.nn.masking import block_masks
 
@@ -224,24 +223,14 @@ class IBOT(Method):
         self.freeze_last_layer_steps = freeze_last_layer_steps
 
     def schedules(self) -> dict[str, Schedule]:
-        out: dict[str, Schedule] = {
-            "momentum": functools.partial(cosine_momentum, m0=self.base_momentum)}
-        for name, (start, end, warmup) in (("teacher_temperature", self.teacher_temperatures),
-                                           ("teacher_patch_temperature",
-                                            self.teacher_patch_temperatures)):
-            out[name] = functools.partial(_teacher_temperature, start=start, end=end,
-                                          warmup=warmup)
-        if self.weight_decays is not None:
-            out["weight_decay"] = functools.partial(_cosine_value, start=self.weight_decays[0],
-                                                    end=self.weight_decays[1])
-        return out
+        return teacher_schedules(
+            self.base_momentum, {"teacher_temperature": self.teacher_temperatures,
+                                 "teacher_patch_temperature": self.teacher_patch_temperatures},
+            self.weight_decays)
 
     def param_groups(self) -> list[ParamGroup]:
-        if not self.freeze_last_layer_steps:
-            return []
         heads = [self.head] + ([self.patch_head] if self.patch_head is not None else [])
-        trainable = [p for h in heads for p in h.last_layer.parameters() if p.requires_grad]
-        return [ParamGroup("last_layer", trainable, frozen_steps=self.freeze_last_layer_steps)]
+        return last_layer_groups(heads, self.freeze_last_layer_steps)
 
     def draw_masks(self, n: int, height: int, width: int) -> Tensor:
         """(n, height * width) bool masks of n global-crop images (see the module docstring);
