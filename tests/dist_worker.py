@@ -24,6 +24,28 @@ import torch
 import torch.distributed as dist
 
 
+class SGDRecord(dict):
+    """What a case's SGD steps leave for the comparison: per step the loss and the gradients
+    of the trainable parameters, at the end the parameters. Cases import it as
+    ``from dist_worker import SGDRecord`` (this file's folder is on the worker's path)."""
+
+    def __init__(self) -> None:
+        super().__init__(loss=[], grads=[])
+
+    def step(self, loss: torch.Tensor, method: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+        """Back-propagate ``loss``, record it and the gradients, take the optimiser step."""
+        opt.zero_grad()
+        loss.backward()
+        self["loss"].append(loss.detach())
+        self["grads"].append([p.grad.clone() for p in method.parameters() if p.requires_grad])
+        opt.step()
+
+    def finish(self, method: torch.nn.Module) -> dict:
+        """The record as a plain dict (the results file is read with ``weights_only=True``),
+        with the final parameters."""
+        return {**self, "params": [p.detach().clone() for p in method.parameters()]}
+
+
 def load_case(path: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(Path(path).stem, path)
     if spec is None or spec.loader is None:

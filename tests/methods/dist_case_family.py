@@ -14,6 +14,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
+from dist_worker import SGDRecord
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -119,7 +120,7 @@ def train(name: str, rank: int, world: int, mutate: bool = False) -> dict:
     method = build(name)
     model = DDP(method) if world > 1 else method
     opt = torch.optim.SGD([p for p in method.parameters() if p.requires_grad], lr=0.2)
-    record = {"loss": [], "grads": []}
+    record = SGDRecord()
     for step, (views, labels) in enumerate(batches(2, multicrop=name in MULTICROP)):
         rows = slice(rank * B, (rank + 1) * B) if world > 1 else slice(None)
         batch = method.make_batch([v[rows] for v in views], step=step, total_steps=STEPS,
@@ -129,13 +130,8 @@ def train(name: str, rank: int, world: int, mutate: bool = False) -> dict:
                 out = model(batch)
         else:
             out = model(batch)
-        opt.zero_grad()
-        out["loss"].backward()
-        record["loss"].append(out["loss"].detach())
-        record["grads"].append([p.grad.clone() for p in method.parameters() if p.requires_grad])
-        opt.step()
-    record["params"] = [p.detach().clone() for p in method.parameters()]
-    return record
+        record.step(out["loss"], method, opt)
+    return record.finish(method)
 
 
 def reference(world: int) -> dict:

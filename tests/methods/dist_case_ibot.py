@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 
 import torch
+from dist_worker import SGDRecord
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import contrastive.methods.ibot as ibot_module
@@ -65,19 +66,14 @@ def train(cfg, rank: int, world: int, cls=IBOT) -> dict:
     method = build(cls, cfg)
     model = DDP(method) if world > 1 else method
     opt = torch.optim.SGD([p for p in method.parameters() if p.requires_grad], lr=0.05)
-    record: dict = {"loss": [], "grads": []}
+    record = SGDRecord()
     for step, (views, masks) in enumerate(batches()):
         rows = slice(rank * B, (rank + 1) * B) if world > 1 else slice(None)
         local = masks[:, rows].reshape(-1, L)  # crop-major, as the method stacks the crops
         method.draw_masks = lambda n, h, w, m=local: m  # type: ignore[method-assign]
         out = model(method.make_batch([v[rows] for v in views], step=step, total_steps=STEPS))
-        opt.zero_grad()
-        out["loss"].backward()
-        record["loss"].append(out["loss"].detach())
-        record["grads"].append([p.grad.clone() for p in method.parameters() if p.requires_grad])
-        opt.step()
-    record["params"] = [p.detach().clone() for p in method.parameters()]
-    return record
+        record.step(out["loss"], method, opt)
+    return record.finish(method)
 
 
 def reference(world: int) -> dict:

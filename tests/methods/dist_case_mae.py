@@ -12,6 +12,7 @@ one-process mean because every image has the same number of masked patches.
 from __future__ import annotations
 
 import torch
+from dist_worker import SGDRecord
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from contrastive.methods import MAE
@@ -37,20 +38,15 @@ def train(rank: int, world: int, mutate: bool = False) -> dict:
     method = build()
     model = DDP(method) if world > 1 else method
     opt = torch.optim.SGD(method.parameters(), lr=0.5)
-    record: dict = {"loss": [], "grads": []}
+    record = SGDRecord()
     for images, noise in batches():
         rows = slice(rank * B, (rank + 1) * B) if world > 1 else slice(None)
         local_noise = noise[:B] if mutate else noise[rows]
         method.draw_masking = lambda n, device, z=local_noise: random_masking(  # type: ignore
             n, L, method.mask_ratio, noise=z)
         out = model({"views": [images[rows]]})
-        opt.zero_grad()
-        out["loss"].backward()
-        record["loss"].append(out["loss"].detach())
-        record["grads"].append([p.grad.clone() for p in method.parameters() if p.requires_grad])
-        opt.step()
-    record["params"] = [p.detach().clone() for p in method.parameters()]
-    return record
+        record.step(out["loss"], method, opt)
+    return record.finish(method)
 
 
 def reference(world: int) -> dict:
