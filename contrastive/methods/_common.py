@@ -1,16 +1,20 @@
-"""Small helpers shared by the methods: unit rows, cheap metrics."""
+"""Small helpers shared by the methods: unit rows, cheap metrics, a ViT's layer-wise lr groups."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["unit", "wide", "width", "queue_metrics", "in_batch_metrics"]
+from contrastive.methods.base import ParamGroup
+
+__all__ = ["unit", "wide", "width", "queue_metrics", "in_batch_metrics", "check_layer_decay",
+           "vit_layer_groups"]
 
 
 def width(encoder: nn.Module) -> int:
@@ -22,6 +26,68 @@ def width(encoder: nn.Module) -> int:
         raise TypeError(f"encoder {type(encoder).__name__} must have an int attribute "
                         f"`num_features` (its output width), got {n!r}")
     return n
+
+
+#: a timm ViT's parameters before the blocks: DINOv2's layer 0 (``get_vit_lr_decay_rate``:
+#: pos_embed, patch_embed, mask_token, cls_token, register_tokens; timm names the registers
+#: ``reg_token``)
+_EMBEDDINGS = ("pos_embed", "patch_embed", "cls_token", "reg_token", "mask_token")
+
+
+def check_layer_decay(what: str, layer_decay: float, patch_embed_lr_scale: float) -> None:
+    """Raise a one-line ``ValueError`` unless 0 < ``layer_decay`` <= 1 and
+    ``patch_embed_lr_scale`` >= 0 (both finite)."""
+    if not 0.0 < layer_decay <= 1.0 or not (0.0 <= patch_embed_lr_scale < math.inf):
+        raise ValueError(f"{what}: layer_decay must be in (0, 1] (1 = no layer-wise lr decay; "
+                         f"DINOv2: 0.9) and patch_embed_lr_scale >= 0 (DINOv2: 0.2), got "
+                         f"{layer_decay!r}, {patch_embed_lr_scale!r}")
+
+
+def vit_layer_groups(vit: nn.Module, layer_decay: float = 1.0, patch_embed_lr_scale: float = 1.0,
+                     *, embeddings: Sequence[nn.Parameter] = ()) -> list[ParamGroup]:
+    """Layer-wise lr decay of a timm ``VisionTransformer`` as :class:`ParamGroup` s with an
+    ``lr_scale``, DINOv2's rule (facebookresearch/dinov2 ``dinov2/utils/param_groups.py``:
+    ``get_vit_lr_decay_rate``, ``get_params_groups_with_decay``).
+
+    With L = ``len(vit.blocks)``, each trainable parameter gets a layer id: 0 for the
+    embeddings (``patch_embed.*``, ``pos_embed``, ``cls_token``, ``reg_token``, and
+    ``embeddings``, e.g. a method's mask token that DINOv2 keeps in its backbone), i + 1 for
+    ``blocks.i.*``, L + 1 for the rest (final ``norm``, ``fc_norm``, a head). Its scale of the
+    scheduled lr is ``layer_decay ** (L + 1 - id)``, times ``patch_embed_lr_scale`` for
+    ``patch_embed.*``. Modules outside the ViT (DINOv2's heads) keep scale 1.
+
+    Only the parameters whose scale is not 1 are returned (one group per scale, named after
+    its layer), so ``(1.0, 1.0)`` returns ``[]``: the optimiser's groups stay as without it.
+    Weight decay stays the engine's rule (none on ``ndim <= 1``: biases, norms, layer-scale
+    gammas, as DINOv2's ``.bias`` / ``norm`` / ``gamma`` names; see
+    :mod:`contrastive.engine.optim`), so a weight-decay schedule reaches every weight.
+    """
+    check_layer_decay("vit_layer_groups", layer_decay, patch_embed_lr_scale)
+    blocks = getattr(vit, "blocks", None)
+    if not isinstance(blocks, nn.Sequential | nn.ModuleList):
+        raise TypeError(f"vit_layer_groups: expected a timm VisionTransformer (with .blocks), "
+                        f"got {type(vit).__name__}")
+    depth = len(blocks)
+    named = [(n, p) for n, p in vit.named_parameters()] + [("mask_token", p) for p in embeddings]
+    groups: dict[str, tuple[float, list[nn.Parameter]]] = {}
+    for name, p in named:
+        if not p.requires_grad:
+            continue
+        top, _, rest = name.partition(".")
+        if top in _EMBEDDINGS:
+            layer, group = 0, "patch_embed" if top == "patch_embed" else "layer0"
+        elif top == "blocks":
+            layer = int(rest.partition(".")[0]) + 1
+            group = f"layer{layer}"
+        else:
+            continue  # layer L + 1: scale 1, the run's own groups
+        scale = layer_decay ** (depth + 1 - layer)
+        if top == "patch_embed":
+            scale *= patch_embed_lr_scale
+        if scale != 1.0:
+            groups.setdefault(group, (scale, []))[1].append(p)
+    return [ParamGroup(f"vit_{name}", params, lr_scale=scale)
+            for name, (scale, params) in groups.items()]
 
 
 def wide(x: Tensor) -> Tensor:

@@ -40,9 +40,12 @@ U(0.1, 0.5) with probability 1/2 each). Heads: one :class:`~contrastive.methods.
 for the class and patch tokens (``shared_head``: iBOT's README runs ``--shared_head true``,
 DINOv2's default ``ibot.separate_head: false``) or a second one for the patches (DINOv2
 vitl14). The running centres follow iBOT's ``update_center``: the class centre over the global
-crops' teacher outputs, the patch centre over every patch (DINOv2's default config takes the
-masked patches only); the heads run on the masked patches only, save the teacher's under
-running centres (that centre needs them all). The encoder must be a timm ViT; local crops of another size need
+crops' teacher outputs, the patch centre over every patch (``patch_center_tokens="all"``), or
+over the masked patches only as DINOv2's ``iBOTPatchLoss.update_center`` (``"masked"``, its
+presets); the heads run on the masked patches only, save the teacher's under iBOT's patch
+centre (that centre needs them all). DINOv2's optimiser groups (layer-wise lr decay,
+patch-embedding lr factor) are :meth:`IBOT.param_groups` with ``layer_decay`` /
+``patch_embed_lr_scale``. The encoder must be a timm ViT; local crops of another size need
 ``dynamic_img_size=True`` (timm resamples the position embedding, as the codes'
 ``interpolate_pos_encoding``).
 """
@@ -59,7 +62,7 @@ from torch import Tensor, nn
 
 from contrastive.losses.clustering import dino, dino_center, sinkhorn_knopp
 from contrastive.losses.dinov2 import ibot_patch, koleo
-from contrastive.methods._common import width
+from contrastive.methods._common import check_layer_decay, vit_layer_groups, width
 from contrastive.methods.base import Method, ParamGroup, Schedule, read, views_of
 from contrastive.methods.dino import DINOHead, last_layer_groups, teacher_schedules
 from contrastive.methods.registry import register_method
@@ -70,6 +73,7 @@ from contrastive.nn.masking import block_masks
 __all__ = ["IBOT"]
 
 CENTERING = ("mean", "sinkhorn", "none")
+PATCH_CENTER_TOKENS = ("all", "masked")
 
 
 def _pack(rows: Tensor, packed: Tensor) -> Tensor:
@@ -97,8 +101,15 @@ class IBOT(Method):
         mask_probability, mask_ratio: fraction of the global-crop images masked and the
             (min, max) of their masked fraction; min_aspect: the blocks' aspect range.
         dino_weight, ibot_weight, koleo_weight: the three terms' weights.
+        patch_center_tokens: the teacher patches the running patch centre averages: "all"
+            (iBOT's ``update_center``) or "masked" (DINOv2's: the masked ones only, their mean
+            on each process, averaged over the processes); only with ``centering="mean"``.
         num_global: global crops (the first views; same size).
         weight_decay / weight_decay_end, freeze_last_layer_steps: as :class:`DINO`.
+        layer_decay, patch_embed_lr_scale: DINOv2's layer-wise lr decay of the student ViT and
+            the extra factor of its patch embedding (``optim.layerwise_decay``,
+            ``optim.patch_embed_lr_mult``; :func:`~contrastive.methods._common.vit_layer_groups`,
+            the mask token at layer 0 with the embeddings); 1.0 and 1.0: one lr for all.
         encoder_kwargs: keyword arguments for ``create_encoder``.
     """
 
@@ -123,28 +134,39 @@ class IBOT(Method):
                           warmup_teacher_patch_temperature=0.04, centering="mean",
                           mask_probability=0.5, mask_ratio=(0.1, 0.5), koleo_weight=0.0,
                           encoder_kwargs=dict(dynamic_img_size=True, drop_path_rate=0.1)),
-        # DINOv2 ssl_default_config.yaml (= train/vitl16_short.yaml, ImageNet-1k): ViT-L/16,
-        # 65536 prototypes, head shared (separate_head false), momentum 0.992, teacher 0.04 ->
-        # 0.07 over 30 epochs for both terms, centring by running mean, KoLeo 0.1, masks on
-        # half the images at 0.1-0.5, layerscale 1e-5, drop path 0.3; DINOHead's weight norm
-        # is trainable (norm_last_layer false)
+        # DINOv2 ssl_default_config.yaml (= train/vitl16_short.yaml, ImageNet-1k): ViT-L/16
+        # (student.arch, patch_size), 65536 prototypes (dino.head_n_prototypes), head shared
+        # (ibot.separate_head false), momentum 0.992 (teacher.momentum_teacher), teacher 0.04 ->
+        # 0.07 over 30 epochs for both terms (teacher.*), centring by running mean
+        # (train.centering "centering"; the patch centre over the masked patches:
+        # ssl_meta_arch.py), KoLeo 0.1 (dino.koleo_loss_weight), masks on half the images at
+        # 0.1-0.5 (ibot.mask_sample_probability, mask_ratio_min_max), layerscale 1e-5, drop
+        # path 0.3 (student.*; DINOv2's is uniform over the blocks, drop_path_uniform, timm's
+        # grows linearly to it), layer-wise lr decay 0.9 and patch-embedding lr x 0.2
+        # (optim.layerwise_decay, patch_embed_lr_mult); DINOHead's weight norm is trainable
+        # (norm_last_layer false)
         "dinov2_in1k": dict(encoder="timm:vit_large_patch16_224", out_dim=65536,
                             shared_head=True, norm_last_layer=False, momentum=0.992,
                             teacher_temperature=0.07, warmup_teacher_temperature=0.04,
                             teacher_patch_temperature=0.07,
                             warmup_teacher_patch_temperature=0.04, centering="mean",
+                            patch_center_tokens="masked",
                             mask_probability=0.5, mask_ratio=(0.1, 0.5), koleo_weight=0.1,
+                            layer_decay=0.9, patch_embed_lr_scale=0.2,
                             encoder_kwargs=dict(dynamic_img_size=True, drop_path_rate=0.3,
                                                 init_values=1e-5)),
         # DINOv2 train/vitl14.yaml (LVD-142M): Sinkhorn-Knopp centring, separate heads of
-        # 131072 prototypes with a 384-d bottleneck, momentum 0.994, drop path 0.4, on timm's
-        # DINOv2 ViT-L/14 at 224 px (layerscale 1e-5; its SwiGLU FFN is not reproduced)
+        # 131072 prototypes with a 384-d bottleneck, momentum 0.994, drop path 0.4, no
+        # layer-wise lr decay (optim.layerwise_decay 1.0), the default config's
+        # patch-embedding lr x 0.2, on timm's DINOv2 ViT-L/14 at 224 px (layerscale 1e-5; its
+        # SwiGLU FFN is not reproduced); patch_center_tokens as DINOv2 (no running centre here)
         "dinov2": dict(encoder="timm:vit_large_patch14_dinov2", out_dim=131072,
                        bottleneck_dim=384, shared_head=False, norm_last_layer=False,
                        momentum=0.994, teacher_temperature=0.07, warmup_teacher_temperature=0.04,
                        teacher_patch_temperature=0.07, warmup_teacher_patch_temperature=0.04,
-                       centering="sinkhorn", mask_probability=0.5, mask_ratio=(0.1, 0.5),
-                       koleo_weight=0.1,
+                       centering="sinkhorn", patch_center_tokens="masked",
+                       mask_probability=0.5, mask_ratio=(0.1, 0.5), koleo_weight=0.1,
+                       layer_decay=1.0, patch_embed_lr_scale=0.2,
                        encoder_kwargs=dict(img_size=224, dynamic_img_size=True,
                                            drop_path_rate=0.4)),
         # CIFAR scale (no paper setting): ViT-Tiny at 32 px with 4-px patches (64 tokens), the
@@ -155,6 +177,18 @@ class IBOT(Method):
                       warmup_teacher_patch_temperature=0.04, centering="mean",
                       mask_probability=0.5, mask_ratio=(0.1, 0.5), koleo_weight=0.0,
                       encoder_kwargs=dict(img_size=32, patch_size=4, dynamic_img_size=True)),
+        # CIFAR scale of DINOv2's objective and optimiser groups (no paper setting): the
+        # "cifar" ViT-Tiny and head with Sinkhorn-Knopp centring (vitl14.yaml), KoLeo 0.1,
+        # layer-wise lr decay 0.9 and patch-embedding lr x 0.2 (ssl_default_config.yaml)
+        "dinov2_cifar": dict(encoder="timm:vit_tiny_patch16_224", out_dim=4096, shared_head=True,
+                             norm_last_layer=False, momentum=0.996, teacher_temperature=0.07,
+                             warmup_teacher_temperature=0.04, teacher_patch_temperature=0.07,
+                             warmup_teacher_patch_temperature=0.04, centering="sinkhorn",
+                             patch_center_tokens="masked", mask_probability=0.5,
+                             mask_ratio=(0.1, 0.5), koleo_weight=0.1, layer_decay=0.9,
+                             patch_embed_lr_scale=0.2,
+                             encoder_kwargs=dict(img_size=32, patch_size=4,
+                                                 dynamic_img_size=True)),
     }
 
     def __init__(self, encoder: str | nn.Module = "timm:vit_tiny_patch16_224",
@@ -171,11 +205,16 @@ class IBOT(Method):
                  min_aspect: float = 0.3, dino_weight: float = 1.0, ibot_weight: float = 1.0,
                  koleo_weight: float = 0.0, num_global: int = 2,
                  weight_decay: float | None = None, weight_decay_end: float | None = None,
-                 freeze_last_layer_steps: int = 0,
+                 freeze_last_layer_steps: int = 0, patch_center_tokens: str = "all",
+                 layer_decay: float = 1.0, patch_embed_lr_scale: float = 1.0,
                  encoder_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__()
         if centering not in CENTERING:
             raise ValueError(f"iBOT: centering must be one of {CENTERING}, got {centering!r}")
+        if patch_center_tokens not in PATCH_CENTER_TOKENS:
+            raise ValueError(f"iBOT: patch_center_tokens must be one of {PATCH_CENTER_TOKENS}, "
+                             f"got {patch_center_tokens!r}")
+        check_layer_decay("iBOT", layer_decay, patch_embed_lr_scale)
         if not 0.0 <= momentum <= 1.0 or not 0.0 <= center_momentum <= 1.0:
             raise ValueError(f"iBOT: momentum and center_momentum must be in [0, 1], got "
                              f"{momentum}, {center_momentum}")
@@ -221,6 +260,8 @@ class IBOT(Method):
         self.weight_decays = (None if weight_decay is None or weight_decay_end is None
                               else (weight_decay, weight_decay_end))
         self.freeze_last_layer_steps = freeze_last_layer_steps
+        self.patch_center_tokens = patch_center_tokens
+        self.layer_decay, self.patch_embed_lr_scale = layer_decay, patch_embed_lr_scale
 
     def schedules(self) -> dict[str, Schedule]:
         return teacher_schedules(
@@ -229,8 +270,13 @@ class IBOT(Method):
             self.weight_decays)
 
     def param_groups(self) -> list[ParamGroup]:
+        """DINOv2's layer-wise lr groups of the student ViT and its mask token (none at
+        ``layer_decay = patch_embed_lr_scale = 1``), then the heads' frozen last layer (lr
+        scale 1, as DINOv2's heads): disjoint parameters."""
         heads = [self.head] + ([self.patch_head] if self.patch_head is not None else [])
-        return last_layer_groups(heads, self.freeze_last_layer_steps)
+        return [*vit_layer_groups(self.encoder, self.layer_decay, self.patch_embed_lr_scale,
+                                  embeddings=[self.mask_token]),
+                *last_layer_groups(heads, self.freeze_last_layer_steps)]
 
     def draw_masks(self, n: int, height: int, width: int) -> Tensor:
         """(n, height * width) bool masks of n global-crop images (see the module docstring);
@@ -285,10 +331,12 @@ class IBOT(Method):
             t_cls = parts["head"](t_tokens[:, 0])  # (G B, K)
             t_patch_head = parts["patch_head" if "patch_head" in parts else "head"]
             # the heads run on the masked patches only (the loss reads nothing else), except
-            # the teacher's under running centres: iBOT's patch centre averages every patch
-            t_all = t_patch_head(t_tokens[:, prefix:]) if self.centering == "mean" else None
+            # the teacher's under iBOT's running patch centre, which averages every patch
+            center_all = self.centering == "mean" and self.patch_center_tokens == "all"
+            t_all = t_patch_head(t_tokens[:, prefix:]) if center_all else None
             t_rows = t_all[masks] if t_all is not None else t_patch_head(
                 t_tokens[:, prefix:][masks])  # (M, K'), image-major
+            t_masked = t_rows  # the raw logits of the masked patches (DINOv2's centre)
         s_tokens = masked_tokens(self.encoder, images, mask=masks, mask_token=self.mask_token)
         s_cls = [s_tokens[:, 0]] + [masked_tokens(self.encoder, v)[:, 0] for v in views[g:]]
         student = self.head(torch.cat(s_cls)).reshape(len(views), b, -1).transpose(0, 1)
@@ -319,8 +367,12 @@ class IBOT(Method):
             if self.centering == "mean":
                 self.center.copy_(dino_center(self.center, t_cls,
                                               momentum=self.center_momentum))
-                assert t_all is not None  # computed under running centres
-                self.center_patch.copy_(dino_center(self.center_patch, t_all.mean(1),
+                # iBOT: the mean over the images of their patches' mean; DINOv2: this
+                # process's masked rows' mean (the current centre when it has none), averaged
+                # over the processes (ibot_patch_loss.py, reduce_center_update)
+                seen = t_all.mean(1) if t_all is not None else (
+                    t_masked.mean(0, keepdim=True) if len(t_masked) else self.center_patch[None])
+                self.center_patch.copy_(dino_center(self.center_patch, seen,
                                                     momentum=self.center_momentum))
         return {"loss": loss, "dino_loss": dino_loss.detach(), "ibot_loss": ibot_loss.detach(),
                 "koleo_loss": koleo_loss.detach(), "teacher_entropy": entropy,

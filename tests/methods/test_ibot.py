@@ -32,6 +32,10 @@ CONFIGS = {
     "dinov2": dict(centering="sinkhorn", shared_head=False, patch_out_dim=10, koleo_weight=0.1,
                    teacher_temperature=0.07, teacher_patch_temperature=0.06,
                    norm_last_layer=True, ibot_weight=0.7, dino_weight=1.3),
+    # DINOv2's default config: running centres, the patch centre over the masked patches only
+    "dinov2_mean": dict(centering="mean", patch_center_tokens="masked", shared_head=True,
+                        koleo_weight=0.1, teacher_temperature=0.07,
+                        teacher_patch_temperature=0.06),
 }
 
 
@@ -162,7 +166,10 @@ def run_reference(cfg: dict, steps) -> dict:
             loss = loss + wk * sum(koleo_code(p) for p in ss[:, 0].chunk(2))
         if cfg["centering"] == "mean":
             center = center * 0.9 + t_cls.mean(0) * 0.1
-            center2 = center2 * 0.9 + t_patch.mean(1).mean(0) * 0.1
+            # iBOT: every patch; DINOv2 (ibot_patch_loss.py): the masked rows' mean
+            seen = t_patch[masks].mean(0) if cfg.get("patch_center_tokens") == "masked" \
+                else t_patch.mean(1).mean(0)
+            center2 = center2 * 0.9 + seen * 0.1
         params = [p for mod in s_mods for p in mod.parameters() if p.requires_grad] + [token]
         grads = torch.autograd.grad(loss, params)
         with torch.no_grad():
@@ -237,3 +244,115 @@ def test_draw_masks_follows_the_settings():
     assert int(masks.sum(1).max()) <= 8  # ratio 0.5 of 16 patches at most
     torch.manual_seed(3)
     assert torch.equal(method.draw_masks(8, 4, 4), masks)  # follows torch's seed
+
+
+def test_the_reference_sees_the_patch_centre_over_every_patch():
+    """The check above can fail: DINOv2's masked-patch centre is not iBOT's all-patch one (the
+    centre enters the targets from the second step)."""
+    steps = data()
+    ref = run_reference(CONFIGS["dinov2_mean"], steps)
+    ours = run_method(build(**{**CONFIGS["dinov2_mean"], "patch_center_tokens": "all"}), steps)
+    assert abs(float(ours["loss"][0] - ref["loss"][0])) < 1e-9
+    assert abs(float(ours["loss"][2] - ref["loss"][2])) > 1e-6
+
+
+@pytest.mark.parametrize("masked_rows", [True, False])
+def test_masked_patch_centre_is_the_mean_of_the_masked_teacher_rows(masked_rows):
+    """DINOv2's ``iBOTPatchLoss.update_center`` on one process: c <- 0.9 c + 0.1 * mean of the
+    teacher head's rows at the masked patches; with no masked patch the centre stays."""
+    from contrastive.nn.masked_vit import masked_tokens
+
+    method = build(centering="mean", patch_center_tokens="masked")
+    with torch.no_grad():
+        method.center_patch.normal_()
+    before = method.center_patch.clone()
+    views, masks = data()[0]
+    masks = masks if masked_rows else torch.zeros_like(masks)
+    method.draw_masks = lambda n, h, w: masks  # type: ignore[method-assign]
+    method(method.make_batch(views))
+    if not masked_rows:
+        torch.testing.assert_close(method.center_patch, before, rtol=1e-14, atol=1e-15)
+        return
+    teacher = method.teacher.module  # updated at the start of the step, then used
+    with torch.no_grad():
+        rows = teacher["head"](masked_tokens(teacher["encoder"], torch.cat(views[:2]))[:, 1:])
+    expected = 0.9 * before + 0.1 * rows[masks].mean(0)
+    torch.testing.assert_close(method.center_patch, expected, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(expected, 0.9 * before + 0.1 * rows.mean((0, 1)))
+
+
+# --- DINOv2's optimiser groups: layer-wise lr decay and the patch-embedding factor -----------
+
+DEEP = dict(img_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2, reg_tokens=2,
+            init_values=1e-5, dynamic_img_size=True)
+
+
+def dinov2_lr_scale(name: str, decay: float, patch: float) -> float:
+    """DINOv2's ``get_vit_lr_decay_rate`` (+ ``patch_embed_lr_mult``), written out for a 2-block
+    ViT (L = 2) inside the method: layer 0 -> decay^3, block i -> decay^(2 - i), rest 1."""
+    if name.startswith("encoder.patch_embed."):
+        return decay ** 3 * patch
+    if name in ("encoder.cls_token", "encoder.reg_token", "encoder.pos_embed", "mask_token"):
+        return decay ** 3
+    if name.startswith("encoder.blocks.0."):
+        return decay ** 2
+    if name.startswith("encoder.blocks.1."):
+        return decay
+    assert name.startswith(("encoder.norm.", "head.")), name
+    return 1.0
+
+
+def test_layer_decay_groups_give_dinov2_lr_scales_after_set_lr():
+    from contrastive.engine.optim import build_optimizer, set_lr, set_weight_decay
+
+    method = build(encoder_kwargs=DEEP, layer_decay=0.8, patch_embed_lr_scale=0.3,
+                   freeze_last_layer_steps=2, norm_last_layer=False)
+    optimizer = build_optimizer(method, "adamw", lr=1.0, weight_decay=0.04)
+    set_lr(optimizer, 2.0)
+    set_weight_decay(optimizer, 0.3)
+    group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+    names = dict(method.named_parameters())
+    trainable = {n: p for n, p in names.items() if p.requires_grad}
+    assert set(map(id, trainable.values())) == set(group_of)  # every trainable one, once
+    assert {n for n in trainable if n.startswith("encoder.blocks.1.ls")}  # gammas present
+    for name, p in trainable.items():
+        g = group_of[id(p)]
+        assert g["lr"] == pytest.approx(2.0 * dinov2_lr_scale(name, 0.8, 0.3), rel=1e-12), name
+        # no decay on biases / norms / layer-scale gammas / the (D,) mask token, the weight
+        # decay schedule on every other weight (pos_embed, tokens, patch and last layers too)
+        assert g["weight_decay"] == (0.0 if p.ndim <= 1 else 0.3), name
+    assert group_of[id(names["encoder.patch_embed.proj.weight"])]["lr"] == pytest.approx(
+        2.0 * 0.8 ** 3 * 0.3)
+    last = group_of[id(names["head.last_layer.parametrizations.weight.original1"])]
+    assert last["frozen_steps"] == 2 and last["lr"] == 2.0  # the frozen last layer, scale 1
+
+
+def test_no_layer_decay_keeps_the_groups_as_before():
+    from contrastive.engine.optim import param_groups
+    from contrastive.methods.dino import last_layer_groups
+
+    method = build(encoder_kwargs=DEEP, freeze_last_layer_steps=3)
+    assert method.param_groups() == last_layer_groups([method.head], 3)
+    ours = param_groups(method, 0.04)
+    method.param_groups = lambda: last_layer_groups([method.head], 3)  # type: ignore[method-assign]
+    before = param_groups(method, 0.04)
+    assert [(g["name"], [id(p) for p in g["params"]], {k: v for k, v in g.items()
+                                                      if k != "params"}) for g in ours] == \
+        [(g["name"], [id(p) for p in g["params"]], {k: v for k, v in g.items()
+                                                   if k != "params"}) for g in before]
+    # the patch factor alone: one group, the patch embedding's
+    only = build(encoder_kwargs=DEEP, patch_embed_lr_scale=0.2).param_groups()
+    assert [(g.name, g.lr_scale, len(g.params)) for g in only] == [("vit_patch_embed", 0.2, 2)]
+
+
+@pytest.mark.parametrize("kw", [dict(layer_decay=0.0), dict(layer_decay=1.5),
+                                dict(layer_decay=float("nan")),
+                                dict(patch_embed_lr_scale=-0.1),
+                                dict(patch_embed_lr_scale=float("inf"))])
+def test_bad_layer_decay_is_a_one_line_error(kw):
+    with pytest.raises(ValueError, match="layer_decay must be in .0, 1.*patch_embed_lr_scale") \
+            as err:
+        build(**kw)
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="patch_center_tokens"):
+        build(patch_center_tokens="unmasked")

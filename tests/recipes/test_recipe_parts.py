@@ -120,7 +120,7 @@ PRESETS_WITHOUT_RECIPE = {("DCL", "imagenet"), ("DCLW", "imagenet"),
                           ("MAE", "vit_base"),  # recipes/mae_in1k.py trains the ViT-L preset
                           # DINOv2's objective: ibot_cifar --koleo-weight 0.1 --centering
                           # sinkhorn, or IBOT.from_preset (no layer-wise lr decay for a recipe)
-                          ("IBOT", "dinov2"), ("IBOT", "dinov2_in1k")}
+                          ("IBOT", "dinov2"), ("IBOT", "dinov2_in1k"), ("IBOT", "dinov2_cifar")}
 
 # where a recipe deliberately departs from its preset, and why
 RECIPE_OVERRIDES = {
