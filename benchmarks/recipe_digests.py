@@ -101,6 +101,14 @@ ARGS: dict[str, list[str]] = {
         "--warmup-epochs", "0.5", "--knn-every", "0", *local]
        for name, local in (("ibot_cifar", ["--local-crops", "2", "--local-size", "8"]),
                            ("ibot_in1k", ["--local-crops", "0"]))},  # in1k: 96-px locals only
+    # DINOv2: a 2-block ViT, so that the layer-wise lr decay has layers to tell apart
+    **{name: [*IMAGE[:4], "--encoder-kwargs", json.dumps(
+        {"img_size": 16, "patch_size": 4, "embed_dim": 16, "depth": 2, "num_heads": 2,
+         "dynamic_img_size": True}), "--out-dim", "32", "--batch-size", "16", "--knn-every", "0",
+        "--local-crops", "2", *extra]
+       for name, extra in (("dinov2_cifar", ["--warmup-epochs", "0.5", "--local-size", "8"]),
+                           ("dinov2_in1k", ["--warmup-steps", "2", "--warmup-teacher-steps",
+                                            "5", "--freeze-last-layer-steps", "3"]))},
     "simcse": [*TEXT, "--mode", "sup", "--n-train", "160", "--vocab-size", "300",
                "--intermediate", "32", "--eval", "none"],
     "bert_finetune": [*LABELLED],

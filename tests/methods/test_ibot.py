@@ -216,6 +216,16 @@ def test_presets_and_registry():
     assert built["dinov2_in1k"].patch_head is None and built["dinov2_in1k"].base_momentum == 0.992
     assert built["cifar"].encoder.patch_embed.grid_size == (8, 8)
     assert all(m.encoder.dynamic_img_size for m in built.values())  # local crops
+    # DINOv2's optimiser groups: ssl_default_config.yaml's layerwise_decay 0.9 and
+    # patch_embed_lr_mult 0.2 over ViT-L's 24 blocks; vitl14.yaml's layerwise_decay 1.0
+    groups = {g.name: g.lr_scale for g in built["dinov2_in1k"].param_groups()}
+    assert len(groups) == 26 and groups["vit_layer24"] == pytest.approx(0.9)
+    assert groups["vit_patch_embed"] == pytest.approx(0.9 ** 25 * 0.2)
+    assert groups["vit_layer0"] == pytest.approx(0.9 ** 25)
+    assert [(g.name, g.lr_scale) for g in built["dinov2"].param_groups()] == [
+        ("vit_patch_embed", 0.2)]
+    assert all(built[n].patch_center_tokens == "masked" for n in ("dinov2", "dinov2_in1k"))
+    assert built["vit_small"].param_groups() == []  # iBOT: one lr, no frozen layer by default
 
 
 def test_bad_input_names_the_problem():
