@@ -236,8 +236,10 @@ class IBOT(Method):
         self.patch_head = None if shared_head else DINOHead(
             dim, patch_dim, hidden_dim, bottleneck_dim, head_layers,
             norm_last_layer=norm_last_layer)
-        # iBOT's masked_embed / DINOv2's mask_token: a learned (D,) vector, zero at the start
-        self.mask_token = nn.Parameter(torch.zeros(dim))
+        # iBOT's masked_embed / DINOv2's mask_token: a learned (1, D) token, zero at the start;
+        # 2-d as in both codes (bytedance/ibot models/vision_transformer.py, dinov2
+        # models/vision_transformer.py), so the ndim rule gives it weight decay as both do
+        self.mask_token = nn.Parameter(torch.zeros(1, dim))
         parts = {"encoder": self.encoder, "head": self.head}
         if self.patch_head is not None:
             parts["patch_head"] = self.patch_head

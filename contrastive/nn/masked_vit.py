@@ -7,7 +7,7 @@ state dict stays timm's (an encoder trained here exports as it is):
 - ``keep`` (N, K): MAE (He et al., CVPR 2022, sec. 3 and facebookresearch/mae
   ``forward_encoder``): the position embedding is added to every patch, then only the kept
   patches (and the prefix tokens) enter the blocks: (N, prefix + K, D) out.
-- ``mask`` (N, L) with ``mask_token`` (D,): iBOT (Zhou et al., ICLR 2022; bytedance/ibot
+- ``mask`` (N, L) with ``mask_token`` (D,) or (1, D): iBOT (Zhou et al., ICLR 2022; bytedance/ibot
   ``models/vision_transformer.py``, ``prepare_tokens`` / ``mask_model``): masked patch
   embeddings are replaced by the learned token *before* the position embedding: (N, prefix + L,
   D) out.

@@ -328,9 +328,11 @@ def test_layer_decay_groups_give_dinov2_lr_scales_after_set_lr():
     for name, p in trainable.items():
         g = group_of[id(p)]
         assert g["lr"] == pytest.approx(2.0 * dinov2_lr_scale(name, 0.8, 0.3), rel=1e-12), name
-        # no decay on biases / norms / layer-scale gammas / the (D,) mask token, the weight
-        # decay schedule on every other weight (pos_embed, tokens, patch and last layers too)
+        # no decay on biases / norms / layer-scale gammas, the weight decay schedule on every
+        # other weight (pos_embed, tokens, patch and last layers too)
         assert g["weight_decay"] == (0.0 if p.ndim <= 1 else 0.3), name
+    # the (1, D) mask token decays, as iBOT's masked_embed and DINOv2's mask_token do
+    assert group_of[id(names["mask_token"])]["weight_decay"] == 0.3
     assert group_of[id(names["encoder.patch_embed.proj.weight"])]["lr"] == pytest.approx(
         2.0 * 0.8 ** 3 * 0.3)
     last = group_of[id(names["head.last_layer.parametrizations.weight.original1"])]
