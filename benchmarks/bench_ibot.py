@@ -11,7 +11,8 @@ bottleneck, 4096 prototypes) shared by the class and patch tokens, student and E
 0.1-0.5, running centres, KoLeo 0.1. Timed: teacher EMA and forward, student forward, the
 three losses, backward and an AdamW step on the same pre-made N(0, 1) crops; the two
 implementations alternate step by step in ONE process (same load for both), the median
-ms/step after ``--warmup`` steps; fp32, and bf16 autocast where the CPU computes bf16 natively.
+ms/step after ``--warmup`` steps; fp32, and bf16 autocast where the CPU computes bf16 natively
+(the timing main: benchmarks/step_timing.py).
 
     hold_nice python benchmarks/bench_ibot.py --batch-size 32 --steps 8 --warmup 2 --threads 2
 
@@ -27,15 +28,10 @@ the teacher except for that centre), ours took 3048 ms/step in fp32 (0.64), 1596
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import copy
-import os
-import platform
-import statistics
-import time
 
 import torch
+from step_timing import race, timing_parser
 
 VIT = dict(img_size=32, patch_size=4, num_classes=0, dynamic_img_size=True)
 
@@ -103,39 +99,15 @@ def lightly_ibot(args):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch-size", type=int, default=32)
+    p = timing_parser(__doc__.splitlines()[0], batch_size=32, steps=10)
     p.add_argument("--local-crops", type=int, default=4)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    p.add_argument("--precisions", default="fp32,bf16")
     args = p.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(1)
     views = [torch.randn(args.batch_size, 3, 32, 32, generator=gen) for _ in range(2)]
     views += [torch.randn(args.batch_size, 3, 16, 16, generator=gen)
               for _ in range(args.local_crops)]
-    print(f"CPU {platform.processor() or platform.machine()}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, load {os.getloadavg()[0]:.2f}, batch "
-          f"{args.batch_size}, {args.local_crops} local crops")
-    for precision in args.precisions.split(","):
-        ctx = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16"
-               else contextlib.nullcontext())
-        steps = {"ours": ours(args), "lightly": lightly_ibot(args)}
-        times: dict[str, list[float]] = {k: [] for k in steps}
-        for i in range(args.steps):
-            for name, step in steps.items():
-                t = time.perf_counter()
-                with ctx:
-                    step(views)
-                if i >= args.warmup:
-                    times[name].append(time.perf_counter() - t)
-        med = {k: 1e3 * statistics.median(v) for k, v in times.items()}
-        print(f"{precision}: ours {med['ours']:.1f} ms/step, lightly {med['lightly']:.1f} "
-              f"ms/step, lightly / ours = {med['lightly'] / med['ours']:.2f} "
-              f"(load {os.getloadavg()[0]:.2f})")
+    race(args, views, lambda: ours(args), lambda: lightly_ibot(args),
+         setting=f", {args.local_crops} local crops")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ width 192, 12 blocks), decoder 2 blocks of width 128 with 4 heads (our ``cifar``
 ratio 0.75. Timed: forward, loss, backward and an AdamW step on the same pre-made N(0, 1)
 batch; the two implementations alternate step by step in ONE process (same load for both), the
 median ms/step after ``--warmup`` steps; fp32, and bf16 autocast where the CPU computes bf16
-natively. Print the load average and CPU beside the figures.
+natively (the timing main: benchmarks/step_timing.py). Print the load average and CPU beside
+the figures.
 
     hold_nice python benchmarks/bench_mae.py --batch-size 64 --steps 12 --warmup 2 --threads 2
 
@@ -20,14 +21,8 @@ both run timm's blocks on the same 16 visible + 1 class tokens and the decoder o
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import os
-import platform
-import statistics
-import time
-
 import torch
+from step_timing import race, timing_parser
 
 
 def ours(batch: int):
@@ -82,35 +77,9 @@ def lightly_mae(batch: int):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--steps", type=int, default=12)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    p.add_argument("--precisions", default="fp32,bf16")
-    args = p.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = timing_parser(__doc__.splitlines()[0], batch_size=64, steps=12).parse_args()
     x = torch.randn(args.batch_size, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-    print(f"CPU {platform.processor() or platform.machine()}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, load {os.getloadavg()[0]:.2f}, batch "
-          f"{args.batch_size}")
-    for precision in args.precisions.split(","):
-        ctx = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16"
-               else contextlib.nullcontext())
-        steps = {"ours": ours(args.batch_size), "lightly": lightly_mae(args.batch_size)}
-        times: dict[str, list[float]] = {k: [] for k in steps}
-        for i in range(args.steps):
-            for name, step in steps.items():
-                t = time.perf_counter()
-                with ctx:
-                    step(x)
-                if i >= args.warmup:
-                    times[name].append(time.perf_counter() - t)
-        med = {k: 1e3 * statistics.median(v) for k, v in times.items()}
-        print(f"{precision}: ours {med['ours']:.1f} ms/step, lightly {med['lightly']:.1f} "
-              f"ms/step, lightly / ours = {med['lightly'] / med['ours']:.2f} "
-              f"(load {os.getloadavg()[0]:.2f})")
+    race(args, x, lambda: ours(args.batch_size), lambda: lightly_mae(args.batch_size))
 
 
 if __name__ == "__main__":

@@ -76,7 +76,8 @@ ARGS: dict[str, list[str]] = {
                  "3", "--local-crops", "2"],
     "dino_cifar": [*IMAGE, "--out-dim", "32", "--hidden-dim", "32", "--bottleneck-dim", "16",
                    "--local-crops", "2", "--local-size", "8"],
-    "dino_vit_small": [*IMAGE, "--out-dim", "32", "--local-crops", "2"],
+    # the CNN takes no ViT options: the recipe's default --encoder-kwargs (dynamic_img_size) off
+    "dino_vit_small": [*IMAGE, "--encoder-kwargs", "{}", "--out-dim", "32", "--local-crops", "2"],
     "dim_cifar": [*IMAGE, "--mi-units", "16", "--encoder", "dcgan32", "--encoder-kwargs",
                   json.dumps({"widths": [8, 16, 16], "hidden": [32]})],
     "dim_stl": [*IMAGE, "--data", "shapes:n=64,n_test=32,size=24", "--source-size", "24",

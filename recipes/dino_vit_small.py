@@ -9,7 +9,11 @@ epochs, gradient clipping 3.0; DINOHead 2048 hidden, 256 bottleneck, 65536 proto
 the last layer's norm fixed and the layer frozen during the first epoch; teacher momentum
 0.996 -> 1 (cosine), teacher temperature 0.04 (the README's best ViT-S/16 runs warm it up from
 0.04 to 0.07 over 30 epochs: ``--teacher-temperature 0.07 --warmup-teacher-epochs 30``),
-student 0.1, centre momentum 0.9; DINO's multi-crop augmentation (2 x 224 px, 8 x 96 px).
+student 0.1, centre momentum 0.9; DINO's multi-crop augmentation (2 x 224 px, 8 x 96 px). The
+ViT is built with ``dynamic_img_size`` (``--encoder-kwargs``): the 96-px local crops pass
+through it with the position embedding resampled to their 6 x 6 patch grid (bicubic, timm's
+``resample_abs_pos_embed``, as the code's ``interpolate_pos_encoding`` in
+``vision_transformer.py``; timm anti-aliases the downsampling, the code does not).
 Reported k-NN / linear top-1 after 100 epochs: 69.3 / 74.0 %.
 
     accelerate launch recipes/dino_vit_small.py --data /path/to/imagenet
@@ -17,6 +21,7 @@ Reported k-NN / linear top-1 after 100 epochs: 69.3 / 74.0 %.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from contrastive.engine import TrainConfig, help_field, run
@@ -32,6 +37,8 @@ class DINOViTSmall(TrainConfig):
     """DINO, ViT-S/16, ImageNet (ICCV 2021; official facebookresearch/dino defaults)."""
 
     encoder: str = PRESET["encoder"]
+    encoder_kwargs: str = help_field(json.dumps(PRESET["encoder_kwargs"]),
+                                     "create_encoder keyword arguments (JSON)")
     image_size: int = 224
     epochs: int = 100
     batch_size: int = 1024

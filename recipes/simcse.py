@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from contrastive.engine import TextAdapter, TextConfig, help_field, run
 from contrastive.methods import SimCSE
@@ -105,6 +105,8 @@ class SimCSEConfig(TextConfig):
     num_workers: int = help_field(0, "loader workers (tokenising is cheap: 0 = in the main "
                                   "process)")
     log_every: int = 50
+
+    derived_fields: ClassVar[tuple[str, ...]] = ("lr", "batch_size", "epochs")
 
     def __post_init__(self) -> None:
         """The paper's per-mode lr, batch and epochs where left at 0."""

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -26,18 +28,25 @@ import torch.distributed as dist
 
 class SGDRecord(dict):
     """What a case's SGD steps leave for the comparison: per step the loss and the gradients
-    of the trainable parameters, at the end the parameters. Cases import it as
-    ``from dist_worker import SGDRecord`` (this file's folder is on the worker's path)."""
+    of the trainable parameters (and any ``extra`` value a case names), at the end the
+    parameters. Cases import it as ``from dist_worker import SGDRecord`` (this file's folder is
+    on the worker's path)."""
 
     def __init__(self) -> None:
         super().__init__(loss=[], grads=[])
 
-    def step(self, loss: torch.Tensor, method: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
-        """Back-propagate ``loss``, record it and the gradients, take the optimiser step."""
+    def step(self, loss: torch.Tensor, method: torch.nn.Module, opt: torch.optim.Optimizer,
+             backward: Callable[[torch.Tensor], None] = torch.Tensor.backward,
+             **extra: Any) -> None:
+        """Back-propagate ``loss`` (``backward``: a case's own backward pass, such as the
+        gradient cache's), record it, the gradients and each ``extra`` value under its name,
+        take the optimiser step."""
         opt.zero_grad()
-        loss.backward()
+        backward(loss)
         self["loss"].append(loss.detach())
         self["grads"].append([p.grad.clone() for p in method.parameters() if p.requires_grad])
+        for key, value in extra.items():
+            self.setdefault(key, []).append(value)
         opt.step()
 
     def finish(self, method: torch.nn.Module) -> dict:

@@ -23,7 +23,7 @@ import typing
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from contrastive.engine.compat import RENAMED_FIELDS
 from contrastive.hardware import PRECISIONS
@@ -61,6 +61,11 @@ class RunConfig:
     not divided by 256), ``none`` uses ``lr``; sources in
     :func:`contrastive.engine.schedules.scaled_lr`.
     """
+
+    #: fields that ``__post_init__`` fills in from others when they are left at their default
+    #: (a warm-up from ``--warmup-fraction`` and the budget): a ``--config`` file's values of them
+    #: that were so derived are derived again after the flags (a new ``--steps`` moves them)
+    derived_fields: ClassVar[tuple[str, ...]] = ()
 
     # --- data and run ---------------------------------------------------------------------
     data: str = help_field(
@@ -466,6 +471,8 @@ class LabelledTextConfig(TextRunConfig):
                                   "process)")
     log_every: int = 50
 
+    derived_fields: ClassVar[tuple[str, ...]] = ("warmup_steps", "warmup_epochs")
+
     def __post_init__(self) -> None:
         """``--warmup-fraction`` into the engine's warm-up in steps (or epochs)."""
         if self.warmup_fraction > 0 and not (self.warmup_steps or self.warmup_epochs):
@@ -742,11 +749,26 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, *, prog: str |
         with open(config_file) as fh:
             base = json.load(fh)
     try:
+        base = _underived(cls, base)
         cfg = config_from_dict(cls, {**base, **values}, ignore_unknown=bool(config_file))
         cfg.validate()
     except (ValueError, TypeError) as err:
         parser.error(str(err))
     return cfg
+
+
+def _underived(cls: type[C], base: dict[str, Any]) -> dict[str, Any]:
+    """A ``--config`` file's values less those of ``cls.derived_fields`` that its own other
+    values derive (a run's ``config.json`` records them): the flags may change what they follow,
+    so they are derived again. A value the file sets otherwise is kept."""
+    names = [f.name for f in dataclasses.fields(cls)
+             if f.name in cls.derived_fields and f.name in base
+             and f.default is not dataclasses.MISSING]
+    if not names:
+        return base
+    unset = {f.name: f.default for f in dataclasses.fields(cls) if f.name in names}
+    again = config_from_dict(cls, {**base, **unset}, ignore_unknown=True)
+    return {k: v for k, v in base.items() if k not in names or getattr(again, k) != v}
 
 
 def config_to_dict(cfg: RunConfig) -> dict[str, Any]:

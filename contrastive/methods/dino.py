@@ -123,9 +123,12 @@ class DINO(Method):
     needs = ("views",)
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         # ViT-S/16 with the code's defaults (main_dino.py): 65536 prototypes, m0 0.996,
-        # teacher temperature 0.04 without warm-up, norm_last_layer
+        # teacher temperature 0.04 without warm-up, norm_last_layer; dynamic_img_size for the
+        # 96-px local crops (timm resamples the 14 x 14 position embedding to 6 x 6, as the
+        # code's vision_transformer.py interpolate_pos_encoding; a fixed-size ViT rejects them)
         "vit_small": dict(encoder="timm:vit_small_patch16_224", out_dim=65536, momentum=0.996,
-                          teacher_temperature=0.04),
+                          teacher_temperature=0.04,
+                          encoder_kwargs=dict(dynamic_img_size=True)),
         # solo-learn scripts/pretrain/cifar/dino.yaml: ResNet-18, 2048 hidden, 256 bottleneck,
         # 4096 prototypes, tau 0.9995 -> 1
         "cifar": dict(encoder="cifar_resnet18", out_dim=4096, hidden_dim=2048,

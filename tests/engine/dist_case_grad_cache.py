@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from dist_worker import SGDRecord
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -45,30 +46,34 @@ def train(name: str, rank: int, world: int, cached: bool, mutate: bool = False) 
     model = DDP(method) if world > 1 else method
     opt = torch.optim.SGD([p for p in method.parameters() if p.requires_grad], lr=0.2)
     cache = GradCache(method, CHUNK) if cached else None
+
+    def cached_backward(loss: torch.Tensor) -> None:
+        """The engine's cached backward (DDP's hooks off), then the gradients' average."""
+        assert cache is not None
+        with model.no_sync() if world > 1 else contextlib.nullcontext():
+            loss.backward()
+            cache.backward()
+        if world > 1 and not mutate:
+            all_reduce_grads([p for p in method.parameters()], world)
+
     g = torch.Generator().manual_seed(123)
-    record: dict = {"loss": [], "grads": []}
+    record = SGDRecord()
     for step in range(STEPS):
         views = [torch.randn(2 * B, 3, s, s, generator=g, dtype=torch.float64)
                  for s in SIZES.get(name, (8, 8))]
         rows = slice(rank * B, (rank + 1) * B) if world > 1 else slice(None)
         batch = method.make_batch([v[rows] for v in views], step=step, total_steps=10)
-        opt.zero_grad()
         if cache is None:
             out = model(batch)
-            out["loss"].backward()
+            record.step(out["loss"], method, opt)
         else:
             with model.no_sync() if world > 1 else contextlib.nullcontext():
                 with cache.recording():
-                    out = model(batch)
-                out["loss"].backward()
-                cache.backward()
-            if world > 1 and not mutate:
-                all_reduce_grads([p for p in method.parameters()], world)
-        record["loss"].append(out["loss"].detach())
-        record["grads"].append([p.grad.clone() for p in method.parameters() if p.requires_grad])
-        opt.step()
-    record["state"] = {k: v.clone() for k, v in method.state_dict().items()}
-    return record
+                    out = model(batch)  # pass 1 (no grad, chunked), the loss
+            record.step(out["loss"], method, opt, backward=cached_backward)
+    result = record.finish(method)
+    result["state"] = {k: v.clone() for k, v in method.state_dict().items()}
+    return result
 
 
 def reference(world: int) -> dict:

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from contrastive.engine.config import (
+    LabelledTextConfig,
     TrainConfig,
     config_from_dict,
     config_to_dict,
@@ -80,6 +81,29 @@ def test_config_file_then_flags(tmp_path):
                                 "recipe": "x", "resolved": {"a": 1}}))
     cfg = parse_config(_Recipe, ["--config", str(path), "--lr", "0.2"])
     assert cfg.queue_size == 64 and cfg.lr == 0.2
+
+
+def test_config_file_warmup_from_the_fraction_follows_new_flags(tmp_path):
+    """A run's config.json records the warm-up that --warmup-fraction derived (10 % of 1000
+    steps = 100): with another --steps it is 10 % of those, not the file's 100 (which made a
+    200-step run warm up for half of it and refused --steps 50); a warm-up the file sets
+    otherwise is kept, and a flag still wins."""
+    path, explicit = tmp_path / "config.json", tmp_path / "explicit.json"
+    path.write_text(json.dumps(config_to_dict(parse_config(LabelledTextConfig, []))))
+    assert json.loads(path.read_text())["warmup_steps"] == 100
+    explicit.write_text(json.dumps(config_to_dict(
+        parse_config(LabelledTextConfig, ["--warmup-steps", "37"]))))
+
+    def warmup(file, *flags):
+        cfg = parse_config(LabelledTextConfig, ["--config", str(file), *flags])
+        return cfg.warmup_steps, cfg.warmup_epochs
+
+    assert warmup(path) == (100, 0.0)
+    assert warmup(path, "--steps", "200") == (20, 0.0)
+    assert warmup(path, "--steps", "50") == (5, 0.0)
+    assert warmup(path, "--steps", "0", "--epochs", "5") == (0, 0.5)  # an --epochs budget
+    assert warmup(path, "--steps", "200", "--warmup-steps", "7") == (7, 0.0)
+    assert warmup(explicit, "--steps", "200") == (37, 0.0)
 
 
 def test_dict_round_trip_and_unknown_key():

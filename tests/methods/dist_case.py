@@ -10,6 +10,7 @@ all-reduce and the batch sums add in other orders), which the tests bound tightl
 from __future__ import annotations
 
 import torch
+from dist_worker import SGDRecord
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -65,20 +66,15 @@ def train(name: str, rank: int, world: int) -> dict:
     method = build(name)
     model = DDP(method) if world > 1 else method
     opt = torch.optim.SGD([p for p in method.parameters() if p.requires_grad], lr=0.5)
-    record = {"loss": [], "pos_acc": [], "grads": []}
+    record = SGDRecord()
     for views in batches(2, multicrop=name.endswith("multicrop")):
         local = [v[rank * B : (rank + 1) * B] for v in views] if world > 1 else views
         out = model({"views": local, "momentum": 0.7 if name.startswith("mocov3") else 0.8})
-        opt.zero_grad()
-        out["loss"].backward()
-        record["loss"].append(out["loss"].detach())
-        record["pos_acc"].append(out["pos_acc"])
-        record["grads"].append([p.grad.clone() for p in method.parameters() if p.requires_grad])
-        opt.step()
-    record["params"] = [p.detach().clone() for p in method.parameters()]
+        record.step(out["loss"], method, opt, pos_acc=out["pos_acc"])
+    result = record.finish(method)
     if name == "moco":
-        record["queue"] = method.queue.ordered_keys()
-    return record
+        result["queue"] = method.queue.ordered_keys()
+    return result
 
 
 def helper_checks(rank: int) -> dict:

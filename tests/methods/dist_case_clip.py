@@ -71,12 +71,14 @@ def _gather_local_grad(z):
 
 
 def train(rank: int, world: int, mutate: bool = False) -> dict:
+    from dist_worker import SGDRecord  # here: tests/methods/test_clip.py imports the towers
+
     import contrastive.methods.clip as clip_module
 
     method = build()
     model = DDP(method) if world > 1 else method
     opt = build_optimizer(method, "adamw", lr=0.05, weight_decay=0.5)
-    record: dict = {"loss": [], "grads": [], "scale": []}
+    record = SGDRecord()
     original = clip_module.gather_with_grad
     if mutate:
         clip_module.gather_with_grad = _gather_local_grad
@@ -85,16 +87,10 @@ def train(rank: int, world: int, mutate: bool = False) -> dict:
             rows = slice(rank * B, (rank + 1) * B) if world > 1 else slice(None)
             out = model({"views": [images[rows]], "input_ids": ids[rows],
                          "attention_mask": mask[rows]})
-            opt.zero_grad()
-            out["loss"].backward()
-            record["loss"].append(out["loss"].detach())
-            record["scale"].append(method.logit_scale.detach().clone())
-            record["grads"].append([p.grad.clone() for p in method.parameters()])
-            opt.step()
+            record.step(out["loss"], method, opt, scale=method.logit_scale.detach().clone())
     finally:
         clip_module.gather_with_grad = original
-    record["params"] = [p.detach().clone() for p in method.parameters()]
-    return record
+    return record.finish(method)
 
 
 def reference(world: int) -> dict:

@@ -9,6 +9,7 @@ in eval mode (as tests/methods/dist_case.py's SimCLR), so the batch statistics p
 from __future__ import annotations
 
 import torch
+from dist_worker import SGDRecord
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from contrastive.methods import DCL, DCLW
@@ -52,7 +53,7 @@ def train(name: str, rank: int, world: int, mutate: bool = False) -> dict:
     method = build(name)
     model = DDP(method) if world > 1 else method
     opt = torch.optim.SGD(method.parameters(), lr=0.5)
-    record: dict = {"loss": [], "grads": []}
+    record = SGDRecord()
     original = simclr_module.gather_with_grad
     if mutate:
         simclr_module.gather_with_grad = _gather_local_grad
@@ -60,15 +61,10 @@ def train(name: str, rank: int, world: int, mutate: bool = False) -> dict:
         for views in batches():
             local = [v[rank * B:(rank + 1) * B] for v in views] if world > 1 else views
             out = model({"views": local})
-            opt.zero_grad()
-            out["loss"].backward()
-            record["loss"].append(out["loss"].detach())
-            record["grads"].append([p.grad.clone() for p in method.parameters()])
-            opt.step()
+            record.step(out["loss"], method, opt)
     finally:
         simclr_module.gather_with_grad = original
-    record["params"] = [p.detach().clone() for p in method.parameters()]
-    return record
+    return record.finish(method)
 
 
 def reference(world: int) -> dict:

@@ -19,6 +19,7 @@ from contrastive.methods import SigLIP
 
 sys.path.insert(0, str(Path(__file__).parent))
 from dist_case_clip import B, TinyImage, TinyText, batches  # noqa: E402
+from dist_worker import SGDRecord  # noqa: E402
 
 
 def build() -> SigLIP:
@@ -30,7 +31,7 @@ def train(rank: int, world: int, mutate: bool = False) -> dict:
     method = build()
     model = DDP(method) if world > 1 else method
     opt = torch.optim.SGD(method.parameters(), lr=0.5)
-    record: dict = {"loss": [], "grads": []}
+    record = SGDRecord()
     original = LF._ring_shift
     if mutate:
         LF._ring_shift = lambda chunk: chunk  # the peer's texts never arrive
@@ -39,15 +40,10 @@ def train(rank: int, world: int, mutate: bool = False) -> dict:
             rows = slice(rank * B, (rank + 1) * B) if world > 1 else slice(None)
             out = model({"views": [images[rows]], "input_ids": ids[rows],
                          "attention_mask": mask[rows]})
-            opt.zero_grad()
-            out["loss"].backward()
-            record["loss"].append(out["loss"].detach())
-            record["grads"].append([p.grad.clone() for p in method.parameters()])
-            opt.step()
+            record.step(out["loss"], method, opt)
     finally:
         LF._ring_shift = original
-    record["params"] = [p.detach().clone() for p in method.parameters()]
-    return record
+    return record.finish(method)
 
 
 def reference(world: int) -> dict:

@@ -104,7 +104,7 @@ def test_dino_vit_recipe_declares_the_official_schedules(rx, monkeypatch):
     mod = rx.load_recipe("dino_vit_small")
     monkeypatch.setattr(mod, "_steps_per_epoch", lambda cfg: 10)
     cfg = parse_config(mod.DINOViTSmall, ["--data", "shapes", "--encoder", "small_cnn",
-                                          "--out-dim", "32", "--warmup-teacher-epochs", "3",
+                                          "--encoder-kwargs", "{}", "--out-dim", "32", "--warmup-teacher-epochs", "3",
                                           "--teacher-temperature", "0.07"])
     method = mod.build_method(cfg)
     sched = method.schedules()

@@ -13,6 +13,7 @@ gradient, which the test shows to differ from the reference (the comparison can 
 from __future__ import annotations
 
 import torch
+from dist_worker import SGDRecord
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import contrastive.methods.simcse as simcse_module
@@ -49,7 +50,7 @@ def train(name: str, rank: int, world: int) -> dict:
     model = DDP(method) if world > 1 else method
     opt = torch.optim.SGD([p for p in method.parameters() if p.requires_grad], lr=0.5)
     s = {"sup": 3, "sup_nograd": 3, "pair": 2, "unsup": 1}[name]
-    record: dict = {"loss": [], "pos_acc": [], "grads": []}
+    record = SGDRecord()
     original = simcse_module.gather_with_grad
     if name == "sup_nograd":
         simcse_module.gather_with_grad = D.gather  # the mutation: negatives without gradient
@@ -57,16 +58,10 @@ def train(name: str, rank: int, world: int) -> dict:
         for full in batches(2, s):
             local = {k: v[rank * B:(rank + 1) * B] for k, v in full.items()} if world > 1 else full
             out = model(local)
-            opt.zero_grad()
-            out["loss"].backward()
-            record["loss"].append(out["loss"].detach())
-            record["pos_acc"].append(out["pos_acc"])
-            record["grads"].append([p.grad.clone() for p in method.parameters() if p.requires_grad])
-            opt.step()
+            record.step(out["loss"], method, opt, pos_acc=out["pos_acc"])
     finally:
         simcse_module.gather_with_grad = original
-    record["params"] = [p.detach().clone() for p in method.parameters()]
-    return record
+    return record.finish(method)
 
 
 def reference(world: int) -> dict:

@@ -97,6 +97,23 @@ def test_every_field_is_a_flag_and_paper_defaults():
         parse_config(cls, ["--pooling", "max"])
 
 
+def test_config_file_of_the_other_mode_gets_this_modes_paper_values(tmp_path: Path):
+    """A sup run's config.json records the paper's sup lr, batch and epochs (derived from
+    --mode): with --mode unsup they are unsup's; values the file sets otherwise are kept."""
+    from contrastive.engine import config_to_dict, parse_config
+
+    cls = _recipe().SimCSEConfig
+    sup, own = tmp_path / "sup.json", tmp_path / "own.json"
+    sup.write_text(json.dumps(config_to_dict(parse_config(cls, []))))
+    own.write_text(json.dumps(config_to_dict(parse_config(cls, ["--lr", "1e-3"]))))
+    unsup = parse_config(cls, ["--config", str(sup), "--mode", "unsup"])
+    assert (unsup.lr, unsup.batch_size, unsup.epochs) == (3e-5, 64, 1)
+    again = parse_config(cls, ["--config", str(sup)])
+    assert (again.mode, again.lr, again.batch_size, again.epochs) == ("sup", 5e-5, 512, 3)
+    mine = parse_config(cls, ["--config", str(own), "--mode", "unsup"])
+    assert (mine.lr, mine.batch_size, mine.epochs) == (1e-3, 64, 1)
+
+
 def test_learning_fast_one_seed(tmp_path: Path):
     """Supervised SimCSE from random init through the engine: STS Spearman on held-out
     generated pairs rises by more than 0.25 in 40 steps (the old loop: -0.080 / -0.075 / -0.066
