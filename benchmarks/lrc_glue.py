@@ -285,6 +285,28 @@ def _summary(values: list[float]) -> dict[str, Any]:
             "values": values}
 
 
+@functools.lru_cache
+def label_prior(task: str) -> dict[str, float]:
+    """The kept training rows' majority share and label entropy (nats): a classifier that
+    predicts one class sits at this accuracy and this cross-entropy."""
+    import numpy as np
+    from glue_floors import task_splits
+
+    counts = np.bincount(task_splits(task, GLUE)[0].labels).astype(float)
+    p = counts / counts.sum()
+    return {"majority": float(p.max()), "entropy": float(-(p * np.log(p)).sum())}
+
+
+def training_end(folder: Path) -> dict[str, float] | None:
+    """The last logged training window of a student: its batch accuracy (%) and hard
+    (cross-entropy) loss, the evidence for or against a one-class collapse."""
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()
+            if '"loss_hard"' in line] if (folder / "metrics.jsonl").is_file() else []
+    if not rows:
+        return None
+    return {"accuracy": rows[-1]["accuracy"], "loss_hard": rows[-1]["loss_hard"]}
+
+
 def collect(root: Path) -> dict[str, Any]:
     """Every finished run's dev and held-out scores, grouped as the table shows them."""
     out: dict[str, Any] = {"tasks": {}, "runs": {}}
@@ -296,7 +318,8 @@ def collect(root: Path) -> dict[str, Any]:
         out["runs"][run.name] = {**run.meta, "dev": json.loads((f / "dev.json").read_text()),
                                  "held_out": held_out_score(run, root),
                                  "cpu_s": sum(t["cpu_s"] for t in times),
-                                 "wall_s": sum(t["wall_s"] for t in times)}
+                                 "wall_s": sum(t["wall_s"] for t in times),
+                                 "train_end": training_end(f)}
     for task in TASKS:
         rows: dict[str, Any] = {}
         teacher = out["runs"].get(teacher_run(task).name)
@@ -312,6 +335,7 @@ def collect(root: Path) -> dict[str, Any]:
                 names = [student_run(task, v, lr_v, s, root, control=control).name for s in SEEDS]
                 got = [out["runs"][n]["dev"]["score"] for n in names if n in out["runs"]]
                 rows[("control-" if control else "") + v] = {"lr": lr_v, **_summary(got)}
+        rows["prior"] = label_prior(task)
         out["tasks"][task] = rows
     return out
 
@@ -344,11 +368,19 @@ def table(root: Path, out_file: Path) -> str:
         lines.append(f"- {phase}: {len(done)} of {sum(r.phase == phase for r in runs)} runs "
                      f"done, {cpu / 3600:.2f} CPU hours")
     lines.append("")
-    lines.append("| run | held-out | dev | CPU s |")
-    lines.append("|---|---|---|---|")
+    lines.append("A student that predicts one class ends training at the majority share and the "
+                 "label entropy: " + "; ".join(
+                     f"{TASKS[t]} {100 * data['tasks'][t]['prior']['majority']:.1f} % / "
+                     f"{data['tasks'][t]['prior']['entropy']:.3f} nats" for t in TASKS) + ".")
+    lines.append("")
+    lines.append("| run | held-out | dev | last training window: accuracy / hard CE | CPU s |")
+    lines.append("|---|---|---|---|---|")
     for name, r in data["runs"].items():
         held = "-" if r["held_out"] is None else f"{100 * r['held_out']:.1f}"
-        lines.append(f"| {name} | {held} | {100 * r['dev']['score']:.1f} | {r['cpu_s']:.0f} |")
+        end = r.get("train_end")
+        fit = "-" if not end else f"{end['accuracy']:.1f} / {end['loss_hard']:.3f}"
+        lines.append(f"| {name} | {held} | {100 * r['dev']['score']:.1f} | {fit} | "
+                     f"{r['cpu_s']:.0f} |")
     return "\n".join(lines)
 
 

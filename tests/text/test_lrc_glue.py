@@ -106,6 +106,31 @@ def test_smoke_run_of_the_drivers_flags_on_real_glue(driver, tmp_path: Path) -> 
         assert held["glue_score"] == pytest.approx(driver.held_out_score(run, tmp_path))
     AcceleratorState._reset_state(True)
     assert "| teacher | " in driver.table(tmp_path, tmp_path / "runs.json")
+    # 2 steps stay in stage 1 (no hard loss yet): no training-end window to show
+    assert json.loads((tmp_path / "runs.json").read_text())["runs"][student.name][
+        "train_end"] is None
+
+
+def test_training_end_reads_the_last_window_with_a_hard_loss(driver, tmp_path: Path) -> None:
+    rows = [{"step": 50, "loss": 2.0, "stage": 1.0},
+            {"step": 100, "loss": 3.1, "loss_hard": 0.61, "accuracy": 70.0, "stage": 2.0},
+            {"step": 150, "loss": 3.0, "loss_hard": 0.59, "accuracy": 72.5, "stage": 2.0},
+            {"step": 150, "glue_score": 0.0, "glue_when": "end"}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert driver.training_end(tmp_path) == {"accuracy": 72.5, "loss_hard": 0.59}
+    assert driver.training_end(tmp_path / "absent") is None
+
+
+def test_label_prior_is_mrpc_published_balance(driver) -> None:
+    """MRPC's training file has 2,474 paraphrases among 3,668 pairs (67.4 %); the stratified
+    hold-out keeps that share, and the entropy is that of the two shares."""
+    import math
+
+    prior = driver.label_prior("mrpc")
+    share = 2474 / 3668
+    assert prior["majority"] == pytest.approx(share, abs=2e-3)
+    p = prior["majority"]
+    assert prior["entropy"] == pytest.approx(-p * math.log(p) - (1 - p) * math.log(1 - p))
 
 
 # The slow check's budget: SST-2, a stratified 2,000 of its training rows (200 held out), the
