@@ -24,6 +24,7 @@ from contrastive.engine.config import RunConfig, parse_config
 from contrastive.engine.grad_cache import GradCacheError
 from contrastive.engine.run_folder import RunFolderError, os_error_message
 from contrastive.engine.trainer import TrainResult, train
+from contrastive.nn.encoders import EncoderArgumentError
 
 __all__ = ["run", "setup_logging", "bad_input", "cli"]
 
@@ -62,8 +63,9 @@ def run(config_cls: type[RunConfig], build_method: Callable[[Any], nn.Module],
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         result = train(cfg, build_method, build_pipeline, adapter=adapter, recipe=name)
-    except (RunFolderError, GradCacheError) as e:  # the folder, a checkpoint file, options
-        raise SystemExit(f"{name}: error: {e}") from None  # the method refuses: one line
+    except (RunFolderError, GradCacheError, EncoderArgumentError) as e:
+        # the folder, a checkpoint file, options the method or the encoder refuses: one line
+        raise SystemExit(f"{name}: error: {e}") from None
     except OSError as e:
         if e.errno not in _DISK_ERRNOS:
             raise

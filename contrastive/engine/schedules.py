@@ -30,7 +30,8 @@ import bisect
 import math
 from collections.abc import Sequence
 
-__all__ = ["scaled_lr", "cosine_lr", "linear_lr", "step_lr", "lr_at", "schedule_time"]
+__all__ = ["scaled_lr", "cosine_lr", "linear_lr", "step_lr", "lr_at", "schedule_time",
+           "warmup_warning"]
 
 
 def scaled_lr(lr: float, batch_size: int, rule: str = "linear") -> float:
@@ -132,3 +133,32 @@ def lr_at(step: int, *, steps_per_epoch: int, epochs: int, peak: float, schedule
     if schedule == "step":
         return step_lr(t, peak, milestones, gamma)
     return peak
+
+
+def warmup_warning(*, steps: int, steps_per_epoch: int, warmup_epochs: float,
+                   warmup_steps: int = 0) -> str | None:
+    """What is odd about the lr warm-up of a run whose budget is ``--steps``, or None.
+
+    A recipe's warm-up is often in epochs (``--warmup-epochs 10``); a ``--steps`` budget keeps
+    it, as :func:`lr_at` counts it (``warmup_steps + warmup_epochs x steps_per_epoch`` steps),
+    so a short ``--steps`` run can be warm-up from start to end (dino_vit_small ``--steps
+    100``: 10 epochs of 1251 steps). The trainer logs this once at the start; the schedule is
+    not changed.
+    """
+    if not steps:
+        return None
+    warmup = warmup_steps + warmup_epochs * steps_per_epoch
+    if warmup_epochs <= 0 and warmup < steps:
+        return None
+    parts = []
+    if warmup_steps:
+        parts.append(f"--warmup-steps {warmup_steps}")
+    if warmup_epochs > 0:
+        parts.append(f"--warmup-epochs {warmup_epochs:g} x {steps_per_epoch} steps/epoch")
+    counted = f"lr warm-up of {warmup:g} steps ({' + '.join(parts)})"
+    fix = "--warmup-epochs 0 --warmup-steps N" if warmup_epochs > 0 else "--warmup-steps N"
+    if warmup >= steps:
+        return (f"{counted} >= --steps {steps}: the whole run is warm-up, the lr never reaches "
+                f"its peak; pass {fix} with N < {steps}")
+    return (f"{counted} with --steps {steps}: the warm-up is in epochs, "
+            f"{100 * warmup / steps:.3g}% of the run; to set it in steps pass {fix}")

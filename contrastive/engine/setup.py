@@ -24,6 +24,7 @@ from contrastive.engine.loader import GlobalBatchSampler, build_train_loader
 from contrastive.engine.monitor import encoder_of
 from contrastive.engine.optim import build_optimizer
 from contrastive.engine.probe import OnlineProbe
+from contrastive.engine.run_state import RUN_STATE_FILE, read_run_state
 from contrastive.engine.schedules import scaled_lr
 from contrastive.hardware import resolve_precision, warn_if_emulated_bf16
 
@@ -92,14 +93,26 @@ def make_accelerator(cfg: RunConfig, project_dir: str | Path) -> Any:
 
 
 def check_fresh_output_dir(out: Path, resume: str) -> None:
-    """A new run (no ``--resume``) refuses a non-empty output folder."""
+    """A new run (no ``--resume``) refuses a non-empty output folder, save one that holds only
+    the ``run_state.json`` of a run that failed while setting up (no checkpoint, no log: bad
+    input such as an ``--encoder-kwargs`` the encoder does not take), which it replaces: the
+    run that follows the fix needs no new ``--output-dir``."""
     if resume or not out.exists():
         return
     entries = [p.name for p in out.iterdir()]
+    if entries == [RUN_STATE_FILE] and _failed_in_setup(read_run_state(out)):
+        logger.info("%s holds only the record of a run that failed before training; this run "
+                    "replaces it", out)
+        return
     if entries:
         raise FileExistsError(
             f"output folder {out} is not empty ({', '.join(sorted(entries)[:4])}...): pass "
             "--resume auto to continue that run, or choose a new --output-dir")
+
+
+def _failed_in_setup(state: dict[str, Any] | None) -> bool:
+    return (state is not None and state.get("state") == "failed"
+            and state.get("checkpoint") is None and state.get("step") is None)
 
 
 @dataclass

@@ -71,7 +71,7 @@ from contrastive.engine.probe import OnlineProbe
 from contrastive.engine.run_folder import check_output_dir
 from contrastive.engine.run_log import MetricsLog, ScalarWindow, log_record, record_failure, rel
 from contrastive.engine.run_state import EXIT_STOPPED, read_run_state, write_run_state
-from contrastive.engine.schedules import lr_at
+from contrastive.engine.schedules import lr_at, warmup_warning
 from contrastive.engine.setup import (
     Model,
     TrainData,
@@ -290,6 +290,11 @@ class _Run:
                         else self.adapter.unit, data.steps_per_epoch,
                         data.total_steps, cfg.batch_size, world, self.m.peak_lr,
                         acc.mixed_precision, self.adapter.describe())
+            odd_warmup = warmup_warning(steps=cfg.steps, steps_per_epoch=data.steps_per_epoch,
+                                        warmup_epochs=cfg.warmup_epochs,
+                                        warmup_steps=cfg.warmup_steps)
+            if odd_warmup is not None:  # e.g. a recipe's 10 warm-up epochs kept by --steps 100
+                logger.warning(odd_warmup)
         self.trackers.start(self.recipe, config,
                             self.state.step if self.resume_path is not None else None)
         if self.is_main:

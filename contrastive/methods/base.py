@@ -62,6 +62,12 @@ class ParamGroup:
                              f"lr_scale on the schedule ({self.lr_scale}), not both")
 
 
+#: the methods' encoder arguments (a name or a module) -> their arguments for building one by name
+#: (Method.from_preset drops a preset's when the caller gives a module)
+_BUILD_OPTIONS = {"encoder": "encoder_kwargs", "text_encoder": "text_kwargs",
+                  "teacher": "teacher_kwargs", "student": "student_kwargs"}
+
+
 class Method(nn.Module):
     """Base class of the methods: the contract, plus the shared conveniences.
 
@@ -120,12 +126,29 @@ class Method(nn.Module):
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> Method:
         """Build with the keyword arguments of ``presets[name]`` (a paper's settings, whose one
-        home the presets are: the recipes' fields default to them), ``overrides`` winning."""
+        home the presets are: the recipes' fields default to them), ``overrides`` winning.
+
+        A module given for an encoder (``encoder=my_vit``) drops the preset's keyword arguments
+        for building that encoder by name (``encoder_kwargs``: DINO's ``vit_small``
+        ``dynamic_img_size``), which a built module cannot take; the caller's own such
+        arguments with a module are refused in one line."""
         if name not in cls.presets:
             raise KeyError(
                 f"{cls.__name__}.from_preset: unknown preset {name!r}; known: {sorted(cls.presets)}"
             )
-        return cls(**{**cls.presets[name], **overrides})
+        kwargs = {**cls.presets[name], **overrides}
+        for encoder, options in _BUILD_OPTIONS.items():
+            if isinstance(overrides.get(encoder, ""), str):  # absent or a name: both apply
+                continue
+            if overrides.get(options):
+                raise ValueError(
+                    f"{cls.__name__}.from_preset({name!r}): {options}={overrides[options]!r} "
+                    f"build {encoder} by name, but {encoder} is a module "
+                    f"({type(overrides[encoder]).__name__}): build the module with them, or "
+                    f"pass its name")
+            if options not in overrides:
+                kwargs.pop(options, None)
+        return cls(**kwargs)
 
 
 def read(batch: Mapping[str, Any], key: str, method: str) -> Any:

@@ -18,6 +18,7 @@ needs them is built.
 
 from contrastive.nn import distributed
 from contrastive.nn.encoders import (
+    EncoderArgumentError,
     UnknownEncoderError,
     create_encoder,
     list_encoders,
@@ -38,6 +39,7 @@ from contrastive.nn.norm import SplitBatchNorm2d, convert_to_split_bn, convert_t
 from contrastive.nn.queue import KeyQueue
 
 __all__ = [
+    "EncoderArgumentError",
     "HEAD_KINDS",
     "KeyQueue",
     "MomentumEncoder",

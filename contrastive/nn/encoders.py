@@ -33,6 +33,7 @@ from __future__ import annotations
 import copy
 import difflib
 import fnmatch
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +42,7 @@ from torch import Tensor, nn
 from contrastive.registry import Registry, RegistryKeyError
 
 __all__ = [
+    "EncoderArgumentError",
     "UnknownEncoderError",
     "create_encoder",
     "list_encoders",
@@ -52,6 +54,12 @@ __all__ = [
 
 class UnknownEncoderError(RegistryKeyError):
     """An encoder name that no registry knows; the message lists the closest names."""
+
+
+class EncoderArgumentError(TypeError):
+    """A keyword argument the named encoder does not take (a ViT's ``dynamic_img_size`` given to
+    a ResNet: a ViT recipe's ``--encoder-kwargs`` with another ``--encoder``); the message
+    names the encoder, the argument and the fix in one line."""
 
 
 # the policy shared by the package's registries is in contrastive.registry
@@ -159,10 +167,40 @@ def create_encoder(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Mod
         an ``nn.Module`` with ``num_features``; forward (N, 3, H, W) -> (N, num_features).
 
     Raises:
-        UnknownEncoderError (a KeyError) listing close matches for an unknown name.
+        UnknownEncoderError (a KeyError) listing close matches for an unknown name;
+        EncoderArgumentError (a TypeError) naming a keyword argument the encoder does not take.
     """
     if not isinstance(name, str):
         raise TypeError(f"create_encoder: name must be a str, got {type(name).__name__}")
+    try:
+        net = _create(name, pretrained, **kwargs)
+    except TypeError as e:  # early and in one place: every method and recipe gets the line
+        error = _argument_error(name, kwargs, e)
+        if error is None:
+            raise
+        raise error from e
+    return _checked(net, name)
+
+
+# Python's message for a keyword that a function or class does not take
+_UNEXPECTED = re.compile(r"unexpected keyword argument '(\w+)'")
+
+
+def _argument_error(name: str, kwargs: dict[str, Any],
+                    e: TypeError) -> EncoderArgumentError | None:
+    """The one-line error for a keyword of ``kwargs`` that the encoder's factory refused; None
+    for another TypeError (a bug keeps its traceback)."""
+    found = _UNEXPECTED.search(str(e))
+    if found is None or found.group(1) not in kwargs:
+        return None
+    return EncoderArgumentError(
+        f"encoder {name!r} takes no keyword argument {found.group(1)!r} (encoder kwargs "
+        f"{kwargs!r}): leave it out; in a recipe, whose --encoder-kwargs default fits its own "
+        f"--encoder, pass --encoder-kwargs '{{}}' or a JSON object of what {name!r} takes")
+
+
+def _create(name: str, pretrained: bool, **kwargs: Any) -> nn.Module:
+    """Call the factory ``name`` names (see :func:`create_encoder`)."""
     if name.startswith("timm:"):
         net = _create_timm(name[len("timm:") :], pretrained, **kwargs)
     elif name.startswith("torchvision:"):
@@ -176,7 +214,7 @@ def create_encoder(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Mod
     else:
         same = tuple(n for n in _torchvision_names() + _timm_names() if n.endswith(":" + name))
         raise _unknown(name, _REGISTRY.names(), first=same)
-    return _checked(net, name)
+    return net
 
 
 def _checked(net: nn.Module, what: str) -> nn.Module:

@@ -133,6 +133,26 @@ def test_nonfinite_loss_skip_continues(tmp_path, fresh_accelerate, caplog):
     assert all(math.isfinite(r["loss"]) for r in lines if "loss" in r)
 
 
+@pytest.mark.parametrize("kw, expected", [
+    # 4 steps/epoch: a 1-epoch warm-up is the whole of --steps 2
+    (dict(steps=2, warmup_epochs=1), "lr warm-up of 4 steps (--warmup-epochs 1 x 4 steps/epoch)"
+                                     " >= --steps 2: the whole run is warm-up"),
+    (dict(steps=2, warmup_steps=1), None),  # a warm-up in steps that fits: nothing to say
+    (dict(warmup_epochs=1), None),  # a budget in epochs
+], ids=["epochs-cover-steps", "steps-fit", "epoch-budget"])
+def test_a_warmup_that_does_not_fit_steps_is_logged_once(tmp_path, fresh_accelerate, caplog,
+                                                         kw, expected):
+    caplog.set_level(logging.INFO)
+    _train(tmp_path, max_steps=1, **kw)
+    warnings = [r for r in caplog.records if "warm-up" in r.getMessage()]
+    if expected is None:
+        assert warnings == []
+    else:
+        assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+        assert warnings[0].getMessage().startswith(expected)
+        assert warnings[0].name == "contrastive.engine.trainer"
+
+
 def test_accumulation_with_in_batch_negatives_is_refused_in_one_line(tmp_path, fresh_accelerate,
                                                                      capsys):
     argv = ["--output-dir", str(tmp_path / "run"), "--grad-accum-steps", "2", "--max-steps", "1"]

@@ -78,6 +78,60 @@ def test_presets_build(cls, tiny, tiny_patch):
         assert method.encoder is enc
 
 
+# a 2-block ViT at 16 px: small enough for the ViT presets' own encoder_kwargs to be replaced
+_VIT = dict(img_size=16, patch_size=8, embed_dim=16, depth=2, num_heads=2,
+            dynamic_img_size=True)
+_HEAD = dict(out_dim=8, hidden_dim=8, bottleneck_dim=4)
+
+
+@pytest.mark.parametrize("cls_name", ["DINO", "IBOT"])
+def test_from_preset_with_an_encoder_module_drops_the_presets_encoder_kwargs(cls_name):
+    """DINO / IBOT.from_preset("vit_small", encoder=<module>) build (before: the preset's
+    encoder_kwargs reached resolve_encoder with the module, "keyword arguments ... need a
+    name", unless the caller passed encoder_kwargs=None)."""
+    import contrastive.methods as methods
+    from contrastive.nn import create_encoder
+
+    cls = getattr(methods, cls_name)
+    assert cls.presets["vit_small"]["encoder_kwargs"]  # what there is to drop
+    vit = create_encoder("timm:vit_tiny_patch16_224", **_VIT)
+    assert cls.from_preset("vit_small", encoder=vit, **_HEAD).encoder is vit
+    for empty in (None, {}):  # the old way still works
+        assert cls.from_preset("vit_small", encoder=vit, encoder_kwargs=empty,
+                               **_HEAD).encoder is vit
+    # a name: the preset's encoder_kwargs apply (dynamic_img_size, for the local crops)
+    named = cls.from_preset("vit_small", encoder="timm:vit_tiny_patch16_224", **_HEAD)
+    assert named.encoder.dynamic_img_size
+    with pytest.raises(ValueError) as exc:
+        cls.from_preset("vit_small", encoder=vit, encoder_kwargs={"drop_path_rate": 0.1})
+    assert str(exc.value) == (
+        f"{cls_name}.from_preset('vit_small'): encoder_kwargs={{'drop_path_rate': 0.1}} build "
+        "encoder by name, but encoder is a module (VisionTransformer): build the module with "
+        "them, or pass its name")
+
+
+def test_from_preset_drops_only_the_options_of_the_encoders_given_as_modules(tiny):
+    """One rule for every method's encoders (encoder, text_encoder, teacher, student)."""
+    from contrastive.methods import Method
+
+    class _Two(Method):
+        presets = {"p": dict(encoder="small_cnn", encoder_kwargs={"a": 1}, text_encoder="bert",
+                             text_kwargs={"b": 2})}
+
+        def __init__(self, **kwargs):
+            super().__init__()
+            self.kwargs = kwargs
+
+    enc = tiny()
+    assert _Two.from_preset("p", text_encoder=enc).kwargs == dict(
+        encoder="small_cnn", encoder_kwargs={"a": 1}, text_encoder=enc)
+    assert _Two.from_preset("p", encoder=enc).kwargs == dict(
+        encoder=enc, text_encoder="bert", text_kwargs={"b": 2})
+    assert _Two.from_preset("p").kwargs == _Two.presets["p"]
+    with pytest.raises(ValueError, match="text_kwargs=.* build text_encoder by name"):
+        _Two.from_preset("p", text_encoder=enc, text_kwargs={"b": 3})
+
+
 def test_views_are_checked(tiny, views):
     method = _make("simclr", tiny())
     with pytest.raises(ValueError, match="at least 2 tensors"):

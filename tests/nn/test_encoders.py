@@ -11,6 +11,7 @@ from torch import nn
 
 import contrastive
 from contrastive.nn import (
+    EncoderArgumentError,
     UnknownEncoderError,
     create_encoder,
     list_encoders,
@@ -144,6 +145,38 @@ def test_encoder_without_num_features_is_rejected():
             create_encoder("_test_bad")
     finally:
         _REGISTRY.pop("_test_bad", None)
+
+
+@pytest.mark.parametrize("name", ["small_cnn", "cifar_resnet18", "timm:resnet18",
+                                  "torchvision:resnet18"])
+def test_a_vit_keyword_for_another_encoder_is_one_line(name):
+    """A ViT recipe's --encoder-kwargs default with another --encoder: the encoder, the keyword
+    it does not take and the fix, in one line (was a raw TypeError from the factory)."""
+    with pytest.raises(EncoderArgumentError) as info:
+        create_encoder(name, dynamic_img_size=True)
+    text = str(info.value)
+    assert isinstance(info.value, TypeError) and "\n" not in text
+    assert f"encoder {name!r} takes no keyword argument 'dynamic_img_size'" in text
+    assert "--encoder-kwargs '{}'" in text
+    assert isinstance(info.value.__cause__, TypeError)  # the factory's own error, kept
+
+
+def test_another_type_error_of_a_factory_keeps_its_traceback():
+    """Only a keyword the caller gave becomes EncoderArgumentError: a factory's own bug (here an
+    unexpected keyword it passes on itself) is not blamed on the user's arguments."""
+    def buggy(width: int = 4) -> nn.Module:
+        return nn.Conv2d(3, width, 3, stride_typo=2)
+
+    register_encoder("_test_buggy")(buggy)
+    try:
+        with pytest.raises(TypeError, match="stride_typo") as info:
+            create_encoder("_test_buggy", width=6)
+        assert not isinstance(info.value, EncoderArgumentError)
+        with pytest.raises(EncoderArgumentError, match="'_test_buggy' takes no keyword argument "
+                                                       "'depth'"):
+            create_encoder("_test_buggy", depth=2)
+    finally:
+        _REGISTRY.pop("_test_buggy", None)
 
 
 def test_own_backbones_have_no_pretrained_weights():

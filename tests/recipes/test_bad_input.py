@@ -131,3 +131,57 @@ def test_text_recipe_bad_input(rx, tmp_path, capsys, recipe, argv, words):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"{recipe}.py: error: ") and words in err[0], err
     assert not out.exists()
+
+
+# -- a ViT recipe's --encoder-kwargs default with another --encoder ---------------------------
+
+def test_vit_encoder_kwargs_with_a_cnn_is_one_line_and_the_folder_is_reusable(
+        rx, tmp_path, fresh_accelerate):
+    """dino_vit_small's default --encoder-kwargs (dynamic_img_size) with --encoder small_cnn:
+    one line naming the encoder, the keyword and the fix, before any step; the folder holds only
+    run_state.json (failed, no checkpoint), and the fixed command runs in the same folder."""
+    from contrastive.engine import run
+    from contrastive.engine.run_state import read_run_state
+
+    mod = rx.load_recipe("dino_vit_small")
+    out = tmp_path / "run"
+    argv = [*rx.TINY, "--warmup-epochs", "0.5", "--local-crops", "0", "--out-dim", "64",
+            "--max-steps", "1", "--output-dir", str(out)]
+    with pytest.raises(SystemExit) as exc:
+        run(mod.DINOViTSmall, mod.build_method, mod.build_pipeline, argv=argv,
+            name="dino_vit_small")
+    text = str(exc.value.code)
+    assert text.startswith("dino_vit_small: error: encoder 'small_cnn' takes no keyword "
+                           "argument 'dynamic_img_size'") and "\n" not in text
+    assert "--encoder-kwargs '{}'" in text
+    assert [p.name for p in out.iterdir()] == ["run_state.json"]
+    state = read_run_state(out)
+    assert state["state"] == "failed" and state["checkpoint"] is None
+    assert "EncoderArgumentError" in state["error"]
+    result = run(mod.DINOViTSmall, mod.build_method, mod.build_pipeline,
+                 argv=[*argv, "--encoder-kwargs", "{}"], name="dino_vit_small")
+    assert result.step == 1 and read_run_state(out)["state"] == "completed"
+
+
+def test_a_failed_run_with_a_checkpoint_or_a_log_still_needs_resume(tmp_path):
+    """Only the record of a run that failed in its set-up is replaced by a new run."""
+    from contrastive.engine.run_state import write_run_state
+    from contrastive.engine.setup import check_fresh_output_dir
+
+    out = tmp_path / "run"
+    out.mkdir()
+    write_run_state(out, "failed", step=None, error="ValueError: x", resumable=False,
+                    checkpoint=None)
+    check_fresh_output_dir(out, "")  # set-up failure: nothing to lose
+    write_run_state(out, "failed", step=4, error="x", resumable=True,
+                    checkpoint="checkpoints/step_00000004")
+    with pytest.raises(FileExistsError, match="--resume auto"):
+        check_fresh_output_dir(out, "")
+    for state in ("completed", "stopped", "running"):
+        write_run_state(out, state, step=None, checkpoint=None)
+        with pytest.raises(FileExistsError, match="--resume auto"):
+            check_fresh_output_dir(out, "")
+    write_run_state(out, "failed", step=None, error="x", resumable=False, checkpoint=None)
+    (out / "metrics.jsonl").write_text("")
+    with pytest.raises(FileExistsError, match="--resume auto"):
+        check_fresh_output_dir(out, "")
