@@ -27,6 +27,7 @@ once per optimiser step, like the lr here.
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 from collections.abc import Sequence
 
@@ -136,8 +137,9 @@ def lr_at(step: int, *, steps_per_epoch: int, epochs: int, peak: float, schedule
 
 
 def warmup_warning(*, steps: int, steps_per_epoch: int, warmup_epochs: float,
-                   warmup_steps: int = 0) -> str | None:
-    """What is odd about the lr warm-up of a run whose budget is ``--steps``, or None.
+                   warmup_steps: int = 0) -> tuple[int, str] | None:
+    """``(logging level, message)`` on the lr warm-up of a run whose budget is ``--steps``, or
+    None: a WARNING when the warm-up fills the run, INFO when a warm-up in epochs fits.
 
     A recipe's warm-up is often in epochs (``--warmup-epochs 10``); a ``--steps`` budget keeps
     it, as :func:`lr_at` counts it (``warmup_steps + warmup_epochs x steps_per_epoch`` steps),
@@ -158,7 +160,7 @@ def warmup_warning(*, steps: int, steps_per_epoch: int, warmup_epochs: float,
     counted = f"lr warm-up of {warmup:g} steps ({' + '.join(parts)})"
     fix = "--warmup-epochs 0 --warmup-steps N" if warmup_epochs > 0 else "--warmup-steps N"
     if warmup >= steps:
-        return (f"{counted} >= --steps {steps}: the whole run is warm-up, the lr never reaches "
-                f"its peak; pass {fix} with N < {steps}")
-    return (f"{counted} with --steps {steps}: the warm-up is in epochs, "
-            f"{100 * warmup / steps:.3g}% of the run; to set it in steps pass {fix}")
+        return logging.WARNING, (f"{counted} >= --steps {steps}: the whole run is warm-up, the "
+                                 f"lr never reaches its peak; pass {fix} with N < {steps}")
+    return logging.INFO, (f"{counted} with --steps {steps}: the warm-up is in epochs, "
+                          f"{100 * warmup / steps:.3g}% of the run; to set it in steps pass {fix}")

@@ -294,7 +294,7 @@ class _Run:
                                         warmup_epochs=cfg.warmup_epochs,
                                         warmup_steps=cfg.warmup_steps)
             if odd_warmup is not None:  # e.g. a recipe's 10 warm-up epochs kept by --steps 100
-                logger.warning(odd_warmup)
+                logger.log(*odd_warmup)
         self.trackers.start(self.recipe, config,
                             self.state.step if self.resume_path is not None else None)
         if self.is_main:

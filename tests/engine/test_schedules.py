@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
@@ -115,26 +116,26 @@ def test_a_budget_in_steps_sets_the_cosine_length_and_warmups_add():
 def test_warmup_warning_names_the_numbers_and_matches_lr_at():
     """dino_vit_small --steps 100 keeps 10 warm-up epochs (of 1251 ImageNet steps at batch
     1024): the warning says the whole run is warm-up, as lr_at computes it."""
-    text = warmup_warning(steps=100, steps_per_epoch=1251, warmup_epochs=10)
-    assert text == ("lr warm-up of 12510 steps (--warmup-epochs 10 x 1251 steps/epoch) >= "
+    level, text = warmup_warning(steps=100, steps_per_epoch=1251, warmup_epochs=10)
+    assert level == logging.WARNING and text == ("lr warm-up of 12510 steps (--warmup-epochs 10 x 1251 steps/epoch) >= "
                     "--steps 100: the whole run is warm-up, the lr never reaches its peak; pass "
                     "--warmup-epochs 0 --warmup-steps N with N < 100")
     lrs = [lr_at(t, steps_per_epoch=1251, epochs=100, peak=1.0, warmup_epochs=10,
                  total_steps=100) for t in range(100)]
     assert max(lrs) == pytest.approx(99 / 12510)  # still rising at the last step
-    # a warm-up in epochs that fits: said, with its share of the run
-    assert warmup_warning(steps=1000, steps_per_epoch=195, warmup_epochs=2) == (
+    # a warm-up in epochs that fits: said (INFO), with its share of the run
+    assert warmup_warning(steps=1000, steps_per_epoch=195, warmup_epochs=2) == (logging.INFO,
         "lr warm-up of 390 steps (--warmup-epochs 2 x 195 steps/epoch) with --steps 1000: the "
         "warm-up is in epochs, 39% of the run; to set it in steps pass --warmup-epochs 0 "
         "--warmup-steps N")
     # both kinds add, as in lr_at
-    assert warmup_warning(steps=10, steps_per_epoch=4, warmup_epochs=2, warmup_steps=2) \
+    assert warmup_warning(steps=10, steps_per_epoch=4, warmup_epochs=2, warmup_steps=2)[1] \
         .startswith("lr warm-up of 10 steps (--warmup-steps 2 + --warmup-epochs 2 x 4 "
                     "steps/epoch) >= --steps 10")
     # in steps only: a warning exactly when the warm-up covers the run (lr_at's boundary)
     assert warmup_warning(steps=10, steps_per_epoch=4, warmup_epochs=0, warmup_steps=10) == (
-        "lr warm-up of 10 steps (--warmup-steps 10) >= --steps 10: the whole run is warm-up, "
-        "the lr never reaches its peak; pass --warmup-steps N with N < 10")
+        logging.WARNING, "lr warm-up of 10 steps (--warmup-steps 10) >= --steps 10: the whole "
+        "run is warm-up, the lr never reaches its peak; pass --warmup-steps N with N < 10")
     assert warmup_warning(steps=10, steps_per_epoch=4, warmup_epochs=0, warmup_steps=9) is None
     assert lr_at(9, steps_per_epoch=4, epochs=3, peak=1.0, warmup_steps=9,
                  total_steps=10) == pytest.approx(1.0)

@@ -139,7 +139,10 @@ def test_nonfinite_loss_skip_continues(tmp_path, fresh_accelerate, caplog):
                                      " >= --steps 2: the whole run is warm-up"),
     (dict(steps=2, warmup_steps=1), None),  # a warm-up in steps that fits: nothing to say
     (dict(warmup_epochs=1), None),  # a budget in epochs
-], ids=["epochs-cover-steps", "steps-fit", "epoch-budget"])
+    # a warm-up in epochs that fits --steps 8: an INFO line with its share, not a warning
+    (dict(steps=8, warmup_epochs=1), "lr warm-up of 4 steps (--warmup-epochs 1 x 4 "
+                                     "steps/epoch) with --steps 8: the warm-up is in epochs, 50%"),
+], ids=["epochs-cover-steps", "steps-fit", "epoch-budget", "epochs-fit"])
 def test_a_warmup_that_does_not_fit_steps_is_logged_once(tmp_path, fresh_accelerate, caplog,
                                                          kw, expected):
     caplog.set_level(logging.INFO)
@@ -148,7 +151,8 @@ def test_a_warmup_that_does_not_fit_steps_is_logged_once(tmp_path, fresh_acceler
     if expected is None:
         assert warnings == []
     else:
-        assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+        assert len(warnings) == 1 and warnings[0].levelno == (
+            logging.WARNING if "whole run" in expected else logging.INFO)
         assert warnings[0].getMessage().startswith(expected)
         assert warnings[0].name == "contrastive.engine.trainer"
 
