@@ -54,6 +54,8 @@ class IBOTCifar(CifarConfig):
     sync_bn: bool = help_field(False, "a ViT has no BatchNorm")
 
     out_dim: int = help_field(PRESET["out_dim"], "prototypes (one head for class and patches)")
+    hidden_dim: int = help_field(2048, "head hidden width (the code's 2048)")
+    bottleneck_dim: int = help_field(256, "head bottleneck (the code's 256)")
     momentum: float = help_field(PRESET["momentum"], "teacher EMA momentum at the start (-> 1)")
     teacher_temperature: float = help_field(PRESET["teacher_temperature"],
                                             "class-token teacher temperature after warm-up")
@@ -75,7 +77,8 @@ class IBOTCifar(CifarConfig):
 def build_method(cfg: IBOTCifar):
     spe = steps_per_epoch(cfg)
     kw = {k: v for k, v in PRESET.items() if k not in ("encoder", "encoder_kwargs")}
-    kw.update(out_dim=cfg.out_dim, momentum=cfg.momentum,
+    kw.update(out_dim=cfg.out_dim, hidden_dim=cfg.hidden_dim, bottleneck_dim=cfg.bottleneck_dim,
+              momentum=cfg.momentum,
               teacher_temperature=cfg.teacher_temperature,
               teacher_patch_temperature=cfg.teacher_patch_temperature,
               warmup_teacher_steps=cfg.warmup_teacher_epochs * spe, centering=cfg.centering,

@@ -53,6 +53,13 @@ def test_ibot_cifar_defaults_build_vit_tiny_with_64_tokens(rx):
     assert method.freeze_last_layer_steps == spe
     pipeline = mod.build_pipeline(cfg)
     assert len(pipeline.views) == 12 and pipeline.views[2].size == 16
+    # the code's head (2048 hidden, 256 bottleneck); --hidden-dim / --bottleneck-dim reach it
+    assert (method.head.mlp[0].out_features, method.head.last_layer.in_features) == (2048, 256)
+    small = mod.build_method(parse_config(mod.IBOTCifar, ["--data", "shapes:n=512",
+                                                         "--hidden-dim", "48",
+                                                         "--bottleneck-dim", "8"]))
+    assert (small.head.mlp[0].out_features, small.head.mlp[2].out_features,
+            small.head.last_layer.in_features) == (48, 48, 8)
 
 
 def test_ibot_in1k_defaults_are_the_papers(rx):
