@@ -65,14 +65,8 @@ class DINOViTSmall(TrainConfig):
     local_crops: int = help_field(8, "96-px local crops")
 
 
-def _steps_per_epoch(cfg) -> int:
-    from contrastive.data import get_dataset
-
-    return max(1, len(get_dataset(cfg.data, "train")) // cfg.batch_size)
-
-
 def build_method(cfg: DINOViTSmall):
-    spe = _steps_per_epoch(cfg)
+    spe = cfg.steps_per_epoch()
     return DINO(encoder=cfg.encoder, out_dim=cfg.out_dim, norm_last_layer=cfg.norm_last_layer,
                 momentum=cfg.momentum, teacher_temperature=cfg.teacher_temperature,
                 warmup_teacher_temperature=cfg.warmup_teacher_temperature,

@@ -33,13 +33,6 @@ from contrastive.methods import IBOT
 PRESET = IBOT.presets["dinov2_cifar"]
 
 
-def steps_per_epoch(cfg) -> int:
-    """Optimiser steps per epoch (warm-ups and the frozen last layer count in epochs)."""
-    from contrastive.data import get_dataset
-
-    return max(1, len(get_dataset(cfg.data, "train")) // cfg.batch_size)
-
-
 @dataclass
 class DINOv2Cifar(CifarConfig):
     """DINOv2's objective, CIFAR-10, ViT-Tiny with 4-px patches (no paper setting)."""
@@ -78,7 +71,7 @@ class DINOv2Cifar(CifarConfig):
 
 
 def build_method(cfg: DINOv2Cifar):
-    spe = steps_per_epoch(cfg)
+    spe = cfg.steps_per_epoch()
     kw = {k: v for k, v in PRESET.items() if k not in ("encoder", "encoder_kwargs")}
     kw.update(out_dim=cfg.out_dim, momentum=cfg.momentum,
               teacher_temperature=cfg.teacher_temperature,

@@ -30,13 +30,6 @@ from contrastive.methods import IBOT
 PRESET = IBOT.presets["cifar"]
 
 
-def steps_per_epoch(cfg) -> int:
-    """Optimiser steps per epoch (the codes count warm-ups and frozen layers in epochs)."""
-    from contrastive.data import get_dataset
-
-    return max(1, len(get_dataset(cfg.data, "train")) // cfg.batch_size)
-
-
 @dataclass
 class IBOTCifar(CifarConfig):
     """iBOT, CIFAR-10, ViT-Tiny with 4-px patches."""
@@ -75,7 +68,7 @@ class IBOTCifar(CifarConfig):
 
 
 def build_method(cfg: IBOTCifar):
-    spe = steps_per_epoch(cfg)
+    spe = cfg.steps_per_epoch()
     kw = {k: v for k, v in PRESET.items() if k not in ("encoder", "encoder_kwargs")}
     kw.update(out_dim=cfg.out_dim, hidden_dim=cfg.hidden_dim, bottleneck_dim=cfg.bottleneck_dim,
               momentum=cfg.momentum,

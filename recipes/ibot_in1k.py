@@ -32,13 +32,6 @@ from contrastive.methods import IBOT
 PRESET = IBOT.presets["vit_small"]
 
 
-def steps_per_epoch(cfg) -> int:
-    """Optimiser steps per epoch (the code counts warm-ups and frozen layers in epochs)."""
-    from contrastive.data import get_dataset
-
-    return max(1, len(get_dataset(cfg.data, "train")) // cfg.batch_size)
-
-
 @dataclass
 class IBOTImageNet(TrainConfig):
     """iBOT, ViT-S/16, ImageNet-1k (ICLR 2022; bytedance/ibot)."""
@@ -71,7 +64,7 @@ class IBOTImageNet(TrainConfig):
 
 
 def build_method(cfg: IBOTImageNet):
-    spe = steps_per_epoch(cfg)
+    spe = cfg.steps_per_epoch()
     kw = {k: v for k, v in PRESET.items() if k not in ("encoder", "encoder_kwargs")}
     kw.update(out_dim=cfg.out_dim, momentum=cfg.momentum,
               teacher_temperature=cfg.teacher_temperature,

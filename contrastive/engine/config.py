@@ -284,6 +284,15 @@ class TrainConfig(RunConfig):
         so that evaluation rebuilds the same architecture."""
         return parse_json_object("encoder_kwargs", self.encoder_kwargs)
 
+    def steps_per_epoch(self) -> int:
+        """Optimiser steps in one pass over the training split at the global batch (the last
+        partial batch dropped): what a recipe multiplies a paper's epochs by (teacher warm-ups,
+        frozen layers) when the method counts in steps. Reads the data set's index."""
+        from contrastive.data import get_dataset
+
+        train: Any = get_dataset(self.data, "train")  # a map-style data set: it has a length
+        return max(1, len(train) // self.batch_size)
+
     def validate(self) -> None:
         """The checks of every run, and the image fields'."""
         super().validate()

@@ -102,7 +102,7 @@ def test_stateful_family_members_resume_bit_exactly(name, tmp_path, rx):
 
 def test_dino_vit_recipe_declares_the_official_schedules(rx, monkeypatch):
     mod = rx.load_recipe("dino_vit_small")
-    monkeypatch.setattr(mod, "_steps_per_epoch", lambda cfg: 10)
+    monkeypatch.setattr(mod.DINOViTSmall, "steps_per_epoch", lambda cfg: 10)
     cfg = parse_config(mod.DINOViTSmall, ["--data", "shapes", "--encoder", "small_cnn",
                                           "--encoder-kwargs", "{}", "--out-dim", "32", "--warmup-teacher-epochs", "3",
                                           "--teacher-temperature", "0.07"])

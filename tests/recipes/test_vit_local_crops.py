@@ -29,7 +29,7 @@ def _dino_step(mod, *args: str) -> torch.Tensor:
 
 def test_dino_vit_small_takes_its_96px_local_crops(rx, monkeypatch):
     mod = rx.load_recipe("dino_vit_small")
-    monkeypatch.setattr(mod, "_steps_per_epoch", lambda cfg: 10)  # no dataset read
+    monkeypatch.setattr(mod.DINOViTSmall, "steps_per_epoch", lambda cfg: 10)  # no dataset read
     loss = _dino_step(mod)
     assert torch.isfinite(loss)
     with pytest.raises(AssertionError, match="doesn't match model"):
