@@ -45,6 +45,7 @@ import argparse
 import functools
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -245,7 +246,14 @@ def _execute(run: Run, root: Path, threads: int) -> dict[str, Any]:
             return timing
         (root / "commands.txt").open("a").write(" ".join(cmd) + "\n")
     (folder / "dev.json").write_text(json.dumps(score_on_dev(run, root), indent=1))
+    prune_checkpoints(folder)
     return timing
+
+
+def prune_checkpoints(folder: Path) -> None:
+    """Delete a finished run's resume checkpoints (~500 MB each for MiniLM students, 60 runs
+    would fill a disk); its ``model/`` folder, results and logs stay."""
+    shutil.rmtree(folder / "checkpoints", ignore_errors=True)
 
 
 def run_phase(root: Path, phase: str | None, workers: int, threads: int) -> None:

@@ -194,3 +194,16 @@ def test_a_run_is_claimed_by_one_driver_and_a_dead_drivers_claim_is_taken_over(d
     assert driver._claim(lock) and lock.read_text() == str(os.getpid())
     teacherless = driver.student_run("mrpc", "ce", 1e-4, 0, tmp_path)
     assert driver.execute(teacherless, tmp_path, 1) == {"skipped": "its teacher is not trained yet"}
+
+
+def test_a_finished_runs_checkpoints_are_pruned_and_its_model_kept(driver, tmp_path: Path) -> None:
+    run = tmp_path / "student"
+    for rel in ("checkpoints/step_10/model.safetensors", "model/model.safetensors",
+                "results.json", "dev.json"):
+        (run / rel).parent.mkdir(parents=True, exist_ok=True)
+        (run / rel).write_text("x")
+    driver.prune_checkpoints(run)
+    assert not (run / "checkpoints").exists()
+    assert all((run / rel).is_file() for rel in ("model/model.safetensors", "results.json",
+                                                  "dev.json"))
+    driver.prune_checkpoints(run)  # twice: nothing left to delete is no error
