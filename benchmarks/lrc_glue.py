@@ -10,7 +10,8 @@ table itself.
 Runs live in ``--root`` (default ``runs/lrc_glue``, outside git); each is a run folder of
 ``recipes/bert_finetune.py`` or ``recipes/lrc_bert.py`` started with ``--resume auto``, so a
 killed driver (or a session's end) loses at most one checkpoint interval: start ``run`` again.
-A run is done when its ``results.json`` and this script's ``dev.json`` exist.
+A run is done when its ``run_state.json`` says completed and this script's ``dev.json`` exists;
+its resume checkpoints are then deleted (``model/`` stays).
 
 The design (the issue's phase 1, at CPU scale):
 - data: MRPC and CoLA whole, SST-2 a stratified 10,000 of its training rows; from each training
@@ -101,8 +102,16 @@ class Run:
         return root / self.name
 
     def done(self, root: Path) -> bool:
-        f = self.folder(root)
-        return (f / "results.json").is_file() and (f / "dev.json").is_file()
+        return trained(self.folder(root)) and (self.folder(root) / "dev.json").is_file()
+
+
+def trained(folder: Path) -> bool:
+    """The run trained to its end (``run_state.json`` says completed): an interrupted run also
+    leaves ``results.json`` and ``model/`` (its weights at the stop), so they do not tell."""
+    from contrastive.engine.run_state import read_run_state
+
+    state = read_run_state(folder)
+    return state is not None and state.get("state") == "completed"
 
 
 def _split_flags(task: str) -> tuple[str, ...]:
@@ -132,7 +141,7 @@ def student_run(task: str, variant: str, lr: float, seed: int, root: Path, *,
 
 def held_out_score(run: Run, root: Path) -> float | None:
     f = run.folder(root) / "results.json"
-    if not f.is_file():
+    if not trained(run.folder(root)):
         return None
     return float(json.loads(f.read_text())["held_out"]["glue_score"])
 
@@ -210,7 +219,7 @@ def execute(run: Run, root: Path, threads: int) -> dict[str, Any]:
     """Train (or resume) one run in a child process, then score it on dev; returns its timing,
     or ``{"skipped": why}`` when its teacher is not trained yet or another driver holds it."""
     teacher = Path(run.args[run.args.index("--teacher") + 1]) if "--teacher" in run.args else None
-    if teacher is not None and not (teacher.parent / "results.json").is_file():
+    if teacher is not None and not trained(teacher.parent):
         return {"skipped": "its teacher is not trained yet"}
     root.mkdir(parents=True, exist_ok=True)
     lock = root / f"{run.name}.lock"
@@ -230,7 +239,8 @@ def _execute(run: Run, root: Path, threads: int) -> dict[str, Any]:
                TOKENIZERS_PARALLELISM="false")
     folder.parent.mkdir(parents=True, exist_ok=True)
     timing: dict[str, Any] = {}
-    if not (folder / "results.json").is_file():
+    if not trained(folder):
+        (folder / "dev.json").unlink(missing_ok=True)  # scored from an interrupted run's model
         start = time.time()
         with open(root / f"{run.name}.log", "a") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
@@ -242,7 +252,7 @@ def _execute(run: Run, root: Path, threads: int) -> dict[str, Any]:
         times = folder / "timing.json"
         old = json.loads(times.read_text()) if times.is_file() else []
         times.write_text(json.dumps(old + [timing], indent=1))
-        if proc.returncode != 0:
+        if proc.returncode != 0 or not trained(folder):
             return timing
         (root / "commands.txt").open("a").write(" ".join(cmd) + "\n")
     (folder / "dev.json").write_text(json.dumps(score_on_dev(run, root), indent=1))

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from contrastive.engine.run_state import write_run_state
+
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
@@ -40,6 +42,7 @@ def driver(shared_data: Path) -> Any:
 def _fake_result(folder: Path, held_out: float, dev: float | None = None) -> None:
     folder.mkdir(parents=True)
     (folder / "results.json").write_text(json.dumps({"held_out": {"glue_score": held_out}}))
+    write_run_state(folder, "completed", step=10, reason="epochs")
     if dev is not None:
         (folder / "dev.json").write_text(json.dumps({"score": dev}))
 
@@ -207,3 +210,18 @@ def test_a_finished_runs_checkpoints_are_pruned_and_its_model_kept(driver, tmp_p
     assert all((run / rel).is_file() for rel in ("model/model.safetensors", "results.json",
                                                   "dev.json"))
     driver.prune_checkpoints(run)  # twice: nothing left to delete is no error
+
+
+def test_an_interrupted_run_is_not_done_though_it_left_results(driver, tmp_path: Path) -> None:
+    """A stopped run also writes ``model/`` and ``results.json`` (held-out null): only
+    ``run_state.json`` completed (and the driver's dev score) make it done."""
+    run = driver.student_run("cola", "lrc", 1e-4, 0, tmp_path)
+    folder = run.folder(tmp_path)
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps({"task": "cola", "held_out": None}))
+    (folder / "dev.json").write_text(json.dumps({"mcc": 0.0, "score": 0.0}))
+    write_run_state(folder, "stopped", step=78, reason="SIGTERM")
+    assert not run.done(tmp_path) and driver.held_out_score(run, tmp_path) is None
+    (folder / "results.json").write_text(json.dumps({"held_out": {"glue_score": 41.5}}))
+    write_run_state(folder, "completed", step=1443, reason="epochs")
+    assert run.done(tmp_path) and driver.held_out_score(run, tmp_path) == 41.5
