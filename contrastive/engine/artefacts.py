@@ -47,6 +47,8 @@ __all__ = ["Artefacts", "EncoderArtefacts", "ClipArtefacts", "SentenceModelArtef
 
 
 class Artefacts(Protocol):
+    what: str  # what main_file holds, for the run's end line ("encoder weights in PATH")
+
     def write(self, out: Path, cfg: Any, module: nn.Module, recipe: str, step: int) -> Path: ...
 
     def step_of(self, out: Path) -> int | None: ...
@@ -77,6 +79,8 @@ def encoder_step(out: Path) -> int | None:
 class EncoderArtefacts:
     """``encoder.pt`` with ``pipeline``'s normalisation."""
 
+    what = "encoder weights"
+
     def __init__(self, pipeline: Any) -> None:
         self.pipeline = pipeline
 
@@ -95,6 +99,8 @@ class ClipArtefacts:
     """``clip.pt`` + ``tokenizer/`` and the image tower's ``encoder.pt``. ``adapter``: the
     :class:`~contrastive.engine.adapters.ImageTextAdapter` (its tokenizer, pipeline and the
     recipe's model configuration)."""
+
+    what = "the CLIP model (its image tower also in encoder.pt)"
 
     def __init__(self, adapter: Any) -> None:
         self.adapter = adapter
@@ -125,6 +131,8 @@ class SentenceModelArtefacts:
     ``simcse_to_huggingface.py``) with the training tokenizer. ``adapter``: the
     :class:`~contrastive.engine.adapters.TextAdapter` (its tokenizer)."""
 
+    what = "the sentence model's settings (weights and tokenizer beside them)"
+
     def __init__(self, adapter: Any) -> None:
         self.adapter = adapter
 
@@ -153,6 +161,8 @@ class ClassifierArtefacts:
     ``results.json``: ``{"task", "step", "dev"}`` (the GLUE evaluator's latest metrics; the end
     ones for a finished run) plus ``teacher_dev`` for a distilled student. ``adapter``: the
     :class:`~contrastive.engine.adapters.LabelledTextAdapter` (task, tokenizer, evaluator)."""
+
+    what = "the classifier's settings (weights and tokenizer beside them)"
 
     def __init__(self, adapter: Any) -> None:
         self.adapter = adapter

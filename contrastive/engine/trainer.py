@@ -508,8 +508,8 @@ class _Run:
         if self.is_main:
             result.encoder_path = self.adapter.artefacts.write(out, self.cfg, self.m.module,
                                                                self.recipe, state.step)
-            logger.info("%s at step %d: encoder weights in %s", status, state.step,
-                        result.encoder_path)
+            logger.info("%s at step %d: %s in %s", status, state.step,
+                        self.adapter.artefacts.what, result.encoder_path)
             if status == "interrupted":
                 write_run_state(out, "stopped", step=state.step, last_step=self.data.last_step,
                                 reason=result.stop_reason, resumable=True,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -91,13 +92,16 @@ def test_defaults_are_the_papers() -> None:
         pytest.approx(0.3)
 
 
-def test_finetune_then_distil(tmp_path: Path, teacher: Path) -> None:
+def test_finetune_then_distil(tmp_path: Path, teacher: Path, caplog) -> None:
     """model/ (safetensors + JSON + tokenizer) is the trained model: its dev metric equals the
     evaluator's in results.json and metrics.jsonl; the student's stages follow the schedule."""
     out = tmp_path / "s"
-    res = run("lrc_bert", [*COMMON, *STUDENT, "--teacher", str(teacher / "model"), "--steps",
-                           "5"], out)
+    with caplog.at_level(logging.INFO, logger="contrastive.engine.trainer"):
+        res = run("lrc_bert", [*COMMON, *STUDENT, "--teacher", str(teacher / "model"),
+                               "--steps", "5"], out)
     assert res.status == "completed" and res.step == 5
+    assert ("completed at step 5: the classifier's settings (weights and tokenizer beside them) "
+            f"in {out / 'model' / 'classifier.json'}") in caplog.text
     tok, task = generated_tokenizer(), load_task("generated", n_train=64, n_dev=32)
     for folder in (teacher, out):
         result = json.loads((folder / "results.json").read_text())
