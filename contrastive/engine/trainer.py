@@ -295,6 +295,13 @@ class _Run:
                                         warmup_steps=cfg.warmup_steps)
             if odd_warmup is not None:  # e.g. a recipe's 10 warm-up epochs kept by --steps 100
                 logger.log(*odd_warmup)
+            spans = getattr(self.m.module, "step_spans", None)  # a Method's; none otherwise
+            for name, span in (spans() if callable(spans) else {}).items():
+                if span >= data.total_steps:
+                    logger.warning("the method's %s %d >= the run's %d steps: it covers the "
+                                   "whole run (a recipe's epochs x %d steps/epoch?); lower the "
+                                   "recipe's flag for it", name, span, data.total_steps,
+                                   data.steps_per_epoch)
         self.trackers.start(self.recipe, config,
                             self.state.step if self.resume_path is not None else None)
         if self.is_main:

@@ -106,6 +106,12 @@ class Method(nn.Module):
         """Groups the optimiser treats apart; parameters in none of them form the default group."""
         return []
 
+    def step_spans(self) -> dict[str, int]:
+        """Settings counted in optimiser steps from the start (a teacher warm-up, a frozen
+        layer): name -> steps. The trainer warns when one covers the whole run, as a recipe's
+        epochs turned into steps do under a short ``--steps``; none by default."""
+        return {}
+
     def after_optimizer_step(self) -> None:
         """Called by the training loop after every optimiser step (not after accumulation
         micro-batches), e.g. CLIP's clamp of its logit scale; nothing by default."""

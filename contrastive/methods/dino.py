@@ -91,6 +91,13 @@ def teacher_schedules(base_momentum: float,
     return out
 
 
+def teacher_step_spans(method: Any) -> dict[str, int]:
+    """DINO's and iBOT's settings in steps (:meth:`Method.step_spans`): the teacher
+    temperature's warm-up and the frozen last layer."""
+    return {"warmup_teacher_steps": int(method.teacher_temperatures[2]),
+            "freeze_last_layer_steps": int(method.freeze_last_layer_steps)}
+
+
 def last_layer_groups(heads: Sequence[DINOHead], frozen_steps: int) -> list[ParamGroup]:
     """The heads' last layers as one group frozen for the first ``frozen_steps`` (DINO's
     ``freeze_last_layer``); none when 0."""
@@ -172,6 +179,9 @@ class DINO(Method):
 
     def param_groups(self) -> list[ParamGroup]:
         return last_layer_groups([self.head], self.freeze_last_layer_steps)
+
+    def step_spans(self) -> dict[str, int]:
+        return teacher_step_spans(self)
 
     def forward(self, batch: Mapping[str, Any]) -> dict[str, Tensor]:
         views = views_of(batch, "DINO", min_n=self.num_global)

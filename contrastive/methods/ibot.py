@@ -64,7 +64,12 @@ from contrastive.losses.clustering import dino, dino_center, sinkhorn_knopp
 from contrastive.losses.dinov2 import ibot_patch, koleo
 from contrastive.methods._common import check_layer_decay, vit_layer_groups, width
 from contrastive.methods.base import Method, ParamGroup, Schedule, read, views_of
-from contrastive.methods.dino import DINOHead, last_layer_groups, teacher_schedules
+from contrastive.methods.dino import (
+    DINOHead,
+    last_layer_groups,
+    teacher_schedules,
+    teacher_step_spans,
+)
 from contrastive.methods.registry import register_method
 from contrastive.nn import MomentumEncoder, resolve_encoder
 from contrastive.nn.masked_vit import check_vit, masked_tokens
@@ -270,6 +275,9 @@ class IBOT(Method):
             self.base_momentum, {"teacher_temperature": self.teacher_temperatures,
                                  "teacher_patch_temperature": self.teacher_patch_temperatures},
             self.weight_decays)
+
+    def step_spans(self) -> dict[str, int]:
+        return teacher_step_spans(self)
 
     def param_groups(self) -> list[ParamGroup]:
         """DINOv2's layer-wise lr groups of the student ViT and its mask token (none at

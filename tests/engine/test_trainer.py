@@ -157,6 +157,21 @@ def test_a_warmup_that_does_not_fit_steps_is_logged_once(tmp_path, fresh_acceler
         assert warnings[0].name == "contrastive.engine.trainer"
 
 
+def test_a_method_span_covering_the_run_is_warned_once(tmp_path, fresh_accelerate, caplog,
+                                                      monkeypatch):
+    """A Method's settings in steps (DINO's teacher warm-up, frozen last layer): the one that
+    covers the whole run (8 steps) is warned about, the one that fits is not."""
+    monkeypatch.setattr(_Toy, "step_spans", lambda self: {"warmup_teacher_steps": 8,
+                                                          "freeze_last_layer_steps": 7},
+                        raising=False)
+    caplog.set_level(logging.INFO)
+    _train(tmp_path)
+    spans = [r for r in caplog.records if "covers the whole run" in r.getMessage()]
+    assert [r.levelno for r in spans] == [logging.WARNING]
+    assert spans[0].getMessage().startswith("the method's warmup_teacher_steps 8 >= the run's 8 "
+                                            "steps")
+
+
 def test_accumulation_with_in_batch_negatives_is_refused_in_one_line(tmp_path, fresh_accelerate,
                                                                      capsys):
     argv = ["--output-dir", str(tmp_path / "run"), "--grad-accum-steps", "2", "--max-steps", "1"]

@@ -345,6 +345,7 @@ def test_no_layer_decay_keeps_the_groups_as_before():
 
     method = build(encoder_kwargs=DEEP, freeze_last_layer_steps=3)
     assert method.param_groups() == last_layer_groups([method.head], 3)
+    assert method.step_spans()["freeze_last_layer_steps"] == 3
     ours = param_groups(method, 0.04)
     method.param_groups = lambda: last_layer_groups([method.head], 3)  # type: ignore[method-assign]
     before = param_groups(method, 0.04)
