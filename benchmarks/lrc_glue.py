@@ -328,6 +328,19 @@ def training_end(folder: Path) -> dict[str, float] | None:
     return {"accuracy": rows[-1]["accuracy"], "loss_hard": rows[-1]["loss_hard"]}
 
 
+def train_seconds(folder: Path) -> float | None:
+    """A run's training time from its log: the median seconds per step over the logged
+    windows x its last step. ``timing.json`` misses the processes a session's end killed (their
+    driver died with them), and a window spanning a stop is an outlier the median ignores."""
+    if not (folder / "metrics.jsonl").is_file():
+        return None
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()
+            if '"time"' in line and '"loss"' in line]
+    rates = [(b["time"] - a["time"]) / (b["step"] - a["step"])
+             for a, b in zip(rows, rows[1:]) if b["step"] > a["step"]]
+    return statistics.median(rates) * rows[-1]["step"] if rates else None
+
+
 def collect(root: Path) -> dict[str, Any]:
     """Every finished run's dev and held-out scores, grouped as the table shows them."""
     out: dict[str, Any] = {"tasks": {}, "runs": {}}
@@ -340,6 +353,7 @@ def collect(root: Path) -> dict[str, Any]:
                                  "held_out": held_out_score(run, root),
                                  "cpu_s": sum(t["cpu_s"] for t in times),
                                  "wall_s": sum(t["wall_s"] for t in times),
+                                 "train_s": train_seconds(f),
                                  "train_end": training_end(f)}
     for task in TASKS:
         rows: dict[str, Any] = {}
@@ -385,23 +399,25 @@ def table(root: Path, out_file: Path) -> str:
     lines.append("")
     for phase in ("teachers", "lr", "why", "main", "control"):
         done = [r.name for r in runs if r.phase == phase and r.name in data["runs"]]
-        cpu = sum(data["runs"][n]["cpu_s"] for n in done)
+        train = sum(data["runs"][n]["train_s"] or data["runs"][n]["cpu_s"] for n in done)
         lines.append(f"- {phase}: {len(done)} of {sum(r.phase == phase for r in runs)} runs "
-                     f"done, {cpu / 3600:.2f} CPU hours")
+                     f"done, {train / 3600:.2f} wall hours of training (1 thread each, the machine "
+                     "shared)")
     lines.append("")
     lines.append("A student that predicts one class ends training at the majority share and the "
                  "label entropy: " + "; ".join(
                      f"{TASKS[t]} {100 * data['tasks'][t]['prior']['majority']:.1f} % / "
                      f"{data['tasks'][t]['prior']['entropy']:.3f} nats" for t in TASKS) + ".")
     lines.append("")
-    lines.append("| run | held-out | dev | last training window: accuracy / hard CE | CPU s |")
-    lines.append("|---|---|---|---|---|")
+    lines.append("| run | held-out | dev | last training window: accuracy / hard CE | "
+                 "train wall s (median s/step x steps) | CPU s recorded |")
+    lines.append("|---|---|---|---|---|---|")
     for name, r in data["runs"].items():
         held = "-" if r["held_out"] is None else f"{100 * r['held_out']:.1f}"
         end = r.get("train_end")
         fit = "-" if not end else f"{end['accuracy']:.1f} / {end['loss_hard']:.3f}"
         lines.append(f"| {name} | {held} | {100 * r['dev']['score']:.1f} | {fit} | "
-                     f"{r['cpu_s']:.0f} |")
+                     f"{r['train_s'] or 0:.0f} | {r['cpu_s']:.0f} |")
     return "\n".join(lines)
 
 

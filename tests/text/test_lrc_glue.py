@@ -225,3 +225,13 @@ def test_an_interrupted_run_is_not_done_though_it_left_results(driver, tmp_path:
     (folder / "results.json").write_text(json.dumps({"held_out": {"glue_score": 41.5}}))
     write_run_state(folder, "completed", step=1443, reason="epochs")
     assert run.done(tmp_path) and driver.held_out_score(run, tmp_path) == 41.5
+
+
+def test_training_time_is_read_from_the_log_across_a_stop(driver, tmp_path: Path) -> None:
+    """2 s per step in every window but the one spanning a stop (1000 s): median x last step."""
+    times = {50: 100.0, 100: 200.0, 150: 300.0, 200: 1300.0, 250: 1400.0, 300: 1500.0}
+    (tmp_path / "metrics.jsonl").write_text("\n".join(
+        json.dumps({"step": s, "loss": 0.5, "time": t}) for s, t in times.items()) + "\n"
+        + json.dumps({"step": 300, "glue_score": 0.1}) + "\n")
+    assert driver.train_seconds(tmp_path) == pytest.approx(2.0 * 300)
+    assert driver.train_seconds(tmp_path / "absent") is None
