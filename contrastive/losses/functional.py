@@ -531,6 +531,24 @@ def _check_scalar(fn: str, name: str, value: float | Tensor, positive: bool, hin
         raise ValueError(f"{fn}: `{name}` must be {need} ({hint}), got {value!r}")
 
 
+def _check_siglip(image: Tensor, text: Tensor, scale: float | Tensor, bias: float | Tensor,
+                  positives: bool, reduction: str) -> None:
+    """:func:`siglip`'s argument checks (one-line ``ValueError`` s naming ``siglip``)."""
+    fn = "siglip"
+    check_reduction(fn, reduction)
+    _check_scalar(fn, "scale", scale, True, "t = exp(t'), 10 at the paper's init")
+    _check_scalar(fn, "bias", bias, False, "-10 at the paper's init")
+    _check_float(fn, "image", image, 2, "(N, D)")
+    _check_float(fn, "text", text, 2, "(M, D)")
+    n, d = image.shape
+    if n == 0 or text.shape[1] != d or (positives and text.shape[0] != n):
+        need = "(N, D), the shape of `image`" if positives else "(M, D) with the D of `image`"
+        raise ValueError(
+            f"{fn}: `image` must be a non-empty (N, D) and `text` {need}; "
+            f"got image {_shape(image)} and text {_shape(text)}"
+        )
+
+
 def siglip(
     image: Tensor,
     text: Tensor,
@@ -580,19 +598,8 @@ def siglip(
         A scalar (mean over the N images of their row sums), or with ``reduction="none"`` the
         (N,) row sums ``-sum_j log sigma(z_ij (t x_i . y_j + b))``.
     """
-    fn = "siglip"
-    check_reduction(fn, reduction)
-    _check_scalar(fn, "scale", scale, True, "t = exp(t'), 10 at the paper's init")
-    _check_scalar(fn, "bias", bias, False, "-10 at the paper's init")
-    _check_float(fn, "image", image, 2, "(N, D)")
-    _check_float(fn, "text", text, 2, "(M, D)")
-    n, d = image.shape
-    if n == 0 or text.shape[1] != d or (positives and text.shape[0] != n):
-        need = "(N, D), the shape of `image`" if positives else "(M, D) with the D of `image`"
-        raise ValueError(
-            f"{fn}: `image` must be a non-empty (N, D) and `text` {need}; "
-            f"got image {_shape(image)} and text {_shape(text)}"
-        )
+    _check_siglip(image, text, scale, bias, positives, reduction)
+    n = image.shape[0]
     with _full_precision(image.device):
         dtype = _math_dtype(image, text)
         x = _embed(image, dtype, normalize)
@@ -656,15 +663,26 @@ def siglip_ring(
     gradients equal the one-process loss on the whole batch (all processes need the same N).
     Without a process group it is :func:`siglip` itself. Arguments as :func:`siglip`; with
     ``reduction="none"`` the (N,) row sums over the whole global batch of texts.
+
+    With ``normalize=True`` each process normalises its images and texts once, before the
+    exchange, and the ring passes the unit texts (in the loss's float32 / float64): the loss of
+    normalising every chunk on arrival, its gradients up to rounding (one normalisation's
+    backward of the summed gradient instead of a sum of W), W - 1 fewer normalisations.
     """
-    loss = siglip(image, text, scale=scale, bias=bias, normalize=normalize, reduction=reduction)
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return loss
+        return siglip(image, text, scale=scale, bias=bias, normalize=normalize,
+                      reduction=reduction)
+    if normalize:
+        _check_siglip(image, text, scale, bias, True, reduction)  # before casting the inputs
+        with _full_precision(image.device):
+            dtype = _math_dtype(image, text)
+            image, text = _embed(image, dtype, True), _embed(text, dtype, True)
+    loss = siglip(image, text, scale=scale, bias=bias, normalize=False, reduction=reduction)
     chunk = text
     for _ in range(dist.get_world_size() - 1):
         chunk = _ring_shift(chunk)
         loss = loss + siglip(
-            image, chunk, scale=scale, bias=bias, normalize=normalize, positives=False,
+            image, chunk, scale=scale, bias=bias, normalize=False, positives=False,
             reduction=reduction,
         )
     return loss

@@ -6,12 +6,12 @@ the two-view family without (or with other) negatives: ``BYOL``, ``SimSiam``, ``
 ``NNCLR``, ``BarlowTwins``, ``VICReg``; multi-crop clustering and self-distillation: ``SwAV``,
 ``DINO``, ``IBOT`` (iBOT / DINOv2: DINO plus masked-patch distillation and KoLeo, a timm
 ViT); masked image modelling: ``MAE`` (one view, a timm ViT); mutual information:
-``DeepInfoMax``; image-text: ``CLIP`` (reads ``input_ids`` and
-``attention_mask`` besides the image); sentence embeddings: ``SimCSE`` (reads ``input_ids`` and
-``attention_mask``); labelled text: ``TextClassifier`` (an encoder fine-tuned with a prediction
-layer: the LRC-BERT teacher, the cross-entropy student) and ``LRCBert`` (contrastive
-distillation of such a teacher into a small student); both read ``input_ids``,
-``attention_mask``, ``token_type_ids`` and ``labels``.
+``DeepInfoMax``; image-text: ``CLIP`` and ``SigLIP``, siblings on one ``DualEncoder`` (the
+two towers; both read ``input_ids`` and ``attention_mask`` besides the image); sentence
+embeddings: ``SimCSE`` (reads ``input_ids`` and ``attention_mask``); labelled text:
+``TextClassifier`` (an encoder fine-tuned with a prediction layer: the LRC-BERT teacher, the
+cross-entropy student) and ``LRCBert`` (contrastive distillation of such a teacher into a small
+student); both read ``input_ids``, ``attention_mask``, ``token_type_ids`` and ``labels``.
 
 The contract (every method; the training engine relies on nothing else)
 -----------------------------------------------------------------------
@@ -76,6 +76,7 @@ from contrastive.methods.dclw import DCLW
 from contrastive.methods.deep_infomax import DeepInfoMax
 from contrastive.methods.dino import DINO
 from contrastive.methods.distill import Distiller
+from contrastive.methods.dual_encoder import DualEncoder
 from contrastive.methods.ibot import IBOT
 from contrastive.methods.lrc_bert import LRCBert
 from contrastive.methods.mae import MAE
@@ -107,6 +108,7 @@ __all__ = [
     "DINO",
     "DeepInfoMax",
     "Distiller",
+    "DualEncoder",
     "IBOT",
     "LRCBert",
     "MAE",

@@ -1,8 +1,9 @@
 """SigLIP: image-text pre-training with the pairwise sigmoid loss.
 
 Zhai, Mustafa, Kolesnikov, Beyer, "Sigmoid Loss for Language Image Pre-Training", ICCV 2023
-(arXiv 2303.15343), Algorithm 1 and sec. 3.3. CLIP's two towers, data, evaluation and recipe
-conventions (:class:`contrastive.methods.CLIP`); only the loss differs::
+(arXiv 2303.15343), Algorithm 1 and sec. 3.3. CLIP's two towers
+(:class:`~contrastive.methods.dual_encoder.DualEncoder`, CLIP's base too), data, evaluation and
+recipe conventions; only the loss differs (CLIP's softmax scale and its clamp are not here)::
 
     x = normalize(image_proj(image_encoder(image)))          # N x D, local
     y = normalize(text_proj(text_encoder(tokens)))           # N x D, local
@@ -17,7 +18,7 @@ conventions (:class:`contrastive.methods.CLIP`); only the loss differs::
   ``models/proj/image_text/two_towers.py`` learns t' with ``t = exp(t')`` from
   ``log(temperature_init)``; its public ``siglip_lit_coco.py`` example, a LiT fine-tune, sets
   ``temperature_init = 10`` but ``bias_init = -2.71``), no clamp (the paper states none; see
-  SigLIPLoss), no weight decay (CLIP's :meth:`param_groups`: ``ndim < 2``).
+  SigLIPLoss), no weight decay (the towers' :meth:`param_groups`: ``ndim < 2``).
 - The paper's training settings belong to its recipe, not to this module: ScalingViT-Adafactor
   by default (sec. 4), beta2 0.95 for Adam and Adafactor (sec. 4.7), batch 32k (sec. 4.2, 4.6).
   Its learning rate and weight decay for SigLIP from scratch were not found in the text read
@@ -39,19 +40,18 @@ from torch import Tensor, nn
 from contrastive.losses import get_loss
 from contrastive.losses.modules import SigLIPLoss
 from contrastive.methods._common import in_batch_metrics
-from contrastive.methods.base import Method
-from contrastive.methods.clip import CLIP
+from contrastive.methods.dual_encoder import DualEncoder
 from contrastive.methods.registry import register_method
 
 __all__ = ["SigLIP"]
 
 
 @register_method("siglip")
-class SigLIP(CLIP):
-    """SigLIP with CLIP's towers (see :class:`CLIP` for the encoders and the batch keys).
+class SigLIP(DualEncoder):
+    """SigLIP with CLIP's towers (see :class:`DualEncoder` for the encoders and the batch keys).
 
     Args:
-        encoder, text_encoder, dim, encoder_kwargs, text_kwargs: as :class:`CLIP`.
+        encoder, text_encoder, dim, encoder_kwargs, text_kwargs: the towers (:class:`DualEncoder`).
         scale_init: t = exp(t') at init (10, the paper's).
         bias_init: b at init (-10, the paper's).
     """
@@ -67,16 +67,9 @@ class SigLIP(CLIP):
                  scale_init: float = 10.0, bias_init: float = -10.0,
                  encoder_kwargs: dict[str, Any] | None = None,
                  text_kwargs: dict[str, Any] | None = None) -> None:
-        Method.__init__(self)  # CLIP's towers without its softmax logit scale
-        self._build_towers(encoder, text_encoder, dim, encoder_kwargs, text_kwargs)
+        super().__init__(encoder, text_encoder, dim, encoder_kwargs, text_kwargs)
         self.criterion = cast(SigLIPLoss, get_loss("siglip", scale_init=scale_init,
                                                    bias_init=bias_init, normalize=False))
-
-    def clamp_logit_scale(self) -> None:
-        """Nothing: SigLIP's scale is not clamped (see the module docstring)."""
-
-    def after_optimizer_step(self) -> None:
-        """Nothing after a step (CLIP clamps its scale here)."""
 
     def forward(self, batch: Mapping[str, Any]) -> dict[str, Tensor]:
         zi, zt = self.encode_pairs(batch)

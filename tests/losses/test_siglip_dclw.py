@@ -282,8 +282,9 @@ def test_bad_arguments_raise_one_line_value_errors(call, match):
 @pytest.mark.distributed
 def test_siglip_ring_over_two_processes_equals_one(tmp_path, run_two_ranks):
     """gloo, 2 processes x 4 pairs against 1 process x 8: the mean of the ring losses and the
-    DDP-averaged gradients (images, texts, log-scale, bias) equal the one-process ones; the ring
-    that skips the peer does not (see dist_case_siglip.py)."""
+    DDP-averaged gradients (images, texts, log-scale, bias) equal the one-process ones and those
+    of the former ring that normalised every chunk on arrival; the ring that skips the peer does
+    not (see dist_case_siglip.py)."""
     results = run_two_ranks(Path(__file__).with_name("dist_case_siglip.py"), tmp_path)
     full, world = results[0]["full"], len(results)
     rings = [r["ring"] for r in results]
@@ -296,5 +297,9 @@ def test_siglip_ring_over_two_processes_equals_one(tmp_path, run_two_ranks):
         torch.testing.assert_close(r["gy"] / world, full["gy"][rows], **tol)
     for name in ("g_log_scale", "g_bias"):
         torch.testing.assert_close(torch.stack([r[name] for r in rings]).mean(), full[name], **tol)
+    for r in results:  # normalised once before the exchange = normalised per chunk (the former)
+        for name in ("loss", "gx", "gy", "g_log_scale", "g_bias"):
+            torch.testing.assert_close(r["ring"][name], r["per_chunk"][name], rtol=1e-14,
+                                       atol=1e-15)
     skipped = torch.stack([r["skipped"]["loss"] for r in results]).mean()
     assert (skipped - full["loss"]).abs() > 1e-3

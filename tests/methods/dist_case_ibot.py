@@ -7,6 +7,11 @@ its mask. KoLeo runs per process, as DINOv2 computes it: the one-process referen
 takes it on each rank's rows (the mean over the two halves of each crop: DDP averages the
 ranks' gradients), which is what two processes must equal. The mutations compute the
 cross-process statistics per process (Sinkhorn-Knopp, the centres): the test must see them.
+
+DINOv2's masked-patch centre (``patch_center_tokens="masked"``) is by design the mean over the
+processes of each process's masked-patch mean, not the one-process mean over all the masked
+patches: one step on uneven masks, in one process and on two, records the centres and the
+teacher's masked rows for the formula written out in the test.
 """
 
 from __future__ import annotations
@@ -76,14 +81,53 @@ def train(cfg, rank: int, world: int, cls=IBOT) -> dict:
     return record.finish(method)
 
 
+# DINOv2's running patch centre over the masked patches (patch_center_tokens="masked"): a
+# separate patch head, so that a hook on the teacher's sees exactly the masked rows it scores
+MASKED_CENTRE = dict(centering="mean", patch_center_tokens="masked", shared_head=False,
+                     patch_out_dim=10, koleo_weight=0.0)
+
+
+def uneven_masks() -> torch.Tensor:
+    """(crop, image, patch) masks of 2 B images: rank 0's B images about 60 % masked, rank 1's
+    about 10 % (at least one patch each), so that the mean of the two processes' means is not
+    the mean over all the masked patches."""
+    g = torch.Generator().manual_seed(7)
+    p = torch.tensor([0.6] * B + [0.1] * B).view(1, WORLD * B, 1)
+    masks = torch.rand(2, WORLD * B, L, generator=g) < p
+    masks[:, :, 0] = True
+    return masks
+
+
+def masked_centre_step(rank: int, world: int) -> dict:
+    """One step with the masked-patch centre; records the centre before and after, the momentum,
+    and the teacher patch head's rows (the masked patches of this process's images)."""
+    method = build(IBOT, MASKED_CENTRE)
+    model = DDP(method) if world > 1 else method
+    rows = slice(rank * B, (rank + 1) * B) if world > 1 else slice(None)
+    views = batches()[0][0]
+    local = uneven_masks()[:, rows].reshape(-1, L)  # crop-major, as the method stacks the crops
+    method.draw_masks = lambda n, h, w: local  # type: ignore[method-assign]
+    seen: list[torch.Tensor] = []
+    patch_head = method.teacher.module["patch_head"]
+    handle = patch_head.register_forward_hook(lambda mod, args, out: seen.append(out.detach()))
+    before = method.center_patch.clone()
+    model(method.make_batch([v[rows] for v in views], step=0, total_steps=STEPS))
+    handle.remove()
+    assert len(seen) == 1 and len(seen[0]) == int(local.sum())
+    return {"before": before, "after": method.center_patch.clone(), "rows": seen[0],
+            "momentum": torch.tensor(method.center_momentum, dtype=torch.float64)}
+
+
 def reference(world: int) -> dict:
     out = {name: train(cfg, 0, 1, PerRankKoLeo) for name, cfg in CONFIGS.items()}
     out["dinov2_batch_koleo"] = train(CONFIGS["dinov2"], 0, 1)  # KoLeo over all 2B rows
+    out["masked_centre"] = masked_centre_step(0, 1)  # one process, all 2B images
     return out
 
 
 def distributed(rank: int, world: int) -> dict:
     out = {f"{name}_distributed": train(cfg, rank, world) for name, cfg in CONFIGS.items()}
+    out["masked_centre_distributed"] = masked_centre_step(rank, world)
     # mutations: the cross-process statistics taken per process
     ibot_module.sinkhorn_knopp = functools.partial(sinkhorn_knopp, distributed=False)
     out["dinov2_mutated"] = train(CONFIGS["dinov2"], rank, world)

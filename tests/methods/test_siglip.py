@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from contrastive.methods import SigLIP, get_method
+from contrastive.methods import CLIP, DualEncoder, Method, SigLIP, get_method
 
 from .dist_case_clip import TinyImage, TinyText, batches
 
@@ -54,9 +54,17 @@ def test_matches_algorithm_1_over_three_sgd_steps():
 
 
 def test_is_not_clip_and_has_no_softmax_scale():
+    """CLIP's sibling on the shared towers: neither CLIP's scale nor its clamp; the state_dict
+    keys are CLIP's but for the scale (what run folders and checkpoints record)."""
     torch.manual_seed(0)
     s = get_method("siglip", encoder=TinyImage(), text_encoder=TinyText(), dim=5)
-    assert not hasattr(s, "logit_scale")
+    clip = get_method("clip", encoder=TinyImage(), text_encoder=TinyText(), dim=5)
+    assert isinstance(s, DualEncoder) and not isinstance(s, CLIP)
+    assert not hasattr(s, "logit_scale") and not hasattr(s, "clamp_logit_scale")
+    assert type(s).after_optimizer_step is Method.after_optimizer_step  # nothing after a step
+    assert SigLIP.needs == CLIP.needs and SigLIP.backbones == CLIP.backbones
+    assert [k for k in s.state_dict() if not k.startswith("criterion.")] == [
+        k for k in clip.state_dict() if k != "logit_scale"]
     names = {n for n, _ in s.named_parameters()}
     assert {"criterion.log_scale", "criterion.bias"} <= names
     groups = {id(p) for g in s.param_groups() for p in g.params}
