@@ -9,14 +9,14 @@ tokens, teacher momentum 0.996 -> 1, teacher temperature 0.04 -> 0.07 over 30 ep
 half of the global crops at 10-50 % of the patches, local crops of 16 px. From DINOv2
 (``IBOT.presets["dinov2_cifar"]``, cited there): Sinkhorn-Knopp centring (``train/vitl14.yaml``),
 KoLeo 0.1, layer-wise lr decay 0.9 and patch-embedding lr x 0.2, and the optimiser of
-``ssl_default_config.yaml``: AdamW at 0.004 x sqrt(batch / 1024) (0.002 at batch 256: the
-engine's ``--lr-scaling sqrt`` with ``--lr`` 0.004 / 32), 10 warm-up epochs then cosine, weight
-decay cosine 0.04 -> 0.4, clipping 3.0 of the ViT and the head apart (``train/train.py``:
-``do_train``), last layer frozen for the first epoch by a zero lr (``build_schedulers``), 2
-global crops at scale 0.32-1 and 8 local crops at 0.05-0.32. Epochs here are passes over CIFAR-10 (DINOv2's
-are 1250 iterations: see ``recipes/dinov2_in1k.py``). The kNN monitor and the linear probe read
-the class token. No drop path (DINOv2's uniform drop path, ``drop_path_uniform`` in the encoder
-kwargs, has no rate to spread here). Not reproduced: as ``recipes/dinov2_in1k.py`` (masks).
+``ssl_default_config.yaml``: AdamW at 0.004 x sqrt(batch / 1024) (0.002 at batch 256: the engine's
+``--lr-scaling sqrt`` with ``--lr`` 0.004 / 32), 10 warm-up epochs then cosine, weight decay cosine
+0.04 -> 0.4, clipping 3.0 of the ViT and the head apart (``train/train.py``: ``do_train``), last
+layer frozen for the first epoch by a zero lr (``build_schedulers``), 2 global crops at scale 0.32-1
+and 8 local crops at 0.05-0.32. Epochs here are passes over CIFAR-10 (DINOv2's are 1250 iterations:
+see ``recipes/dinov2_in1k.py``). The kNN monitor and the linear probe read the class token. No drop
+path (DINOv2's uniform drop path, ``drop_path_uniform`` in the encoder kwargs, has no rate to spread
+here). Not reproduced: as ``recipes/dinov2_in1k.py`` (masks).
 
     python recipes/dinov2_cifar.py --data cifar10
 """

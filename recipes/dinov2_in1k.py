@@ -5,22 +5,21 @@ dinov2 README: ``dinov2/configs/train/vitl16_short.yaml`` on 4 nodes of 8 GPUs, 
 ``ssl_default_config.yaml`` with 64 images per GPU; values checked in those files and in
 ``dinov2/train/train.py``, ``dinov2/utils/config.py``, ``dinov2/utils/param_groups.py``).
 
-Hyper-parameters (config keys in brackets): batch 2048 (32 GPUs x ``train.batch_size_per_gpu``
-64); AdamW, betas 0.9 / 0.999 (``optim.adamw_beta1/2``), lr 0.004 for a batch of 1024 scaled by
-the square root (``optim.base_lr``, ``scaling_rule: sqrt_wrt_1024``: lr = 0.004 x sqrt(batch /
-1024), 0.00566 at 2048); 10 warm-up epochs from 0, cosine to 1e-6 (``optim.warmup_epochs``,
-``min_lr``); weight decay cosine 0.04 -> 0.4 (none on biases, norms, layer-scale gammas);
-gradient clipping 3.0 of each student part apart (``optim.clip_grad``; ``do_train``: backbone
-and head); last layer frozen for 1 epoch by a zero lr (``freeze_last_layer_epochs``;
-``build_schedulers``: AdamW's moments keep moving); layer-wise lr decay 0.9 and patch-embedding lr x 0.2
-(``optim.layerwise_decay``, ``patch_embed_lr_mult``); 100 epochs (``optim.epochs``). The
-method's settings are ``IBOT.presets["dinov2_in1k"]`` (one DINO head of 65536 prototypes for
-class and patch tokens, KoLeo 0.1, running centres with the patch centre over the masked
-patches, teacher momentum 0.992 -> 1, teacher temperature 0.04 -> 0.07 over 30 epochs, masks on
-half the images at 0.1-0.5, layer scale 1e-5, drop path 0.3 in every block:
-``student.drop_path_uniform``). Crops (``crops.*``): 2 global of
-224 px at scale 0.32-1, 8 local of 96 px at 0.05-0.32, DINO's colour / blur / solarisation.
-Reported (README): 81.6 % k-NN, 82.9 % linear.
+Hyper-parameters (config keys in brackets): batch 2048 (32 GPUs x ``train.batch_size_per_gpu`` 64);
+AdamW, betas 0.9 / 0.999 (``optim.adamw_beta1/2``), lr 0.004 for a batch of 1024 scaled by the
+square root (``optim.base_lr``, ``scaling_rule: sqrt_wrt_1024``: lr = 0.004 x sqrt(batch / 1024),
+0.00566 at 2048); 10 warm-up epochs from 0, cosine to 1e-6 (``optim.warmup_epochs``, ``min_lr``);
+weight decay cosine 0.04 -> 0.4 (none on biases, norms, layer-scale gammas); gradient clipping 3.0
+of each student part apart (``optim.clip_grad``; ``do_train``: backbone and head); last layer frozen
+for 1 epoch by a zero lr (``freeze_last_layer_epochs``; ``build_schedulers``: AdamW's moments keep
+moving); layer-wise lr decay 0.9 and patch-embedding lr x 0.2 (``optim.layerwise_decay``,
+``patch_embed_lr_mult``); 100 epochs (``optim.epochs``). The method's settings are
+``IBOT.presets["dinov2_in1k"]`` (one DINO head of 65536 prototypes for class and patch tokens, KoLeo
+0.1, running centres with the patch centre over the masked patches, teacher momentum 0.992 -> 1,
+teacher temperature 0.04 -> 0.07 over 30 epochs, masks on half the images at 0.1-0.5, layer scale
+1e-5, drop path 0.3 in every block: ``student.drop_path_uniform``). Crops (``crops.*``): 2 global of
+224 px at scale 0.32-1, 8 local of 96 px at 0.05-0.32, DINO's colour / blur / solarisation. Reported
+(README): 81.6 % k-NN, 82.9 % linear.
 
 How the settings map onto the engine:
 

@@ -10,8 +10,8 @@
   evaluates once per optimiser step and passes as ``batch[name]`` (and logs);
 - :meth:`param_groups`: optional :class:`ParamGroup` s (weight decay, fixed lr, frozen steps) the
   engine builds its optimiser from;
-- :meth:`clip_parts`: optional parts whose gradient norms the engine clips apart (``--clip-grad-norm``
-  on each part, DINOv2), all parameters together by default.
+- :meth:`clip_parts`: optional parts whose gradient norms the engine clips apart
+  (``--clip-grad-norm`` on each part, DINOv2), all parameters together by default.
 """
 
 from __future__ import annotations

@@ -43,12 +43,12 @@ vitl14). The running centres follow iBOT's ``update_center``: the class centre o
 crops' teacher outputs, the patch centre over every patch (``patch_center_tokens="all"``), or
 over the masked patches only as DINOv2's ``iBOTPatchLoss.update_center`` (``"masked"``, its
 presets); the heads run on the masked patches only, save the teacher's under iBOT's patch
-centre (that centre needs them all). DINOv2's optimiser groups (layer-wise lr decay,
-patch-embedding lr factor) are :meth:`IBOT.param_groups` with ``layer_decay`` /
-``patch_embed_lr_scale``; its last layer frozen by a zero lr is ``freeze_last_layer_by="lr"``,
-its clipping of each student part apart ``clip_per_part`` (:meth:`IBOT.clip_parts`), its drop
-path equal in every block the encoder's ``drop_path_uniform`` (all set by the DINOv2 presets). The encoder must be a timm ViT; local crops of another size need
-``dynamic_img_size=True`` (timm resamples the position embedding, as the codes'
+centre (that centre needs them all). DINOv2's optimiser groups (layer-wise lr decay, patch-embedding
+lr factor) are :meth:`IBOT.param_groups` with ``layer_decay`` / ``patch_embed_lr_scale``; its last
+layer frozen by a zero lr is ``freeze_last_layer_by="lr"``, its clipping of each student part apart
+``clip_per_part`` (:meth:`IBOT.clip_parts`), its drop path equal in every block the encoder's
+``drop_path_uniform`` (all set by the DINOv2 presets). The encoder must be a timm ViT; local crops
+of another size need ``dynamic_img_size=True`` (timm resamples the position embedding, as the codes'
 ``interpolate_pos_encoding``).
 """
 
