@@ -9,12 +9,14 @@ tokens, teacher momentum 0.996 -> 1, teacher temperature 0.04 -> 0.07 over 30 ep
 half of the global crops at 10-50 % of the patches, local crops of 16 px. From DINOv2
 (``IBOT.presets["dinov2_cifar"]``, cited there): Sinkhorn-Knopp centring (``train/vitl14.yaml``),
 KoLeo 0.1, layer-wise lr decay 0.9 and patch-embedding lr x 0.2, and the optimiser of
-``ssl_default_config.yaml``: AdamW at 0.004 x sqrt(batch / 1024) (0.002 at batch 256: the
-engine's ``--lr-scaling sqrt`` with ``--lr`` 0.004 / 32), 10 warm-up epochs then cosine, weight
-decay cosine 0.04 -> 0.4, clipping 3.0, last layer frozen for the first epoch, 2 global crops
-at scale 0.32-1 and 8 local crops at 0.05-0.32. Epochs here are passes over CIFAR-10 (DINOv2's
-are 1250 iterations: see ``recipes/dinov2_in1k.py``). The kNN monitor and the linear probe read
-the class token.
+``ssl_default_config.yaml``: AdamW at 0.004 x sqrt(batch / 1024) (0.002 at batch 256: the engine's
+``--lr-scaling sqrt`` with ``--lr`` 0.004 / 32), 10 warm-up epochs then cosine, weight decay cosine
+0.04 -> 0.4, clipping 3.0 of the ViT and the head apart (``train/train.py``: ``do_train``), last
+layer frozen for the first epoch by a zero lr (``build_schedulers``), 2 global crops at scale 0.32-1
+and 8 local crops at 0.05-0.32. Epochs here are passes over CIFAR-10 (DINOv2's are 1250 iterations:
+see ``recipes/dinov2_in1k.py``). The kNN monitor and the linear probe read the class token. No drop
+path (DINOv2's uniform drop path, ``drop_path_uniform`` in the encoder kwargs, has no rate to spread
+here). Not reproduced: as ``recipes/dinov2_in1k.py`` (masks).
 
     python recipes/dinov2_cifar.py --data cifar10
 """
@@ -60,6 +62,12 @@ class DINOv2Cifar(CifarConfig):
                                                   "patch teacher temperature after warm-up")
     warmup_teacher_epochs: int = help_field(30, "teacher-temperature warm-up from 0.04")
     freeze_last_layer_epochs: int = help_field(1, "last layer frozen for these epochs")
+    freeze_last_layer_by: str = help_field(PRESET["freeze_last_layer_by"],
+                                           "lr: lr 0, AdamW's moments moving (DINOv2); grad: "
+                                           "gradients dropped (DINO, iBOT)",
+                                           choices=("lr", "grad"))
+    clip_per_part: bool = help_field(PRESET["clip_per_part"], "--clip-grad-norm on the ViT and "
+                                     "the head apart (DINOv2) or on all parameters together")
     centering: str = help_field(PRESET["centering"], "sinkhorn (DINOv2 vitl14) | mean | none",
                                 choices=("mean", "sinkhorn", "none"))
     koleo_weight: float = help_field(PRESET["koleo_weight"], "KoLeo weight (DINOv2: 0.1)")
@@ -80,7 +88,8 @@ def build_method(cfg: DINOv2Cifar):
               koleo_weight=cfg.koleo_weight, layer_decay=cfg.layer_decay,
               patch_embed_lr_scale=cfg.patch_embed_lr_scale, weight_decay=cfg.weight_decay,
               weight_decay_end=cfg.weight_decay_end,
-              freeze_last_layer_steps=cfg.freeze_last_layer_epochs * spe)
+              freeze_last_layer_steps=cfg.freeze_last_layer_epochs * spe,
+              freeze_last_layer_by=cfg.freeze_last_layer_by, clip_per_part=cfg.clip_per_part)
     return IBOT(encoder=cfg.encoder, encoder_kwargs=cfg.encoder_options(), **kw)
 
 

@@ -5,20 +5,21 @@ dinov2 README: ``dinov2/configs/train/vitl16_short.yaml`` on 4 nodes of 8 GPUs, 
 ``ssl_default_config.yaml`` with 64 images per GPU; values checked in those files and in
 ``dinov2/train/train.py``, ``dinov2/utils/config.py``, ``dinov2/utils/param_groups.py``).
 
-Hyper-parameters (config keys in brackets): batch 2048 (32 GPUs x ``train.batch_size_per_gpu``
-64); AdamW, betas 0.9 / 0.999 (``optim.adamw_beta1/2``), lr 0.004 for a batch of 1024 scaled by
-the square root (``optim.base_lr``, ``scaling_rule: sqrt_wrt_1024``: lr = 0.004 x sqrt(batch /
-1024), 0.00566 at 2048); 10 warm-up epochs from 0, cosine to 1e-6 (``optim.warmup_epochs``,
-``min_lr``); weight decay cosine 0.04 -> 0.4 (none on biases, norms, layer-scale gammas);
-gradient clipping 3.0 (``optim.clip_grad``); last layer frozen for 1 epoch
-(``freeze_last_layer_epochs``); layer-wise lr decay 0.9 and patch-embedding lr x 0.2
-(``optim.layerwise_decay``, ``patch_embed_lr_mult``); 100 epochs (``optim.epochs``). The
-method's settings are ``IBOT.presets["dinov2_in1k"]`` (one DINO head of 65536 prototypes for
-class and patch tokens, KoLeo 0.1, running centres with the patch centre over the masked
-patches, teacher momentum 0.992 -> 1, teacher temperature 0.04 -> 0.07 over 30 epochs, masks on
-half the images at 0.1-0.5, layer scale 1e-5, drop path 0.3). Crops (``crops.*``): 2 global of
-224 px at scale 0.32-1, 8 local of 96 px at 0.05-0.32, DINO's colour / blur / solarisation.
-Reported (README): 81.6 % k-NN, 82.9 % linear.
+Hyper-parameters (config keys in brackets): batch 2048 (32 GPUs x ``train.batch_size_per_gpu`` 64);
+AdamW, betas 0.9 / 0.999 (``optim.adamw_beta1/2``), lr 0.004 for a batch of 1024 scaled by the
+square root (``optim.base_lr``, ``scaling_rule: sqrt_wrt_1024``: lr = 0.004 x sqrt(batch / 1024),
+0.00566 at 2048); 10 warm-up epochs from 0, cosine to 1e-6 (``optim.warmup_epochs``, ``min_lr``);
+weight decay cosine 0.04 -> 0.4 (none on biases, norms, layer-scale gammas); gradient clipping 3.0
+of each student part apart (``optim.clip_grad``; ``do_train``: backbone and head); last layer frozen
+for 1 epoch by a zero lr (``freeze_last_layer_epochs``; ``build_schedulers``: AdamW's moments keep
+moving); layer-wise lr decay 0.9 and patch-embedding lr x 0.2 (``optim.layerwise_decay``,
+``patch_embed_lr_mult``); 100 epochs (``optim.epochs``). The method's settings are
+``IBOT.presets["dinov2_in1k"]`` (one DINO head of 65536 prototypes for class and patch tokens, KoLeo
+0.1, running centres with the patch centre over the masked patches, teacher momentum 0.992 -> 1,
+teacher temperature 0.04 -> 0.07 over 30 epochs, masks on half the images at 0.1-0.5, layer scale
+1e-5, drop path 0.3 in every block: ``student.drop_path_uniform``). Crops (``crops.*``): 2 global of
+224 px at scale 0.32-1, 8 local of 96 px at 0.05-0.32, DINO's colour / blur / solarisation. Reported
+(README): 81.6 % k-NN, 82.9 % linear.
 
 How the settings map onto the engine:
 
@@ -30,13 +31,17 @@ How the settings map onto the engine:
   sqrt(1024) = 1.25e-4: the same lr at every batch size. The cosine floor is a fraction of
   the peak: 1e-6 / 0.00566 at batch 2048.
 
-Not reproduced: DINOv2 clips the gradient norm of each part (backbone, head) apart, the engine
-that of all parameters together; its drop path is the same in every block
-(``drop_path_uniform``), timm's grows linearly to 0.3; its masks follow its own generator
-(``MaskingGenerator``, ratios spread over 0.1-0.5 by strata), here iBOT's block masks with
-independent ratios; its last layer is frozen by a zero lr (AdamW's moments still move), here
-its gradient is dropped; resizing is bicubic there. Its ViT-L (``vit_large``, patch 16) is
-timm's ``vit_large_patch16_224`` with layer scale.
+- DINOv2's parts are reproduced by the preset: clipping per part (``IBOT(clip_per_part=True)``,
+  :meth:`IBOT.clip_parts`: the ViT with its mask token, the head), the last layer frozen by a
+  zero lr (``freeze_last_layer_by="lr"``), the same drop path in every block (the encoder's
+  ``drop_path_uniform``; kept only while ``--encoder-kwargs`` keeps it).
+
+Not reproduced: DINOv2's masks follow its own generator (``MaskingGenerator``, ratios spread
+over 0.1-0.5 by strata), here iBOT's block masks with independent ratios; its drop path above
+0.1 runs each block's residual on a random ``int(B x 0.7)`` of the B samples
+(``dinov2/layers/block.py``: ``drop_add_residual_stochastic_depth``), timm's ``DropPath`` on
+each sample with probability 0.7 (the same expectation); resizing is bicubic there. Its ViT-L
+(``vit_large``, patch 16) is timm's ``vit_large_patch16_224`` with layer scale.
 
     accelerate launch recipes/dinov2_in1k.py --data /path/to/imagenet
 """
@@ -93,6 +98,12 @@ class DINOv2ImageNet(TrainConfig):
     warmup_teacher_steps: int = help_field(30 * EPOCH, "teacher-temperature warm-up from 0.04 "
                                            "(30 DINOv2 epochs)")
     freeze_last_layer_steps: int = help_field(EPOCH, "last layer frozen (1 DINOv2 epoch)")
+    freeze_last_layer_by: str = help_field(PRESET["freeze_last_layer_by"],
+                                           "lr: lr 0, AdamW's moments moving (DINOv2); grad: "
+                                           "gradients dropped (DINO, iBOT)",
+                                           choices=("lr", "grad"))
+    clip_per_part: bool = help_field(PRESET["clip_per_part"], "--clip-grad-norm on the ViT and "
+                                     "the head apart (DINOv2) or on all parameters together")
     koleo_weight: float = help_field(PRESET["koleo_weight"], "dino.koleo_loss_weight")
     layer_decay: float = help_field(PRESET["layer_decay"], "optim.layerwise_decay")
     patch_embed_lr_scale: float = help_field(PRESET["patch_embed_lr_scale"],
@@ -108,7 +119,8 @@ def build_method(cfg: DINOv2ImageNet):
               warmup_teacher_steps=cfg.warmup_teacher_steps, koleo_weight=cfg.koleo_weight,
               layer_decay=cfg.layer_decay, patch_embed_lr_scale=cfg.patch_embed_lr_scale,
               weight_decay=cfg.weight_decay, weight_decay_end=cfg.weight_decay_end,
-              freeze_last_layer_steps=cfg.freeze_last_layer_steps)
+              freeze_last_layer_steps=cfg.freeze_last_layer_steps,
+              freeze_last_layer_by=cfg.freeze_last_layer_by, clip_per_part=cfg.clip_per_part)
     return IBOT(encoder=cfg.encoder, encoder_kwargs=cfg.encoder_options(), **kw)
 
 

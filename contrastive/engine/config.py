@@ -167,7 +167,9 @@ class RunConfig:
         "(one extra forward pass); heads, loss and EMA/queue updates run once on the whole "
         "batch. Exact except with batch norm in the backbone (per-chunk statistics). 0 = off; "
         "see contrastive.engine.grad_cache")
-    clip_grad_norm: float = help_field(0.0, "clip the gradient norm to this (0 = off)")
+    clip_grad_norm: float = help_field(
+        0.0, "clip the gradient norm to this (0 = off); that of each part apart where the "
+        "method declares parts (Method.clip_parts: DINOv2's backbone and heads)")
     on_nonfinite: str = help_field(
         "stop", "non-finite loss: 'stop' with an error naming the step (the last checkpoint "
         "stays good) or 'skip' the optimiser step", choices=("stop", "skip"),

@@ -13,9 +13,11 @@ A method may declare :class:`~contrastive.methods.ParamGroup` s (``method.param_
 own weight decay, a fixed learning rate (:func:`set_lr` leaves it alone), a multiple of the
 scheduled learning rate (``lr_scale``: :func:`set_lr` writes ``lr_scale * lr``, as Barlow Twins'
 official code trains biases and norm parameters at 0.0048 / 0.2 of the weights' lr), or no
-update for the first N optimiser steps (:func:`drop_frozen_grads` drops their gradients, so neither the weights
-nor the optimiser state move, as SwAV freezes its prototypes). Each declared group is split by the
-same ``ndim`` rule into a decaying/LARS-adapted part and a norm/bias part.
+update for the first N optimiser steps (:func:`hold_frozen_groups`: their gradients dropped, so
+neither the weights nor the optimiser state move, as SwAV freezes its prototypes and DINO its last
+layer; or, ``frozen_by="lr"``, their lr set to 0 while the optimiser state moves, as DINOv2 freezes
+its last layer). Each declared group is split by the same ``ndim`` rule into a
+decaying/LARS-adapted part and a norm/bias part.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["param_groups", "build_optimizer", "set_lr", "set_weight_decay", "drop_frozen_grads",
+__all__ = ["param_groups", "build_optimizer", "set_lr", "set_weight_decay", "hold_frozen_groups",
            "LARS"]
 
 logger = logging.getLogger(__name__)
@@ -55,7 +57,8 @@ def param_groups(model: nn.Module, weight_decay: float, *,
     each group ``model.param_groups()`` declares (a method's :class:`ParamGroup` s).
 
     Each group carries ``"name"`` and ``"lars_adapt"`` (plus ``"fixed_lr"`` / ``"lr_scale"`` /
-    ``"frozen_steps"`` for declared groups that set them); a no-decay group has weight decay 0 when
+    ``"frozen_steps"``, with ``"frozen_by_lr"`` for those frozen by lr 0, for declared groups
+    that set them); a no-decay group has weight decay 0 when
     ``exclude_from_wd`` and never gets LARS adaptation. A parameter declared twice is an error.
     """
     declare = getattr(model, "param_groups", None)
@@ -77,6 +80,8 @@ def param_groups(model: nn.Module, weight_decay: float, *,
             extra["lr_scale"] = float(pg.lr_scale)
         if pg.frozen_steps:
             extra["frozen_steps"] = int(pg.frozen_steps)
+            if pg.frozen_by == "lr":
+                extra["frozen_by_lr"] = True
         wd = weight_decay if pg.weight_decay is None else float(pg.weight_decay)
         groups += _split(pg.name, [p for p in pg.params if p.requires_grad], wd,
                          exclude_from_wd, extra)
@@ -154,13 +159,18 @@ def set_weight_decay(optimizer: torch.optim.Optimizer, weight_decay: float) -> N
             g["weight_decay"] = weight_decay
 
 
-def drop_frozen_grads(optimizer: torch.optim.Optimizer, step: int) -> None:
-    """Before ``optimizer.step()`` of optimiser step ``step`` (0-based): drop the gradients of
-    groups frozen for more than ``step`` steps (SGD, AdamW and LARS then skip them entirely)."""
+def hold_frozen_groups(optimizer: torch.optim.Optimizer, step: int) -> None:
+    """Before the clip and ``optimizer.step()`` of optimiser step ``step`` (0-based), in the
+    groups frozen for more than ``step`` steps: drop the gradients (SGD, AdamW and LARS then
+    skip them entirely: DINO v1's ``cancel_gradients_last_layer``), or with ``frozen_by_lr`` set
+    the lr to 0 (the next :func:`set_lr` writes it again; DINOv2's zeroed last-layer lr)."""
     for g in optimizer.param_groups:
         if g.get("frozen_steps", 0) > step:
-            for p in g["params"]:
-                p.grad = None
+            if g.get("frozen_by_lr", False):
+                g["lr"] = 0.0
+            else:
+                for p in g["params"]:
+                    p.grad = None
 
 
 def build_optimizer(model: nn.Module, name: str, *, lr: float, weight_decay: float,

@@ -23,6 +23,7 @@ from contrastive.engine.adapters import DataAdapter
 from contrastive.engine.config import RunConfig, parse_config
 from contrastive.engine.grad_cache import GradCacheError
 from contrastive.engine.run_folder import RunFolderError, os_error_message
+from contrastive.engine.step import ClipPartsError
 from contrastive.engine.trainer import TrainResult, train
 from contrastive.nn.encoders import EncoderArgumentError
 
@@ -63,7 +64,7 @@ def run(config_cls: type[RunConfig], build_method: Callable[[Any], nn.Module],
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         result = train(cfg, build_method, build_pipeline, adapter=adapter, recipe=name)
-    except (RunFolderError, GradCacheError, EncoderArgumentError) as e:
+    except (RunFolderError, GradCacheError, ClipPartsError, EncoderArgumentError) as e:
         # the folder, a checkpoint file, options the method or the encoder refuses: one line
         raise SystemExit(f"{name}: error: {e}") from None
     except OSError as e:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,17 +22,23 @@ from contrastive.engine.grad_cache import (
     all_reduce_grads,
     concat_batches,
 )
-from contrastive.engine.optim import drop_frozen_grads
+from contrastive.engine.optim import hold_frozen_groups
 from contrastive.engine.run_log import ScalarWindow
 
-__all__ = ["NonFiniteLossError", "NonFiniteGuard", "Updater", "optimisation_step", "all_true",
-           "any_true"]
+__all__ = ["NonFiniteLossError", "NonFiniteGuard", "ClipPartsError", "Updater", "clip_groups",
+           "optimisation_step", "all_true", "any_true"]
 
 logger = logging.getLogger(__name__)
 
 
 class NonFiniteLossError(FloatingPointError):
     """The loss became NaN or infinite (``--on-nonfinite stop``)."""
+
+
+class ClipPartsError(ValueError):
+    """A method's clipping parts (:meth:`~contrastive.methods.Method.clip_parts`) that cannot
+    be used: a parameter in two parts, or a run whose clipping is accelerate's own (FSDP,
+    DeepSpeed, XLA)."""
 
 
 class NonFiniteGuard:
@@ -93,21 +99,45 @@ class Updater:
 
     - backward: ``(loss / accum).backward()``, ``loss.backward()`` with no accumulation (as
       ``x / 1 == x`` exactly, in value and gradient);
-    - clip: ``torch.nn.utils.clip_grad_norm_`` over the model's parameters, listed once;
+    - clip: ``torch.nn.utils.clip_grad_norm_`` over the model's parameters, listed once (over
+      each part apart when the method declares :meth:`~contrastive.methods.Method.clip_parts`);
     - step / zero_grad: the wrapped optimiser's, on the last micro-batch of a step only (the
       prepared optimiser skips them on the others, keeping the accumulated gradients).
 
     DDP's gradient synchronisation (``no_sync`` on the other micro-batches) and the
     ``sync_gradients`` flag stay ``accelerator.accumulate``'s.
+
+    Clipping parts (``method``'s :meth:`~contrastive.methods.Method.clip_parts`, the model
+    itself or the module DDP wraps when not given): each part's gradient norm is measured and
+    clipped to ``max_norm`` apart (:func:`clip_groups`), as DINOv2's ``do_train``
+    (``dinov2/train/train.py``: ``for v in model.student.values(): v.clip_grad_norm_(...)``).
+    The clip runs on the last micro-batch only, after DDP's all-reduce (every process sees the
+    same averaged gradients, so the same norms) and, with an fp16 scaler, after one
+    ``accelerator.unscale_gradients()`` (the scaler refuses a second unscale before its update,
+    so ``accelerator.clip_grad_norm_`` is not called per part). FSDP, DeepSpeed and XLA clip
+    through accelerate over the whole model: parts there are refused (:class:`ClipPartsError`).
+    No gradient norm is logged, with parts or without (the clip's returned norms are dropped).
     """
 
-    def __init__(self, model: nn.Module, optimizer: Any, accelerator: Any) -> None:
+    def __init__(self, model: nn.Module, optimizer: Any, accelerator: Any, *,
+                 method: nn.Module | None = None) -> None:
         self.acc = accelerator
         self.optimizer = optimizer  # the prepared one: checkpoints and the skip path use it
         self.params = list(model.parameters())
         self.accum = int(accelerator.gradient_accumulation_steps)
         self.direct = direct_calls_equivalent(accelerator, optimizer, self.params)
         self._inner = optimizer.optimizer if self.direct else optimizer
+        declare = getattr(method if method is not None else getattr(model, "module", model),
+                          "clip_parts", None)
+        parts = dict(declare()) if callable(declare) else {}
+        #: the parameter lists clipped apart; None: all of self.params together (the default)
+        self.clip_lists = clip_groups(self.params, parts) if parts else None
+        if self.clip_lists is not None and not self.direct and \
+                not separate_clip_allowed(accelerator):
+            raise ClipPartsError(
+                f"the method clips its parts {sorted(parts)} apart, which runs in one process or "
+                "under DDP (fp16 included), not under FSDP, DeepSpeed or XLA; turn the method's "
+                "per-part clipping off (IBOT: clip_per_part=False)")
 
     def backward(self, loss: torch.Tensor) -> None:
         if not self.direct:
@@ -118,7 +148,12 @@ class Updater:
             loss.backward()
 
     def clip(self, max_norm: float) -> None:
-        if self.direct:
+        if self.clip_lists is not None:
+            if not self.direct:
+                self.acc.unscale_gradients()  # fp16: once for all parts; a no-op otherwise
+            for part in self.clip_lists:
+                torch.nn.utils.clip_grad_norm_(part, max_norm)
+        elif self.direct:
             torch.nn.utils.clip_grad_norm_(self.params, max_norm)
         else:
             self.acc.clip_grad_norm_(self.params, max_norm)
@@ -134,6 +169,38 @@ class Updater:
             self.optimizer.zero_grad(set_to_none=True)
         elif self.acc.sync_gradients:
             self._inner.zero_grad(set_to_none=True)
+
+
+def clip_groups(params: list[nn.Parameter],
+                parts: Mapping[str, Sequence[nn.Parameter]]) -> list[list[nn.Parameter]]:
+    """The parameter lists clipped apart: each declared part's (in the model, trainable), then
+    the model's other trainable parameters as one more list (if any). A parameter in two parts
+    is a :class:`ClipPartsError`; one outside the model is left out."""
+    in_model = {id(p) for p in params}
+    owner: dict[int, str] = {}
+    lists = []
+    for name, part in parts.items():
+        mine = []
+        for p in part:
+            if id(p) in owner:
+                raise ClipPartsError(f"a parameter is in two clipping parts: {owner[id(p)]!r} "
+                                     f"and {name!r}; give each parameter to one part")
+            owner[id(p)] = name
+            if p.requires_grad and id(p) in in_model:
+                mine.append(p)
+        lists.append(mine)
+    rest = [p for p in params if p.requires_grad and id(p) not in owner]
+    return [part for part in [*lists, rest] if part]
+
+
+def separate_clip_allowed(accelerator: Any) -> bool:
+    """Whether gradients can be clipped part by part with torch's ``clip_grad_norm_`` after
+    ``accelerator.unscale_gradients()``: one process or DDP, not FSDP / DeepSpeed / XLA."""
+    from accelerate.utils import DistributedType
+
+    return accelerator.distributed_type in (
+        DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU) and \
+        os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true"
 
 
 def direct_calls_equivalent(accelerator: Any, optimizer: Any, params: list[nn.Parameter]) -> bool:
@@ -164,7 +231,9 @@ def optimisation_step(model: nn.Module, batch: dict[str, Any], optimizer: Any, a
                       after_step: Callable[[], None] | None = None, *,
                       updater: Updater | None = None, cache: GradCache | None = None) -> None:
     """Forward, backward and (on the last micro-batch of a step) the optimiser step: frozen
-    groups' gradients dropped, gradients clipped; a non-finite loss is skipped or noted.
+    groups held (:func:`~contrastive.engine.optim.hold_frozen_groups`), gradients clipped (per
+    part where the method declares parts: :class:`Updater`); a non-finite loss is skipped or
+    noted.
     ``after_step`` (the method's ``after_optimizer_step``) runs after each real optimiser step.
     ``updater``: the run's :class:`Updater` (built here when not given). ``cache``: train
     through the gradient cache (:mod:`~contrastive.engine.grad_cache`): the micro-batches of a
@@ -186,7 +255,7 @@ def optimisation_step(model: nn.Module, batch: dict[str, Any], optimizer: Any, a
         up.backward(loss)
         sync = accelerator.sync_gradients
         if sync:
-            drop_frozen_grads(optimizer, step)
+            hold_frozen_groups(optimizer, step)
             if cfg.clip_grad_norm > 0:
                 up.clip(cfg.clip_grad_norm)
         up.step()
@@ -230,7 +299,7 @@ def _cached_step(model: nn.Module, batch: dict[str, Any], optimizer: Any, accele
             cache.backward()
         if world > 1:
             all_reduce_grads(up.params, world)
-        drop_frozen_grads(optimizer, step)
+        hold_frozen_groups(optimizer, step)
         if cfg.clip_grad_norm > 0:
             up.clip(cfg.clip_grad_norm)
         up.step()

@@ -262,7 +262,8 @@ class _Run:
         self.window = ScalarWindow()
         self.trackers = Trackers(accelerator, out, parse_report_to(cfg.report_to))
         self.guard = NonFiniteGuard(accelerator.device)
-        self.updater = Updater(m.model, m.optimizer, accelerator)  # resolved once, not per step
+        self.updater = Updater(m.model, m.optimizer, accelerator,  # resolved once
+                               method=m.module)
 
     # ---- the run log --------------------------------------------------------------------------
 

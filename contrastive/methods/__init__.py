@@ -35,8 +35,11 @@ The contract (every method; the training engine relies on nothing else)
   parameters (e.g. MoCo v3's ``momentum`` m0); nothing else holds a copy and ``forward`` has
   no fallback.
 - ``param_groups() -> [ParamGroup(...)]`` (optional): parameters with their own weight decay, a
-  fixed learning rate, or frozen for the first N steps; the engine builds the optimiser
-  (SGD, LARS as the official MoCo v3 code, AdamW) and applies the lr schedule from them.
+  fixed learning rate, or frozen for the first N steps (gradients dropped, or ``frozen_by="lr"``:
+  lr 0, DINOv2); the engine builds the optimiser (SGD, LARS as the official MoCo v3 code, AdamW)
+  and applies the lr schedule from them.
+- ``clip_parts() -> {name: [params]}`` (optional): parts whose gradient norms ``--clip-grad-norm``
+  clips apart (DINOv2's backbone and heads); by default all parameters together.
   Momentum (key) encoders have ``requires_grad=False`` and never enter the optimiser.
 - ``method.encoder``: the backbone. The engine saves it as ``encoder.pt`` and the kNN monitor
   encodes with it; ``--knn-feature head`` uses ``head`` (else ``projector``) on top of it.

@@ -9,7 +9,9 @@
 - :meth:`schedules`: name -> function ``(step, total_steps) -> float`` that the training loop
   evaluates once per optimiser step and passes as ``batch[name]`` (and logs);
 - :meth:`param_groups`: optional :class:`ParamGroup` s (weight decay, fixed lr, frozen steps) the
-  engine builds its optimiser from.
+  engine builds its optimiser from;
+- :meth:`clip_parts`: optional parts whose gradient norms the engine clips apart
+  (``--clip-grad-norm`` on each part, DINOv2), all parameters together by default.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from torch import Tensor, nn
+
+#: how a ParamGroup's frozen_steps hold it still: its gradients dropped, or its lr set to 0
+FROZEN_BY = ("grad", "lr")
 
 __all__ = ["Method", "ParamGroup", "Schedule", "read", "views_of"]
 
@@ -35,9 +40,15 @@ class ParamGroup:
         weight_decay: None = the run's ``--weight-decay``; e.g. 0.0 for no decay at all.
         lr: a fixed learning rate (not scaled, not scheduled; SimSiam's predictor); None = the
             run's schedule.
-        frozen_steps: no update during the first N optimiser steps (their gradients are
-            dropped, so neither the weights nor the optimiser state move: SwAV's prototypes,
-            DINO's last layer).
+        frozen_steps: no update during the first N optimiser steps: SwAV's prototypes, DINO's
+            last layer.
+        frozen_by: how they are held still. ``"grad"``: their gradients are dropped before the
+            clip and the step, so neither the weights nor the optimiser state move (SwAV's
+            ``p.grad = None``, DINO's ``utils.cancel_gradients_last_layer``). ``"lr"``: their lr
+            is 0 for those steps; the gradients stay (in the clipped norm), AdamW's moments and
+            step count move and its decoupled decay ``lr * wd`` is 0, as DINOv2's
+            ``last_layer_lr_schedule`` zeroed for ``freeze_last_layer_epochs``
+            (``dinov2/train/train.py``: ``build_schedulers``, ``apply_optim_scheduler``).
         lr_scale: a multiplier on the run's scheduled lr (same warm-up and decay, scaled):
             Barlow Twins' biases and norm parameters, 0.0048 / 0.2 = 0.024 of the weights' lr
             in the official code. Only with the schedule, not with a fixed ``lr``.
@@ -49,8 +60,12 @@ class ParamGroup:
     lr: float | None = None
     frozen_steps: int = 0
     lr_scale: float = 1.0
+    frozen_by: str = "grad"
 
     def __post_init__(self) -> None:
+        if self.frozen_by not in FROZEN_BY:
+            raise ValueError(f"param group {self.name!r}: frozen_by must be one of {FROZEN_BY}, "
+                             f"got {self.frozen_by!r}")
         if self.frozen_steps < 0 or (self.lr is not None and self.lr < 0) or (
                 self.weight_decay is not None and self.weight_decay < 0) or \
                 not self.lr_scale >= 0:
@@ -105,6 +120,12 @@ class Method(nn.Module):
     def param_groups(self) -> list[ParamGroup]:
         """Groups the optimiser treats apart; parameters in none of them form the default group."""
         return []
+
+    def clip_parts(self) -> dict[str, list[nn.Parameter]]:
+        """Parts whose gradient norms are clipped apart, each to ``--clip-grad-norm`` (DINOv2
+        clips its backbone and heads so); trainable parameters in no part form one more part.
+        Empty by default: all parameters together."""
+        return {}
 
     def step_spans(self) -> dict[str, int]:
         """Settings counted in optimiser steps from the start (a teacher warm-up, a frozen

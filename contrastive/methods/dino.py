@@ -98,13 +98,15 @@ def teacher_step_spans(method: Any) -> dict[str, int]:
             "freeze_last_layer_steps": int(method.freeze_last_layer_steps)}
 
 
-def last_layer_groups(heads: Sequence[DINOHead], frozen_steps: int) -> list[ParamGroup]:
+def last_layer_groups(heads: Sequence[DINOHead], frozen_steps: int,
+                      frozen_by: str = "grad") -> list[ParamGroup]:
     """The heads' last layers as one group frozen for the first ``frozen_steps`` (DINO's
-    ``freeze_last_layer``); none when 0."""
+    ``freeze_last_layer``: gradients dropped; DINOv2's: ``frozen_by="lr"``, see
+    :class:`ParamGroup`); none when 0."""
     if not frozen_steps:
         return []
     trainable = [p for h in heads for p in h.last_layer.parameters() if p.requires_grad]
-    return [ParamGroup("last_layer", trainable, frozen_steps=frozen_steps)]
+    return [ParamGroup("last_layer", trainable, frozen_steps=frozen_steps, frozen_by=frozen_by)]
 
 
 @register_method("dino")

@@ -43,10 +43,12 @@ vitl14). The running centres follow iBOT's ``update_center``: the class centre o
 crops' teacher outputs, the patch centre over every patch (``patch_center_tokens="all"``), or
 over the masked patches only as DINOv2's ``iBOTPatchLoss.update_center`` (``"masked"``, its
 presets); the heads run on the masked patches only, save the teacher's under iBOT's patch
-centre (that centre needs them all). DINOv2's optimiser groups (layer-wise lr decay,
-patch-embedding lr factor) are :meth:`IBOT.param_groups` with ``layer_decay`` /
-``patch_embed_lr_scale``. The encoder must be a timm ViT; local crops of another size need
-``dynamic_img_size=True`` (timm resamples the position embedding, as the codes'
+centre (that centre needs them all). DINOv2's optimiser groups (layer-wise lr decay, patch-embedding
+lr factor) are :meth:`IBOT.param_groups` with ``layer_decay`` / ``patch_embed_lr_scale``; its last
+layer frozen by a zero lr is ``freeze_last_layer_by="lr"``, its clipping of each student part apart
+``clip_per_part`` (:meth:`IBOT.clip_parts`), its drop path equal in every block the encoder's
+``drop_path_uniform`` (all set by the DINOv2 presets). The encoder must be a timm ViT; local crops
+of another size need ``dynamic_img_size=True`` (timm resamples the position embedding, as the codes'
 ``interpolate_pos_encoding``).
 """
 
@@ -63,7 +65,7 @@ from torch import Tensor, nn
 from contrastive.losses.clustering import dino, dino_center, sinkhorn_knopp
 from contrastive.losses.dinov2 import ibot_patch, koleo
 from contrastive.methods._common import check_layer_decay, vit_layer_groups, width
-from contrastive.methods.base import Method, ParamGroup, Schedule, read, views_of
+from contrastive.methods.base import FROZEN_BY, Method, ParamGroup, Schedule, read, views_of
 from contrastive.methods.dino import (
     DINOHead,
     last_layer_groups,
@@ -111,6 +113,15 @@ class IBOT(Method):
             on each process, averaged over the processes); only with ``centering="mean"``.
         num_global: global crops (the first views; same size).
         weight_decay / weight_decay_end, freeze_last_layer_steps: as :class:`DINO`.
+        freeze_last_layer_by: how the last layer is frozen: "grad" (its gradients dropped:
+            DINO's and iBOT's ``cancel_gradients_last_layer``) or "lr" (its lr 0, AdamW's
+            moments still moving: DINOv2's ``last_layer_lr_schedule``); see
+            :class:`~contrastive.methods.ParamGroup`.
+        clip_per_part: clip the gradient norm of the student ViT (with the mask token), the
+            head and the patch head each apart (:meth:`clip_parts`), as DINOv2's ``do_train``
+            (``dinov2/train/train.py``: ``for v in model.student.values():
+            v.clip_grad_norm_(cfg.optim.clip_grad)``); False: all parameters together (the
+            engine's default).
         layer_decay, patch_embed_lr_scale: DINOv2's layer-wise lr decay of the student ViT and
             the extra factor of its patch embedding (``optim.layerwise_decay``,
             ``optim.patch_embed_lr_mult``; :func:`~contrastive.methods._common.vit_layer_groups`,
@@ -146,10 +157,11 @@ class IBOT(Method):
         # (train.centering "centering"; the patch centre over the masked patches:
         # ssl_meta_arch.py), KoLeo 0.1 (dino.koleo_loss_weight), masks on half the images at
         # 0.1-0.5 (ibot.mask_sample_probability, mask_ratio_min_max), layerscale 1e-5, drop
-        # path 0.3 (student.*; DINOv2's is uniform over the blocks, drop_path_uniform, timm's
-        # grows linearly to it), layer-wise lr decay 0.9 and patch-embedding lr x 0.2
+        # path 0.3 in every block (student.drop_path_rate, drop_path_uniform true: timm's
+        # would grow linearly to it), layer-wise lr decay 0.9 and patch-embedding lr x 0.2
         # (optim.layerwise_decay, patch_embed_lr_mult); DINOHead's weight norm is trainable
-        # (norm_last_layer false)
+        # (norm_last_layer false); train/train.py: the last layer frozen by a zero lr
+        # (build_schedulers), the gradient clipped per student part (do_train)
         "dinov2_in1k": dict(encoder="timm:vit_large_patch16_224", out_dim=65536,
                             shared_head=True, norm_last_layer=False, momentum=0.992,
                             teacher_temperature=0.07, warmup_teacher_temperature=0.04,
@@ -158,13 +170,16 @@ class IBOT(Method):
                             patch_center_tokens="masked",
                             mask_probability=0.5, mask_ratio=(0.1, 0.5), koleo_weight=0.1,
                             layer_decay=0.9, patch_embed_lr_scale=0.2,
+                            freeze_last_layer_by="lr", clip_per_part=True,
                             encoder_kwargs=dict(dynamic_img_size=True, drop_path_rate=0.3,
-                                                init_values=1e-5)),
+                                                drop_path_uniform=True, init_values=1e-5)),
         # DINOv2 train/vitl14.yaml (LVD-142M): Sinkhorn-Knopp centring, separate heads of
-        # 131072 prototypes with a 384-d bottleneck, momentum 0.994, drop path 0.4, no
+        # 131072 prototypes with a 384-d bottleneck, momentum 0.994, drop path 0.4 (uniform:
+        # the default config's drop_path_uniform), no
         # layer-wise lr decay (optim.layerwise_decay 1.0), the default config's
         # patch-embedding lr x 0.2, on timm's DINOv2 ViT-L/14 at 224 px (layerscale 1e-5; its
-        # SwiGLU FFN is not reproduced); patch_center_tokens as DINOv2 (no running centre here)
+        # SwiGLU FFN is not reproduced); patch_center_tokens as DINOv2 (no running centre here);
+        # last layer frozen by lr 0 and clipping per part as "dinov2_in1k"
         "dinov2": dict(encoder="timm:vit_large_patch14_dinov2", out_dim=131072,
                        bottleneck_dim=384, shared_head=False, norm_last_layer=False,
                        momentum=0.994, teacher_temperature=0.07, warmup_teacher_temperature=0.04,
@@ -172,8 +187,9 @@ class IBOT(Method):
                        centering="sinkhorn", patch_center_tokens="masked",
                        mask_probability=0.5, mask_ratio=(0.1, 0.5), koleo_weight=0.1,
                        layer_decay=1.0, patch_embed_lr_scale=0.2,
+                       freeze_last_layer_by="lr", clip_per_part=True,
                        encoder_kwargs=dict(img_size=224, dynamic_img_size=True,
-                                           drop_path_rate=0.4)),
+                                           drop_path_rate=0.4, drop_path_uniform=True)),
         # CIFAR scale (no paper setting): ViT-Tiny at 32 px with 4-px patches (64 tokens), the
         # iBOT settings with DINO's CIFAR head (4096 prototypes)
         "cifar": dict(encoder="timm:vit_tiny_patch16_224", out_dim=4096, shared_head=True,
@@ -184,14 +200,16 @@ class IBOT(Method):
                       encoder_kwargs=dict(img_size=32, patch_size=4, dynamic_img_size=True)),
         # CIFAR scale of DINOv2's objective and optimiser groups (no paper setting): the
         # "cifar" ViT-Tiny and head with Sinkhorn-Knopp centring (vitl14.yaml), KoLeo 0.1,
-        # layer-wise lr decay 0.9 and patch-embedding lr x 0.2 (ssl_default_config.yaml)
+        # layer-wise lr decay 0.9 and patch-embedding lr x 0.2 (ssl_default_config.yaml), the
+        # last layer frozen by lr 0 and clipping per part (train/train.py)
         "dinov2_cifar": dict(encoder="timm:vit_tiny_patch16_224", out_dim=4096, shared_head=True,
                              norm_last_layer=False, momentum=0.996, teacher_temperature=0.07,
                              warmup_teacher_temperature=0.04, teacher_patch_temperature=0.07,
                              warmup_teacher_patch_temperature=0.04, centering="sinkhorn",
                              patch_center_tokens="masked", mask_probability=0.5,
                              mask_ratio=(0.1, 0.5), koleo_weight=0.1, layer_decay=0.9,
-                             patch_embed_lr_scale=0.2,
+                             patch_embed_lr_scale=0.2, freeze_last_layer_by="lr",
+                             clip_per_part=True,
                              encoder_kwargs=dict(img_size=32, patch_size=4,
                                                  dynamic_img_size=True)),
     }
@@ -212,6 +230,7 @@ class IBOT(Method):
                  weight_decay: float | None = None, weight_decay_end: float | None = None,
                  freeze_last_layer_steps: int = 0, patch_center_tokens: str = "all",
                  layer_decay: float = 1.0, patch_embed_lr_scale: float = 1.0,
+                 freeze_last_layer_by: str = "grad", clip_per_part: bool = False,
                  encoder_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__()
         if centering not in CENTERING:
@@ -220,6 +239,9 @@ class IBOT(Method):
             raise ValueError(f"iBOT: patch_center_tokens must be one of {PATCH_CENTER_TOKENS}, "
                              f"got {patch_center_tokens!r}")
         check_layer_decay("iBOT", layer_decay, patch_embed_lr_scale)
+        if freeze_last_layer_by not in FROZEN_BY:
+            raise ValueError(f"iBOT: freeze_last_layer_by must be one of {FROZEN_BY}, got "
+                             f"{freeze_last_layer_by!r}")
         if not 0.0 <= momentum <= 1.0 or not 0.0 <= center_momentum <= 1.0:
             raise ValueError(f"iBOT: momentum and center_momentum must be in [0, 1], got "
                              f"{momentum}, {center_momentum}")
@@ -267,6 +289,7 @@ class IBOT(Method):
         self.weight_decays = (None if weight_decay is None or weight_decay_end is None
                               else (weight_decay, weight_decay_end))
         self.freeze_last_layer_steps = freeze_last_layer_steps
+        self.freeze_last_layer_by, self.clip_per_part = freeze_last_layer_by, clip_per_part
         self.patch_center_tokens = patch_center_tokens
         self.layer_decay, self.patch_embed_lr_scale = layer_decay, patch_embed_lr_scale
 
@@ -282,11 +305,24 @@ class IBOT(Method):
     def param_groups(self) -> list[ParamGroup]:
         """DINOv2's layer-wise lr groups of the student ViT and its mask token (none at
         ``layer_decay = patch_embed_lr_scale = 1``), then the heads' frozen last layer (lr
-        scale 1, as DINOv2's heads): disjoint parameters."""
+        scale 1, as DINOv2's heads; frozen by ``freeze_last_layer_by``): disjoint parameters."""
         heads = [self.head] + ([self.patch_head] if self.patch_head is not None else [])
         return [*vit_layer_groups(self.encoder, self.layer_decay, self.patch_embed_lr_scale,
                                   embeddings=[self.mask_token]),
-                *last_layer_groups(heads, self.freeze_last_layer_steps)]
+                *last_layer_groups(heads, self.freeze_last_layer_steps,
+                                   self.freeze_last_layer_by)]
+
+    def clip_parts(self) -> dict[str, list[nn.Parameter]]:
+        """With ``clip_per_part``, DINOv2's student parts (``ssl_meta_arch.py``:
+        ``student_model_dict``): ``backbone`` (the ViT and the mask token, which DINOv2's
+        backbone holds), ``dino_head`` and, when separate, ``ibot_head``; none otherwise."""
+        if not self.clip_per_part:
+            return {}
+        parts = {"backbone": [*self.encoder.parameters(), self.mask_token],
+                 "dino_head": list(self.head.parameters())}
+        if self.patch_head is not None:
+            parts["ibot_head"] = list(self.patch_head.parameters())
+        return parts
 
     def draw_masks(self, n: int, height: int, width: int) -> Tensor:
         """(n, height * width) bool masks of n global-crop images (see the module docstring);

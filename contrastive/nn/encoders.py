@@ -4,7 +4,10 @@ Names:
 
 - ``"timm:<model>"``: any ``timm.list_models()`` architecture, built with ``num_classes=0``
   (timm's own pooled, pre-logits output); extra keyword arguments go to
-  ``timm.create_model`` (e.g. ``img_size=32`` for a ViT).
+  ``timm.create_model`` (e.g. ``img_size=32`` for a ViT), save ``drop_path_uniform=True``:
+  every block of a ViT drops its paths at ``drop_path_rate`` (DINOv2's
+  ``student.drop_path_uniform``; timm grows the rate linearly from 0 over the blocks), see
+  :func:`set_uniform_drop_path`.
 - ``"torchvision:<model>"``: any torchvision classification model; its last ``nn.Linear``
   (the classifier) is replaced by ``nn.Identity``; keyword arguments go to
   ``torchvision.models.get_model``.
@@ -48,6 +51,7 @@ __all__ = [
     "list_encoders",
     "register_encoder",
     "resolve_encoder",
+    "set_uniform_drop_path",
     "split_classifier",
     "stage_features",
 ]
@@ -135,7 +139,39 @@ def _create_timm(model: str, pretrained: bool, **kwargs: Any) -> nn.Module:
     if not timm.is_model(model):
         raise _unknown(f"timm:{model}", _timm_names())
     kwargs.setdefault("num_classes", 0)
-    return timm.create_model(model, pretrained=pretrained, **kwargs)
+    uniform = bool(kwargs.pop("drop_path_uniform", False))
+    net = timm.create_model(model, pretrained=pretrained, **kwargs)
+    if uniform:
+        set_uniform_drop_path(net, float(kwargs.get("drop_path_rate") or 0.0),
+                              what=f"timm:{model}")
+    return net
+
+
+def set_uniform_drop_path(vit: nn.Module, rate: float, *, what: str = "the encoder") -> None:
+    """Give every block of a timm ViT (``vit.blocks``, each with ``drop_path1`` /
+    ``drop_path2``) drop path at ``rate``, in place of timm's linear growth from 0 in the first
+    block to ``rate`` in the last (``calculate_drop_path_rates``): DINOv2's
+    ``drop_path_uniform`` (``dinov2/models/vision_transformer.py``: ``DinoVisionTransformer``,
+    ``dpr = [drop_path_rate] * depth``; true in ``ssl_default_config.yaml``). timm's
+    ``DropPath`` keeps a sample with probability 1 - rate and scales it by 1 / (1 - rate);
+    DINOv2's blocks do that below rate 0.1 and above it run the residual on a random
+    ``int(B (1 - rate))`` samples scaled by B / their number (``dinov2/layers/block.py``:
+    ``drop_add_residual_stochastic_depth``): the same expectation, a fixed count."""
+    from timm.layers import DropPath
+
+    found = getattr(vit, "blocks", None)
+    blocks = list(found.children()) if isinstance(found, nn.Module) else []
+    if not blocks or any(not (hasattr(b, "drop_path1") and hasattr(b, "drop_path2"))
+                         for b in blocks):
+        raise EncoderArgumentError(
+            f"encoder {what!r}: drop_path_uniform needs a timm ViT whose blocks have drop_path1 "
+            "and drop_path2; leave drop_path_uniform out of the encoder kwargs")
+    if not 0.0 <= rate < 1.0:
+        raise EncoderArgumentError(f"encoder {what!r}: drop_path_rate must be in [0, 1), got "
+                                   f"{rate}")
+    for block in blocks:
+        block.drop_path1 = DropPath(rate) if rate > 0 else nn.Identity()
+        block.drop_path2 = DropPath(rate) if rate > 0 else nn.Identity()
 
 
 def _create_torchvision(model: str, pretrained: bool, **kwargs: Any) -> nn.Module:

@@ -136,7 +136,7 @@ def test_declared_groups_weight_decay_fixed_lr_and_frozen_steps(name):
     """Each kind of declared group against the same optimiser built by hand on the rest: the
     head never decays, the predictor keeps lr 0.05 while the schedule moves, the prototypes do
     not move (nor gather optimiser state) for their first 2 steps."""
-    from contrastive.engine.optim import drop_frozen_grads, set_lr
+    from contrastive.engine.optim import hold_frozen_groups, set_lr
 
     net = _Declared()
     opt = build_optimizer(net, name, lr=0.1, weight_decay=0.5, momentum=0.9)
@@ -154,7 +154,7 @@ def test_declared_groups_weight_decay_fixed_lr_and_frozen_steps(name):
         assert groups["decay"]["lr"] == groups["head"]["lr"] == lr
         opt.zero_grad()
         net(x).backward()
-        drop_frozen_grads(opt, step)
+        hold_frozen_groups(opt, step)
         assert (net.prototypes.weight.grad is None) == (step < 2)
         opt.step()
         protos.append(net.prototypes.weight.detach().clone())
@@ -258,3 +258,66 @@ def test_lr_scale_is_applied_from_the_first_step_and_checked():
         ParamGroup("b", [net.head.weight], lr_scale=-1.0)
     with pytest.raises(ValueError, match="'c'.*not both"):
         ParamGroup("c", [net.head.weight], lr=0.1, lr_scale=0.5)
+
+
+def _adamw_by_hand(p: torch.Tensor, grads: list[torch.Tensor], lrs: list[float], wd: float,
+                   betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> torch.Tensor:
+    """AdamW (Loshchilov & Hutter; torch's update) written out: decay p *= 1 - lr wd, moments,
+    bias corrections by the step count t (which counts every step, lr 0 or not)."""
+    b1, b2 = betas
+    m, v = torch.zeros_like(p), torch.zeros_like(p)
+    for t, (g, lr) in enumerate(zip(grads, lrs), start=1):
+        p = p * (1 - lr * wd)
+        m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+        p = p - lr * (m / (1 - b1 ** t)) / ((v / (1 - b2 ** t)).sqrt() + eps)
+    return p
+
+
+@pytest.mark.parametrize("frozen_by", ["lr", "grad"])
+def test_frozen_by_lr_moves_adamws_moments_frozen_by_grad_does_not(frozen_by):
+    """DINOv2's last layer (lr 0 for its first steps, ``last_layer_lr_schedule``) against DINO's
+    (gradients dropped, ``cancel_gradients_last_layer``), 3 AdamW steps in float64 with weight
+    decay, frozen for 2: both stay still for 2 steps; then "lr" moves as AdamW's third step
+    (moments over all 3 gradients, bias corrections at t = 3) and "grad" as its first step on
+    the third gradient alone (the state was never made), each to the update written out; the
+    other parameters are the plain AdamW in both. set_lr gives the frozen group its lr back."""
+    from contrastive.engine.optim import hold_frozen_groups, set_lr
+    from contrastive.methods import ParamGroup
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 4, bias=False), nn.Linear(4, 2, bias=False)).double()
+    before = [p.detach().clone() for p in net.parameters()]
+    net.param_groups = lambda: [ParamGroup("last", [net[1].weight], frozen_steps=2,
+                                           frozen_by=frozen_by)]
+    wd, lrs = 0.3, [0.1, 0.07, 0.05]
+    opt = build_optimizer(net, "adamw", lr=lrs[0], weight_decay=wd)
+    last = next(g for g in opt.param_groups if g["name"] == "last")
+    assert last.get("frozen_by_lr", False) == (frozen_by == "lr")
+    gen = torch.Generator().manual_seed(1)
+    grads = [[torch.randn(p.shape, generator=gen, dtype=torch.float64) for p in net.parameters()]
+             for _ in lrs]
+    for step, lr in enumerate(lrs):
+        set_lr(opt, lr)
+        assert last["lr"] == lr  # given back after the frozen steps' 0
+        for p, g in zip(net.parameters(), grads[step]):
+            p.grad = g.clone()
+        hold_frozen_groups(opt, step)
+        assert (net[1].weight.grad is None) == (frozen_by == "grad" and step < 2)
+        assert last["lr"] == (0.0 if frozen_by == "lr" and step < 2 else lr)
+        opt.step()
+        if step < 2:
+            assert torch.equal(net[1].weight.detach(), before[1])
+            assert bool(opt.state[net[1].weight]) == (frozen_by == "lr")
+    first = _adamw_by_hand(before[0], [g[0] for g in grads], lrs, wd)
+    torch.testing.assert_close(net[0].weight.detach(), first, rtol=1e-12, atol=0)
+    if frozen_by == "lr":
+        want = _adamw_by_hand(before[1], [g[1] for g in grads], [0.0, 0.0, lrs[2]], wd)
+    else:
+        want = _adamw_by_hand(before[1], [grads[2][1]], [lrs[2]], wd)
+    torch.testing.assert_close(net[1].weight.detach(), want, rtol=1e-12, atol=0)
+    other = _adamw_by_hand(before[1], [grads[2][1]] if frozen_by == "lr" else
+                           [g[1] for g in grads], [lrs[2]] if frozen_by == "lr" else
+                           [0.0, 0.0, lrs[2]], wd)
+    assert (net[1].weight.detach() - other).abs().max() > 1e-4  # the two ways differ
+    with pytest.raises(ValueError, match="frozen_by must be one of"):
+        ParamGroup("x", [net[1].weight], frozen_steps=1, frozen_by="zero")

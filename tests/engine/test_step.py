@@ -140,3 +140,137 @@ def test_window_vector_sums_are_the_per_name_sums_bit_for_bit():
         want = _reference_means(outs)
         assert list(got) == list(want) and all(got[k] == want[k] for k in want)  # exact
         assert window.last is outs[-1] and window.means(acc) == {}  # a new window
+
+
+# ---- clipping parts (Method.clip_parts: DINOv2 clips its backbone and heads apart) -------------
+
+class _Parts(nn.Module):
+    """Three parameters: ``a`` and ``b`` declared as parts, ``c`` in none (the rest)."""
+
+    def __init__(self, declare: bool = True) -> None:
+        super().__init__()
+        self.a = nn.Parameter(torch.zeros(2, dtype=torch.float64))
+        self.b = nn.Parameter(torch.zeros(2, dtype=torch.float64))
+        self.c = nn.Parameter(torch.zeros(2, dtype=torch.float64))
+        self.frozen = nn.Parameter(torch.zeros(2, dtype=torch.float64), requires_grad=False)
+        self.declare = declare
+
+    def clip_parts(self) -> dict:
+        return {"a": [self.a], "b": [self.b, self.frozen]} if self.declare else {}
+
+    def forward(self, batch: dict) -> dict:
+        w = batch["w"]  # the gradients: d loss / d param = w[i]
+        return {"loss": (w[0] * self.a).sum() + (w[1] * self.b).sum() + (w[2] * self.c).sum()}
+
+
+#: gradient norms 5 (a), 1 (b), 10 (c): with max norm 2, a and c are clipped, b is not
+_GRADS = torch.tensor([[3.0, 4.0], [0.6, 0.8], [6.0, 8.0]], dtype=torch.float64)
+
+
+def _accelerator(accum: int = 1, precision: str = "no"):
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    PartialState._reset_state()
+    return Accelerator(cpu=True, gradient_accumulation_steps=accum, mixed_precision=precision)
+
+
+def _clipped_grads(model: nn.Module, direct: bool = True, accum: int = 1) -> list[torch.Tensor]:
+    """The gradients after one optimiser step's clip (to 2.0) through the step, with the
+    optimiser step itself a no-op (lr 0), over ``accum`` micro-batches of _GRADS / ... each."""
+    acc = _accelerator(accum)
+    model = acc.prepare(model)
+    opt = acc.prepare(torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0))
+    up = Updater(model, opt, acc)
+    up.direct, up._inner = direct, (opt.optimizer if direct else opt)
+    grads: list[torch.Tensor] = []
+    up.zero_grad = lambda: grads.extend(  # type: ignore[method-assign]
+        p.grad.clone() for p in (model.a, model.b, model.c) if acc.sync_gradients)
+    cfg = SimpleNamespace(on_nonfinite="stop", clip_grad_norm=2.0)
+    for _ in range(accum):  # each micro-batch's loss is divided by accum: the sum is _GRADS
+        optimisation_step(model, {"w": _GRADS}, opt, acc, cfg, 0, NonFiniteGuard(acc.device),
+                          ScalarWindow(), updater=up)
+    return grads
+
+
+def _formula(parts: list[list[int]]) -> list[torch.Tensor]:
+    """torch's clip_grad_norm_ written out: each part's gradients times min(1, 2 / (|g| +
+    1e-6)), |g| the norm of the part's gradients together."""
+    out = [g.clone() for g in _GRADS]
+    for part in parts:
+        norm = torch.cat([_GRADS[i] for i in part]).norm()
+        for i in part:
+            out[i] = _GRADS[i] * min(1.0, 2.0 / (float(norm) + 1e-6))
+    return out
+
+
+@pytest.mark.parametrize("direct", [True, False])
+@pytest.mark.parametrize("accum", [1, 2])
+def test_each_clip_part_is_clipped_to_the_formula(direct, accum):
+    """Parts a and b and the rest c: each clipped apart by its own norm (a x 2/5, b unclipped at
+    norm 1, c x 2/10), through the torch calls and accelerate's path, with and without
+    accumulation (the clip sees the summed gradients once); the frozen parameter of part b
+    (no gradient) is left out. All together would clip all three by 2 / sqrt(126)."""
+    got = _clipped_grads(_Parts(), direct, accum)
+    want = _formula([[0], [1], [2]])
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-15, atol=0)
+    assert float(got[1].norm()) == pytest.approx(1.0) and float(got[0].norm()) < 2.0 + 1e-9
+    together = _formula([[0, 1, 2]])
+    assert not torch.allclose(got[0], together[0])
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_without_parts_the_clip_is_torchs_over_all_parameters_bit_for_bit(direct):
+    """The default (a model without clip_parts, or one that declares none) is the clip of
+    before: torch's clip_grad_norm_ of every parameter together, bit for bit."""
+    got = _clipped_grads(_Parts(declare=False), direct)
+    ref = [nn.Parameter(g.clone()) for g in _GRADS]
+    for p, g in zip(ref, _GRADS):
+        p.grad = g.clone()
+    torch.nn.utils.clip_grad_norm_(ref, 2.0)
+    assert all(torch.equal(a, p.grad) for a, p in zip(got, ref))
+    plain = Updater(nn.Linear(2, 2), SimpleNamespace(), SimpleNamespace(
+        gradient_accumulation_steps=1, distributed_type="other"))
+    assert plain.clip_lists is None  # no clip_parts at all: the same path
+
+
+def test_clip_parts_with_an_fp16_scaler_unscale_once_then_clip_each_part():
+    """accelerate's fp16 path: the scaled gradients are unscaled once (the scaler refuses a
+    second unscale_ before update()), then each part is clipped: the same gradients as without
+    scaling (the scale is a power of 2: exact). On the CPU accelerate makes no scaler: one is
+    set by hand where its fp16 path reads it."""
+    acc = _accelerator(precision="fp16")
+    model = acc.prepare(_Parts())
+    opt = acc.prepare(torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0))
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+    acc.scaler, acc.native_amp, opt.scaler = scaler, True, scaler
+    up = Updater(model, opt, acc)
+    assert not up.direct and up.clip_lists is not None
+    scaler.scale(model({"w": _GRADS})["loss"]).backward()
+    assert torch.equal(model.a.grad, _GRADS[0] * 2.0 ** 10)
+    up.clip(2.0)
+    want = _formula([[0], [1], [2]])
+    for p, w in zip((model.a, model.b, model.c), want):
+        torch.testing.assert_close(p.grad, w, rtol=1e-15, atol=0)
+    with pytest.raises(RuntimeError, match="unscale_"):  # what a second unscale would meet
+        scaler.unscale_(opt.optimizer)
+
+
+def test_clip_parts_refused_where_accelerate_clips_the_whole_model():
+    from accelerate.utils import DistributedType
+
+    from contrastive.engine.step import ClipPartsError, clip_groups
+
+    model = _Parts()
+    for kind in (DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.XLA):
+        acc = SimpleNamespace(distributed_type=kind, gradient_accumulation_steps=1, scaler=None)
+        with pytest.raises(ClipPartsError, match="clips its parts \\['a', 'b'\\] apart"):
+            Updater(model, SimpleNamespace(), acc)
+        Updater(_Parts(declare=False), SimpleNamespace(), acc)  # no parts: accelerate's clip
+    with pytest.raises(ClipPartsError, match="two clipping parts: 'a' and 'b'"):
+        clip_groups(list(model.parameters()), {"a": [model.a], "b": [model.a]})
+    groups = clip_groups(list(model.parameters()), model.clip_parts())
+    assert [[id(p) for p in g] for g in groups] == [[id(model.a)], [id(model.b)], [id(model.c)]]

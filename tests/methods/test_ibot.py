@@ -369,3 +369,60 @@ def test_bad_layer_decay_is_a_one_line_error(kw):
     assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match="patch_center_tokens"):
         build(patch_center_tokens="unmasked")
+
+
+def test_dinov2_presets_clip_per_part_freeze_by_lr_and_uniform_drop_path():
+    """DINOv2's train.py / ssl_default_config.yaml in the presets: the gradient clipped per
+    student part, the last layer frozen by a zero lr, drop path 0.3 (vitl14: 0.4) in every one
+    of ViT-L's 24 blocks (timm's own grows linearly from 0); iBOT's keep the old ways."""
+    from timm.layers import DropPath
+
+    with torch.device("meta"):
+        built = {name: IBOT.from_preset(name) for name in ("dinov2_in1k", "dinov2", "vit_small")}
+    for name, rate in (("dinov2_in1k", 0.3), ("dinov2", 0.4)):
+        m = built[name]
+        assert m.clip_per_part and m.freeze_last_layer_by == "lr"
+        paths = [getattr(b, f"drop_path{i}") for b in m.encoder.blocks for i in (1, 2)]
+        assert len(paths) == 48 and all(type(d) is DropPath and d.drop_prob == rate
+                                        for d in paths), name
+    assert IBOT.presets["dinov2_cifar"]["clip_per_part"]
+    assert IBOT.presets["dinov2_cifar"]["freeze_last_layer_by"] == "lr"
+    small = built["vit_small"]
+    assert not small.clip_per_part and small.freeze_last_layer_by == "grad"
+    assert small.clip_parts() == {}
+    rates = [b.drop_path1.drop_prob for b in small.encoder.blocks[1:]]
+    assert type(small.encoder.blocks[0].drop_path1) is not DropPath and rates[-1] == \
+        pytest.approx(0.1) and rates[0] < 0.02  # iBOT's: timm's linear growth to 0.1
+
+
+@pytest.mark.parametrize("shared_head", [True, False])
+def test_clip_parts_are_dinov2s_student_parts(shared_head):
+    """backbone (the ViT and the mask token), dino_head, ibot_head when separate: every
+    trainable parameter in exactly one part (none left over), none of the teacher's."""
+    from contrastive.engine.step import clip_groups
+
+    method = build(shared_head=shared_head, patch_out_dim=10, clip_per_part=True)
+    parts = method.clip_parts()
+    assert list(parts) == ["backbone", "dino_head"] + ([] if shared_head else ["ibot_head"])
+    ids = {name: {id(p) for p in ps} for name, ps in parts.items()}
+    assert ids["backbone"] == {id(p) for p in method.encoder.parameters()} | \
+        {id(method.mask_token)}
+    assert ids["dino_head"] == {id(p) for p in method.head.parameters()}
+    groups = clip_groups(list(method.parameters()), parts)
+    trainable = [p for p in method.parameters() if p.requires_grad]
+    assert len(groups) == len(parts) and sum(map(len, groups)) == len(trainable)
+    assert not {id(p) for p in method.teacher.parameters()} & set().union(*ids.values())
+
+
+def test_freeze_last_layer_by_lr_reaches_the_optimiser_group():
+    from contrastive.engine.optim import build_optimizer
+
+    for by in ("lr", "grad"):
+        method = build(freeze_last_layer_steps=2, freeze_last_layer_by=by)
+        opt = build_optimizer(method, "adamw", lr=1.0, weight_decay=0.04)
+        last = [g for g in opt.param_groups if g["name"].startswith("last_layer")]
+        assert last and all(g["frozen_steps"] == 2 for g in last)
+        assert all(g.get("frozen_by_lr", False) == (by == "lr") for g in last)
+        assert all("frozen_by_lr" not in g for g in opt.param_groups if g not in last)
+    with pytest.raises(ValueError, match="freeze_last_layer_by must be one of"):
+        build(freeze_last_layer_by="zero")

@@ -233,3 +233,34 @@ def test_split_classifier_old_import_path() -> None:
     from contrastive.methods.distill import split_classifier as old
 
     assert old is split_classifier
+
+
+def test_drop_path_uniform_gives_every_vit_block_the_rate():
+    """DINOv2's drop_path_uniform: both drop paths of every block at drop_path_rate (timm's
+    default grows linearly from 0 in the first block); refused by a model without ViT blocks."""
+    from timm.layers import DropPath
+
+    from contrastive.nn.encoders import EncoderArgumentError, set_uniform_drop_path
+
+    kw = dict(img_size=16, patch_size=4, embed_dim=16, depth=4, num_heads=2, drop_path_rate=0.3)
+    vit = create_encoder("timm:vit_tiny_patch16_224", drop_path_uniform=True, **kw)
+    paths = [getattr(b, f"drop_path{i}") for b in vit.blocks for i in (1, 2)]
+    assert len(paths) == 8 and all(type(d) is DropPath and d.drop_prob == 0.3 for d in paths)
+    linear = create_encoder("timm:vit_tiny_patch16_224", **kw)
+    assert type(linear.blocks[0].drop_path1) is not DropPath  # timm's: 0 in the first block
+    assert linear.blocks[1].drop_path1.drop_prob == pytest.approx(0.1)
+    torch.manual_seed(0)
+    x = torch.randn(8, 3, 16, 16)
+    vit.train()
+    assert vit(x).shape == (8, 16)
+    vit.eval()
+    torch.testing.assert_close(vit(x), vit(x))  # no drop in eval
+    plain = create_encoder("timm:vit_tiny_patch16_224", drop_path_uniform=True,
+                           **{**kw, "drop_path_rate": 0.0})
+    assert all(type(b.drop_path1) is torch.nn.Identity for b in plain.blocks)
+    with pytest.raises(EncoderArgumentError, match="drop_path_uniform needs a timm ViT"):
+        create_encoder("timm:resnet18", drop_path_uniform=True, drop_path_rate=0.1)
+    with pytest.raises(EncoderArgumentError, match="takes no keyword argument"):
+        create_encoder("small_cnn", drop_path_uniform=True)
+    with pytest.raises(EncoderArgumentError, match="in \\[0, 1\\)"):
+        set_uniform_drop_path(vit, 1.0)

@@ -74,6 +74,12 @@ def test_dinov2_in1k_defaults_are_the_configs(rx):
                                               "--encoder-kwargs", VIT16, "--out-dim", "16"])
     method = mod.build_method(small)
     assert method.centering == "mean" and method.patch_center_tokens == "masked"
+    # train.py: clip_grad_norm_ per student part, the last layer frozen by a zero lr; the
+    # config's drop_path_uniform (0.3 in every block) in the default encoder kwargs
+    assert (cfg.clip_per_part, cfg.freeze_last_layer_by) == (True, "lr")
+    assert method.clip_per_part and method.freeze_last_layer_by == "lr"
+    assert json.loads(cfg.encoder_kwargs)["drop_path_uniform"] is True
+    assert json.loads(cfg.encoder_kwargs)["drop_path_rate"] == 0.3
     scales = _lr_scales(method)  # L = 2 blocks: layer 0 at 0.9^3, block i at 0.9^(2 - i)
     assert scales["encoder.patch_embed.proj.weight"] == pytest.approx(0.9 ** 3 * 0.2)
     assert scales["mask_token"] == pytest.approx(0.9 ** 3)
@@ -91,6 +97,10 @@ def test_dinov2_cifar_defaults(rx):
     method = mod.build_method(cfg)
     assert tuple(method.encoder.patch_embed.grid_size) == (8, 8)
     assert method.centering == "sinkhorn" and method.weights == (1.0, 1.0, 0.1)
+    assert method.clip_per_part and method.freeze_last_layer_by == "lr"
+    off = mod.build_method(parse_config(mod.DINOv2Cifar, [
+        "--data", "shapes:n=512", "--clip-per-part", "false", "--freeze-last-layer-by", "grad"]))
+    assert not off.clip_per_part and off.freeze_last_layer_by == "grad"
     scales = _lr_scales(method)  # 12 blocks
     assert scales["encoder.patch_embed.proj.weight"] == pytest.approx(0.9 ** 13 * 0.2)
     assert scales["encoder.blocks.11.attn.proj.weight"] == pytest.approx(0.9)
@@ -132,8 +142,12 @@ def test_dinov2_cifar_trains_on_two_processes_with_its_lr_groups(tmp_path, rx):
                        weights_only=True)
     lrs = {g["name"]: g["lr"] for g in state["param_groups"]}
     base = lrs["decay"]
-    assert base > 0 and lrs["last_layer"] == base
+    # the last layer, frozen for the first epoch (4 steps) by DINOv2's zero lr, stepped at 0
+    last = next(g for g in state["param_groups"] if g["name"] == "last_layer")
+    assert base > 0 and last["frozen_steps"] == 4 and last["frozen_by_lr"] and last["lr"] == 0
     for name, scale in (("vit_patch_embed", 0.9 ** 3 * 0.2), ("vit_layer0", 0.9 ** 3),
                         ("vit_layer1", 0.9 ** 2), ("vit_layer2", 0.9)):
         assert lrs[name] == pytest.approx(base * scale, rel=1e-12), name
-        assert lrs[f"{name}_no_decay"] == lrs[name]
+        # layer 0 (position embedding, class and mask tokens: none 1-d) has no no-decay part
+        assert lrs.get(f"{name}_no_decay", lrs[name]) == lrs[name]
+    assert "vit_layer0_no_decay" not in lrs and "vit_layer1_no_decay" in lrs
