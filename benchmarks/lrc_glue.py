@@ -84,6 +84,10 @@ MAIN_VARIANTS = ("ce", "kd", "lrc", "lrc_np")
 # SST-2 first (the slow check's collapse); CoLA added once its search showed LRC-BERT at one
 # class at 5e-5 and 1e-4 while SST-2's two-stage run at 1e-4 trained its classifier
 WHY_VARIANTS, WHY_TASKS, WHY_LR = ("lrc_1stage", "lrc_np_1stage"), ("sst2", "cola"), 1e-4
+# the 2 x 2 at WHY_LR, seed 0: (two stages | one) x (perturbation | none); lrc at WHY_LR is an
+# lr-search run, lrc_np at WHY_LR was added once CoLA's one-stage runs split by perturbation
+WHY_GRID = {("two", "perturb"): "lrc", ("two", "none"): "lrc_np",
+            ("one", "perturb"): "lrc_1stage", ("one", "none"): "lrc_np_1stage"}
 LR_FROM = {"ce": "ce", "kd": "ce", "lrc": "lrc", "lrc_np": "lrc"}  # whose chosen lr a variant uses
 CONTROL_STUDENT = ("--student", f"hf:{MINILM}", "--keep-layers", "1,3,5")
 
@@ -163,7 +167,7 @@ def plan(root: Path) -> list[Run]:
     runs += [student_run(t, v, lr, 0, root, phase="lr") for t in TASKS for v in ("ce", "lrc")
              for lr in LR_GRID]
     runs += [student_run(t, v, WHY_LR, 0, root, phase="why") for t in WHY_TASKS
-             for v in WHY_VARIANTS]
+             for v in (*WHY_VARIANTS, "lrc_np")]
     for seed in SEEDS:
         for t in TASKS:
             for v in MAIN_VARIANTS:
@@ -403,6 +407,24 @@ def table(root: Path, out_file: Path) -> str:
         lines.append(f"- {phase}: {len(done)} of {sum(r.phase == phase for r in runs)} runs "
                      f"done, {train / 3600:.2f} wall hours of training (1 thread each, the machine "
                      "shared)")
+    lines.append("")
+    lines.append(f"The `why` grid at lr {WHY_LR:g}, seed 0: dev (held-out) and the last "
+                 "training window (accuracy / hard CE):")
+    lines.append("")
+    lines.append("| task | schedule | with perturbation | without |")
+    lines.append("|---|---|---|---|")
+    for task in WHY_TASKS:
+        for stages in ("two", "one"):
+            cells = []
+            for noise in ("perturb", "none"):
+                r = data["runs"].get(student_run(task, WHY_GRID[stages, noise], WHY_LR, 0,
+                                                 root).name)
+                end = r and r.get("train_end")
+                cells.append("-" if r is None else
+                             f"{100 * r['dev']['score']:.1f} ({100 * (r['held_out'] or 0):.1f})"
+                             + (f"; {end['accuracy']:.1f} / {end['loss_hard']:.3f}"
+                                if end else ""))
+            lines.append(f"| {TASKS[task]} | {stages} {'stages' if stages == 'two' else 'stage'} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append("A student that predicts one class ends training at the majority share and the "
                  "label entropy: " + "; ".join(

@@ -50,7 +50,8 @@ def _fake_result(folder: Path, held_out: float, dev: float | None = None) -> Non
 def test_plan_chooses_lr_on_held_out_and_reuses_the_search_run(driver, tmp_path: Path) -> None:
     root = tmp_path
     names = [r.name for r in driver.plan(root)]
-    assert len(names) == len(set(names)) == 3 + 18 + 4 + 18  # no main runs before the search ends
+    # teachers, searches, the why grid (2 tasks x 3 runs), control; no main runs before the search
+    assert len(names) == len(set(names)) == 3 + 18 + 6 + 18
     for lr, score in zip(driver.LR_GRID, (0.70, 0.75, 0.75)):  # a tie: the smaller lr wins
         _fake_result(driver.student_run("mrpc", "ce", lr, 0, root).folder(root), score, 0.5)
     assert driver.chosen_lr("mrpc", "ce", root) == 1e-4
