@@ -18,7 +18,8 @@ reason printed.
     nice -n 12 .venv/bin/python benchmarks/recipe_digests.py --check benchmarks/results/recipe_digests.json
 
 ``--only a,b`` runs some recipes (with ``--check``: compared with those alone; a recipe's digests
-do not depend on what ran before it).
+do not depend on what ran before it). ``--extra '--flag value'`` appends arguments to each
+recipe's (a flag that brings the old behaviour back: its digests against the saved ones).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import json
 import logging
 import os
 import runpy
+import shlex
 import sys
 import tempfile
 import time
@@ -152,11 +154,11 @@ def _reset_accelerate() -> None:
     PartialState._reset_state()
 
 
-def run_one(name: str, work: Path) -> dict:
+def run_one(name: str, work: Path, extra: list[str] | None = None) -> dict:
     """Run ``recipes/<name>.py`` as ``__main__`` in this process for STEPS steps into
-    ``work/name`` and return its digests (or the error)."""
+    ``work/name`` and return its digests (or the error); ``extra`` arguments after its own."""
     out = work / name
-    args = [_fill(a, work) for a in ARGS[name]]
+    args = [_fill(a, work) for a in ARGS[name]] + list(extra or [])
     script = RECIPES / f"{name}.py"
     saved_argv = sys.argv
     sys.argv = [str(script), *ENGINE, *args, "--output-dir", str(out)]
@@ -181,8 +183,9 @@ def run_one(name: str, work: Path) -> dict:
     return {**digests(ckpts[-1]), "seconds": round(seconds, 1)}
 
 
-def run_all(names: list[str]) -> dict[str, dict]:
-    """Run ``names`` one after the other (a teacher before its student)."""
+def run_all(names: list[str], extra: list[str] | None = None) -> dict[str, dict]:
+    """Run ``names`` one after the other (a teacher before its student; ``extra`` arguments
+    for ``names``, not for a teacher run only for them)."""
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="recipe_digests_") as tmp:
         work = Path(tmp)
@@ -193,7 +196,7 @@ def run_all(names: list[str]) -> dict[str, dict]:
                     order.append(AFTER[n])  # needed as a teacher, not reported
                 order.append(n)
         for n in order:
-            results[n] = run_one(n, work)
+            results[n] = run_one(n, work, extra if n in names else None)
             print(f"{n}: {results[n].get('model', 'ERROR')[:16]} "
                   f"({results[n].get('seconds', '?')} s)", flush=True)
             if "error" in results[n]:
@@ -224,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", default="", help="compare with this saved JSON; exit 1 on a "
                    "difference")
     p.add_argument("--only", default="", help="comma-separated recipes (default: all)")
+    p.add_argument("--extra", default="", help="arguments appended to each recipe's (one "
+                   "string, shell-quoted)")
     args = p.parse_args(argv)
     # one thread, no GPU, this tree's package (not an installed one), quiet library logs
     os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
@@ -245,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--only: unknown recipes {unknown}; known: {sorted(ARGS)}", file=sys.stderr)
         return 2
     start = time.perf_counter()
-    results = run_all(names)
+    results = run_all(names, shlex.split(args.extra))
     print(f"{len(names)} recipes in {time.perf_counter() - start:.0f} s", flush=True)
     failed = [n for n, r in results.items() if "error" in r]
     if args.out:

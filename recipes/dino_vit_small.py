@@ -3,18 +3,19 @@
 code's defaults (facebookresearch/dino ``main_dino.py``; README: "vanilla DINO training" of
 ViT-S/16 for 100 epochs).
 
-Hyper-parameters: AdamW, lr 0.0005 x batch / 256 after 10 linear-warmup epochs, cosine to
-1e-6, weight decay cosine 0.04 -> 0.4 (a declared schedule), batch 1024 (16 x 64), 100
-epochs, gradient clipping 3.0; DINOHead 2048 hidden, 256 bottleneck, 65536 prototypes with
-the last layer's norm fixed and the layer frozen during the first epoch; teacher momentum
-0.996 -> 1 (cosine), teacher temperature 0.04 (the README's best ViT-S/16 runs warm it up from
-0.04 to 0.07 over 30 epochs: ``--teacher-temperature 0.07 --warmup-teacher-epochs 30``),
-student 0.1, centre momentum 0.9; DINO's multi-crop augmentation (2 x 224 px, 8 x 96 px). The
-ViT is built with ``dynamic_img_size`` (``--encoder-kwargs``): the 96-px local crops pass
-through it with the position embedding resampled to their 6 x 6 patch grid (bicubic, timm's
-``resample_abs_pos_embed``, as the code's ``interpolate_pos_encoding`` in
-``vision_transformer.py``; timm anti-aliases the downsampling, the code does not).
-Reported k-NN / linear top-1 after 100 epochs: 69.3 / 74.0 %.
+Hyper-parameters: AdamW, lr 0.0005 x batch / 256 after 10 linear-warmup epochs, cosine to 1e-6,
+weight decay cosine 0.04 -> 0.4 (a declared schedule), batch 1024 (16 x 64), 100 epochs, gradient
+clipping 3.0 of each parameter apart (``utils.clip_gradients`` in ``train_one_epoch``, before
+``cancel_gradients_last_layer``; ``--clip-mode parameter``, ``--clip-mode all`` clips all parameters
+together); DINOHead 2048 hidden, 256 bottleneck, 65536 prototypes with the last layer's norm fixed
+and the layer frozen during the first epoch; teacher momentum 0.996 -> 1 (cosine), teacher
+temperature 0.04 (the README's best ViT-S/16 runs warm it up from 0.04 to 0.07 over 30 epochs:
+``--teacher-temperature 0.07 --warmup-teacher-epochs 30``), student 0.1, centre momentum 0.9; DINO's
+multi-crop augmentation (2 x 224 px, 8 x 96 px). The ViT is built with ``dynamic_img_size``
+(``--encoder-kwargs``): the 96-px local crops pass through it with the position embedding resampled
+to their 6 x 6 patch grid (bicubic, timm's ``resample_abs_pos_embed``, as the code's
+``interpolate_pos_encoding`` in ``vision_transformer.py``; timm anti-aliases the downsampling, the
+code does not). Reported k-NN / linear top-1 after 100 epochs: 69.3 / 74.0 %.
 
     accelerate launch recipes/dino_vit_small.py --data /path/to/imagenet
 """
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 
 from contrastive.engine import TrainConfig, help_field, run
 from contrastive.methods import DINO
+from contrastive.methods.base import CLIP_MODES
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
 #: (DINO.from_preset("vit_small") builds the same); the fields below default to them
@@ -51,6 +53,10 @@ class DINOViTSmall(TrainConfig):
     warmup_epochs: float = 10
     schedule_per: str = help_field("step", "per iteration", choices=("step", "epoch"))
     clip_grad_norm: float = help_field(3.0, "official --clip_grad 3.0")
+    clip_mode: str = help_field(PRESET["clip_mode"], "what --clip-grad-norm clips apart: "
+                                "each parameter (the code's utils.clip_gradients), each part "
+                                "(encoder, head) or all parameters together (before this was "
+                                "reproduced)", choices=CLIP_MODES)
 
     out_dim: int = help_field(PRESET["out_dim"], "number of prototypes")
     momentum: float = help_field(
@@ -73,6 +79,7 @@ def build_method(cfg: DINOViTSmall):
                 warmup_teacher_steps=cfg.warmup_teacher_epochs * spe,
                 weight_decay=cfg.weight_decay, weight_decay_end=cfg.weight_decay_end,
                 freeze_last_layer_steps=cfg.freeze_last_layer_epochs * spe,
+                clip_mode=cfg.clip_mode,
                 encoder_kwargs=cfg.encoder_options())
 
 

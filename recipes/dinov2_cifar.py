@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from contrastive.engine import CifarConfig, help_field, run
 from contrastive.methods import IBOT
+from contrastive.methods.base import CLIP_MODES
 
 #: the method's keyword arguments at this scale: the one home of these values
 #: (IBOT.from_preset("dinov2_cifar") builds the same); the fields below default to them
@@ -66,8 +67,9 @@ class DINOv2Cifar(CifarConfig):
                                            "lr: lr 0, AdamW's moments moving (DINOv2); grad: "
                                            "gradients dropped (DINO, iBOT)",
                                            choices=("lr", "grad"))
-    clip_per_part: bool = help_field(PRESET["clip_per_part"], "--clip-grad-norm on the ViT and "
-                                     "the head apart (DINOv2) or on all parameters together")
+    clip_mode: str = help_field(PRESET["clip_mode"], "what --clip-grad-norm clips apart: "
+                                "each part, the ViT and the head (DINOv2), each parameter "
+                                "(DINO, iBOT) or all parameters together", choices=CLIP_MODES)
     centering: str = help_field(PRESET["centering"], "sinkhorn (DINOv2 vitl14) | mean | none",
                                 choices=("mean", "sinkhorn", "none"))
     koleo_weight: float = help_field(PRESET["koleo_weight"], "KoLeo weight (DINOv2: 0.1)")
@@ -89,7 +91,7 @@ def build_method(cfg: DINOv2Cifar):
               patch_embed_lr_scale=cfg.patch_embed_lr_scale, weight_decay=cfg.weight_decay,
               weight_decay_end=cfg.weight_decay_end,
               freeze_last_layer_steps=cfg.freeze_last_layer_epochs * spe,
-              freeze_last_layer_by=cfg.freeze_last_layer_by, clip_per_part=cfg.clip_per_part)
+              freeze_last_layer_by=cfg.freeze_last_layer_by, clip_mode=cfg.clip_mode)
     return IBOT(encoder=cfg.encoder, encoder_kwargs=cfg.encoder_options(), **kw)
 
 

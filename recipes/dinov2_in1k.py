@@ -31,7 +31,7 @@ How the settings map onto the engine:
   sqrt(1024) = 1.25e-4: the same lr at every batch size. The cosine floor is a fraction of
   the peak: 1e-6 / 0.00566 at batch 2048.
 
-- DINOv2's parts are reproduced by the preset: clipping per part (``IBOT(clip_per_part=True)``,
+- DINOv2's parts are reproduced by the preset: clipping per part (``IBOT(clip_mode="part")``,
   :meth:`IBOT.clip_parts`: the ViT with its mask token, the head), the last layer frozen by a
   zero lr (``freeze_last_layer_by="lr"``), the same drop path in every block (the encoder's
   ``drop_path_uniform``; kept only while ``--encoder-kwargs`` keeps it).
@@ -54,6 +54,7 @@ from dataclasses import dataclass
 
 from contrastive.engine import TrainConfig, help_field, run
 from contrastive.methods import IBOT
+from contrastive.methods.base import CLIP_MODES
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
 #: (IBOT.from_preset("dinov2_in1k") builds the same); the fields below default to them
@@ -102,8 +103,9 @@ class DINOv2ImageNet(TrainConfig):
                                            "lr: lr 0, AdamW's moments moving (DINOv2); grad: "
                                            "gradients dropped (DINO, iBOT)",
                                            choices=("lr", "grad"))
-    clip_per_part: bool = help_field(PRESET["clip_per_part"], "--clip-grad-norm on the ViT and "
-                                     "the head apart (DINOv2) or on all parameters together")
+    clip_mode: str = help_field(PRESET["clip_mode"], "what --clip-grad-norm clips apart: "
+                                "each part, the ViT and the head (DINOv2), each parameter "
+                                "(DINO, iBOT) or all parameters together", choices=CLIP_MODES)
     koleo_weight: float = help_field(PRESET["koleo_weight"], "dino.koleo_loss_weight")
     layer_decay: float = help_field(PRESET["layer_decay"], "optim.layerwise_decay")
     patch_embed_lr_scale: float = help_field(PRESET["patch_embed_lr_scale"],
@@ -120,7 +122,7 @@ def build_method(cfg: DINOv2ImageNet):
               layer_decay=cfg.layer_decay, patch_embed_lr_scale=cfg.patch_embed_lr_scale,
               weight_decay=cfg.weight_decay, weight_decay_end=cfg.weight_decay_end,
               freeze_last_layer_steps=cfg.freeze_last_layer_steps,
-              freeze_last_layer_by=cfg.freeze_last_layer_by, clip_per_part=cfg.clip_per_part)
+              freeze_last_layer_by=cfg.freeze_last_layer_by, clip_mode=cfg.clip_mode)
     return IBOT(encoder=cfg.encoder, encoder_kwargs=cfg.encoder_options(), **kw)
 
 

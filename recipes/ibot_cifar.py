@@ -1,18 +1,19 @@
 #!/usr/bin/env python
 """iBOT on CIFAR-10 at CPU / one-GPU scale (Zhou et al., ICLR 2022; bytedance/ibot).
 
-The paper gives no CIFAR setup; this keeps its ViT-S/16 recipe (README and ``main_ibot.py``)
-and shrinks the model and the crops: ViT-Tiny (timm's ``vit_tiny_patch16_224`` built at 32 px
-with 4-px patches: 64 tokens, width 192, 12 blocks, ``dynamic_img_size`` for the local crops),
-one head of 4096 prototypes for the class and patch tokens (``--shared_head true``), weight
-norm trainable (``--norm_last_layer false``), teacher momentum 0.996 -> 1, teacher temperature
-0.04 -> 0.07 over 30 epochs (class and patch terms), student 0.1, running centres (0.9), block
-masks on half of the global crops at 10-50 % of the patches (``--pred_ratio 0 0.3
---pred_ratio_var 0 0.2``); AdamW lr 5e-4 x batch / 256 after 10 warm-up epochs, cosine weight
-decay 0.04 -> 0.4, gradient clipping 3.0, last layer frozen during the first epoch; DINO's
-multi-crop augmentation with iBOT's scales (global 0.25-1, local 0.05-0.25) and 10 local crops
-of 16 px. The kNN monitor and the linear probe read the class token. ``--koleo-weight 0.1
---centering sinkhorn`` gives the DINOv2-style objective at this scale.
+The paper gives no CIFAR setup; this keeps its ViT-S/16 recipe (README and ``main_ibot.py``) and
+shrinks the model and the crops: ViT-Tiny (timm's ``vit_tiny_patch16_224`` built at 32 px with 4-px
+patches: 64 tokens, width 192, 12 blocks, ``dynamic_img_size`` for the local crops), one head of
+4096 prototypes for the class and patch tokens (``--shared_head true``), weight norm trainable
+(``--norm_last_layer false``), teacher momentum 0.996 -> 1, teacher temperature 0.04 -> 0.07 over 30
+epochs (class and patch terms), student 0.1, running centres (0.9), block masks on half of the
+global crops at 10-50 % of the patches (``--pred_ratio 0 0.3 --pred_ratio_var 0 0.2``); AdamW lr
+5e-4 x batch / 256 after 10 warm-up epochs, cosine weight decay 0.04 -> 0.4, gradient clipping 3.0
+of each parameter apart (the code's ``utils.clip_gradients``; ``--clip-mode all``: all together),
+last layer frozen during the first epoch; DINO's multi-crop augmentation with iBOT's scales (global
+0.25-1, local 0.05-0.25) and 10 local crops of 16 px. The kNN monitor and the linear probe read the
+class token. ``--koleo-weight 0.1 --centering sinkhorn`` gives the DINOv2-style objective at this
+scale.
 
     python recipes/ibot_cifar.py --data cifar10
 """
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 
 from contrastive.engine import CifarConfig, help_field, run
 from contrastive.methods import IBOT
+from contrastive.methods.base import CLIP_MODES
 
 #: the method's keyword arguments at this scale: the one home of these values
 #: (IBOT.from_preset("cifar") builds the same); the fields below default to them
@@ -44,6 +46,10 @@ class IBOTCifar(CifarConfig):
     weight_decay_end: float = help_field(0.4, "end of the cosine weight-decay schedule")
     exclude_from_wd: bool = help_field(True, "no decay on biases and norms (the code's groups)")
     clip_grad_norm: float = help_field(3.0, "the code's --clip_grad 3.0")
+    clip_mode: str = help_field(PRESET["clip_mode"], "what --clip-grad-norm clips apart: "
+                                "each parameter (the code's utils.clip_gradients), each part "
+                                "(DINOv2) or all parameters together (before this was "
+                                "reproduced)", choices=CLIP_MODES)
     sync_bn: bool = help_field(False, "a ViT has no BatchNorm")
 
     out_dim: int = help_field(PRESET["out_dim"], "prototypes (one head for class and patches)")
@@ -78,7 +84,8 @@ def build_method(cfg: IBOTCifar):
               mask_probability=cfg.mask_probability, mask_ratio=tuple(cfg.mask_ratio),
               koleo_weight=cfg.koleo_weight, weight_decay=cfg.weight_decay,
               weight_decay_end=cfg.weight_decay_end,
-              freeze_last_layer_steps=cfg.freeze_last_layer_epochs * spe)
+              freeze_last_layer_steps=cfg.freeze_last_layer_epochs * spe,
+              clip_mode=cfg.clip_mode)
     return IBOT(encoder=cfg.encoder, encoder_kwargs=cfg.encoder_options(), **kw)
 
 

@@ -169,7 +169,8 @@ class RunConfig:
         "see contrastive.engine.grad_cache")
     clip_grad_norm: float = help_field(
         0.0, "clip the gradient norm to this (0 = off); that of each part apart where the "
-        "method declares parts (Method.clip_parts: DINOv2's backbone and heads)")
+        "method declares parts (Method.clip_parts: DINOv2's backbone and heads; DINO's and iBOT's "
+        "each parameter)")
     on_nonfinite: str = help_field(
         "stop", "non-finite loss: 'stop' with an error naming the step (the last checkpoint "
         "stays good) or 'skip' the optimiser step", choices=("stop", "skip"),

@@ -134,10 +134,13 @@ class Updater:
         self.clip_lists = clip_groups(self.params, parts) if parts else None
         if self.clip_lists is not None and not self.direct and \
                 not separate_clip_allowed(accelerator):
+            names = sorted(parts)
+            shown = f"{names[:4]}"[:-1] + (f", ... ({len(names)} in all)]" if len(names) > 4
+                                           else "]")
             raise ClipPartsError(
-                f"the method clips its parts {sorted(parts)} apart, which runs in one process or "
+                f"the method clips its parts {shown} apart, which runs in one process or "
                 "under DDP (fp16 included), not under FSDP, DeepSpeed or XLA; turn the method's "
-                "per-part clipping off (IBOT: clip_per_part=False)")
+                "per-part clipping off (DINO, IBOT: clip_mode=\"all\")")
 
     def backward(self, loss: torch.Tensor) -> None:
         if not self.direct:

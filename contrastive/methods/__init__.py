@@ -39,7 +39,8 @@ The contract (every method; the training engine relies on nothing else)
   lr 0, DINOv2); the engine builds the optimiser (SGD, LARS as the official MoCo v3 code, AdamW)
   and applies the lr schedule from them.
 - ``clip_parts() -> {name: [params]}`` (optional): parts whose gradient norms ``--clip-grad-norm``
-  clips apart (DINOv2's backbone and heads); by default all parameters together.
+  clips apart (DINOv2's backbone and heads; DINO's and iBOT's each parameter: ``clip_mode``,
+  :func:`~contrastive.methods.base.clip_parts_by`); by default all parameters together.
   Momentum (key) encoders have ``requires_grad=False`` and never enter the optimiser.
 - ``method.encoder``: the backbone. The engine saves it as ``encoder.pt`` and the kNN monitor
   encodes with it; ``--knn-feature head`` uses ``head`` (else ``projector``) on top of it.

@@ -24,6 +24,9 @@ from torch import Tensor, nn
 
 #: how a ParamGroup's frozen_steps hold it still: its gradients dropped, or its lr set to 0
 FROZEN_BY = ("grad", "lr")
+#: what ``--clip-grad-norm`` clips apart (:func:`clip_parts_by`): all parameters together, each
+#: part, each parameter
+CLIP_MODES = ("all", "part", "parameter")
 
 __all__ = ["Method", "ParamGroup", "Schedule", "read", "views_of"]
 
@@ -124,7 +127,8 @@ class Method(nn.Module):
     def clip_parts(self) -> dict[str, list[nn.Parameter]]:
         """Parts whose gradient norms are clipped apart, each to ``--clip-grad-norm`` (DINOv2
         clips its backbone and heads so); trainable parameters in no part form one more part.
-        Empty by default: all parameters together."""
+        Empty by default: all parameters together. :func:`clip_parts_by` builds them for a
+        method's ``clip_mode`` (DINO, iBOT)."""
         return {}
 
     def step_spans(self) -> dict[str, int]:
@@ -213,3 +217,34 @@ def views_of(batch: Mapping[str, Any], method: str, n: int | None = None,
         raise ValueError(f"{method}: every view must be a (N, C, H, W) tensor with the same N, "
                          f"got {shapes}")
     return list(views)
+
+
+def check_clip_mode(method: str, clip_mode: str) -> None:
+    """A one-line ValueError unless ``clip_mode`` is one of :data:`CLIP_MODES`."""
+    if clip_mode not in CLIP_MODES:
+        raise ValueError(f"{method}: clip_mode must be one of {CLIP_MODES}, got {clip_mode!r}")
+
+
+def clip_parts_by(clip_mode: str,
+                  parts: Mapping[str, Sequence[nn.Parameter]]) -> dict[str, list[nn.Parameter]]:
+    """:meth:`Method.clip_parts` of a clip mode over a method's trainable ``parts``:
+
+    - ``"all"``: none, all parameters clipped together (torch's ``clip_grad_norm_``, the
+      engine's default);
+    - ``"part"``: each of ``parts`` apart (DINOv2's ``do_train``: ``for v in
+      model.student.values(): v.clip_grad_norm_(...)``);
+    - ``"parameter"``: each trainable parameter of ``parts`` apart, named ``part[i]``: the
+      gradient ``g`` of each times ``min(1, c / (|g| + 1e-6))``, as DINO's and iBOT's
+      ``utils.clip_gradients`` (facebookresearch/dino, bytedance/ibot; called in their
+      ``train_one_epoch`` before ``cancel_gradients_last_layer``). Each parameter's clip
+      reads its own gradient only, so the order against a dropped (frozen) gradient does not
+      matter.
+    """
+    if clip_mode == "all":
+        return {}
+    if clip_mode == "part":
+        return {name: list(ps) for name, ps in parts.items()}
+    if clip_mode == "parameter":
+        return {f"{name}[{i}]": [p] for name, ps in parts.items()
+                for i, p in enumerate(ps) if p.requires_grad}
+    raise ValueError(f"clip_mode must be one of {CLIP_MODES}, got {clip_mode!r}")

@@ -19,6 +19,9 @@ norm fixed at 1 (``norm_last_layer``). Declared schedules: ``momentum``, ``teach
 constant; the code's 0.04 -> 0.04, or 0.04 -> 0.07 over 30 epochs for ViT-S/16) and
 ``weight_decay`` (cosine ``weight_decay`` -> ``weight_decay_end``: 0.04 -> 0.4), and the last
 layer frozen for ``freeze_last_layer_steps`` (the code's first epoch) as a parameter group.
+``--clip-grad-norm`` clips each parameter's gradient apart with ``clip_mode="parameter"`` (the
+code's ``utils.clip_gradients``, ``--clip_grad 3.0``; :func:`~contrastive.methods.base.clip_parts_by`),
+set by the ``vit_small`` preset.
 """
 
 from __future__ import annotations
@@ -35,7 +38,15 @@ from torch.nn.utils.parametrizations import weight_norm
 
 from contrastive.losses.clustering import dino, dino_center
 from contrastive.methods._common import width
-from contrastive.methods.base import Method, ParamGroup, Schedule, read, views_of
+from contrastive.methods.base import (
+    Method,
+    ParamGroup,
+    Schedule,
+    check_clip_mode,
+    clip_parts_by,
+    read,
+    views_of,
+)
 from contrastive.methods.registry import register_method
 from contrastive.nn import MomentumEncoder, build_mlp, cosine_momentum, resolve_encoder
 
@@ -125,6 +136,10 @@ class DINO(Method):
             the run's constant --weight-decay).
         freeze_last_layer_steps: the last layer does not move for that many steps (0: never
             frozen).
+        clip_mode: what ``--clip-grad-norm`` clips apart (:meth:`clip_parts`): "all"
+            parameters together (the engine's default), each "part" (encoder, head) or each
+            "parameter" (the code's ``utils.clip_gradients``: each gradient times
+            min(1, clip / (|g| + 1e-6))).
         encoder_kwargs: keyword arguments for ``create_encoder``.
     """
 
@@ -134,9 +149,10 @@ class DINO(Method):
         # ViT-S/16 with the code's defaults (main_dino.py): 65536 prototypes, m0 0.996,
         # teacher temperature 0.04 without warm-up, norm_last_layer; dynamic_img_size for the
         # 96-px local crops (timm resamples the 14 x 14 position embedding to 6 x 6, as the
-        # code's vision_transformer.py interpolate_pos_encoding; a fixed-size ViT rejects them)
+        # code's vision_transformer.py interpolate_pos_encoding; a fixed-size ViT rejects them);
+        # each parameter's gradient clipped apart (train_one_epoch: utils.clip_gradients)
         "vit_small": dict(encoder="timm:vit_small_patch16_224", out_dim=65536, momentum=0.996,
-                          teacher_temperature=0.04,
+                          teacher_temperature=0.04, clip_mode="parameter",
                           encoder_kwargs=dict(dynamic_img_size=True)),
         # solo-learn scripts/pretrain/cifar/dino.yaml: ResNet-18, 2048 hidden, 256 bottleneck,
         # 4096 prototypes, tau 0.9995 -> 1
@@ -151,9 +167,10 @@ class DINO(Method):
                  warmup_teacher_temperature: float | None = None, warmup_teacher_steps: int = 0,
                  center_momentum: float = 0.9, num_global: int = 2,
                  weight_decay: float | None = None, weight_decay_end: float | None = None,
-                 freeze_last_layer_steps: int = 0,
+                 freeze_last_layer_steps: int = 0, clip_mode: str = "all",
                  encoder_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__()
+        check_clip_mode("DINO", clip_mode)
         if not 0.0 <= momentum <= 1.0 or not 0.0 <= center_momentum <= 1.0:
             raise ValueError(f"DINO: momentum and center_momentum must be in [0, 1], got "
                              f"{momentum}, {center_momentum}")
@@ -172,7 +189,7 @@ class DINO(Method):
             else warmup_teacher_temperature, teacher_temperature, warmup_teacher_steps)
         self.weight_decays = (None if weight_decay is None or weight_decay_end is None
                               else (weight_decay, weight_decay_end))  # both or neither (above)
-        self.freeze_last_layer_steps = freeze_last_layer_steps
+        self.freeze_last_layer_steps, self.clip_mode = freeze_last_layer_steps, clip_mode
 
     def schedules(self) -> dict[str, Schedule]:
         return teacher_schedules(self.base_momentum,
@@ -184,6 +201,12 @@ class DINO(Method):
 
     def step_spans(self) -> dict[str, int]:
         return teacher_step_spans(self)
+
+    def clip_parts(self) -> dict[str, list[nn.Parameter]]:
+        """The student's parts for ``clip_mode`` (:func:`~contrastive.methods.base.clip_parts_by`):
+        ``encoder`` and ``head``, or each of their trainable parameters; none with "all"."""
+        return clip_parts_by(self.clip_mode, {"encoder": list(self.encoder.parameters()),
+                                              "head": list(self.head.parameters())})
 
     def forward(self, batch: Mapping[str, Any]) -> dict[str, Tensor]:
         views = views_of(batch, "DINO", min_n=self.num_global)

@@ -46,7 +46,8 @@ presets); the heads run on the masked patches only, save the teacher's under iBO
 centre (that centre needs them all). DINOv2's optimiser groups (layer-wise lr decay, patch-embedding
 lr factor) are :meth:`IBOT.param_groups` with ``layer_decay`` / ``patch_embed_lr_scale``; its last
 layer frozen by a zero lr is ``freeze_last_layer_by="lr"``, its clipping of each student part apart
-``clip_per_part`` (:meth:`IBOT.clip_parts`), its drop path equal in every block the encoder's
+``clip_mode="part"`` (:meth:`IBOT.clip_parts`; iBOT's presets clip each parameter apart,
+``clip_mode="parameter"``, as its ``utils.clip_gradients``), its drop path equal in every block the encoder's
 ``drop_path_uniform`` (all set by the DINOv2 presets). The encoder must be a timm ViT; local crops
 of another size need ``dynamic_img_size=True`` (timm resamples the position embedding, as the codes'
 ``interpolate_pos_encoding``).
@@ -65,7 +66,16 @@ from torch import Tensor, nn
 from contrastive.losses.clustering import dino, dino_center, sinkhorn_knopp
 from contrastive.losses.dinov2 import ibot_patch, koleo
 from contrastive.methods._common import check_layer_decay, vit_layer_groups, width
-from contrastive.methods.base import FROZEN_BY, Method, ParamGroup, Schedule, read, views_of
+from contrastive.methods.base import (
+    FROZEN_BY,
+    Method,
+    ParamGroup,
+    Schedule,
+    check_clip_mode,
+    clip_parts_by,
+    read,
+    views_of,
+)
 from contrastive.methods.dino import (
     DINOHead,
     last_layer_groups,
@@ -117,11 +127,12 @@ class IBOT(Method):
             DINO's and iBOT's ``cancel_gradients_last_layer``) or "lr" (its lr 0, AdamW's
             moments still moving: DINOv2's ``last_layer_lr_schedule``); see
             :class:`~contrastive.methods.ParamGroup`.
-        clip_per_part: clip the gradient norm of the student ViT (with the mask token), the
-            head and the patch head each apart (:meth:`clip_parts`), as DINOv2's ``do_train``
+        clip_mode: what ``--clip-grad-norm`` clips apart (:meth:`clip_parts`): "all"
+            parameters together (the engine's default); each "part", the student ViT (with the
+            mask token), the head and the patch head, as DINOv2's ``do_train``
             (``dinov2/train/train.py``: ``for v in model.student.values():
-            v.clip_grad_norm_(cfg.optim.clip_grad)``); False: all parameters together (the
-            engine's default).
+            v.clip_grad_norm_(cfg.optim.clip_grad)``); or each "parameter", as iBOT's
+            ``utils.clip_gradients`` (each gradient times min(1, clip / (|g| + 1e-6))).
         layer_decay, patch_embed_lr_scale: DINOv2's layer-wise lr decay of the student ViT and
             the extra factor of its patch embedding (``optim.layerwise_decay``,
             ``optim.patch_embed_lr_mult``; :func:`~contrastive.methods._common.vit_layer_groups`,
@@ -143,12 +154,14 @@ class IBOT(Method):
         # --norm_last_layer false --shared_head true --out_dim 8192 --pred_ratio 0 0.3
         # --pred_ratio_var 0 0.2; main_ibot.py defaults: momentum 0.996, warm-up temperatures
         # 0.04, patch temperature 0.07, student 0.1, centre momenta 0.9, lambda1 = lambda2 = 1,
-        # drop path 0.1
+        # drop path 0.1; train_one_epoch: each parameter's gradient clipped apart
+        # (utils.clip_gradients, --clip_grad 3.0)
         "vit_small": dict(encoder="timm:vit_small_patch16_224", out_dim=8192, shared_head=True,
                           norm_last_layer=False, momentum=0.996, teacher_temperature=0.07,
                           warmup_teacher_temperature=0.04, teacher_patch_temperature=0.07,
                           warmup_teacher_patch_temperature=0.04, centering="mean",
                           mask_probability=0.5, mask_ratio=(0.1, 0.5), koleo_weight=0.0,
+                          clip_mode="parameter",
                           encoder_kwargs=dict(dynamic_img_size=True, drop_path_rate=0.1)),
         # DINOv2 ssl_default_config.yaml (= train/vitl16_short.yaml, ImageNet-1k): ViT-L/16
         # (student.arch, patch_size), 65536 prototypes (dino.head_n_prototypes), head shared
@@ -170,7 +183,7 @@ class IBOT(Method):
                             patch_center_tokens="masked",
                             mask_probability=0.5, mask_ratio=(0.1, 0.5), koleo_weight=0.1,
                             layer_decay=0.9, patch_embed_lr_scale=0.2,
-                            freeze_last_layer_by="lr", clip_per_part=True,
+                            freeze_last_layer_by="lr", clip_mode="part",
                             encoder_kwargs=dict(dynamic_img_size=True, drop_path_rate=0.3,
                                                 drop_path_uniform=True, init_values=1e-5)),
         # DINOv2 train/vitl14.yaml (LVD-142M): Sinkhorn-Knopp centring, separate heads of
@@ -187,16 +200,18 @@ class IBOT(Method):
                        centering="sinkhorn", patch_center_tokens="masked",
                        mask_probability=0.5, mask_ratio=(0.1, 0.5), koleo_weight=0.1,
                        layer_decay=1.0, patch_embed_lr_scale=0.2,
-                       freeze_last_layer_by="lr", clip_per_part=True,
+                       freeze_last_layer_by="lr", clip_mode="part",
                        encoder_kwargs=dict(img_size=224, dynamic_img_size=True,
                                            drop_path_rate=0.4, drop_path_uniform=True)),
         # CIFAR scale (no paper setting): ViT-Tiny at 32 px with 4-px patches (64 tokens), the
-        # iBOT settings with DINO's CIFAR head (4096 prototypes)
+        # iBOT settings (each parameter clipped apart included) with DINO's CIFAR head (4096
+        # prototypes)
         "cifar": dict(encoder="timm:vit_tiny_patch16_224", out_dim=4096, shared_head=True,
                       norm_last_layer=False, momentum=0.996, teacher_temperature=0.07,
                       warmup_teacher_temperature=0.04, teacher_patch_temperature=0.07,
                       warmup_teacher_patch_temperature=0.04, centering="mean",
                       mask_probability=0.5, mask_ratio=(0.1, 0.5), koleo_weight=0.0,
+                      clip_mode="parameter",
                       encoder_kwargs=dict(img_size=32, patch_size=4, dynamic_img_size=True)),
         # CIFAR scale of DINOv2's objective and optimiser groups (no paper setting): the
         # "cifar" ViT-Tiny and head with Sinkhorn-Knopp centring (vitl14.yaml), KoLeo 0.1,
@@ -209,7 +224,7 @@ class IBOT(Method):
                              patch_center_tokens="masked", mask_probability=0.5,
                              mask_ratio=(0.1, 0.5), koleo_weight=0.1, layer_decay=0.9,
                              patch_embed_lr_scale=0.2, freeze_last_layer_by="lr",
-                             clip_per_part=True,
+                             clip_mode="part",
                              encoder_kwargs=dict(img_size=32, patch_size=4,
                                                  dynamic_img_size=True)),
     }
@@ -230,7 +245,7 @@ class IBOT(Method):
                  weight_decay: float | None = None, weight_decay_end: float | None = None,
                  freeze_last_layer_steps: int = 0, patch_center_tokens: str = "all",
                  layer_decay: float = 1.0, patch_embed_lr_scale: float = 1.0,
-                 freeze_last_layer_by: str = "grad", clip_per_part: bool = False,
+                 freeze_last_layer_by: str = "grad", clip_mode: str = "all",
                  encoder_kwargs: dict[str, Any] | None = None) -> None:
         super().__init__()
         if centering not in CENTERING:
@@ -239,6 +254,7 @@ class IBOT(Method):
             raise ValueError(f"iBOT: patch_center_tokens must be one of {PATCH_CENTER_TOKENS}, "
                              f"got {patch_center_tokens!r}")
         check_layer_decay("iBOT", layer_decay, patch_embed_lr_scale)
+        check_clip_mode("iBOT", clip_mode)
         if freeze_last_layer_by not in FROZEN_BY:
             raise ValueError(f"iBOT: freeze_last_layer_by must be one of {FROZEN_BY}, got "
                              f"{freeze_last_layer_by!r}")
@@ -289,7 +305,7 @@ class IBOT(Method):
         self.weight_decays = (None if weight_decay is None or weight_decay_end is None
                               else (weight_decay, weight_decay_end))
         self.freeze_last_layer_steps = freeze_last_layer_steps
-        self.freeze_last_layer_by, self.clip_per_part = freeze_last_layer_by, clip_per_part
+        self.freeze_last_layer_by, self.clip_mode = freeze_last_layer_by, clip_mode
         self.patch_center_tokens = patch_center_tokens
         self.layer_decay, self.patch_embed_lr_scale = layer_decay, patch_embed_lr_scale
 
@@ -313,16 +329,16 @@ class IBOT(Method):
                                    self.freeze_last_layer_by)]
 
     def clip_parts(self) -> dict[str, list[nn.Parameter]]:
-        """With ``clip_per_part``, DINOv2's student parts (``ssl_meta_arch.py``:
-        ``student_model_dict``): ``backbone`` (the ViT and the mask token, which DINOv2's
-        backbone holds), ``dino_head`` and, when separate, ``ibot_head``; none otherwise."""
-        if not self.clip_per_part:
-            return {}
+        """The student's parts for ``clip_mode``
+        (:func:`~contrastive.methods.base.clip_parts_by`): DINOv2's (``ssl_meta_arch.py``:
+        ``student_model_dict``) ``backbone`` (the ViT and the mask token, which DINOv2's
+        backbone holds), ``dino_head`` and, when separate, ``ibot_head`` ("part"); each of
+        their trainable parameters ("parameter"); none ("all")."""
         parts = {"backbone": [*self.encoder.parameters(), self.mask_token],
                  "dino_head": list(self.head.parameters())}
         if self.patch_head is not None:
             parts["ibot_head"] = list(self.patch_head.parameters())
-        return parts
+        return clip_parts_by(self.clip_mode, parts)
 
     def draw_masks(self, n: int, height: int, width: int) -> Tensor:
         """(n, height * width) bool masks of n global-crop images (see the module docstring);

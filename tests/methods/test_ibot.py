@@ -374,22 +374,23 @@ def test_bad_layer_decay_is_a_one_line_error(kw):
 def test_dinov2_presets_clip_per_part_freeze_by_lr_and_uniform_drop_path():
     """DINOv2's train.py / ssl_default_config.yaml in the presets: the gradient clipped per
     student part, the last layer frozen by a zero lr, drop path 0.3 (vitl14: 0.4) in every one
-    of ViT-L's 24 blocks (timm's own grows linearly from 0); iBOT's keep the old ways."""
+    of ViT-L's 24 blocks (timm's own grows linearly from 0); iBOT's clip each parameter apart
+    (its utils.clip_gradients) and keep the other old ways."""
     from timm.layers import DropPath
 
     with torch.device("meta"):
         built = {name: IBOT.from_preset(name) for name in ("dinov2_in1k", "dinov2", "vit_small")}
     for name, rate in (("dinov2_in1k", 0.3), ("dinov2", 0.4)):
         m = built[name]
-        assert m.clip_per_part and m.freeze_last_layer_by == "lr"
+        assert m.clip_mode == "part" and m.freeze_last_layer_by == "lr"
         paths = [getattr(b, f"drop_path{i}") for b in m.encoder.blocks for i in (1, 2)]
         assert len(paths) == 48 and all(type(d) is DropPath and d.drop_prob == rate
                                         for d in paths), name
-    assert IBOT.presets["dinov2_cifar"]["clip_per_part"]
+    assert IBOT.presets["dinov2_cifar"]["clip_mode"] == "part"
     assert IBOT.presets["dinov2_cifar"]["freeze_last_layer_by"] == "lr"
     small = built["vit_small"]
-    assert not small.clip_per_part and small.freeze_last_layer_by == "grad"
-    assert small.clip_parts() == {}
+    assert small.clip_mode == "parameter" and small.freeze_last_layer_by == "grad"
+    assert IBOT.presets["cifar"]["clip_mode"] == "parameter"
     rates = [b.drop_path1.drop_prob for b in small.encoder.blocks[1:]]
     assert type(small.encoder.blocks[0].drop_path1) is not DropPath and rates[-1] == \
         pytest.approx(0.1) and rates[0] < 0.02  # iBOT's: timm's linear growth to 0.1
@@ -401,7 +402,7 @@ def test_clip_parts_are_dinov2s_student_parts(shared_head):
     trainable parameter in exactly one part (none left over), none of the teacher's."""
     from contrastive.engine.step import clip_groups
 
-    method = build(shared_head=shared_head, patch_out_dim=10, clip_per_part=True)
+    method = build(shared_head=shared_head, patch_out_dim=10, clip_mode="part")
     parts = method.clip_parts()
     assert list(parts) == ["backbone", "dino_head"] + ([] if shared_head else ["ibot_head"])
     ids = {name: {id(p) for p in ps} for name, ps in parts.items()}

@@ -76,8 +76,8 @@ def test_dinov2_in1k_defaults_are_the_configs(rx):
     assert method.centering == "mean" and method.patch_center_tokens == "masked"
     # train.py: clip_grad_norm_ per student part, the last layer frozen by a zero lr; the
     # config's drop_path_uniform (0.3 in every block) in the default encoder kwargs
-    assert (cfg.clip_per_part, cfg.freeze_last_layer_by) == (True, "lr")
-    assert method.clip_per_part and method.freeze_last_layer_by == "lr"
+    assert (cfg.clip_mode, cfg.freeze_last_layer_by) == ("part", "lr")
+    assert method.clip_mode == "part" and method.freeze_last_layer_by == "lr"
     assert json.loads(cfg.encoder_kwargs)["drop_path_uniform"] is True
     assert json.loads(cfg.encoder_kwargs)["drop_path_rate"] == 0.3
     scales = _lr_scales(method)  # L = 2 blocks: layer 0 at 0.9^3, block i at 0.9^(2 - i)
@@ -97,10 +97,11 @@ def test_dinov2_cifar_defaults(rx):
     method = mod.build_method(cfg)
     assert tuple(method.encoder.patch_embed.grid_size) == (8, 8)
     assert method.centering == "sinkhorn" and method.weights == (1.0, 1.0, 0.1)
-    assert method.clip_per_part and method.freeze_last_layer_by == "lr"
+    assert method.clip_mode == "part" and method.freeze_last_layer_by == "lr"
     off = mod.build_method(parse_config(mod.DINOv2Cifar, [
-        "--data", "shapes:n=512", "--clip-per-part", "false", "--freeze-last-layer-by", "grad"]))
-    assert not off.clip_per_part and off.freeze_last_layer_by == "grad"
+        "--data", "shapes:n=512", "--clip-mode", "all", "--freeze-last-layer-by", "grad"]))
+    assert off.clip_mode == "all" and off.freeze_last_layer_by == "grad"
+    assert off.clip_parts() == {}
     scales = _lr_scales(method)  # 12 blocks
     assert scales["encoder.patch_embed.proj.weight"] == pytest.approx(0.9 ** 13 * 0.2)
     assert scales["encoder.blocks.11.attn.proj.weight"] == pytest.approx(0.9)

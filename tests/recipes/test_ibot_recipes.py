@@ -86,3 +86,23 @@ def test_bad_centering_exits_2_naming_the_choices(rx, capsys):
     with pytest.raises(SystemExit) as exc:
         parse_config(mod.IBOTCifar, ["--data", "shapes", "--centering", "median"])
     assert exc.value.code == 2 and "centering" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, cls", [("ibot_cifar", "IBOTCifar"), ("ibot_in1k", "IBOTImageNet"),
+                                       ("dino_vit_small", "DINOViTSmall")])
+def test_authors_recipes_clip_each_parameter_and_all_together_on_request(rx, name, cls):
+    """iBOT's and DINO's utils.clip_gradients (--clip_grad 3.0 in their train_one_epoch): each
+    parameter clipped apart by default; ``--clip-mode all`` gives back the clip of all the
+    parameters together (the recipes' digests of before, bit for bit:
+    benchmarks/recipe_digests.py --extra '--clip-mode all')."""
+    mod = rx.load_recipe(name)
+    tiny = ["--data", "shapes", "--image-size", "16", "--out-dim", "16"]
+    tiny += (["--encoder-kwargs", VIT16] if "ibot" in name else
+             ["--encoder", "small_cnn", "--encoder-kwargs", "{}"])
+    cfg = parse_config(getattr(mod, cls), tiny)
+    method = mod.build_method(cfg)
+    assert cfg.clip_grad_norm == 3.0 and cfg.clip_mode == method.clip_mode == "parameter"
+    trainable = [p for p in method.parameters() if p.requires_grad]
+    assert len(method.clip_parts()) == len(trainable)
+    off = mod.build_method(parse_config(getattr(mod, cls), [*tiny, "--clip-mode", "all"]))
+    assert off.clip_mode == "all" and off.clip_parts() == {}
