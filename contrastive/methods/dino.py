@@ -49,6 +49,7 @@ from contrastive.methods.base import (
 )
 from contrastive.methods.registry import register_method
 from contrastive.nn import MomentumEncoder, build_mlp, cosine_momentum, resolve_encoder
+from contrastive.nn.encoders import strip_drop_path
 
 __all__ = ["DINO", "DINOHead"]
 
@@ -100,6 +101,15 @@ def teacher_schedules(base_momentum: float,
         out["weight_decay"] = functools.partial(_cosine_value, start=weight_decays[0],
                                                 end=weight_decays[1])
     return out
+
+
+def build_teacher(student: nn.Module) -> MomentumEncoder:
+    """DINO's and iBOT's momentum teacher: a copy of the ``student`` parts without drop path
+    (:func:`~contrastive.nn.encoders.strip_drop_path`: the authors' teachers have none and,
+    like theirs, this one runs in train mode)."""
+    teacher = MomentumEncoder(student)
+    strip_drop_path(teacher.module)
+    return teacher
 
 
 def teacher_step_spans(method: Any) -> dict[str, int]:
@@ -180,7 +190,7 @@ class DINO(Method):
         self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
         self.head = DINOHead(width(self.encoder), out_dim, hidden_dim, bottleneck_dim,
                              head_layers, use_bn, norm_last_layer)
-        self.teacher = MomentumEncoder(nn.Sequential(self.encoder, self.head))
+        self.teacher = build_teacher(nn.Sequential(self.encoder, self.head))
         self.register_buffer("center", torch.zeros(out_dim))
         self.base_momentum, self.num_global = momentum, num_global
         self.student_temperature, self.center_momentum = student_temperature, center_momentum

@@ -78,12 +78,13 @@ from contrastive.methods.base import (
 )
 from contrastive.methods.dino import (
     DINOHead,
+    build_teacher,
     last_layer_groups,
     teacher_schedules,
     teacher_step_spans,
 )
 from contrastive.methods.registry import register_method
-from contrastive.nn import MomentumEncoder, resolve_encoder
+from contrastive.nn import resolve_encoder
 from contrastive.nn.masked_vit import check_vit, masked_tokens
 from contrastive.nn.masking import block_masks
 
@@ -286,7 +287,7 @@ class IBOT(Method):
         parts = {"encoder": self.encoder, "head": self.head}
         if self.patch_head is not None:
             parts["patch_head"] = self.patch_head
-        self.teacher = MomentumEncoder(nn.ModuleDict(parts))
+        self.teacher = build_teacher(nn.ModuleDict(parts))
         self.register_buffer("center", torch.zeros(out_dim))
         self.register_buffer("center_patch", torch.zeros(patch_dim))
         self.base_momentum, self.num_global, self.centering = momentum, num_global, centering

@@ -52,6 +52,7 @@ __all__ = [
     "register_encoder",
     "resolve_encoder",
     "set_uniform_drop_path",
+    "strip_drop_path",
     "split_classifier",
     "stage_features",
 ]
@@ -172,6 +173,34 @@ def set_uniform_drop_path(vit: nn.Module, rate: float, *, what: str = "the encod
     for block in blocks:
         block.drop_path1 = DropPath(rate) if rate > 0 else nn.Identity()
         block.drop_path2 = DropPath(rate) if rate > 0 else nn.Identity()
+
+
+def strip_drop_path(module: nn.Module) -> int:
+    """Replace every drop-path (stochastic depth) module inside ``module`` by ``nn.Identity``, in
+    place; returns how many. Drop path holds no state, so the state dict keeps its keys. For
+    a self-distillation teacher copied from its student: DINO's, iBOT's and DINOv2's teachers
+    are built without it (``main_dino.py`` / ``main_ibot.py``: ``teacher =
+    vits.__dict__[args.arch](patch_size=...)``, the student with ``drop_path_rate``;
+    ``dinov2/models/__init__.py`` ``build_model``: only the student gets ``drop_path_rate`` and
+    ``drop_path_uniform``), while their teachers run in train mode, where a copied ``DropPath``
+    would drop the teacher's residual branches at random. timm's ``DropPath`` and
+    torchvision's ``StochasticDepth``."""
+    kinds: list[type] = []
+    try:
+        from timm.layers import DropPath
+        kinds.append(DropPath)
+    except ImportError:  # timm is optional
+        pass
+    try:
+        from torchvision.ops import StochasticDepth
+        kinds.append(StochasticDepth)
+    except ImportError:
+        pass
+    found = [(parent, name) for parent in module.modules()
+             for name, child in parent.named_children() if isinstance(child, tuple(kinds))]
+    for parent, name in found:
+        setattr(parent, name, nn.Identity())
+    return len(found)
 
 
 def _create_torchvision(model: str, pretrained: bool, **kwargs: Any) -> nn.Module:

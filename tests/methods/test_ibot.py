@@ -427,3 +427,33 @@ def test_freeze_last_layer_by_lr_reaches_the_optimiser_group():
         assert all("frozen_by_lr" not in g for g in opt.param_groups if g not in last)
     with pytest.raises(ValueError, match="freeze_last_layer_by must be one of"):
         build(freeze_last_layer_by="zero")
+
+
+@pytest.mark.parametrize("method", ["dino", "ibot"])
+def test_the_teacher_has_no_drop_path_the_student_keeps_it(method):
+    """DINO's, iBOT's and DINOv2's teachers are built without drop path (main_dino.py,
+    main_ibot.py, dinov2/models build_model: drop_path_rate on the student only) and run in
+    train mode: a copied DropPath would drop the teacher's residual branches at random. The
+    student at drop path 0.5 in every block (drop_path_uniform) stays stochastic in train mode;
+    the teacher is deterministic, equal to the student's eval-mode forward at the same weights,
+    and its state dict keys are the student's."""
+    from contrastive.methods import DINO
+
+    torch.manual_seed(0)
+    kwargs = dict(encoder="timm:vit_tiny_patch16_224", out_dim=16,
+                  encoder_kwargs=dict(img_size=16, patch_size=4, embed_dim=16, depth=2,
+                                      num_heads=2, drop_path_rate=0.5, drop_path_uniform=True))
+    m = (DINO(hidden_dim=16, bottleneck_dim=8, **kwargs) if method == "dino"
+         else IBOT(hidden_dim=16, bottleneck_dim=8, **kwargs)).train()
+    teacher = m.teacher.module[0] if method == "dino" else m.teacher.module["encoder"]
+    assert teacher.training and m.encoder.training
+    x = torch.randn(8, 3, 16, 16)
+    with torch.no_grad():
+        s1, s2 = m.encoder(x), m.encoder(x)
+        t1, t2 = teacher(x), teacher(x)
+        m.encoder.eval()
+        s_eval = m.encoder(x)
+    assert not torch.equal(s1, s2)  # the student drops paths
+    assert torch.equal(t1, t2)
+    torch.testing.assert_close(t1, s_eval, rtol=1e-6, atol=1e-6)
+    assert list(teacher.state_dict()) == list(m.encoder.state_dict())

@@ -264,3 +264,20 @@ def test_drop_path_uniform_gives_every_vit_block_the_rate():
         create_encoder("small_cnn", drop_path_uniform=True)
     with pytest.raises(EncoderArgumentError, match="in \\[0, 1\\)"):
         set_uniform_drop_path(vit, 1.0)
+
+
+def test_strip_drop_path_replaces_timm_and_torchvision_stochastic_depth():
+    """Both kinds become nn.Identity (the count returned); other modules and the state dict's
+    keys stay."""
+    from timm.layers import DropPath
+    from torchvision.ops import StochasticDepth
+
+    from contrastive.nn.encoders import strip_drop_path
+
+    net = nn.Sequential(nn.Linear(2, 2), DropPath(0.5),
+                        nn.Sequential(StochasticDepth(0.5, "row"), nn.Dropout(0.1)))
+    keys = list(net.state_dict())
+    assert strip_drop_path(net) == 2
+    assert isinstance(net[1], nn.Identity) and isinstance(net[2][0], nn.Identity)
+    assert isinstance(net[2][1], nn.Dropout) and list(net.state_dict()) == keys
+    assert strip_drop_path(net) == 0
