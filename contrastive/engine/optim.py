@@ -10,7 +10,7 @@ Only parameters with ``requires_grad`` are optimised: the momentum (key) encoder
 patch projection never enter the optimiser.
 
 A method may declare :class:`~contrastive.methods.ParamGroup` s (``method.param_groups()``): their
-own weight decay, a fixed learning rate (:func:`set_lr` leaves it alone), a multiple of the
+own weight decay, a fixed learning rate (:func:`set_lr` writes it, not the schedule's), a multiple of the
 scheduled learning rate (``lr_scale``: :func:`set_lr` writes ``lr_scale * lr``, as Barlow Twins'
 official code trains biases and norm parameters at 0.0048 / 0.2 of the weights' lr), or no
 update for the first N optimiser steps (:func:`hold_frozen_groups`: their gradients dropped, so

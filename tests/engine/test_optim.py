@@ -321,3 +321,32 @@ def test_frozen_by_lr_moves_adamws_moments_frozen_by_grad_does_not(frozen_by):
     assert (net[1].weight.detach() - other).abs().max() > 1e-4  # the two ways differ
     with pytest.raises(ValueError, match="frozen_by must be one of"):
         ParamGroup("x", [net[1].weight], frozen_steps=1, frozen_by="zero")
+
+
+def test_a_fixed_lr_group_frozen_by_lr_gets_its_fixed_lr_back():
+    """hold_frozen_groups writes lr 0 into the group; the next set_lr writes the group's fixed
+    lr again (not the schedule's, and not left at 0), so a fixed-lr group frozen by lr moves
+    from its first unfrozen step; a resumed optimiser state (lr 0 saved at a frozen step) is
+    given its lr back by the same set_lr."""
+    from contrastive.engine.optim import hold_frozen_groups, set_lr
+    from contrastive.methods import ParamGroup
+
+    net = nn.Sequential(nn.Linear(3, 4, bias=False), nn.Linear(4, 2, bias=False))
+    net.param_groups = lambda: [ParamGroup("pred", [net[1].weight], lr=0.05, frozen_steps=1,
+                                           frozen_by="lr")]
+    opt = build_optimizer(net, "sgd", lr=0.1, weight_decay=0.0, momentum=0.0)
+    pred = next(g for g in opt.param_groups if g["name"] == "pred")
+    set_lr(opt, 0.3)
+    hold_frozen_groups(opt, 0)
+    assert pred["lr"] == 0.0
+    state = opt.state_dict()  # a checkpoint at the frozen step
+    opt.load_state_dict(state)
+    pred = next(g for g in opt.param_groups if g["name"] == "pred")
+    assert pred["lr"] == 0.0
+    set_lr(opt, 0.2)
+    hold_frozen_groups(opt, 1)
+    assert pred["lr"] == 0.05
+    before = net[1].weight.detach().clone()
+    net[1].weight.grad = torch.ones_like(before)
+    opt.step()
+    torch.testing.assert_close(net[1].weight.detach(), before - 0.05, rtol=0, atol=1e-7)
