@@ -108,7 +108,8 @@ class Updater:
     ``sync_gradients`` flag stay ``accelerator.accumulate``'s.
 
     Clipping parts (``method``'s :meth:`~contrastive.methods.Method.clip_parts`, the model
-    itself or the module DDP wraps when not given): each part's gradient norm is measured and
+    itself or the module DDP wraps when not given; none read when ``clips`` is False, a run
+    without clipping): each part's gradient norm is measured and
     clipped to ``max_norm`` apart (:func:`clip_groups`), as DINOv2's ``do_train``
     (``dinov2/train/train.py``: ``for v in model.student.values(): v.clip_grad_norm_(...)``).
     The clip runs on the last micro-batch only, after DDP's all-reduce (every process sees the
@@ -120,7 +121,7 @@ class Updater:
     """
 
     def __init__(self, model: nn.Module, optimizer: Any, accelerator: Any, *,
-                 method: nn.Module | None = None) -> None:
+                 method: nn.Module | None = None, clips: bool = True) -> None:
         self.acc = accelerator
         self.optimizer = optimizer  # the prepared one: checkpoints and the skip path use it
         self.params = list(model.parameters())
@@ -129,7 +130,8 @@ class Updater:
         self._inner = optimizer.optimizer if self.direct else optimizer
         declare = getattr(method if method is not None else getattr(model, "module", model),
                           "clip_parts", None)
-        parts = dict(declare()) if callable(declare) else {}
+        # no clipping (--clip-grad-norm 0): no parts, so nothing to refuse under FSDP & co.
+        parts = dict(declare()) if callable(declare) and clips else {}
         #: the parameter lists clipped apart; None: all of self.params together (the default)
         self.clip_lists = clip_groups(self.params, parts) if parts else None
         if self.clip_lists is not None and not self.direct and \
@@ -140,7 +142,8 @@ class Updater:
             raise ClipPartsError(
                 f"the method clips its parts {shown} apart, which runs in one process or "
                 "under DDP (fp16 included), not under FSDP, DeepSpeed or XLA; turn the method's "
-                "per-part clipping off (DINO, IBOT: clip_mode=\"all\")")
+                "per-part clipping off (DINO, IBOT: clip_mode=\"all\") or clip nothing "
+                "(--clip-grad-norm 0)")
 
     def backward(self, loss: torch.Tensor) -> None:
         if not self.direct:
@@ -241,7 +244,8 @@ def optimisation_step(model: nn.Module, batch: dict[str, Any], optimizer: Any, a
     ``updater``: the run's :class:`Updater` (built here when not given). ``cache``: train
     through the gradient cache (:mod:`~contrastive.engine.grad_cache`): the micro-batches of a
     step are collected and trained as one batch, the backbone chunk by chunk."""
-    up = updater if updater is not None else Updater(model, optimizer, accelerator)
+    up = updater if updater is not None else Updater(model, optimizer, accelerator,
+                                                     clips=cfg.clip_grad_norm > 0)
     if cache is not None:
         _cached_step(model, batch, optimizer, accelerator, cfg, step, guard, window, after_step,
                      up, cache)

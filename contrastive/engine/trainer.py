@@ -263,7 +263,7 @@ class _Run:
         self.trackers = Trackers(accelerator, out, parse_report_to(cfg.report_to))
         self.guard = NonFiniteGuard(accelerator.device)
         self.updater = Updater(m.model, m.optimizer, accelerator,  # resolved once
-                               method=m.module)
+                               method=m.module, clips=cfg.clip_grad_norm > 0)
 
     # ---- the run log --------------------------------------------------------------------------
 

@@ -270,6 +270,8 @@ def test_clip_parts_refused_where_accelerate_clips_the_whole_model():
         with pytest.raises(ClipPartsError, match="clips its parts \\['a', 'b'\\] apart"):
             Updater(model, SimpleNamespace(), acc)
         Updater(_Parts(declare=False), SimpleNamespace(), acc)  # no parts: accelerate's clip
+        # no clipping at all (--clip-grad-norm 0): the parts are not read, nothing refused
+        assert Updater(model, SimpleNamespace(), acc, clips=False).clip_lists is None
     with pytest.raises(ClipPartsError, match="two clipping parts: 'a' and 'b'"):
         clip_groups(list(model.parameters()), {"a": [model.a], "b": [model.a]})
     groups = clip_groups(list(model.parameters()), model.clip_parts())
