@@ -434,6 +434,7 @@ class CheckpointManager:
                                       f"({str(e).splitlines()[0][:200]})") from None
         opt_state = load_torch_bytes(read_verified(path, OPTIMIZER_FILE, files),
                                      path / OPTIMIZER_FILE)
+        declared = _declared_settings(self.optimizer)
         try:
             self.optimizer.load_state_dict(opt_state)
         except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as e:
@@ -467,6 +468,7 @@ class CheckpointManager:
         if hasattr(acc, "step"):
             acc.step = int(meta.get("accelerator_step", 0))
         self.verify(path)
+        _restore_declared_settings(self.optimizer, declared, path)
 
     def verify(self, path: str | Path = "") -> None:
         """Compare live fingerprints with the saved ones; raise :class:`ResumeMismatchError`."""
@@ -499,6 +501,36 @@ class CheckpointManager:
                 "saved. The checkpoint may come from another software version or device; start "
                 "a new run or investigate before continuing.")
         logger.info("resume verified: model, optimizer and RNG states equal the saved ones")
+
+
+def _declared_settings(optimizer: Any) -> list[dict[str, Any]]:
+    """Each param group's declared settings (:data:`~contrastive.engine.optim.DECLARED_KEYS`)
+    as this run built them."""
+    from contrastive.engine.optim import DECLARED_KEYS
+
+    return [{k: g[k] for k in DECLARED_KEYS if k in g} for g in optimizer.param_groups]
+
+
+def _restore_declared_settings(optimizer: Any, declared: list[dict[str, Any]],
+                               path: Path) -> None:
+    """Give the loaded param groups this run's declared settings back: torch's
+    ``load_state_dict`` keeps the saved groups' keys, so a checkpoint of an older version (a
+    DINOv2 last layer frozen by its gradient, no ``frozen_by_lr``) or of other flags
+    (``--allow-config-change``) would otherwise go on with its own, silently. A difference is
+    logged."""
+    from contrastive.engine.optim import DECLARED_KEYS
+
+    changed = []
+    for g, mine in zip(optimizer.param_groups, declared):
+        saved = {k: g[k] for k in DECLARED_KEYS if k in g}
+        if saved != mine:
+            changed.append(f"{g.get('name', '?')}: {saved} -> {mine}")
+            for k in DECLARED_KEYS:
+                g.pop(k, None)
+            g.update(mine)
+    if changed:
+        logger.warning("%s: param-group settings differ from this run's, which are used: %s",
+                       path, "; ".join(changed))
 
 
 def iter_checkpoints(root: str | Path) -> Iterable[Path]:

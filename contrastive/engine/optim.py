@@ -29,7 +29,12 @@ import torch
 from torch import nn
 
 __all__ = ["param_groups", "build_optimizer", "set_lr", "set_weight_decay", "hold_frozen_groups",
-           "LARS"]
+           "LARS", "DECLARED_KEYS"]
+
+#: the keys :func:`param_groups` writes from a method's declared groups: the run's settings, which
+#: a resumed optimiser state keeps (:meth:`~contrastive.engine.checkpoint.CheckpointManager.load`)
+#: rather than the checkpoint's (torch's ``load_state_dict`` takes the saved groups' keys)
+DECLARED_KEYS = ("fixed_lr", "lr_scale", "frozen_steps", "frozen_by_lr")
 
 logger = logging.getLogger(__name__)
 

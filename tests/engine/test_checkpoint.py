@@ -193,3 +193,39 @@ def test_altered_file_is_refused_naming_it(accelerator, tmp_path):
         ckpt.load(path)
     assert "optimizer.bin does not match the size/SHA-256" in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_a_resume_keeps_this_runs_declared_group_settings(accelerator, tmp_path, caplog):
+    """torch's load_state_dict takes the saved groups' keys: a checkpoint whose last layer was
+    frozen by its gradient for 3 steps (an older version, or other flags) would silently keep
+    that. The run's own settings (frozen by lr for 5 steps) are given back after the verified
+    load, with a warning naming the group; the optimiser state itself is the saved one."""
+    import logging
+
+    torch.manual_seed(0)
+    model = _Toy()
+    groups = [{"params": list(model.net[0].parameters()), "name": "last", "frozen_steps": 3},
+              {"params": list(model.net[1].parameters()), "name": "rest"}]
+    model, opt = accelerator.prepare(model, torch.optim.SGD(groups, lr=0.1, momentum=0.9))
+    state = TrainState()
+    meta = {"config": {"lr": 0.1}, "signature": model_signature(model)}
+    ckpt = CheckpointManager(accelerator, model, opt, state, tmp_path / "c", keep_last=1,
+                             meta=meta)
+    _train_step(model, opt)
+    state.step = 1
+    path = ckpt.save()
+    momentum = opt.state[model.net[0].weight]["momentum_buffer"].clone()
+    last = opt.param_groups[0]
+    last["frozen_steps"], last["frozen_by_lr"] = 5, True  # this run's build
+    caplog.set_level(logging.WARNING)
+    ckpt.load(path)
+    last = opt.param_groups[0]
+    assert last["frozen_steps"] == 5 and last["frozen_by_lr"] is True
+    assert "frozen_by_lr" not in opt.param_groups[1] and last["name"] == "last"
+    assert torch.equal(opt.state[model.net[0].weight]["momentum_buffer"], momentum)
+    assert any("last: {'frozen_steps': 3} -> {'frozen_steps': 5, 'frozen_by_lr': True}"
+               in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    state.step = 2
+    ckpt.load(ckpt.save())  # saved with this run's settings: nothing to say
+    assert not [r for r in caplog.records if "param-group settings" in r.getMessage()]
