@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from contrastive.engine import CifarConfig, help_field, run
 from contrastive.methods import IBOT
-from contrastive.methods.base import CLIP_MODES
+from contrastive.methods.base import CLIP_MODES, FROZEN_BY
 
 #: the method's keyword arguments at this scale: the one home of these values
 #: (IBOT.from_preset("dinov2_cifar") builds the same); the fields below default to them
@@ -66,7 +66,7 @@ class DINOv2Cifar(CifarConfig):
     freeze_last_layer_by: str = help_field(PRESET["freeze_last_layer_by"],
                                            "lr: lr 0, AdamW's moments moving (DINOv2); grad: "
                                            "gradients dropped (DINO, iBOT)",
-                                           choices=("lr", "grad"))
+                                           choices=FROZEN_BY)
     clip_mode: str = help_field(PRESET["clip_mode"], "what --clip-grad-norm clips apart: "
                                 "each part, the ViT and the head (DINOv2), each parameter "
                                 "(DINO, iBOT) or all parameters together", choices=CLIP_MODES)
