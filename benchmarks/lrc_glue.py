@@ -379,6 +379,10 @@ def collect(root: Path) -> dict[str, Any]:
     return out
 
 
+def _pct(score: float | None) -> str:
+    return "-" if score is None else f"{100 * score:.1f}"
+
+
 def table(root: Path, out_file: Path) -> str:
     """Write the collected figures to ``out_file`` and return the markdown table."""
     data = collect(root)
@@ -403,7 +407,7 @@ def table(root: Path, out_file: Path) -> str:
     lines.append("")
     for phase in ("teachers", "lr", "why", "main", "control"):
         done = [r.name for r in runs if r.phase == phase and r.name in data["runs"]]
-        train = sum(data["runs"][n]["train_s"] or data["runs"][n]["cpu_s"] for n in done)
+        train = sum(data["runs"][n]["train_s"] or 0.0 for n in done)
         lines.append(f"- {phase}: {len(done)} of {sum(r.phase == phase for r in runs)} runs "
                      f"done, {train / 3600:.2f} wall hours of training (1 thread each, the machine "
                      "shared)")
@@ -421,7 +425,7 @@ def table(root: Path, out_file: Path) -> str:
                                                  root).name)
                 end = r and r.get("train_end")
                 cells.append("-" if r is None else
-                             f"{100 * r['dev']['score']:.1f} ({100 * (r['held_out'] or 0):.1f})"
+                             f"{100 * r['dev']['score']:.1f} ({_pct(r['held_out'])})"
                              + (f"; {end['accuracy']:.1f} / {end['loss_hard']:.3f}"
                                 if end else ""))
             lines.append(f"| {TASKS[task]} | {stages} {'stages' if stages == 'two' else 'stage'} | " + " | ".join(cells) + " |")
@@ -435,11 +439,12 @@ def table(root: Path, out_file: Path) -> str:
                  "train wall s (median s/step x steps) | CPU s recorded |")
     lines.append("|---|---|---|---|---|---|")
     for name, r in data["runs"].items():
-        held = "-" if r["held_out"] is None else f"{100 * r['held_out']:.1f}"
+        held = _pct(r["held_out"])
         end = r.get("train_end")
         fit = "-" if not end else f"{end['accuracy']:.1f} / {end['loss_hard']:.3f}"
         lines.append(f"| {name} | {held} | {100 * r['dev']['score']:.1f} | {fit} | "
-                     f"{r['train_s'] or 0:.0f} | {r['cpu_s']:.0f} |")
+                     f"{'-' if r['train_s'] is None else round(r['train_s'])} | "
+                     f"{r['cpu_s']:.0f} |")
     return "\n".join(lines)
 
 

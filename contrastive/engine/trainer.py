@@ -517,7 +517,7 @@ class _Run:
             result.encoder_path = self.adapter.artefacts.write(out, self.cfg, self.m.module,
                                                                self.recipe, state.step)
             logger.info("%s at step %d: %s in %s", status, state.step,
-                        self.adapter.artefacts.what, result.encoder_path)
+                        getattr(self.adapter.artefacts, "what", "artefacts"), result.encoder_path)
             if status == "interrupted":
                 write_run_state(out, "stopped", step=state.step, last_step=self.data.last_step,
                                 reason=result.stop_reason, resumable=True,

@@ -115,8 +115,9 @@ def build_teacher(student: nn.Module) -> MomentumEncoder:
 def teacher_step_spans(method: Any) -> dict[str, int]:
     """DINO's and iBOT's settings in steps (:meth:`Method.step_spans`): the teacher
     temperature's warm-up and the frozen last layer."""
-    return {"warmup_teacher_steps": int(method.teacher_temperatures[2]),
-            "freeze_last_layer_steps": int(method.freeze_last_layer_steps)}
+    start, end, steps = method.teacher_temperatures
+    warm = {"warmup_teacher_steps": int(steps)} if start != end else {}  # equal: no warm-up
+    return {**warm, "freeze_last_layer_steps": int(method.freeze_last_layer_steps)}
 
 
 def last_layer_groups(heads: Sequence[DINOHead], frozen_steps: int,
@@ -163,7 +164,9 @@ class DINO(Method):
         # each parameter's gradient clipped apart (train_one_epoch: utils.clip_gradients)
         "vit_small": dict(encoder="timm:vit_small_patch16_224", out_dim=65536, momentum=0.996,
                           teacher_temperature=0.04, clip_mode="parameter",
-                          encoder_kwargs=dict(dynamic_img_size=True)),
+                          # main_dino.py --drop_path_rate 0.1: the student's stochastic depth
+                          # (the teacher is built without it: build_teacher)
+                          encoder_kwargs=dict(dynamic_img_size=True, drop_path_rate=0.1)),
         # solo-learn scripts/pretrain/cifar/dino.yaml: ResNet-18, 2048 hidden, 256 bottleneck,
         # 4096 prototypes, tau 0.9995 -> 1
         "cifar": dict(encoder="cifar_resnet18", out_dim=4096, hidden_dim=2048,

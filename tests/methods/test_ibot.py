@@ -457,3 +457,15 @@ def test_the_teacher_has_no_drop_path_the_student_keeps_it(method):
     assert torch.equal(t1, t2)
     torch.testing.assert_close(t1, s_eval, rtol=1e-6, atol=1e-6)
     assert list(teacher.state_dict()) == list(m.encoder.state_dict())
+
+
+def test_dino_vit_small_student_drops_paths_at_the_codes_rate():
+    """main_dino.py: --drop_path_rate 0.1 (linear over the blocks, as timm's), the student only."""
+    from contrastive.methods import DINO
+
+    with torch.device("meta"):
+        m = DINO.from_preset("vit_small")
+    rates = [b.drop_path1.drop_prob if hasattr(b.drop_path1, "drop_prob") else 0.0
+             for b in m.encoder.blocks]
+    assert rates[-1] == pytest.approx(0.1) and rates[0] == 0.0
+    assert all(type(b.drop_path1) is torch.nn.Identity for b in m.teacher.module[0].blocks)

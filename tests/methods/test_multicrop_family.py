@@ -152,10 +152,13 @@ def test_dino_head_schedules_and_groups(tiny):
     assert group.frozen_steps == 4 and group.params[0] is method.head.last_layer.parametrizations.weight.original1
     with pytest.raises(ValueError, match="weight_decay_end"):
         DINO(tiny(), out_dim=9, weight_decay=0.04)
-    assert method.step_spans() == {"warmup_teacher_steps": 0, "freeze_last_layer_steps": 4}
+    assert method.step_spans() == {"freeze_last_layer_steps": 4}  # no warm-up: none to warn of
     warmed = DINO(tiny(), out_dim=9, hidden_dim=10, bottleneck_dim=5,
-                  warmup_teacher_temperature=0.04, warmup_teacher_steps=30)
-    assert warmed.step_spans()["warmup_teacher_steps"] == 30
+                  warmup_teacher_temperature=0.02, warmup_teacher_steps=30)
+    assert warmed.step_spans() == {"warmup_teacher_steps": 30, "freeze_last_layer_steps": 0}
+    flat = DINO(tiny(), out_dim=9, hidden_dim=10, bottleneck_dim=5,
+                warmup_teacher_temperature=0.04, warmup_teacher_steps=30)  # 0.04 -> 0.04
+    assert "warmup_teacher_steps" not in flat.step_spans()
 
 
 def test_weight_decay_schedule_reaches_only_the_decaying_groups():
