@@ -79,10 +79,12 @@ METHODS: dict[str, Entry] = {
     "SwAV": Entry("swav_cifar", ("--freeze-prototypes-steps", "{epoch_steps}")),
     "DINO": Entry("dino_cifar"),
     "Deep InfoMax": Entry("dim_cifar"),  # skipped (with a note) while the recipe is missing
-    # the ViT block (--encoder timm:... --encoder-kwargs): MAE takes one view; iBOT without
-    # local crops, as DINO's CIFAR recipe (its default of 10 would give it 6x the crops)
+    # the ViT block (--encoder timm:... --encoder-kwargs): MAE takes one view; iBOT and DINOv2
+    # without local crops, as DINO's CIFAR recipe (their defaults of 10 and 8 would give them
+    # 6x and 5x the crops)
     "MAE": Entry("mae_cifar"),
     "iBOT": Entry("ibot_cifar", ("--local-crops", "0")),
+    "DINOv2": Entry("dinov2_cifar", ("--local-crops", "0")),
 }
 
 

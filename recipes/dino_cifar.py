@@ -4,8 +4,11 @@
 2048 hidden -> 256 bottleneck -> 4096 prototypes, teacher momentum 0.9995 -> 1, LARS lr 0.3 per
 256 images with trust coefficient 0.02, weight decay 1e-6, batch 256, 1000 epochs, warmup +
 cosine, two 32-px views with BYOL's asymmetric augmentation (solo-learn uses no local crops
-here; ``--local-crops`` adds DINO's). Temperatures: the official code's defaults (student 0.1,
-teacher 0.04).
+here; ``--local-crops`` adds DINO's), the last layer frozen for the first epoch (the yaml sets
+no ``freeze_last_layer``, so ``solo/methods/dino.py``'s default of 1 epoch holds: its gradients
+dropped, as ``on_after_backward``), no gradient clip (its ``clip_grad`` default 0).
+Temperatures: the official code's defaults (student 0.1, teacher 0.04), not solo-learn's
+(teacher 0.07 from the start: its ``warmup_teacher_temperature_epochs`` default 0).
 
     python recipes/dino_cifar.py --data cifar10
 """
@@ -39,12 +42,15 @@ class DINOCifar(CifarConfig):
     teacher_temperature: float = help_field(0.04, "teacher temperature")
     local_crops: int = help_field(0, "DINO's local crops of --local-size px (0: two views)")
     local_size: int = help_field(16, "side of the local crops")
+    freeze_last_layer_epochs: int = help_field(
+        1, "last layer frozen for these epochs (solo-learn's freeze_last_layer default)")
 
 
 def build_method(cfg: DINOCifar):
     return DINO(encoder=cfg.encoder, out_dim=cfg.out_dim, hidden_dim=cfg.hidden_dim,
                 bottleneck_dim=cfg.bottleneck_dim, momentum=cfg.momentum,
                 teacher_temperature=cfg.teacher_temperature,
+                freeze_last_layer_steps=cfg.freeze_last_layer_epochs * cfg.steps_per_epoch(),
                 encoder_kwargs=cfg.encoder_options())
 
 

@@ -26,7 +26,7 @@ from contrastive.engine.optim import hold_frozen_groups
 from contrastive.engine.run_log import ScalarWindow
 
 __all__ = ["NonFiniteLossError", "NonFiniteGuard", "ClipPartsError", "Updater", "clip_groups",
-           "optimisation_step", "all_true", "any_true"]
+           "clip_parts_", "optimisation_step", "all_true", "any_true"]
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +100,8 @@ class Updater:
     - backward: ``(loss / accum).backward()``, ``loss.backward()`` with no accumulation (as
       ``x / 1 == x`` exactly, in value and gradient);
     - clip: ``torch.nn.utils.clip_grad_norm_`` over the model's parameters, listed once (over
-      each part apart when the method declares :meth:`~contrastive.methods.Method.clip_parts`);
+      each part apart when the method declares :meth:`~contrastive.methods.Method.clip_parts`:
+      :func:`clip_parts_`, the same gradients in a few fused calls);
     - step / zero_grad: the wrapped optimiser's, on the last micro-batch of a step only (the
       prepared optimiser skips them on the others, keeping the accumulated gradients).
 
@@ -157,8 +158,7 @@ class Updater:
         if self.clip_lists is not None:
             if not self.direct:
                 self.acc.unscale_gradients()  # fp16: once for all parts; a no-op otherwise
-            for part in self.clip_lists:
-                torch.nn.utils.clip_grad_norm_(part, max_norm)
+            clip_parts_(self.clip_lists, max_norm)
         elif self.direct:
             torch.nn.utils.clip_grad_norm_(self.params, max_norm)
         else:
@@ -175,6 +175,43 @@ class Updater:
             self.optimizer.zero_grad(set_to_none=True)
         elif self.acc.sync_gradients:
             self._inner.zero_grad(set_to_none=True)
+
+
+def clip_parts_(parts: Sequence[Sequence[nn.Parameter]], max_norm: float) -> None:
+    """Each part's gradients clipped to ``max_norm`` apart: what ``clip_grad_norm_(part,
+    max_norm)`` per part gives, bit for bit, in a few fused calls rather than one call per part
+    (DINO's per-parameter clip of a ViT-S: 157 calls, ~10 us each on the CPU).
+
+    As torch: each gradient's norm (one ``torch._foreach_norm`` over all of them), a part's
+    norm the 2-norm of its gradients' norms (that of a one-tensor part is its one norm: equal to
+    torch's ``vector_norm`` of it, tested), coefficient ``min(1, max_norm / (norm + 1e-6))``
+    (for all parts at once: elementwise, the same values), multiplied in (``_foreach_mul_``),
+    no host sync. Gradients of several devices or dtypes, or not plain tensors (torch groups
+    them otherwise): ``clip_grad_norm_`` per part."""
+    grads = [[p.grad for p in part if p.grad is not None] for part in parts]
+    grads = [gs for gs in grads if gs]
+    flat = [g for gs in grads for g in gs]
+    if not flat:
+        return
+    first = flat[0]
+    if any(type(g) is not torch.Tensor or g.is_sparse or g.device != first.device
+           or g.dtype != first.dtype for g in flat):
+        for part in parts:
+            torch.nn.utils.clip_grad_norm_(part, max_norm)
+        return
+    norms = torch._foreach_norm(flat, 2.0)
+    if len(norms) == len(grads):  # every part one tensor
+        coefs = list(torch.clamp(max_norm / (torch.stack(norms) + 1e-6), max=1.0).unbind())
+    else:
+        totals, start = [], 0
+        for gs in grads:
+            stop = start + len(gs)
+            totals.append(norms[start] if len(gs) == 1 else
+                          torch.linalg.vector_norm(torch.stack(norms[start:stop]), 2.0))
+            start = stop
+        per_part = torch.clamp(max_norm / (torch.stack(totals) + 1e-6), max=1.0).unbind()
+        coefs = [c for c, gs in zip(per_part, grads) for _ in gs]
+    torch._foreach_mul_(flat, coefs)
 
 
 def clip_groups(params: list[nn.Parameter],

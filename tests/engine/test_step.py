@@ -276,3 +276,55 @@ def test_clip_parts_refused_where_accelerate_clips_the_whole_model():
         clip_groups(list(model.parameters()), {"a": [model.a], "b": [model.a]})
     groups = clip_groups(list(model.parameters()), model.clip_parts())
     assert [[id(p) for p in g] for g in groups] == [[id(model.a)], [id(model.b)], [id(model.c)]]
+
+
+def _spread_grads(shapes: list[tuple[int, ...]], dtype: torch.dtype, none: tuple[int, ...] = (),
+                  first_dtype: torch.dtype | None = None) -> list[nn.Parameter]:
+    """Parameters with random gradients whose norms spread over 0.01 - 100 (so that a max norm
+    of 2 clips some parts and not others); those at ``none`` without a gradient; the first of
+    ``first_dtype`` if given."""
+    g = torch.Generator().manual_seed(5)
+    params = []
+    for i, shape in enumerate(shapes):
+        p = nn.Parameter(torch.zeros(shape, dtype=first_dtype if i == 0 and first_dtype
+                                     else dtype))
+        grad = torch.randn(shape, generator=g, dtype=torch.float64)
+        p.grad = None if i in none else (grad / grad.norm() * 10 ** (-2 + 4 * ((i * 7) % 11) / 10)
+                                          ).to(p.dtype)
+        params.append(p)
+    return params
+
+
+SHAPES = [(3,), (5, 4), (7,), (2, 3, 4), (1,), (16, 9), (6,), (4, 4), (33,), (2, 2)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["each", "mixed", "one", "fallback"])
+def test_fused_clip_parts_is_clip_grad_norm_per_part_bit_for_bit(dtype, layout):
+    """``clip_parts_`` (one foreach norm, the coefficients at once, one foreach multiply) gives
+    each part what torch's ``clip_grad_norm_(part, 2.0)`` gives, bit for bit: one tensor per
+    part (DINO's per-parameter clip), parts of several tensors beside one-tensor ones (DINOv2's
+    per-part clip) with gradient-less parameters left out, all in one part, and a part of two
+    dtypes (the per-part loop)."""
+    from contrastive.engine.step import clip_parts_
+
+    def split(params: list[nn.Parameter]) -> list[list[nn.Parameter]]:
+        if layout == "each":
+            return [[p] for p in params]
+        if layout == "one":
+            return [params]
+        return [params[:3], [params[3]], params[4:8], [params[8]], [params[9]]]
+
+    none = (1, 3, 6) if layout == "mixed" else ()
+    first = (torch.float32 if dtype == torch.float64 else torch.float64) \
+        if layout == "fallback" else None
+    got, ref, before = (_spread_grads(SHAPES, dtype, none, first) for _ in range(3))
+    clip_parts_(split(got), 2.0)
+    for part in split(ref):
+        torch.nn.utils.clip_grad_norm_(part, 2.0)
+    for a, b, c in zip(got, ref, before):
+        assert (a.grad is None) == (b.grad is None) == (c.grad is None)
+        if a.grad is not None:
+            assert a.grad.dtype == b.grad.dtype and torch.equal(a.grad, b.grad)
+    scaled = [not torch.equal(a.grad, c.grad) for a, c in zip(got, before) if a.grad is not None]
+    assert any(scaled) and (layout == "one" or not all(scaled))  # both cases met

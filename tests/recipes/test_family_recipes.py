@@ -116,6 +116,23 @@ def test_dino_vit_recipe_declares_the_official_schedules(rx, monkeypatch):
     assert cfg.optimizer == "adamw" and cfg.clip_grad_norm == 3.0
 
 
+def test_dino_cifar_freezes_the_last_layer_for_solo_learns_first_epoch(rx, monkeypatch):
+    """solo-learn's DINO (``solo/methods/dino.py``: ``freeze_last_layer`` default 1, which its
+    ``scripts/pretrain/cifar/dino.yaml`` leaves): the prototypes' gradients dropped for the first
+    epoch; no gradient clip (``clip_grad`` default 0); ``--freeze-last-layer-epochs 0`` turns it
+    off."""
+    mod = rx.load_recipe("dino_cifar")
+    monkeypatch.setattr(mod.DINOCifar, "steps_per_epoch", lambda cfg: 7)
+    base = ["--data", "shapes", "--encoder", "small_cnn", "--out-dim", "32"]
+    method = mod.build_method(parse_config(mod.DINOCifar, base))
+    (group,) = method.param_groups()
+    assert group.name == "last_layer" and group.frozen_steps == 7 and group.frozen_by == "grad"
+    assert {id(p) for p in group.params} == {
+        id(p) for p in method.head.last_layer.parameters() if p.requires_grad}
+    cfg = parse_config(mod.DINOCifar, [*base, "--freeze-last-layer-epochs", "0"])
+    assert mod.build_method(cfg).param_groups() == [] and cfg.clip_grad_norm == 0
+
+
 # the papers' / official code's ImageNet settings (see each recipe's docstring for the sources)
 PAPER = {
     "supcon_r50": dict(batch_size=6144, optimizer="lars", lr=0.4, lr_scaling="linear",
