@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import struct
 import subprocess
 import sys
@@ -248,7 +249,9 @@ def test_wandb_offline_scalars_pictures_and_resume(tmp_path, fresh_accelerate, m
     wandb.teardown()  # the W&B service writes the .wandb files on its own: wait for it
     run_id = json.loads((out / "trackers.json").read_text())["wandb"]["run_id"]
     dirs = sorted((out / "wandb").glob("offline-run-*"))
-    assert len(dirs) == 2 and all(d.name.endswith(f"-{run_id}") for d in dirs)
+    # offline-run-<date>_<time>-<id>; W&B appends "-1" to the second when both start in one second
+    assert len(dirs) == 2 and all(
+        re.fullmatch(rf"offline-run-\d{{8}}_\d{{6}}-{run_id}(-\d+)?", d.name) for d in dirs), dirs
     history: dict[int, dict] = {}
     for d in dirs:  # in order: the resumed values replace the killed run's at step 3
         records = _wandb_records(d / f"run-{run_id}.wandb")
