@@ -9,9 +9,15 @@ table itself.
 
 Runs live in ``--root`` (default ``runs/lrc_glue``, outside git); each is a run folder of
 ``recipes/bert_finetune.py`` or ``recipes/lrc_bert.py`` started with ``--resume auto``, so a
-killed driver (or a session's end) loses at most one checkpoint interval: start ``run`` again.
-A run is done when its ``run_state.json`` says completed and this script's ``dev.json`` exists;
-its resume checkpoints are then deleted (``model/`` stays).
+killed driver loses at most one checkpoint interval: start ``run`` again. A run is done when its
+``run_state.json`` says completed and this script's ``dev.json`` exists; its resume checkpoints
+are then deleted (``model/`` stays) and its record (scores, times, the CPU, the date, for a
+student its teacher's dev score) is written to the ledger, ``results/lrc_glue_runs.json``
+(``--ledger``), which git keeps. The run folders do not outlive a machine, the ledger does: a
+student recorded there is done on any machine; a teacher is done only where its model is (the
+students need it), so a fresh machine trains the teachers again and the ledger keeps the earlier
+teachers' records beside the new one. ``touch ROOT/no-new-runs`` lets the running runs finish
+and starts no other (a session's end kills a half-done run, and a fresh machine loses it).
 
 The design (the issue's phase 1, at CPU scale):
 - data: MRPC and CoLA whole, SST-2 a stratified 10,000 of its training rows; from each training
@@ -51,6 +57,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +97,9 @@ WHY_GRID = {("two", "perturb"): "lrc", ("two", "none"): "lrc_np",
             ("one", "perturb"): "lrc_1stage", ("one", "none"): "lrc_np_1stage"}
 LR_FROM = {"ce": "ce", "kd": "ce", "lrc": "lrc", "lrc_np": "lrc"}  # whose chosen lr a variant uses
 CONTROL_STUDENT = ("--student", f"hf:{MINILM}", "--keep-layers", "1,3,5")
+_DEFAULT_LEDGER = ROOT / "benchmarks" / "results" / "lrc_glue_runs.json"
+LEDGER = _DEFAULT_LEDGER  # main() sets it from --ledger
+NO_NEW_RUNS = "no-new-runs"  # a file of this name in the root: start no further run
 
 
 @dataclass
@@ -106,7 +116,62 @@ class Run:
         return root / self.name
 
     def done(self, root: Path) -> bool:
+        """Finished here, or a student recorded in the ledger (a teacher must be here: the
+        students load its model)."""
+        return self.finished_here(root) or (self.phase != "teachers" and self.name in recorded())
+
+    def finished_here(self, root: Path) -> bool:
         return trained(self.folder(root)) and (self.folder(root) / "dev.json").is_file()
+
+
+def recorded() -> dict[str, dict[str, Any]]:
+    """The ledger's run records (name -> record), empty when there is no ledger yet."""
+    return json.loads(LEDGER.read_text()).get("runs", {}) if LEDGER.is_file() else {}
+
+
+def record(run: Run, root: Path) -> dict[str, Any]:
+    """Write a run finished here into the ledger (under a file lock: two drivers write it); a
+    teacher trained again keeps its earlier records (with the students they taught) under
+    ``earlier``. Returns the record."""
+    from contrastive.hardware import cpu_kind_line
+
+    f = run.folder(root)
+    times = json.loads((f / "timing.json").read_text()) if (f / "timing.json").is_file() else []
+    rec: dict[str, Any] = {**run.meta, "dev": json.loads((f / "dev.json").read_text()),
+                           "held_out": held_out_score(run, root),
+                           "cpu_s": sum(t["cpu_s"] for t in times),
+                           "wall_s": sum(t["wall_s"] for t in times),
+                           "train_s": train_seconds(f), "train_end": training_end(f),
+                           "cpu": cpu_kind_line(), "date": time.strftime("%Y-%m-%d")}
+    if run.phase != "teachers":
+        teacher = teacher_run(run.meta["task"]).folder(root) / "dev.json"
+        rec["teacher_dev"] = json.loads(teacher.read_text())["score"] if teacher.is_file() else None
+
+    def add(data: dict[str, Any]) -> None:
+        old = data["runs"].get(run.name) or {}
+        earlier = old.pop("earlier", [])
+        if old and run.phase == "teachers" and old["dev"] != rec["dev"]:
+            earlier.append(old)
+        if earlier:
+            rec["earlier"] = earlier
+        data["runs"][run.name] = rec
+
+    update_ledger(add)
+    return rec
+
+
+def update_ledger(change: Callable[[dict[str, Any]], None]) -> None:
+    """Read, change and replace the ledger under a file lock (drivers and ``table`` write it)."""
+    import fcntl
+
+    LEDGER.parent.mkdir(parents=True, exist_ok=True)
+    with open(LEDGER.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = json.loads(LEDGER.read_text()) if LEDGER.is_file() else {"tasks": {}, "runs": {}}
+        change(data)
+        tmp = LEDGER.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1) + "\n")
+        tmp.replace(LEDGER)
 
 
 def trained(folder: Path) -> bool:
@@ -144,9 +209,11 @@ def student_run(task: str, variant: str, lr: float, seed: int, root: Path, *,
 
 
 def held_out_score(run: Run, root: Path) -> float | None:
+    """The run's held-out score: from its folder when it trained here, else from the ledger."""
     f = run.folder(root) / "results.json"
     if not trained(run.folder(root)):
-        return None
+        rec = recorded().get(run.name)
+        return None if rec is None or run.phase == "teachers" else rec["held_out"]
     return float(json.loads(f.read_text())["held_out"]["glue_score"])
 
 
@@ -226,6 +293,8 @@ def execute(run: Run, root: Path, threads: int) -> dict[str, Any]:
     if teacher is not None and not trained(teacher.parent):
         return {"skipped": "its teacher is not trained yet"}
     root.mkdir(parents=True, exist_ok=True)
+    if (root / NO_NEW_RUNS).exists():
+        return {"skipped": f"{root / NO_NEW_RUNS} says start no new run"}
     lock = root / f"{run.name}.lock"
     if not _claim(lock):
         return {"skipped": "another driver runs it"}
@@ -261,6 +330,7 @@ def _execute(run: Run, root: Path, threads: int) -> dict[str, Any]:
         (root / "commands.txt").open("a").write(" ".join(cmd) + "\n")
     (folder / "dev.json").write_text(json.dumps(score_on_dev(run, root), indent=1))
     prune_checkpoints(folder)
+    record(run, root)
     return timing
 
 
@@ -290,7 +360,7 @@ def run_phase(root: Path, phase: str | None, workers: int, threads: int) -> None
                     progressed += "skipped" not in timing
                     if timing.get("rc"):
                         failed.add(run.name)
-        if not skipped:
+        if not skipped or (root / NO_NEW_RUNS).exists():
             return
         if not progressed:
             time.sleep(60)
@@ -346,19 +416,16 @@ def train_seconds(folder: Path) -> float | None:
 
 
 def collect(root: Path) -> dict[str, Any]:
-    """Every finished run's dev and held-out scores, grouped as the table shows them."""
-    out: dict[str, Any] = {"tasks": {}, "runs": {}}
+    """Every recorded run's dev and held-out scores, grouped as the table shows them. Runs
+    finished here but missing from the ledger (a driver older than the ledger, a teacher whose
+    record differs) are recorded first."""
+    ledger = recorded()
     for run in plan(root):
-        if not run.done(root):
-            continue
-        f = run.folder(root)
-        times = json.loads((f / "timing.json").read_text()) if (f / "timing.json").is_file() else []
-        out["runs"][run.name] = {**run.meta, "dev": json.loads((f / "dev.json").read_text()),
-                                 "held_out": held_out_score(run, root),
-                                 "cpu_s": sum(t["cpu_s"] for t in times),
-                                 "wall_s": sum(t["wall_s"] for t in times),
-                                 "train_s": train_seconds(f),
-                                 "train_end": training_end(f)}
+        rec = ledger.get(run.name)
+        if run.finished_here(root) and (rec is None or rec["dev"] != json.loads(
+                (run.folder(root) / "dev.json").read_text())):
+            record(run, root)
+    out: dict[str, Any] = {"tasks": {}, "runs": recorded()}
     for task in TASKS:
         rows: dict[str, Any] = {}
         teacher = out["runs"].get(teacher_run(task).name)
@@ -383,10 +450,10 @@ def _pct(score: float | None) -> str:
     return "-" if score is None else f"{100 * score:.1f}"
 
 
-def table(root: Path, out_file: Path) -> str:
-    """Write the collected figures to ``out_file`` and return the markdown table."""
+def table(root: Path) -> str:
+    """Write the collected summaries into the ledger and return the markdown table."""
     data = collect(root)
-    out_file.write_text(json.dumps(data, indent=1))
+    update_ledger(lambda ledger: ledger.update(tasks=data["tasks"]))
     head = "| variant | " + " | ".join(TASKS[t] for t in TASKS) + " |"
     lines = [head, "|---" * (len(TASKS) + 1) + "|"]
 
@@ -499,9 +566,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--phase", choices=("teachers", "lr", "why", "main", "control"))
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" /
-                   "lrc_glue_runs.json")
+    p.add_argument("--ledger", type=Path, default=_DEFAULT_LEDGER,
+                   help="the runs' records, kept by git (default: %(default)s)")
     a = p.parse_args(argv)
+    global LEDGER
+    LEDGER = a.ledger
     if not GLUE.is_dir() or not MINILM.is_dir():
         print(f"lrc_glue: needs the real GLUE files and MiniLM in {SHARED} (see its README)")
         return 2
@@ -511,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
     elif a.command == "run":
         run_phase(a.root, a.phase, a.workers, a.threads)
     elif a.command == "table":
-        print(table(a.root, a.out))
+        print(table(a.root))
     else:
         print(json.dumps(speed(a.root), indent=1))
     return 0

@@ -39,6 +39,13 @@ def driver(shared_data: Path) -> Any:
     return _load("lrc_glue_driver", ROOT / "benchmarks" / "lrc_glue.py")
 
 
+@pytest.fixture(autouse=True)
+def _own_ledger(request, tmp_path: Path, monkeypatch) -> None:
+    """Every test writes its own ledger (never the committed results/lrc_glue_runs.json)."""
+    if "driver" in request.fixturenames:
+        monkeypatch.setattr(request.getfixturevalue("driver"), "LEDGER", tmp_path / "ledger.json")
+
+
 def _fake_result(folder: Path, held_out: float, dev: float | None = None) -> None:
     folder.mkdir(parents=True)
     (folder / "results.json").write_text(json.dumps({"held_out": {"glue_score": held_out}}))
@@ -109,10 +116,52 @@ def test_smoke_run_of_the_drivers_flags_on_real_glue(driver, tmp_path: Path) -> 
         held = json.loads((run.folder(tmp_path) / "results.json").read_text())["held_out"]
         assert held["glue_score"] == pytest.approx(driver.held_out_score(run, tmp_path))
     AcceleratorState._reset_state(True)
-    assert "| teacher | " in driver.table(tmp_path, tmp_path / "runs.json")
+    assert "| teacher | " in driver.table(tmp_path)  # records both runs in the ledger
+    ledger = json.loads(driver.LEDGER.read_text())
     # 2 steps stay in stage 1 (no hard loss yet): no training-end window to show
-    assert json.loads((tmp_path / "runs.json").read_text())["runs"][student.name][
-        "train_end"] is None
+    assert ledger["runs"][student.name]["train_end"] is None
+    assert ledger["runs"][student.name]["teacher_dev"] == ledger["runs"][teacher.name]["dev"][
+        "score"]
+    assert "lrc" not in ledger["tasks"]["mrpc"]  # no lr chosen yet: no main row
+
+
+def test_the_ledger_outlives_the_run_folders(driver, tmp_path: Path) -> None:
+    """On a fresh machine (the run folders gone) a recorded student is done and its held-out
+    score still chooses the lr; a teacher is trained again (its model is needed) and its earlier
+    record is kept beside the new one."""
+    root, fresh = tmp_path / "a", tmp_path / "b"
+    teacher = driver.teacher_run("mrpc")
+    _fake_result(teacher.folder(root), 0.8, 0.81)
+    for lr, score in zip(driver.LR_GRID, (0.70, 0.75, 0.72)):
+        run = driver.student_run("mrpc", "ce", lr, 0, root, phase="lr")
+        _fake_result(run.folder(root), score, score - 0.01)
+        driver.record(run, root)
+    driver.record(teacher, root)
+    assert driver.chosen_lr("mrpc", "kd", fresh) == 1e-4 and not teacher.done(fresh)
+    search = driver.student_run("mrpc", "ce", 1e-4, 0, fresh, phase="lr")
+    assert search.done(fresh) and not search.finished_here(fresh)
+    assert driver.held_out_score(search, fresh) == 0.75
+    todo = {r.name for r in driver.plan(fresh) if not r.done(fresh)}
+    assert search.name not in todo and teacher.name in todo
+    assert driver.student_run("mrpc", "kd", 1e-4, 0, fresh).name in todo
+    _fake_result(teacher.folder(fresh), 0.8, 0.79)  # trained again: another dev score
+    table = driver.table(fresh)
+    runs = json.loads(driver.LEDGER.read_text())["runs"]
+    assert runs[teacher.name]["dev"]["score"] == 0.79
+    assert [e["dev"]["score"] for e in runs[teacher.name]["earlier"]] == [0.81]
+    assert runs[search.name]["teacher_dev"] == 0.81  # taught by the first teacher
+    assert "| teacher | 79.0 |" in table
+    driver.record(teacher, fresh)  # the same record again: no second earlier entry
+    assert len(json.loads(driver.LEDGER.read_text())["runs"][teacher.name]["earlier"]) == 1
+
+
+def test_no_new_runs_file_stops_the_driver_starting_runs(driver, tmp_path: Path) -> None:
+    (tmp_path / driver.NO_NEW_RUNS).touch()
+    run = driver.teacher_run("mrpc")
+    assert "skipped" in driver.execute(run, tmp_path, 1)
+    assert not run.folder(tmp_path).exists()
+    driver.run_phase(tmp_path, "teachers", 1, 1)  # returns at once, starting nothing
+    assert not run.folder(tmp_path).exists()
 
 
 def test_training_end_reads_the_last_window_with_a_hard_loss(driver, tmp_path: Path) -> None:
