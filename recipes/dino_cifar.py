@@ -42,6 +42,7 @@ class DINOCifar(CifarConfig):
     teacher_temperature: float = help_field(0.04, "teacher temperature")
     local_crops: int = help_field(0, "DINO's local crops of --local-size px (0: two views)")
     local_size: int = help_field(16, "side of the local crops")
+    multicrop_scales = "DINO's: global 0.4-1, local 0.05-0.4"  # --crop-min is refused with --local-crops
     freeze_last_layer_epochs: int = help_field(
         1, "last layer frozen for these epochs (solo-learn's freeze_last_layer default)")
 

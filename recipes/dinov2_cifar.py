@@ -78,6 +78,9 @@ class DINOv2Cifar(CifarConfig):
                                              "patch-embedding lr factor (DINOv2: 0.2)")
     local_crops: int = help_field(8, "local crops (DINOv2: 8)")
     local_size: int = help_field(16, "side of the local crops")
+    crop_min: float = help_field(0.32, "the global crops' minimum scale and the local "
+                                 "crops' maximum (DINOv2 ssl_default_config.yaml: "
+                                 "global 0.32-1, local 0.05-0.32)")
 
 
 def build_method(cfg: DINOv2Cifar):
@@ -99,8 +102,8 @@ def build_pipeline(cfg: DINOv2Cifar):
     from contrastive.augment import get_pipeline
 
     return get_pipeline("dino", image_size=cfg.image_size, num_local=cfg.local_crops,
-                        local_size=cfg.local_size, global_scale=(0.32, 1.0),
-                        local_scale=(0.05, 0.32))
+                        local_size=cfg.local_size, global_scale=(cfg.crop_min, 1.0),
+                        local_scale=(0.05, cfg.crop_min))
 
 
 if __name__ == "__main__":

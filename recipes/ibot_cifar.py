@@ -71,6 +71,10 @@ class IBOTCifar(CifarConfig):
     koleo_weight: float = help_field(PRESET["koleo_weight"], "KoLeo weight (DINOv2: 0.1)")
     local_crops: int = help_field(10, "local crops (iBOT README: 10)")
     local_size: int = help_field(16, "side of the local crops")
+    crop_min: float = help_field(0.25, "the global crops' minimum scale and the local "
+                                 "crops' maximum (iBOT README, ViT-S/16: "
+                                 "--global_crops_scale 0.25 1 "
+                                 "--local_crops_scale 0.05 0.25)")
 
 
 def build_method(cfg: IBOTCifar):
@@ -93,8 +97,8 @@ def build_pipeline(cfg: IBOTCifar):
     from contrastive.augment import get_pipeline
 
     return get_pipeline("dino", image_size=cfg.image_size, num_local=cfg.local_crops,
-                        local_size=cfg.local_size, global_scale=(0.25, 1.0),
-                        local_scale=(0.05, 0.25))
+                        local_size=cfg.local_size, global_scale=(cfg.crop_min, 1.0),
+                        local_scale=(0.05, cfg.crop_min))
 
 
 if __name__ == "__main__":

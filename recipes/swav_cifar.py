@@ -44,6 +44,7 @@ class SwAVCifar(CifarConfig):
     freeze_prototypes_steps: int = help_field(390, "prototypes frozen for these steps")
     local_crops: int = help_field(0, "extra local crops of --local-size px (multi-crop)")
     local_size: int = help_field(16, "side of the local crops")
+    multicrop_scales = "SwAV's: global 0.14-1, local 0.05-0.14"  # --crop-min is refused with --local-crops
 
 
 def build_method(cfg: SwAVCifar):

@@ -562,12 +562,23 @@ class CifarConfig(TrainConfig):
         "configurations: 0.08, SimSiam and VICReg 0.2); 1.0 keeps the whole image (learning "
         "checks on shapes). The multi-crop pipelines (--local-crops) keep their own scales")
 
+    #: the scales a recipe's multi-crop pipeline keeps (``--local-crops`` > 0), where it does
+    #: not read ``--crop-min``: a --crop-min given then is refused, not silently ignored
+    multicrop_scales: ClassVar[str | None] = None
+
     def validate(self) -> None:
-        """The base checks, and ``--crop-min`` in (0, 1]."""
+        """The base checks, ``--crop-min`` in (0, 1], and no --crop-min a multi-crop pipeline
+        would ignore."""
         super().validate()
         if not 0.0 < self.crop_min <= 1.0:
             raise ValueError(f"--crop-min must be in (0, 1] (a fraction of the image area), "
                              f"got {self.crop_min}")
+        default = next(f.default for f in dataclasses.fields(self) if f.name == "crop_min")
+        if (self.multicrop_scales and getattr(self, "local_crops", 0) > 0
+                and self.crop_min != default):
+            raise ValueError(f"--crop-min {self.crop_min} is not used with --local-crops: the "
+                             f"multi-crop views keep their scales ({self.multicrop_scales}); "
+                             "drop --crop-min, or --local-crops 0 for two views")
 
 
 @dataclass

@@ -34,3 +34,23 @@ def test_crop_min_out_of_range_is_refused(value, rx):
     cls = _config_class(rx.load_recipe("byol_cifar"))
     with pytest.raises(ValueError, match="--crop-min"):
         cls(data="shapes", crop_min=value).validate()
+
+
+@pytest.mark.parametrize("name,boundary", [("ibot_cifar", 0.25), ("dinov2_cifar", 0.32)])
+def test_crop_min_splits_global_and_local_crops_of_the_multicrop_recipes(name, boundary, rx):
+    """iBOT / DINOv2: --crop-min is where the global crops end and the local ones begin."""
+    mod = rx.load_recipe(name)
+    cls = _config_class(mod)
+    for value in (boundary, 0.4):
+        args = ["--data", "shapes"] + ([] if value == boundary else ["--crop-min", str(value)])
+        views = mod.build_pipeline(parse_config(cls, args)).views
+        assert {v.scale for v in views} == {(value, 1.0), (0.05, value)}
+
+
+@pytest.mark.parametrize("name", ["swav_cifar", "dino_cifar"])
+def test_crop_min_with_local_crops_is_refused_where_the_multicrop_keeps_its_scales(name, rx):
+    cls = _config_class(rx.load_recipe(name))
+    cls(data="shapes", local_crops=2).validate()  # the default --crop-min: accepted
+    cls(data="shapes", crop_min=0.5).validate()  # two views read it
+    with pytest.raises(ValueError, match="--crop-min 0.5 is not used with --local-crops"):
+        cls(data="shapes", crop_min=0.5, local_crops=2).validate()
