@@ -39,7 +39,7 @@ so no gradient flows through them (gathered with or without gradient is the same
 Gradient perturbation (``perturb=True``): pass 1 computes L and g = dL/d emb at the student's
 embedding-layer output emb (B, T, H); pass 2 reruns the student with emb' = emb + eps * g_i /
 ||g_i||_2 (per sample over all its tokens and hidden units, g detached; eps = 1); the loss of
-pass 2 is returned and trained on. The teacher runs once per step.
+pass 2 is returned and trained on. The teacher runs once per step, and not at all in a stage that weighs it 0 (0:0:gamma).
 
 Two stages, the frozen teacher, the negatives of several processes and the perturbation are
 shared with the image :class:`~contrastive.methods.distill.Distiller` through their common base,
@@ -244,11 +244,16 @@ class LRCBert(ContrastiveDistillation):
             raise ValueError(f"LRCBert: labels must be ({ids.shape[0]},), got "
                              f"{tuple(labels.shape)}")
         length = self._length(mask)
-        t_reps, t_raw, t_logits = self._teacher(ids, mask, types, length)
+        weights = self.weights_at(stage)
+        if weights[0] or weights[1]:
+            t_reps, t_raw, t_logits = self._teacher(ids, mask, types, length)
+            neg = self._negatives(t_reps)
+        else:  # cross-entropy only (0:0:gamma): nothing reads the teacher; in eval mode it
+            # draws no random numbers, so skipping it changes no result, only the time
+            t_reps, t_raw, t_logits, neg = [], [], None, []
         ctx: dict[str, Any] = {
             "ids": ids, "mask": mask, "types": types, "labels": labels, "length": length,
-            "weights": self.weights_at(stage), "t": t_reps, "t_raw": t_raw,
-            "neg": self._negatives(t_reps), "t_logits": t_logits,
+            "weights": weights, "t": t_reps, "t_raw": t_raw, "neg": neg, "t_logits": t_logits,
         }
         result: dict[str, Tensor] = {}
         if self.perturb and self.training and torch.is_grad_enabled():
