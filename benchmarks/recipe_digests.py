@@ -25,6 +25,10 @@ reason printed.
 an existing file: their entries replaced, the others kept; a recipe's digests do not depend on
 what ran before it). ``--extra '--flag value'`` appends arguments to each recipe's (a flag that
 brings the old behaviour back: its digests against the saved ones).
+
+The digests hold only on the machine kind that made them: fp32 kernels round differently on
+another CPU (AVX2 vs AVX-512) or another torch, so the file records both (``cpu``, ``torch``) and
+``--check`` against a file from another refuses, saying how to make a baseline here.
 """
 
 from __future__ import annotations
@@ -226,6 +230,24 @@ def compare(saved: dict[str, dict], now: dict[str, dict]) -> list[str]:
     return bad
 
 
+def machine() -> dict[str, str]:
+    """What the digests depend on besides the code: the CPU kind and the torch build."""
+    import torch
+
+    from contrastive.hardware import cpu_kind_line
+
+    return {"cpu": cpu_kind_line(), "torch": torch.__version__}
+
+
+def other_machine(saved: dict[str, object]) -> str | None:
+    """Why ``saved`` digests cannot be compared here (made on another CPU kind or torch), or
+    None. A file without the fields (older) is compared as before."""
+    here = machine()
+    diff = [f"{k} {saved[k]!r} there, {here[k]!r} here" for k in here
+            if k in saved and saved[k] != here[k]]
+    return "; ".join(diff) or None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="", help="write the digests JSON here")
@@ -235,6 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--extra", default="", help="arguments appended to each recipe's (one "
                    "string, shell-quoted)")
     args = p.parse_args(argv)
+    if args.check and (why := other_machine(json.loads(Path(args.check).read_text()))):
+        print(f"--check: {args.check} was made on another machine ({why}): digests compare only "
+              "on the kind that made them. Make a baseline here from the base commit (git stash; "
+              "--out /tmp/base.json; git stash pop) and --check /tmp/base.json", file=sys.stderr)
+        return 2
     # one thread, no GPU, this tree's package (not an installed one), quiet library logs
     os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
                       TOKENIZERS_PARALLELISM="false")
@@ -265,8 +292,14 @@ def main(argv: list[str] | None = None) -> int:
         saved = {n: {k: v for k, v in r.items() if k != "seconds"} for n, r in results.items()}
         out = Path(args.out)
         if args.only and out.exists():  # these recipes' entries replaced, the others kept
-            saved = {**json.loads(out.read_text())["recipes"], **saved}
-        out.write_text(json.dumps({"steps": STEPS, "recipes": saved}, indent=1,
+            old = json.loads(out.read_text())
+            if why := other_machine(old):
+                print(f"--only --out: {out} was made on another machine ({why}); entries "
+                      "from two machines cannot be mixed: write all recipes, or another file",
+                      file=sys.stderr)
+                return 2
+            saved = {**old["recipes"], **saved}
+        out.write_text(json.dumps({"steps": STEPS, **machine(), "recipes": saved}, indent=1,
                                   sort_keys=True) + "\n")
         print(f"wrote {args.out}")
     if args.check:
