@@ -503,29 +503,42 @@ class CheckpointManager:
         logger.info("resume verified: model, optimizer and RNG states equal the saved ones")
 
 
-def _declared_settings(optimizer: Any) -> list[dict[str, Any]]:
-    """Each param group's declared settings (:data:`~contrastive.engine.optim.DECLARED_KEYS`)
-    as this run built them."""
-    from contrastive.engine.optim import DECLARED_KEYS
+def _run_keys(group: dict[str, Any]) -> tuple[str, ...]:
+    """The keys of ``group`` that are this run's settings: the declared ones and the optimiser
+    flags' (:data:`~contrastive.engine.optim.DECLARED_KEYS`, ``FLAG_KEYS``), less the weight
+    decay of a group whose decay a schedule writes every step (``"decays"``, set by
+    :func:`~contrastive.engine.optim.set_weight_decay`: the saved value is the schedule's)."""
+    from contrastive.engine.optim import DECLARED_KEYS, FLAG_KEYS
 
-    return [{k: g[k] for k in DECLARED_KEYS if k in g} for g in optimizer.param_groups]
+    return tuple(k for k in (*DECLARED_KEYS, *FLAG_KEYS)
+                 if not (k == "weight_decay" and "decays" in group))
+
+
+def _declared_settings(optimizer: Any) -> list[dict[str, Any]]:
+    """Each param group's settings (:func:`_run_keys`: declared groups', optimiser flags') as
+    this run built them."""
+    return [{k: g[k] for k in _run_keys(g) if k in g} for g in optimizer.param_groups]
 
 
 def _restore_declared_settings(optimizer: Any, declared: list[dict[str, Any]],
                                path: Path) -> None:
-    """Give the loaded param groups this run's declared settings back: torch's
-    ``load_state_dict`` keeps the saved groups' keys, so a checkpoint of an older version (a
-    DINOv2 last layer frozen by its gradient, no ``frozen_by_lr``) or of other flags
-    (``--allow-config-change``) would otherwise go on with its own, silently. A difference is
-    logged."""
-    from contrastive.engine.optim import DECLARED_KEYS
-
+    """Give the loaded param groups this run's settings back: torch's ``load_state_dict``
+    keeps the saved groups' keys, so a checkpoint of an older version (a DINOv2 last layer
+    frozen by its gradient, no ``frozen_by_lr``) or of other flags (``--allow-config-change``
+    with another ``--weight-decay``, ``--sgd-momentum``, ``--betas``) would otherwise go on
+    with its own, silently. A difference is logged (the keys that differ)."""
     changed = []
     for g, mine in zip(optimizer.param_groups, declared):
-        saved = {k: g[k] for k in DECLARED_KEYS if k in g}
+        keys = _run_keys(g)
+        saved = {k: g[k] for k in keys if k in g}
+        mine = {k: v for k, v in mine.items() if k in keys}
         if saved != mine:
-            changed.append(f"{g.get('name', '?')}: {saved} -> {mine}")
-            for k in DECLARED_KEYS:
+            differ = [k for k in keys if (k in saved) != (k in mine)
+                      or (k in saved and saved[k] != mine[k])]
+            was = {k: saved[k] for k in differ if k in saved}
+            now = {k: mine[k] for k in differ if k in mine}
+            changed.append(f"{g.get('name', '?')}: {was} -> {now}")
+            for k in keys:
                 g.pop(k, None)
             g.update(mine)
     if changed:

@@ -29,12 +29,16 @@ import torch
 from torch import nn
 
 __all__ = ["param_groups", "build_optimizer", "set_lr", "set_weight_decay", "hold_frozen_groups",
-           "LARS", "DECLARED_KEYS"]
+           "LARS", "DECLARED_KEYS", "FLAG_KEYS"]
 
 #: the keys :func:`param_groups` writes from a method's declared groups: the run's settings, which
 #: a resumed optimiser state keeps (:meth:`~contrastive.engine.checkpoint.CheckpointManager.load`)
 #: rather than the checkpoint's (torch's ``load_state_dict`` takes the saved groups' keys)
 DECLARED_KEYS = ("fixed_lr", "lr_scale", "frozen_steps", "frozen_by_lr")
+#: the keys :func:`build_optimizer` writes from the run's flags (``--weight-decay``,
+#: ``--sgd-momentum``, ``--nesterov``, ``--betas``, ``--lars-trust-coeff``): kept on resume as
+#: :data:`DECLARED_KEYS` are, so that a flag changed under ``--allow-config-change`` is used
+FLAG_KEYS = ("weight_decay", "momentum", "nesterov", "betas", "trust_coeff")
 
 logger = logging.getLogger(__name__)
 

@@ -229,3 +229,54 @@ def test_a_resume_keeps_this_runs_declared_group_settings(accelerator, tmp_path,
     state.step = 2
     ckpt.load(ckpt.save())  # saved with this run's settings: nothing to say
     assert not [r for r in caplog.records if "param-group settings" in r.getMessage()]
+
+
+@pytest.mark.parametrize("name", ["sgd", "adamw"])
+def test_a_resume_keeps_this_runs_optimiser_flags(accelerator, tmp_path, caplog, name):
+    """--allow-config-change with another --weight-decay / --sgd-momentum / --nesterov /
+    --betas: the trainer logs 'resuming with a changed setting', so the run must use the new
+    values; torch's load_state_dict would silently put the checkpoint's back (the lr alone is
+    rewritten every step by set_lr). A group whose weight decay follows a schedule ("decays",
+    DINO's 0.04 -> 0.4) is rewritten by set_weight_decay every step: not reported."""
+    import logging
+
+    from contrastive.engine.optim import build_optimizer, set_weight_decay
+
+    def build(wd: float, momentum: float, betas: tuple[float, float]):
+        torch.manual_seed(0)
+        model = _Toy()
+        opt = build_optimizer(model, name, lr=0.1, weight_decay=wd, momentum=momentum,
+                              nesterov=momentum > 0.85, betas=betas)
+        return accelerator.prepare(model, opt)
+
+    model, opt = build(0.1, 0.9, (0.9, 0.999))
+    state = TrainState()
+    meta = {"config": {"lr": 0.1}, "signature": model_signature(model)}
+    ckpt = CheckpointManager(accelerator, model, opt, state, tmp_path / "c", keep_last=1,
+                             meta=meta)
+    _train_step(model, opt)
+    state.step = 1
+    path = ckpt.save()
+    model2, opt2 = build(0.5, 0.8, (0.8, 0.99))  # this run's flags
+    ckpt2 = CheckpointManager(accelerator, model2, opt2, TrainState(), tmp_path / "c",
+                              keep_last=1, meta=meta)
+    caplog.set_level(logging.WARNING)
+    ckpt2.load(path)
+    decay = next(g for g in opt2.param_groups if g["name"] == "decay")
+    assert decay["weight_decay"] == 0.5
+    if name == "sgd":
+        assert decay["momentum"] == 0.8 and decay["nesterov"] is False
+    else:
+        assert tuple(decay["betas"]) == (0.8, 0.99)
+    warned = [r.getMessage() for r in caplog.records if "param-group settings" in r.getMessage()]
+    assert len(warned) == 1 and "decay: {'weight_decay': 0.1" in warned[0]
+    assert "\n" not in warned[0]
+    caplog.clear()
+    set_weight_decay(opt2, 0.3)  # a schedule's value, saved with the group's "decays"
+    state2 = ckpt2.state
+    state2.step = 2
+    again = ckpt2.save()
+    model3, opt3 = build(0.5, 0.8, (0.8, 0.99))
+    CheckpointManager(accelerator, model3, opt3, TrainState(), tmp_path / "c", keep_last=1,
+                      meta=meta).load(again)
+    assert not [r for r in caplog.records if "param-group settings" in r.getMessage()]
