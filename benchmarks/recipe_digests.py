@@ -24,7 +24,8 @@ reason printed.
 ``--only a,b`` runs some recipes (with ``--check``: compared with those alone; with ``--out`` and
 an existing file: their entries replaced, the others kept; a recipe's digests do not depend on
 what ran before it). ``--extra '--flag value'`` appends arguments to each recipe's (a flag that
-brings the old behaviour back: its digests against the saved ones).
+brings the old behaviour back: its digests against the saved ones; with ``--check`` only, never
+``--out``).
 
 The digests hold only on the machine kind that made them: fp32 kernels round differently on
 another CPU (AVX2 vs AVX-512) or another torch, so the file records both (``cpu``, ``torch``) and
@@ -257,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--extra", default="", help="arguments appended to each recipe's (one "
                    "string, shell-quoted)")
     args = p.parse_args(argv)
+    if args.extra and args.out:
+        print("--extra with --out: the digests of other flags than each recipe's own would be "
+              "saved as its baseline; compare them with --check instead", file=sys.stderr)
+        return 2
     if args.check and (why := other_machine(json.loads(Path(args.check).read_text()))):
         print(f"--check: {args.check} was made on another machine ({why}): digests compare only "
               "on the kind that made them. Make a baseline here from the base commit (git stash; "

@@ -36,3 +36,15 @@ def test_check_against_another_machines_digests_is_refused(tmp_path: Path, capsy
 def test_the_committed_digests_name_their_machine() -> None:
     saved = json.loads((ROOT / "benchmarks" / "results" / "recipe_digests.json").read_text())
     assert {"cpu", "torch"} <= set(saved) and saved["recipes"]
+
+
+def test_extra_arguments_are_refused_with_out(tmp_path: Path, capsys) -> None:
+    """--extra makes digests of other flags than each recipe's own (for --check): written with
+    --out they would stand in the file as that recipe's, and every later --check against the
+    file would differ. Refused in one line, before any recipe runs; nothing is written."""
+    mod = _digests()
+    out = tmp_path / "digests.json"
+    assert mod.main(["--out", str(out), "--only", "byol_cifar", "--extra", "--lr 0.1"]) == 2
+    err = capsys.readouterr().err
+    assert "--extra" in err and "--check" in err and err.count("\n") == 1
+    assert not out.exists()
