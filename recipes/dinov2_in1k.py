@@ -48,10 +48,10 @@ each sample with probability 0.7 (the same expectation); resizing is bicubic the
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 from contrastive.engine import TrainConfig, help_field, run
 from contrastive.methods import IBOT
@@ -113,17 +113,9 @@ class DINOv2ImageNet(TrainConfig):
                                              "optim.patch_embed_lr_mult")
     local_crops: int = help_field(8, "96-px local crops (crops.local_crops_number)")
 
-    def validate(self) -> None:
-        """The base checks, and no --epochs beside the --steps budget (the engine would ignore
-        it: --steps, when set, is the budget)."""
-        super().validate()
-        default = next(f.default for f in dataclasses.fields(self) if f.name == "epochs")
-        if self.steps and self.epochs != default:
-            raise ValueError(
-                f"--epochs {self.epochs} is not used: the budget is --steps {self.steps} (DINOv2 "
-                f"epochs of {EPOCH} iterations); pass --steps {self.epochs * EPOCH} for "
-                f"{self.epochs} DINOv2 epochs, or --steps 0 --epochs {self.epochs} for passes "
-                "over the data")
+    #: the --epochs refusal beside the --steps budget (parse_config's, every recipe's) names
+    #: the --steps of that many DINOv2 epochs
+    epoch_steps: ClassVar[int] = EPOCH
 
 
 def build_method(cfg: DINOv2ImageNet):

@@ -54,7 +54,10 @@ class RunConfig:
     this class with their own fields, so they carry no image fields.
 
     Budget: ``--epochs`` or ``--steps`` (optimiser steps; when set it is the budget and the
-    schedules follow it). Batch size and learning rate: ``batch_size`` is GLOBAL (samples per
+    schedules follow it, and ``--epochs`` is unused). ``--epochs`` given on the command line (or
+    by a ``--config`` file) while ``--steps`` is positive, by the recipe's default or given too,
+    is refused by :func:`parse_config` rather than ignored: pass ``--steps 0 --epochs N`` for an
+    epoch budget, or ``--steps N`` alone. Batch size and learning rate: ``batch_size`` is GLOBAL (samples per
     optimiser step, summed over processes and gradient-accumulation micro-steps), as in the
     official MoCo code. ``lr_scaling``: ``linear`` uses ``lr * batch_size / 256`` (``lr`` per
     256 samples), ``sqrt`` uses ``lr * sqrt(batch_size)`` (SimCLR's rule: the batch size itself,
@@ -66,6 +69,11 @@ class RunConfig:
     #: (a warm-up from ``--warmup-fraction`` and the budget): a ``--config`` file's values of them
     #: that were so derived are derived again after the flags (a new ``--steps`` moves them)
     derived_fields: ClassVar[tuple[str, ...]] = ()
+
+    #: optimiser steps in one of the recipe's own epochs where its default ``--steps`` budget
+    #: counts in them (DINOv2's 1250 iterations): the refusal of an ``--epochs`` beside that
+    #: budget then names the ``--steps`` those epochs make; 0 = none
+    epoch_steps: ClassVar[int] = 0
 
     # --- data and run ---------------------------------------------------------------------
     data: str = help_field(
@@ -82,10 +90,13 @@ class RunConfig:
         "", "'auto' (newest complete checkpoint in --output-dir, or start fresh and say so) "
         "or a checkpoint PATH; empty = new run (the output folder must then be empty)"
     )
-    epochs: int = help_field(100, "training epochs; the lr / momentum schedules follow them")
+    epochs: int = help_field(
+        100, "training epochs; the lr / momentum schedules follow them. Used only with --steps "
+        "0: given while --steps is positive (the recipe's default or given too) it is refused")
     steps: int = help_field(
         0, "the budget in optimiser steps instead of --epochs (0 = --epochs decide): the "
-        "schedules follow it and the last epoch may be partial")
+        "schedules follow it and the last epoch may be partial; a recipe whose default is "
+        "positive needs --steps 0 with --epochs")
     max_steps: int = help_field(
         0, "stop after this many optimiser steps (0 = no limit) WITHOUT changing the schedules "
         "(smoke runs, resume tests); the run checkpoints when it stops"
@@ -347,7 +358,8 @@ class DualEncoderConfig(ImageTextConfig):
     methods compare on the same budget) and the text tower's sizes. A recipe adds its loss's
     fields and builds its method from :meth:`tower_kwargs`."""
 
-    steps: int = help_field(300, "optimiser steps (the budget the schedule follows)")
+    steps: int = help_field(300, "optimiser steps (the budget the schedule follows); "
+                            "--steps 0 --epochs N for an epoch budget")
     batch_size: int = 128
     optimizer: str = help_field("adamw", "AdamW with decoupled weight decay (CLIP)",
                                 choices=("sgd", "adamw", "lars"))
@@ -467,7 +479,8 @@ class LabelledTextConfig(TextRunConfig):
                                 "of the prediction layer (BERT 0.1)")
     eval_at_start: bool = help_field(False, "also evaluate before training")
     # BERT fine-tuning (Devlin et al. 2019; the Hugging Face Trainer's AdamW)
-    steps: int = help_field(1000, "optimiser steps (the budget; 0 = --epochs decide)")
+    steps: int = help_field(1000, "optimiser steps (the budget; 0 = --epochs decide: "
+                            "--steps 0 --epochs N)")
     batch_size: int = help_field(32, "GLOBAL examples per optimiser step")
     optimizer: str = help_field("adamw", "AdamW (BERT's)", choices=("sgd", "adamw", "lars"))
     lr: float = help_field(2e-5, "peak AdamW learning rate, absolute")
@@ -775,9 +788,40 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, *, prog: str |
         base = _underived(cls, base)
         cfg = config_from_dict(cls, {**base, **values}, ignore_unknown=bool(config_file))
         cfg.validate()
+        _check_budget(cfg, _budget_given(cls, values, base), config_file)
     except (ValueError, TypeError) as err:
         parser.error(str(err))
     return cfg
+
+
+def _budget_given(cls: type[C], flags: dict[str, Any], base: dict[str, Any]) -> set[str]:
+    """Which of ``epochs`` / ``steps`` the user chose: those on the command line; when it names
+    neither, those a ``--config`` file sets to other than ``cls``'s default (a run's
+    config.json records every field, its defaults too, so an unchanged one is no choice)."""
+    names = {"epochs", "steps"}
+    given = names & set(flags)
+    if given:  # a flag overrides the file's budget: its other budget field is no longer chosen
+        return given
+    defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.name in names}
+    return {n for n in names if n in base and base[n] != defaults[n]}
+
+
+def _check_budget(cfg: RunConfig, given: set[str], config_file: str | None) -> None:
+    """Refuse an ``--epochs`` the engine would ignore: the budget is ``--steps`` when positive
+    (a recipe's default, such as the text and image-text recipes', or given too), so
+    ``--epochs 5`` there trained the default steps without a word."""
+    if "epochs" not in given or not cfg.steps:
+        return
+    e, s = cfg.epochs, cfg.steps
+    source = ("given too" if "steps" in given
+              else f"from --config {config_file}" if config_file and cfg.steps !=
+              next(f.default for f in dataclasses.fields(cfg) if f.name == "steps")
+              else "this recipe's default")
+    k = type(cfg).epoch_steps
+    hint = f" (--steps {e * k}: {e} of this recipe's epochs of {k} steps)" if k else ""
+    raise ValueError(f"--epochs {e} is ignored: the budget is --steps {s} ({source}); pass "
+                     f"--steps 0 --epochs {e} for {e} passes over the data, or --steps N "
+                     f"alone{hint}")
 
 
 def _underived(cls: type[C], base: dict[str, Any]) -> dict[str, Any]:

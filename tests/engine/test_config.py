@@ -111,3 +111,62 @@ def test_dict_round_trip_and_unknown_key():
     assert config_from_dict(_Recipe, json.loads(json.dumps(config_to_dict(cfg)))) == cfg
     with pytest.raises(KeyError, match="queue_sise"):
         config_from_dict(_Recipe, {"queue_sise": 3})
+
+
+def _refusal(capsys, cls, argv) -> str:
+    """The one-line error ``parse_config(cls, argv)`` exits with (status 2)."""
+    with pytest.raises(SystemExit) as exc:
+        parse_config(cls, argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_epochs_beside_a_positive_steps_budget_is_refused_not_ignored(capsys):
+    """--steps, when positive, is the budget and --epochs is unused: LabelledTextConfig (the text
+    recipes: lrc_bert, bert_finetune) defaults to --steps 1000 and DualEncoderConfig (clip,
+    siglip) to 300, so 'lrc_bert.py --epochs 5' trained 1000 steps without a word. An --epochs
+    given on the command line is refused whenever --steps is positive (the default or given
+    too: the flag, not its value, counts); --steps 0 --epochs N and --steps N alone work."""
+    from contrastive.engine.config import DualEncoderConfig
+
+    err = _refusal(capsys, LabelledTextConfig, ["--epochs", "5"])
+    assert err.endswith("--epochs 5 is ignored: the budget is --steps 1000 (this recipe's "
+                        "default); pass --steps 0 --epochs 5 for 5 passes over the data, or "
+                        "--steps N alone")
+    assert "--steps 300 (this recipe's default)" in _refusal(capsys, DualEncoderConfig,
+                                                             ["--epochs", "5"])
+    assert "--epochs 100 is ignored" in _refusal(capsys, LabelledTextConfig, ["--epochs", "100"])
+    assert "--steps 200 (given too)" in _refusal(capsys, LabelledTextConfig,
+                                                 ["--steps", "200", "--epochs", "5"])
+    assert "--steps 50 (given too)" in _refusal(capsys, _Recipe, ["--steps", "50", "--epochs", "5"])
+    cfg = parse_config(LabelledTextConfig, ["--steps", "0", "--epochs", "5"])
+    assert (cfg.steps, cfg.epochs) == (0, 5)
+    assert parse_config(LabelledTextConfig, ["--steps", "200"]).steps == 200
+    assert parse_config(DualEncoderConfig, []).steps == 300
+    assert parse_config(_Recipe, ["--epochs", "5"]).epochs == 5  # steps 0: --epochs is the budget
+
+
+def test_a_config_files_budget_counts_where_it_differs_from_the_default(tmp_path, capsys):
+    """A run's config.json records every field (epochs 100 beside steps 1000 too): resuming
+    from it (--config, --resume auto, --allow-config-change) is no --epochs choice; a value it
+    changed is, unless the command line names --epochs or --steps (the flag then decides)."""
+    def run_file(name, *flags):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(config_to_dict(parse_config(LabelledTextConfig, list(flags)))))
+        return str(path)
+
+    default, epochs5 = run_file("default"), run_file("epochs5", "--steps", "0", "--epochs", "5")
+    steps500 = run_file("steps500", "--steps", "500")
+    again = ["--resume", "auto", "--allow-config-change"]
+    assert parse_config(LabelledTextConfig, ["--config", default, *again]).steps == 1000
+    cfg = parse_config(LabelledTextConfig, ["--config", epochs5, *again])
+    assert (cfg.steps, cfg.epochs) == (0, 5)
+    cfg = parse_config(LabelledTextConfig, ["--config", epochs5, "--steps", "200"])
+    assert (cfg.steps, cfg.epochs) == (200, 5)  # --steps wins over the file's epoch budget
+    assert parse_config(LabelledTextConfig, ["--config", steps500, *again]).steps == 500
+    hand = tmp_path / "hand.json"
+    hand.write_text(json.dumps({"epochs": 5}))
+    assert "--steps 1000 (this recipe's default)" in _refusal(
+        capsys, LabelledTextConfig, ["--config", str(hand)])
+    assert f"--steps 500 (from --config {steps500})" in _refusal(
+        capsys, LabelledTextConfig, ["--config", steps500, "--epochs", "5"])

@@ -157,12 +157,13 @@ def test_dinov2_cifar_trains_on_two_processes_with_its_lr_groups(tmp_path, rx):
 def test_dinov2_in1k_refuses_epochs_that_its_steps_budget_would_ignore(rx, capsys):
     """The recipe's budget is --steps (DINOv2 epochs of 1250 iterations): the engine then
     ignores --epochs, so '--epochs 10' trained the default 125000 steps without a word. Refused
-    in one line naming both ways; --steps 0 --epochs N (passes over the data) still works."""
+    in one line (parse_config's rule for every recipe) naming both ways, with the --steps of 10
+    DINOv2 epochs (epoch_steps); --steps 0 --epochs N (passes over the data) still works."""
     mod = rx.load_recipe("dinov2_in1k")
     with pytest.raises(SystemExit):
         parse_config(mod.DINOv2ImageNet, ["--data", "shapes", "--epochs", "10"])
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "--epochs 10 is not used" in err and "--steps 12500" in err and "--steps 0" in err
+    assert "--epochs 10 is ignored" in err and "--steps 12500" in err and "--steps 0" in err
     cfg = parse_config(mod.DINOv2ImageNet, ["--data", "shapes", "--steps", "0", "--epochs", "10"])
     assert (cfg.steps, cfg.epochs) == (0, 10)
     assert parse_config(mod.DINOv2ImageNet, ["--data", "shapes", "--steps", "20000"]).steps == 20000
