@@ -98,14 +98,15 @@ class EncoderArtefacts:
 class ClipArtefacts:
     """``clip.pt`` + ``tokenizer/`` and the image tower's ``encoder.pt``. ``adapter``: the
     :class:`~contrastive.engine.adapters.ImageTextAdapter` (its tokenizer, pipeline and the
-    recipe's model configuration)."""
-
-    what = "the CLIP model (its image tower also in encoder.pt)"
+    recipe's model configuration). ``what`` names the method written last (CLIP, SigLIP...):
+    recipes/clip.py and recipes/siglip.py share these artefacts."""
 
     def __init__(self, adapter: Any) -> None:
         self.adapter = adapter
+        self.what = "the image-text model (its image tower also in encoder.pt)"
 
     def write(self, out: Path, cfg: Any, module: nn.Module, recipe: str, step: int) -> Path:
+        self.what = f"the {type(module).__name__} model (its image tower also in encoder.pt)"
         a = self.adapter
         clamp = getattr(module, "clamp_logit_scale", None)
         if callable(clamp):

@@ -4,6 +4,7 @@ the same zero-shot accuracy) and the learnt t', b in the metrics."""
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pytest
@@ -14,14 +15,18 @@ pytest.importorskip("transformers")
 from .test_clip_recipe import TINY_CLIP, _reset  # noqa: E402
 
 
-def test_the_recipe_trains_and_zero_shot_reloads_siglip(tmp_path, rx):
+def test_the_recipe_trains_and_zero_shot_reloads_siglip(tmp_path, rx, caplog):
     out = tmp_path / "run"
     _reset()
     try:
-        result = rx.load_recipe("siglip").main([*TINY_CLIP, "--output-dir", str(out)])
+        with caplog.at_level(logging.INFO, logger="contrastive.engine.trainer"):
+            result = rx.load_recipe("siglip").main([*TINY_CLIP, "--output-dir", str(out)])
     finally:
         _reset()
     assert result.status == "completed" and result.step == 3
+    # the end line names the method trained (the shared image-text artefacts said "CLIP")
+    end = [r.getMessage() for r in caplog.records if r.getMessage().startswith("completed at")]
+    assert len(end) == 1 and "the SigLIP model" in end[0] and "CLIP" not in end[0], end
     recs = rx.read_metrics(out)
     steps = [r for r in recs if "loss" in r]
     assert [r["step"] for r in steps] == [1, 2, 3]
