@@ -149,8 +149,15 @@ def record(run: Run, root: Path) -> dict[str, Any]:
 
     def add(data: dict[str, Any]) -> None:
         old = data["runs"].get(run.name) or {}
+        if old and run.phase == "teachers" and old["dev"] == rec["dev"]:
+            # trained again with the same result: the record stays, the rerun is noted
+            rerun = {k: rec[k] for k in ("held_out", "cpu_s", "wall_s", "train_s", "cpu",
+                                         "date")}
+            if rerun not in old.get("reruns", []) and not _same_run(old, rerun):
+                old["reruns"] = [*old.get("reruns", []), rerun]
+            return
         earlier = old.pop("earlier", [])
-        if old and run.phase == "teachers" and old["dev"] != rec["dev"]:
+        if old and run.phase == "teachers":
             earlier.append(old)
         if earlier:
             rec["earlier"] = earlier
@@ -158,6 +165,11 @@ def record(run: Run, root: Path) -> dict[str, Any]:
 
     update_ledger(add)
     return rec
+
+
+def _same_run(rec: dict[str, Any], rerun: dict[str, Any]) -> bool:
+    """``rerun`` is ``rec`` itself recorded again (the same machine, day and times)."""
+    return all(rec.get(k) == v for k, v in rerun.items())
 
 
 def update_ledger(change: Callable[[dict[str, Any]], None]) -> None:
@@ -422,9 +434,8 @@ def collect(root: Path) -> dict[str, Any]:
     ledger = recorded()
     for run in plan(root):
         rec = ledger.get(run.name)
-        if run.finished_here(root) and (rec is None or rec["dev"] != json.loads(
-                (run.folder(root) / "dev.json").read_text())):
-            record(run, root)
+        if run.finished_here(root) and (rec is None or run.phase == "teachers"):
+            record(run, root)  # a teacher's record notes a rerun once
     out: dict[str, Any] = {"tasks": {}, "runs": recorded()}
     for task in TASKS:
         rows: dict[str, Any] = {}

@@ -153,6 +153,15 @@ def test_the_ledger_outlives_the_run_folders(driver, tmp_path: Path) -> None:
     assert "| teacher | 79.0 |" in table
     driver.record(teacher, fresh)  # the same record again: no second earlier entry
     assert len(json.loads(driver.LEDGER.read_text())["runs"][teacher.name]["earlier"]) == 1
+    # a third machine trains the teacher to the same score: a rerun noted once, record kept
+    third = tmp_path / "c"
+    _fake_result(teacher.folder(third), 0.8, 0.79)
+    (teacher.folder(third) / "timing.json").write_text(json.dumps([{"cpu_s": 5.0,
+                                                                     "wall_s": 6.0}]))
+    for _ in range(2):
+        driver.table(third)
+    rec = json.loads(driver.LEDGER.read_text())["runs"][teacher.name]
+    assert rec["cpu_s"] == 0 and [r["cpu_s"] for r in rec["reruns"]] == [5.0]
 
 
 def test_no_new_runs_file_stops_the_driver_starting_runs(driver, tmp_path: Path) -> None:
