@@ -358,16 +358,22 @@ def run_phase(root: Path, phase: str | None, workers: int, threads: int) -> None
     is done or failed once (a failed run's log is ``ROOT/NAME.log``; the next call retries)."""
     phases = ("teachers", "lr", "why", "main", "control") if phase is None else (phase,)
     failed: set[str] = set()
+    said: dict[str, str] = {}  # what was last printed per phase / run: a waiting driver is quiet
+
+    def say(key: str, text: str) -> None:
+        if said.get(key) != text:
+            said[key] = text
+            print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
+
     while True:
         skipped = progressed = 0
         for p in phases:
             todo = [r for r in plan(root) if r.phase == p and not r.done(root)
                     and r.name not in failed]
-            print(f"[{time.strftime('%H:%M:%S')}] phase {p}: {len(todo)} runs to do", flush=True)
+            say(p, f"phase {p}: {len(todo)} runs to do")
             with ThreadPoolExecutor(workers) as pool:
                 for run, timing in zip(todo, pool.map(lambda r: execute(r, root, threads), todo)):
-                    print(f"[{time.strftime('%H:%M:%S')}] {run.name}: {timing or 'scored'}",
-                          flush=True)
+                    say(run.name, f"{run.name}: {timing or 'scored'}")
                     skipped += "skipped" in timing
                     progressed += "skipped" not in timing
                     if timing.get("rc"):
