@@ -195,6 +195,17 @@ def test_altered_file_is_refused_naming_it(accelerator, tmp_path):
     assert "\n" not in str(e.value)
 
 
+def _checkpoint_after_a_step(accelerator, model, opt, tmp_path):
+    """One training step, then a checkpoint in tmp_path / "c": (manager, state, meta, path)."""
+    state = TrainState()
+    meta = {"config": {"lr": 0.1}, "signature": model_signature(model)}
+    ckpt = CheckpointManager(accelerator, model, opt, state, tmp_path / "c", keep_last=1,
+                             meta=meta)
+    _train_step(model, opt)
+    state.step = 1
+    return ckpt, state, meta, ckpt.save()
+
+
 def test_a_resume_keeps_this_runs_declared_group_settings(accelerator, tmp_path, caplog):
     """torch's load_state_dict takes the saved groups' keys: a checkpoint whose last layer was
     frozen by its gradient for 3 steps (an older version, or other flags) would silently keep
@@ -207,13 +218,7 @@ def test_a_resume_keeps_this_runs_declared_group_settings(accelerator, tmp_path,
     groups = [{"params": list(model.net[0].parameters()), "name": "last", "frozen_steps": 3},
               {"params": list(model.net[1].parameters()), "name": "rest"}]
     model, opt = accelerator.prepare(model, torch.optim.SGD(groups, lr=0.1, momentum=0.9))
-    state = TrainState()
-    meta = {"config": {"lr": 0.1}, "signature": model_signature(model)}
-    ckpt = CheckpointManager(accelerator, model, opt, state, tmp_path / "c", keep_last=1,
-                             meta=meta)
-    _train_step(model, opt)
-    state.step = 1
-    path = ckpt.save()
+    ckpt, state, _, path = _checkpoint_after_a_step(accelerator, model, opt, tmp_path)
     momentum = opt.state[model.net[0].weight]["momentum_buffer"].clone()
     last = opt.param_groups[0]
     last["frozen_steps"], last["frozen_by_lr"] = 5, True  # this run's build
@@ -250,13 +255,7 @@ def test_a_resume_keeps_this_runs_optimiser_flags(accelerator, tmp_path, caplog,
         return accelerator.prepare(model, opt)
 
     model, opt = build(0.1, 0.9, (0.9, 0.999))
-    state = TrainState()
-    meta = {"config": {"lr": 0.1}, "signature": model_signature(model)}
-    ckpt = CheckpointManager(accelerator, model, opt, state, tmp_path / "c", keep_last=1,
-                             meta=meta)
-    _train_step(model, opt)
-    state.step = 1
-    path = ckpt.save()
+    ckpt, state, meta, path = _checkpoint_after_a_step(accelerator, model, opt, tmp_path)
     model2, opt2 = build(0.5, 0.8, (0.8, 0.99))  # this run's flags
     ckpt2 = CheckpointManager(accelerator, model2, opt2, TrainState(), tmp_path / "c",
                               keep_last=1, meta=meta)
