@@ -262,7 +262,7 @@ def test_sigterm_saves_then_exits_75_with_run_state_and_resume_completes(tmp_pat
 
 def test_second_sigint_stops_at_once_and_is_recorded(tmp_path, fresh_accelerate):
     # a process started in the background by a non-interactive shell ignores SIGINT, and the
-    # engine leaves an ignored signal ignored (tested apart): give this one Python's default
+    # engine leaves an ignored signal ignored (StopRequests): give this one Python's default
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt):
