@@ -352,10 +352,12 @@ def prune_checkpoints(folder: Path) -> None:
     shutil.rmtree(folder / "checkpoints", ignore_errors=True)
 
 
-def run_phase(root: Path, phase: str | None, workers: int, threads: int) -> None:
+def run_phase(root: Path, phase: str | None, workers: int, threads: int,
+              tasks: tuple[str, ...] = tuple(TASKS)) -> None:
     """Run what is not done, phase by phase (a later phase's plan needs the earlier results),
     again while some runs were skipped (a teacher or another driver still busy), until every run
-    is done or failed once (a failed run's log is ``ROOT/NAME.log``; the next call retries)."""
+    is done or failed once (a failed run's log is ``ROOT/NAME.log``; the next call retries).
+    ``tasks``: only these tasks' runs (a fresh machine then trains only their teachers)."""
     phases = ("teachers", "lr", "why", "main", "control") if phase is None else (phase,)
     failed: set[str] = set()
     said: dict[str, str] = {}  # what was last printed per phase / run: a waiting driver is quiet
@@ -369,6 +371,7 @@ def run_phase(root: Path, phase: str | None, workers: int, threads: int) -> None
         skipped = progressed = 0
         for p in phases:
             todo = [r for r in plan(root) if r.phase == p and not r.done(root)
+                    and r.meta.get("task") in tasks
                     and r.name not in failed]
             say(p, f"phase {p}: {len(todo)} runs to do")
             with ThreadPoolExecutor(workers) as pool:
@@ -583,6 +586,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--phase", choices=("teachers", "lr", "why", "main", "control"))
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--tasks", default=",".join(TASKS),
+                   help="run only these tasks' runs, comma-separated (default: all)")
     p.add_argument("--ledger", type=Path, default=_DEFAULT_LEDGER,
                    help="the runs' records, kept by git (default: %(default)s)")
     a = p.parse_args(argv)
@@ -595,7 +600,11 @@ def main(argv: list[str] | None = None) -> int:
         for r in plan(a.root):
             print(f"{'done' if r.done(a.root) else 'todo'}  {r.phase:8s} {r.name}")
     elif a.command == "run":
-        run_phase(a.root, a.phase, a.workers, a.threads)
+        tasks = tuple(t.strip() for t in a.tasks.split(",") if t.strip())
+        if unknown := sorted(set(tasks) - set(TASKS)):
+            print(f"lrc_glue: --tasks {','.join(unknown)} unknown; known: {','.join(TASKS)}")
+            return 2
+        run_phase(a.root, a.phase, a.workers, a.threads, tasks)
     elif a.command == "table":
         print(table(a.root))
     else:

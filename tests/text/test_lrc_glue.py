@@ -294,3 +294,17 @@ def test_training_time_is_read_from_the_log_across_a_stop(driver, tmp_path: Path
         + json.dumps({"step": 300, "glue_score": 0.1}) + "\n")
     assert driver.train_seconds(tmp_path) == pytest.approx(2.0 * 300)
     assert driver.train_seconds(tmp_path / "absent") is None
+
+
+def test_tasks_restrict_the_driver_to_their_runs(driver, tmp_path: Path, capsys) -> None:
+    """--tasks sst2: only SST-2's teacher is started (the others are not even tried)."""
+    started = []
+    driver_execute = driver.execute
+    try:
+        driver.execute = lambda run, root, threads: started.append(run.name) or {}
+        driver.run_phase(tmp_path, "teachers", 1, 1, ("sst2",))
+    finally:
+        driver.execute = driver_execute
+    assert started == ["teacher-sst2"]
+    assert driver.main(["run", "--root", str(tmp_path), "--tasks", "sst2,rte"]) == 2
+    assert "--tasks rte unknown" in capsys.readouterr().out
