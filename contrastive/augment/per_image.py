@@ -10,29 +10,60 @@ torchvision's; colour jitter and blur use our kernels (equal results, several ti
 Random parameters come from torch's global generator, like every torchvision transform; the
 loader of :mod:`contrastive.data` seeds it per sample, which makes views reproducible across
 runs and worker counts.
+
+torchvision is imported only when a view with colour operations is built for this path:
+importing it costs about 3 s of CPU per process (most of it ``torch._dynamo``, which
+``torchvision.ops`` pulls in), and the crops, the centre crop and the normalisation that the
+batched path and the evaluation views use are written here with the same draws and pixels.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor
-from torchvision.transforms import InterpolationMode, v2
-from torchvision.transforms import RandomResizedCrop as _RRC
-from torchvision.transforms.v2 import functional as TF
 
 from contrastive.augment import functional as AF
 from contrastive.augment.config import ViewConfig
-from contrastive.data.decode import EncodedImage, fast_resized_crop
+from contrastive.data.decode import EncodedImage, fast_resized_crop, resize_uint8
 
 ImageLike = Image.Image | Tensor | EncodedImage
 
 
 def _uniform(lo: float, hi: float) -> float:
     return float(torch.empty(1).uniform_(lo, hi).item())
+
+
+def random_resized_crop_box(height: int, width: int, scale: Sequence[float],
+                            ratio: Sequence[float]) -> tuple[int, int, int, int]:
+    """(top, left, h, w) of a random resized crop of an image of ``height x width``, drawn from
+    torch's global generator exactly as torchvision's ``RandomResizedCrop.get_params`` draws it
+    (the Inception crop: area fraction ~ U[scale], log aspect ratio ~ U[log ratio] in float32,
+    up to 10 tries, then the whole image clamped to the ratio range, centred), so views do not
+    change with the implementation (tests/augment/test_functional.py compares the two)."""
+    area = height * width
+    log_ratio = torch.log(torch.tensor(list(ratio)))
+    for _ in range(10):
+        target_area = area * torch.empty(1).uniform_(scale[0], scale[1]).item()
+        aspect = torch.exp(torch.empty(1).uniform_(float(log_ratio[0]), float(log_ratio[1]))).item()
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            top = int(torch.randint(0, height - h + 1, size=(1,)).item())
+            left = int(torch.randint(0, width - w + 1, size=(1,)).item())
+            return top, left, h, w
+    in_ratio = width / height
+    if in_ratio < min(ratio):
+        w, h = width, int(round(width / min(ratio)))
+    elif in_ratio > max(ratio):
+        w, h = int(round(height * max(ratio))), height
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
 
 
 def as_uint8_chw(img: ImageLike) -> Tensor:
@@ -74,10 +105,9 @@ class RandomResizedCropUint8:
         self.ratio = list(ratio)
 
     def sample_box(self, height: int, width: int) -> tuple[int, int, int, int]:
-        """(top, left, h, w) drawn from torch's global generator for an image of that size,
-        by torchvision's ``get_params`` (its draws depend on the size only)."""
-        shape_only = torch.empty(1, 1, 1, dtype=torch.uint8).expand(3, height, width)
-        return _RRC.get_params(shape_only, self.scale, self.ratio)
+        """(top, left, h, w) drawn from torch's global generator for an image of that size
+        (:func:`random_resized_crop_box`: its draws depend on the size only)."""
+        return random_resized_crop_box(height, width, self.scale, self.ratio)
 
     def __call__(self, img: ImageLike) -> Tensor:
         if isinstance(img, EncodedImage):
@@ -97,7 +127,8 @@ def resized_crop_uint8(img: ImageLike, top: int, left: int, h: int, w: int, size
 
 
 class CenterCropUint8:
-    """Resize the shorter side to ``resize`` (bilinear, antialiased), centre crop ``size`` -> uint8 CHW."""
+    """Resize the shorter side to ``resize`` (bilinear, antialiased), centre crop ``size`` -> uint8 CHW
+    (torchvision's ``resize`` + ``center_crop`` pixels: the same torch kernel and crop anchor)."""
 
     def __init__(self, size: int, resize: int) -> None:
         self.size = int(size)
@@ -108,8 +139,10 @@ class CenterCropUint8:
         h, w = t.shape[-2:]
         scale = self.resize / min(h, w)
         new = [max(self.size, round(h * scale)), max(self.size, round(w * scale))]
-        t = TF.resize(t, new, InterpolationMode.BILINEAR, antialias=True)
-        return TF.center_crop(t, [self.size, self.size]).contiguous()
+        t = resize_uint8(t, new[0], new[1])
+        top = int(round((new[0] - self.size) / 2.0))
+        left = int(round((new[1] - self.size) / 2.0))
+        return t[:, top:top + self.size, left:left + self.size].contiguous()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(size={self.size}, resize={self.resize})"
@@ -177,8 +210,20 @@ def build_crop(cfg: ViewConfig):
     return RandomResizedCropUint8(cfg.size, cfg.scale, cfg.ratio)
 
 
+def _transforms_v2():
+    """``torchvision.transforms.v2``, imported on first use (see the module's docstring)."""
+    from torchvision.transforms import v2
+
+    return v2
+
+
 def build_colour_ops(cfg: ViewConfig) -> list:
-    """The photometric part of a view, float CHW in [0, 1] -> float CHW in [0, 1]."""
+    """The photometric part of a view, float CHW in [0, 1] -> float CHW in [0, 1]; torchvision's
+    random-apply, grayscale, solarize and flip around our jitter and blur kernels."""
+    if not (cfg.jitters or cfg.grayscale_p > 0 or cfg.blur_p > 0 or cfg.solarize_p > 0
+            or cfg.flip_p > 0):
+        return []
+    v2 = _transforms_v2()
     ops: list = []
     jitter: list = []
     if cfg.jitters:
@@ -202,16 +247,19 @@ class PerImageView:
         self.cfg = cfg
         self.crop = build_crop(cfg)
         ops = build_colour_ops(cfg)
-        self.colour = v2.Compose(ops) if ops else None
+        self.colour = _transforms_v2().Compose(ops) if ops else None
         self.mean = list(mean)
         self.std = list(std)
+        self._mean = torch.tensor(self.mean, dtype=torch.float32).view(-1, 1, 1)
+        self._std = torch.tensor(self.std, dtype=torch.float32).view(-1, 1, 1)
 
     def __call__(self, img: ImageLike) -> Tensor:
         """``img``: PIL image or uint8 (3, H, W) tensor (:func:`as_uint8_chw` it once for several views)."""
         x = self.crop(img).to(torch.float32).mul_(1.0 / 255.0)
         if self.colour is not None:
             x = self.colour(x)
-        return TF.normalize(x, self.mean, self.std)
+        # torchvision's normalize: out of place first (a grayscale view may share its memory)
+        return x.sub(self._mean).div_(self._std)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(crop={self.crop!r}, colour={self.colour!r})"

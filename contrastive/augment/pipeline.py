@@ -49,7 +49,15 @@ class Pipeline:
         self.mean = tuple(float(m) for m in mean)
         self.std = tuple(float(s) for s in std)
         self.name = name
-        self._per_image = [PerImageView(v, self.mean, self.std) for v in views]
+        self._views_per_image: list[PerImageView] | None = None
+
+    @property
+    def _per_image(self) -> list[PerImageView]:
+        """The per-image path's views, built on first use (a run on the batched path then never
+        imports torchvision: see :mod:`contrastive.augment.per_image`)."""
+        if self._views_per_image is None:
+            self._views_per_image = [PerImageView(v, self.mean, self.std) for v in self.views]
+        return self._views_per_image
 
     @property
     def num_views(self) -> int:

@@ -51,9 +51,18 @@ def fast_resized_crop(img: Tensor, top: int, left: int, h: int, w: int, size: in
     kernel), about 1.5x faster: the crop is copied once into channels-last memory, the layout
     torch's vectorised uint8 resampling kernel reads directly.
     """
-    crop = img[:, top:top + h, left:left + w].unsqueeze(0)
-    crop = crop.contiguous(memory_format=torch.channels_last)
-    out = F.interpolate(crop, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+    return resize_uint8(img[:, top:top + h, left:left + w], size, size)
+
+
+def resize_uint8(img: Tensor, height: int, width: int) -> Tensor:
+    """A uint8 (3, H, W) tensor resized to (height, width), bilinear, antialiased -> contiguous
+    uint8: torch's uint8 resampling kernel on channels-last memory (what torchvision's ``resize``
+    runs on AVX2, AVX-512 and ARM CPUs); the image itself when the size is already right."""
+    if tuple(img.shape[-2:]) == (height, width):
+        return img.contiguous()
+    crop = img.unsqueeze(0).contiguous(memory_format=torch.channels_last)
+    out = F.interpolate(crop, size=(height, width), mode="bilinear", align_corners=False,
+                        antialias=True)
     return out[0].contiguous()
 
 

@@ -391,7 +391,7 @@ def cifar_resnet50(pretrained: bool = False, **kwargs: Any) -> nn.Module:
 @register_encoder("small_cnn")
 def small_cnn(pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """4-block CNN, 32-64-128-256 channels, ~0.39M parameters; num_features 256."""
-    from contrastive.nn.backbones import SmallCNN
+    from contrastive.nn.small_cnn import SmallCNN
 
     _no_pretrained("small_cnn", pretrained)
     return SmallCNN(**kwargs)

@@ -112,3 +112,55 @@ def test_normalize_formula():
     expected = (x - mean.view(1, 3, 1, 1)) / std.view(1, 3, 1, 1)
     torch.testing.assert_close(AF.normalize(x, mean, std), expected)
     torch.testing.assert_close(AF.normalize_(x.clone(), mean, std), expected)
+
+
+@pytest.mark.parametrize("scale, ratio", [((0.08, 1.0), (3 / 4, 4 / 3)), ((1.0, 1.0), (1.0, 1.0)),
+                                          ((0.05, 0.4), (0.1, 0.2)), ((0.9, 1.0), (5.0, 9.0))])
+def test_random_resized_crop_box_draws_as_torchvision(scale, ratio):
+    """Our box sampler (no torchvision import) gives torchvision's ``get_params`` boxes and
+    leaves the global generator where it leaves it, including the centred fallback (the last
+    two ratio ranges force it for most sizes)."""
+    from torchvision.transforms import RandomResizedCrop
+
+    from contrastive.augment.per_image import random_resized_crop_box
+
+    sizes = torch.randint(1, 300, (200, 2), generator=torch.Generator().manual_seed(0)).tolist()
+    for seed, (h, w) in enumerate(sizes):
+        torch.manual_seed(seed)
+        ours, after = random_resized_crop_box(h, w, scale, ratio), torch.rand(1)
+        torch.manual_seed(seed)
+        theirs = RandomResizedCrop.get_params(torch.empty(3, h, w), list(scale), list(ratio))
+        assert ours == theirs and torch.equal(after, torch.rand(1)), (h, w)
+
+
+def test_centre_crop_and_normalisation_match_torchvision_bit_for_bit():
+    """The evaluation view without torchvision: resize (bilinear, antialiased) + centre crop +
+    normalise give torchvision's pixels exactly, for both memory layouts of the input."""
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms.v2 import functional as TF
+
+    from contrastive.augment.config import ViewConfig
+    from contrastive.augment.per_image import CenterCropUint8, PerImageView
+
+    g = torch.Generator().manual_seed(0)
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    for case in range(60):
+        h, w = torch.randint(8, 120, (2,), generator=g).tolist()
+        size = int(torch.randint(4, min(h, w) + 1, (1,), generator=g))
+        resize = int(size * (1.0, 1.14, 1.5)[case % 3])
+        img = torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g)
+        if case % 2:  # channels-last memory, as a PIL image converts
+            img = img.permute(1, 2, 0).contiguous().permute(2, 0, 1)
+        s = resize / min(h, w)
+        new = [max(size, round(h * s)), max(size, round(w * s))]
+        ref = TF.center_crop(TF.resize(img, new, InterpolationMode.BILINEAR, antialias=True),
+                             [size, size])
+        assert torch.equal(CenterCropUint8(size, resize)(img), ref), (h, w, size, resize)
+        view = PerImageView(ViewConfig(size=size, crop="center", crop_pct=size / resize,
+                                       flip_p=0.0), mean, std)
+        expected = TF.normalize(TF.center_crop(TF.resize(
+            img, [max(size, round(h * view.crop.resize / min(h, w))),
+                  max(size, round(w * view.crop.resize / min(h, w)))],
+            InterpolationMode.BILINEAR, antialias=True), [size, size]).float().mul_(1.0 / 255.0),
+            mean, std)  # the view scales to [0, 1] by multiplying with 1 / 255
+        assert torch.equal(view(img), expected), (h, w, size)

@@ -215,3 +215,29 @@ def test_cuda_device_path_matches_the_cpu():
     on_gpu = device_fn([v.cuda() for v in views], torch.Generator(device="cuda").manual_seed(3))
     again = device_fn([v.cuda() for v in views], torch.Generator(device="cuda").manual_seed(3))
     assert all(torch.equal(a, b) for a, b in zip(on_gpu, again))
+
+
+def test_batched_training_and_evaluation_views_do_not_import_torchvision():
+    """A run on the batched path with a torch-only encoder never imports torchvision (about 3 s
+    of CPU per process, most of it torch._dynamo pulled in by torchvision.ops): its crops, the
+    evaluation view and ``small_cnn`` are torch-only; the per-image colour operations import it
+    when they are built."""
+    import subprocess
+    import sys
+
+    code = """
+import sys, torch
+from contrastive.augment import get_pipeline
+from contrastive.nn import create_encoder
+create_encoder("small_cnn")
+img = torch.randint(0, 256, (3, 40, 30), dtype=torch.uint8)
+worker_fn, device_fn = get_pipeline("mocov2", image_size=16).split()
+device_fn([v[None] for v in worker_fn(img)])
+get_pipeline("eval", image_size=16)(img)
+assert "torchvision" not in sys.modules, "torchvision imported"
+get_pipeline("mocov2", image_size=16)(img)
+assert "torchvision" in sys.modules
+print("ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
