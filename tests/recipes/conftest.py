@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -72,6 +74,38 @@ def run_recipe(name: str, *args: str, tiny: bool = True, timeout: float = 240,
     return proc
 
 
+def reset_accelerate() -> None:
+    """Forget accelerate's process-wide state (an in-process run starts as a new program)."""
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    PartialState._reset_state()
+
+
+def run_recipe_here(name: str, *args: str, tiny: bool = True) -> None:
+    """Run a recipe in this process as its program runs (``sys.argv`` set, the file executed as
+    ``__main__``), without starting an interpreter: a new one spends about 6 s of CPU importing
+    torch (and torch._dynamo, which torch.optim loads) on a 2-core AVX2 box, more than a tiny
+    run trains. For tests of what a run leaves and computes; what only a program shows (exit
+    status, one-line errors, signals, several processes) keeps :func:`run_recipe`. A non-zero
+    exit raises AssertionError."""
+    import runpy
+
+    argv = recipe_cmd(name, *args, tiny=tiny)[1:]
+    saved = sys.argv
+    reset_accelerate()
+    sys.argv = argv
+    try:
+        runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as e:
+        if e.code not in (0, None):
+            raise AssertionError(f"{name} {' '.join(args)} exited with {e.code}") from None
+    finally:
+        sys.argv = saved
+        reset_accelerate()
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
 
@@ -87,42 +121,93 @@ def load_recipe(name: str):
 
 class LearningRuns:
     """The learning checks' recipe runs of a session (tests/recipes/test_learning*.py), started
-    together when the first such test asks, as many at a time as there are cores (at most 4).
-    Each run is pinned to one thread, so running them side by side changes no figure and halves
-    their wall time on 2 cores. A test module declares what its selected tests need with
-    ``planned_runs(item) -> [(key, recipe, args)]``; ``get(key)`` waits for that run and returns
-    its output folder (a failed run raises in the tests that use it)."""
+    when the session's tests are known (:func:`pytest_collection_finish`), as many at a time as
+    there are cores (at most 4), at a lower CPU priority (nice 10): they use the cores that the
+    rest of the suite leaves idle (single-threaded Python, waits on other programs) and the
+    tests that read them wait only for what is left. Each run is pinned to one thread, so
+    neither the load nor the runs beside it change a figure. A test module declares what its
+    selected tests need with ``planned_runs(item) -> [(key, recipe, args)]``; ``get(key)``
+    waits for that run and returns its output folder (a failed run raises in the tests that use
+    it)."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    def __init__(self, root: Path, nice: int = 10) -> None:
+        self.root, self.nice = root, nice
         self.pool = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)))
         self.done: dict[Any, tuple[Path, Future]] = {}
+        self.running: list[subprocess.Popen] = []
+        self.closed = False
 
     def submit(self, key: Any, recipe: str, args: list[str]) -> None:
         if key not in self.done:
             out = self.root / f"run{len(self.done)}"
-            future = self.pool.submit(run_recipe, recipe, *args, "--output-dir", str(out),
-                                      tiny=False, timeout=1800, threads=1)
-            self.done[key] = (out, future)
+            self.done[key] = (out, self.pool.submit(self._run, recipe, [*args, "--output-dir",
+                                                                        str(out)]))
+
+    def _run(self, recipe: str, args: list[str]) -> None:
+        cmd = recipe_cmd(recipe, *args, tiny=False)
+        if self.nice and shutil.which("nice"):
+            cmd = ["nice", "-n", str(self.nice), *cmd]
+        child_env = {**env(), "OMP_NUM_THREADS": "1"}
+        if self.closed:
+            raise RuntimeError("the session ended before this run started")
+        proc = subprocess.Popen(cmd, env=child_env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        self.running.append(proc)
+        _, err = proc.communicate(timeout=3600)
+        if proc.returncode != 0:
+            raise AssertionError(f"{recipe} {' '.join(args)} failed ({proc.returncode}):\n"
+                                 f"{err[-4000:]}")
 
     def get(self, key: Any) -> Path:
         out, future = self.done[key]
         future.result()
         return out
 
+    def close(self) -> None:
+        """Stop what still runs (a session that ends early does not wait for its runs)."""
+        self.closed = True
+        for proc in self.running:
+            if proc.poll() is None:
+                proc.kill()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        shutil.rmtree(self.root, ignore_errors=True)
 
-@pytest.fixture(scope="session")
-def learning_runs(request, tmp_path_factory) -> Iterator[LearningRuns]:
-    runs = LearningRuns(tmp_path_factory.mktemp("learning"))
-    for item in request.session.items:
+
+_SESSION: dict[str, LearningRuns] = {}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the runs that the selected learning checks need, before the first test runs."""
+    if session.config.option.collectonly:
+        return
+    planned = []
+    for item in session.items:
         plan = getattr(getattr(item, "module", None), "planned_runs", None)
         if plan is not None:
-            for key, recipe, args in plan(item):
-                runs.submit(key, recipe, args)
+            planned += plan(item)
+    if planned:
+        runs = _SESSION["runs"] = LearningRuns(Path(tempfile.mkdtemp(prefix="learning-")))
+        for key, recipe, args in planned:
+            runs.submit(key, recipe, args)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    runs = _SESSION.pop("runs", None)
+    if runs is not None:
+        runs.close()
+
+
+@pytest.fixture(scope="session")
+def learning_runs(tmp_path_factory) -> Iterator[LearningRuns]:
+    """The session's learning runs (started at collection; a new pool if none was planned)."""
+    if "runs" in _SESSION:
+        yield _SESSION["runs"]
+        return
+    runs = LearningRuns(tmp_path_factory.mktemp("learning"))
     try:
         yield runs
     finally:
-        runs.pool.shutdown(wait=True, cancel_futures=True)
+        runs.close()
 
 
 @pytest.fixture(scope="session")

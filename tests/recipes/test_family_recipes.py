@@ -40,13 +40,7 @@ TINY = ["--data", "shapes:n=64,n_test=32,size=16", "--image-size", "16", "--enco
 
 
 def _run(rx, name, out, *args):
-    cmd = [rx.PYTHON, str(rx.RECIPES / f"{name}.py"), *TINY, *SHRINK[name], *args,
-           "--output-dir", str(out)]
-    import subprocess
-
-    proc = subprocess.run(cmd, env=rx.env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
+    rx.run_recipe_here(name, *TINY, *SHRINK[name], *args, "--output-dir", str(out), tiny=False)
 
 
 @pytest.mark.parametrize("name", CIFAR)

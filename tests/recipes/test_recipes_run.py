@@ -1,4 +1,5 @@
-"""Every recipe trains a few steps end to end as a program, on tiny generated data."""
+"""Every recipe trains a few steps end to end, on tiny generated data (in this process, as its
+program runs: tests/recipes/test_resume.py and test_bad_input.py run them as programs)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ REQUIRED = {"step", "epoch", "loss", "lr", "pos_acc", "images_per_s", "embedding
 @pytest.mark.parametrize("name", ALL_RECIPES)
 def test_recipe_runs_and_leaves_encoder_and_metrics(name, tmp_path, rx):
     out = tmp_path / "run"
-    rx.run_recipe(name, "--max-steps", "3", "--output-dir", str(out))
+    rx.run_recipe_here(name, "--max-steps", "3", "--output-dir", str(out))
     records = [r for r in rx.read_metrics(out) if "loss" in r]
     assert [r["step"] for r in records] == [1, 2, 3]
     for r in records:
