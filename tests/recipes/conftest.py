@@ -90,10 +90,13 @@ def run_recipe_here(name: str, *args: str, tiny: bool = True) -> None:
     run trains. For tests of what a run leaves and computes; what only a program shows (exit
     status, one-line errors, signals, several processes) keeps :func:`run_recipe`. A non-zero
     exit raises AssertionError."""
+    import logging
     import runpy
 
     argv = recipe_cmd(name, *args, tiny=tiny)[1:]
     saved = sys.argv
+    root, acc = logging.getLogger(), logging.getLogger("accelerate")
+    handlers, levels = root.handlers[:], (root.level, acc.level)  # the program sets up logging
     reset_accelerate()
     sys.argv = argv
     try:
@@ -103,6 +106,9 @@ def run_recipe_here(name: str, *args: str, tiny: bool = True) -> None:
             raise AssertionError(f"{name} {' '.join(args)} exited with {e.code}") from None
     finally:
         sys.argv = saved
+        root.handlers[:] = handlers
+        root.setLevel(levels[0])
+        acc.setLevel(levels[1])
         reset_accelerate()
 
 
@@ -121,7 +127,8 @@ def load_recipe(name: str):
 
 class LearningRuns:
     """The learning checks' recipe runs of a session (tests/recipes/test_learning*.py), started
-    when the session's tests are known (:func:`pytest_collection_finish`), as many at a time as
+    when the session's tests are known (:func:`pytest_collection_finish`; the checks themselves
+    run last, :func:`pytest_collection_modifyitems`), as many at a time as
     there are cores (at most 4), at a lower CPU priority (nice 10): they use the cores that the
     rest of the suite leaves idle (single-threaded Python, waits on other programs) and the
     tests that read them wait only for what is left. Each run is pinned to one thread, so
@@ -176,13 +183,23 @@ class LearningRuns:
 _SESSION: dict[str, LearningRuns] = {}
 
 
+def _plans(item: pytest.Item):
+    return getattr(getattr(item, "module", None), "planned_runs", None)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The learning checks last (in their order): their runs then have the whole session to use
+    the idle cores, and the checks seldom wait."""
+    items[:] = [i for i in items if _plans(i) is None] + [i for i in items if _plans(i)]
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the runs that the selected learning checks need, before the first test runs."""
     if session.config.option.collectonly:
         return
     planned = []
     for item in session.items:
-        plan = getattr(getattr(item, "module", None), "planned_runs", None)
+        plan = _plans(item)
         if plan is not None:
             planned += plan(item)
     if planned:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 
 import pytest
 import torch
@@ -41,10 +40,7 @@ def _config(rx, name: str, argv: list[str]):
 @pytest.mark.parametrize("name", sorted(SMALL))
 def test_dim_recipe_trains_and_logs(name, tmp_path, rx):
     out = tmp_path / "run"
-    cmd = [rx.PYTHON, str(rx.RECIPES / f"{name}.py"), *TINY, *SMALL[name], "--output-dir",
-           str(out)]
-    proc = subprocess.run(cmd, env=rx.env(), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    rx.run_recipe_here(name, *TINY, *SMALL[name], "--output-dir", str(out), tiny=False)
     records = rx.read_metrics(out)
     steps = [r for r in records if "loss" in r]
     assert [r["step"] for r in steps] == [1, 2, 3]

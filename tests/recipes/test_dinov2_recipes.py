@@ -31,10 +31,8 @@ RUNS = {
 @pytest.mark.parametrize("recipe", sorted(RUNS))
 def test_dinov2_recipes_train_a_few_steps(recipe, tmp_path, rx):
     out = tmp_path / "run"
-    proc = subprocess.run([rx.PYTHON, str(rx.RECIPES / f"{recipe}.py"), *RUNS[recipe],
-                           "--max-steps", "3", "--output-dir", str(out)], env=rx.env(),
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    rx.run_recipe_here(recipe, *RUNS[recipe], "--max-steps", "3", "--output-dir", str(out),
+                       tiny=False)
     steps = [r for r in rx.read_metrics(out) if "loss" in r]
     assert [r["step"] for r in steps] == [1, 2, 3]
     assert all(math.isfinite(r["loss"]) and r["koleo_loss"] != 0 for r in steps)

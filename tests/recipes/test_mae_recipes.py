@@ -24,10 +24,8 @@ TINY = ["--data", "shapes:n=64,n_test=32,size=16", "--image-size", "16", "--enco
 
 def test_mae_cifar_trains_and_leaves_a_timm_encoder(tmp_path, rx):
     out = tmp_path / "run"
-    proc = subprocess.run([rx.PYTHON, str(rx.RECIPES / "mae_cifar.py"), *TINY, "--max-steps",
-                           "3", "--output-dir", str(out)], env=rx.env(), capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    rx.run_recipe_here("mae_cifar", *TINY, "--max-steps", "3", "--output-dir", str(out),
+                       tiny=False)
     records = rx.read_metrics(out)
     steps = [r for r in records if "loss" in r]
     assert [r["step"] for r in steps] == [1, 2, 3]
