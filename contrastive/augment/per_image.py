@@ -11,10 +11,12 @@ Random parameters come from torch's global generator, like every torchvision tra
 loader of :mod:`contrastive.data` seeds it per sample, which makes views reproducible across
 runs and worker counts.
 
-torchvision is imported only when a view with colour operations is built for this path:
-importing it costs about 3 s of CPU per process (most of it ``torch._dynamo``, which
-``torchvision.ops`` pulls in), and the crops, the centre crop and the normalisation that the
-batched path and the evaluation views use are written here with the same draws and pixels.
+torchvision is imported only when a view with colour operations is built for this path: the
+crops, the centre crop and the normalisation that the batched path and the evaluation views use
+are written here with torchvision's draws and pixels. Importing torchvision loads
+``torch._dynamo`` (through ``torchvision.ops``): about 2.5 s of CPU on a 2-core AVX2 box in a
+process that builds no optimiser (``--help``, a bad flag's one-line error, an evaluation),
+0.3 s in a training run (``torch.optim`` loads ``torch._dynamo`` anyway).
 """
 
 from __future__ import annotations

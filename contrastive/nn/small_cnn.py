@@ -1,5 +1,5 @@
-"""The small CNN of the learning checks and the demo, in torch alone (no torchvision import: a
-run on it starts about 3 s sooner than one on a torchvision backbone)."""
+"""The small CNN of the learning checks and the demo, in torch alone (building it imports no
+torchvision: see :mod:`contrastive.augment.per_image`)."""
 
 from __future__ import annotations
 

@@ -218,10 +218,10 @@ def test_cuda_device_path_matches_the_cpu():
 
 
 def test_batched_training_and_evaluation_views_do_not_import_torchvision():
-    """A run on the batched path with a torch-only encoder never imports torchvision (about 3 s
-    of CPU per process, most of it torch._dynamo pulled in by torchvision.ops): its crops, the
-    evaluation view and ``small_cnn`` are torch-only; the per-image colour operations import it
-    when they are built."""
+    """A run on the batched path with a torch-only encoder never imports torchvision (with it
+    comes torch._dynamo, through torchvision.ops: seconds of CPU for a process that builds no
+    optimiser): its crops, the evaluation view and ``small_cnn`` are torch-only; the per-image
+    colour operations import it when they are built."""
     import subprocess
     import sys
 

@@ -128,10 +128,10 @@ def load_recipe(name: str):
 class LearningRuns:
     """The learning checks' recipe runs of a session (tests/recipes/test_learning*.py), started
     when the session's tests are known (:func:`pytest_collection_finish`; the checks themselves
-    run last, :func:`pytest_collection_modifyitems`), as many at a time as
-    there are cores (at most 4), at a lower CPU priority (nice 10): they use the cores that the
-    rest of the suite leaves idle (single-threaded Python, waits on other programs) and the
-    tests that read them wait only for what is left. Each run is pinned to one thread, so
+    run last, :func:`pytest_collection_modifyitems`), as many at a time as there are cores (at
+    most 4), at a lower CPU priority (nice 10): they use the cores that the rest of the suite
+    leaves idle (single-threaded Python, waits on other programs) and the tests that read them
+    wait only for what is left. Each run is pinned to one thread, so
     neither the load nor the runs beside it change a figure. A test module declares what its
     selected tests need with ``planned_runs(item) -> [(key, recipe, args)]``; ``get(key)``
     waits for that run and returns its output folder (a failed run raises in the tests that use
@@ -160,7 +160,11 @@ class LearningRuns:
         proc = subprocess.Popen(cmd, env=child_env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         self.running.append(proc)
-        _, err = proc.communicate(timeout=3600)
+        try:
+            _, err = proc.communicate(timeout=3600)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
         if proc.returncode != 0:
             raise AssertionError(f"{recipe} {' '.join(args)} failed ({proc.returncode}):\n"
                                  f"{err[-4000:]}")
