@@ -70,15 +70,14 @@ def engine_seconds_per_step(warmup: int, steps: int, seed: int = 0) -> float:
     """recipes/clip.py's time per step from its metrics windows (``warmup`` steps a window)."""
     import importlib.util
 
-    from accelerate.state import AcceleratorState, GradientState, PartialState
+    from contrastive.engine import reset_accelerate_state
 
     spec = importlib.util.spec_from_file_location("recipe_clip", ROOT / "recipes" / "clip.py")
     mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     sys.modules["recipe_clip"] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)  # type: ignore[union-attr]
     with tempfile.TemporaryDirectory() as tmp:
-        for s in (AcceleratorState, GradientState, PartialState):
-            s._reset_state(True) if s is AcceleratorState else s._reset_state()  # type: ignore
+        reset_accelerate_state()
         out = Path(tmp) / "run"
         mod.main(["--output-dir", str(out), "--seed", str(seed), "--max-steps",
                   str(warmup + steps), "--log-every", str(warmup), "--save-every-steps", "0",

@@ -49,12 +49,10 @@ def _recipe():
 
 def _train(recipe, argv: list[str]) -> dict[str, float]:
     """One run through the engine: STS Spearman before (``initial``) and after (``final``)."""
-    from accelerate.state import AcceleratorState, GradientState, PartialState
+    from contrastive.engine import reset_accelerate_state
 
     with tempfile.TemporaryDirectory() as tmp:
-        AcceleratorState._reset_state(True)
-        GradientState._reset_state()
-        PartialState._reset_state()
+        reset_accelerate_state()
         out = Path(tmp) / "run"
         start = time.time()
         recipe.main([*argv, "--output-dir", str(out)])

@@ -89,16 +89,14 @@ def engine_seconds_per_step(args: argparse.Namespace, precision: str = "no",
     """recipes/simcse.py's time per step, from the timestamps of its metrics records."""
     import importlib.util
 
-    from accelerate.state import AcceleratorState, GradientState, PartialState
+    from contrastive.engine import reset_accelerate_state
 
     spec = importlib.util.spec_from_file_location("recipe_simcse", ROOT / "recipes" / "simcse.py")
     mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     sys.modules[spec.name] = mod  # type: ignore[union-attr]  (its dataclass looks itself up)
     spec.loader.exec_module(mod)  # type: ignore[union-attr]
     with tempfile.TemporaryDirectory() as tmp:
-        AcceleratorState._reset_state(True)
-        GradientState._reset_state()
-        PartialState._reset_state()
+        reset_accelerate_state()
         out = Path(tmp) / "run"
         mod.main(["--output-dir", str(out), "--seed", str(seed), "--mode", "sup", "--pooling",
                   "avg", "--lr", "1e-3", "--n-train", str(args.n_train), "--batch-size",

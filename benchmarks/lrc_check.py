@@ -63,12 +63,7 @@ def recipe(name: str) -> Any:
 def run_recipe(name: str, argv: list[str], out: Path) -> dict[str, Any]:
     """One recipe run in this process (accelerate's process-wide state reset around it);
     returns its ``results.json``."""
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
-    def reset() -> None:
-        AcceleratorState._reset_state(True)
-        GradientState._reset_state()
-        PartialState._reset_state()
+    from contrastive.engine import reset_accelerate_state as reset
 
     reset()
     try:

@@ -155,25 +155,18 @@ def _fill(arg: str, work: Path) -> str:
     return arg
 
 
-def _reset_accelerate() -> None:
-    """Forget the previous run's accelerate singletons (each recipe starts as a fresh program)."""
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    PartialState._reset_state()
-
-
 def run_one(name: str, work: Path, extra: list[str] | None = None) -> dict:
     """Run ``recipes/<name>.py`` as ``__main__`` in this process for STEPS steps into
     ``work/name`` and return its digests (or the error); ``extra`` arguments after its own."""
+    from contrastive.engine import reset_accelerate_state
+
     out = work / name
     args = [_fill(a, work) for a in ARGS[name]] + list(extra or [])
     script = RECIPES / f"{name}.py"
     saved_argv = sys.argv
     sys.argv = [str(script), *ENGINE, *args, "--output-dir", str(out)]
     start = time.perf_counter()
-    _reset_accelerate()
+    reset_accelerate_state()
     try:
         runpy.run_path(str(script), run_name="__main__")
     except SystemExit as e:
@@ -185,7 +178,7 @@ def run_one(name: str, work: Path, extra: list[str] | None = None) -> dict:
         return {"error": f"{type(e).__name__}: {e}"[-1500:]}
     finally:
         sys.argv = saved_argv
-        _reset_accelerate()
+        reset_accelerate_state()
     seconds = time.perf_counter() - start
     ckpts = sorted((out / "checkpoints").glob("step_*"))
     if not ckpts or ckpts[-1].name != f"step_{STEPS:08d}":

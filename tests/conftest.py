@@ -114,13 +114,8 @@ def gap() -> Callable[[dict, dict], float]:
 @pytest.fixture
 def fresh_accelerate():
     """Reset accelerate's process-wide state around an in-process training run."""
-    from accelerate.state import AcceleratorState, GradientState, PartialState
+    from contrastive.engine import reset_accelerate_state
 
-    def reset() -> None:
-        AcceleratorState._reset_state(True)
-        GradientState._reset_state()
-        PartialState._reset_state()
-
-    reset()
+    reset_accelerate_state()
     yield
-    reset()
+    reset_accelerate_state()

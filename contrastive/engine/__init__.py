@@ -69,6 +69,7 @@ from contrastive.engine.evaluators import Evaluator, GlueEvaluator
 from contrastive.engine.optim import build_optimizer, param_groups
 from contrastive.engine.run import bad_input, cli, run, setup_logging
 from contrastive.engine.schedules import cosine_lr, linear_lr, lr_at, scaled_lr, step_lr
+from contrastive.engine.setup import reset_accelerate_state
 from contrastive.engine.trainer import NonFiniteLossError, TrainResult, train, write_encoder
 
 __all__ = [
@@ -105,6 +106,7 @@ __all__ = [
     "model_signature",
     "param_groups",
     "parse_config",
+    "reset_accelerate_state",
     "run",
     "scaled_lr",
     "setup_logging",

@@ -28,7 +28,7 @@ from contrastive.engine.run_state import RUN_STATE_FILE, read_run_state
 from contrastive.engine.schedules import scaled_lr
 from contrastive.hardware import resolve_precision, warn_if_emulated_bf16
 
-__all__ = ["resolve_run_precision", "default_channels_last", "compile_encoders", "make_accelerator", "check_fresh_output_dir", "TrainData", "build_data", "Model", "build_model", "method_inputs", "build_probe"]
+__all__ = ["reset_accelerate_state", "resolve_run_precision", "default_channels_last", "compile_encoders", "make_accelerator", "check_fresh_output_dir", "TrainData", "build_data", "Model", "build_model", "method_inputs", "build_probe"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,20 @@ def default_channels_last(cfg: Any, device: torch.device) -> bool:
     tensor cores' too), except with split BN (``split_bn > 1``), which computes in NCHW and
     would convert the layout twice per BN layer; off on the CPU."""
     return device.type == "cuda" and getattr(cfg, "split_bn", 0) <= 1
+
+
+def reset_accelerate_state() -> None:
+    """Forget accelerate's process-wide state (``AcceleratorState``, ``GradientState``,
+    ``PartialState``), so that the next run in this process starts as a new program would: a
+    notebook or a sweep whose second run asks for another precision otherwise stops on
+    accelerate's "AcceleratorState has already been initialized" error. Call it between runs,
+    never during one; it closes no process group (several processes keep theirs).
+    """
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    PartialState._reset_state()
 
 
 def make_accelerator(cfg: RunConfig, project_dir: str | Path) -> Any:

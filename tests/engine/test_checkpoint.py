@@ -32,13 +32,12 @@ class _Toy(nn.Module):
 @pytest.fixture
 def accelerator():
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState
 
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    from contrastive.engine import reset_accelerate_state
+
+    reset_accelerate_state()
     yield Accelerator(cpu=True)
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_accelerate_state()
 
 
 def _setup(accelerator, root, keep_last=2, width=4):

@@ -236,14 +236,12 @@ def _steps(name: str, accum: int, cached: bool, steps: int = 2) -> dict[str, tor
     from types import SimpleNamespace
 
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState, PartialState
 
+    from contrastive.engine import reset_accelerate_state
     from contrastive.engine.run_log import ScalarWindow
     from contrastive.engine.step import NonFiniteGuard, Updater, optimisation_step
 
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    PartialState._reset_state()
+    reset_accelerate_state()
     acc = Accelerator(cpu=True, gradient_accumulation_steps=accum)
     method = build(name)
     opt = torch.optim.SGD([p for p in method.parameters() if p.requires_grad], lr=0.5)

@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from contrastive.engine import reset_accelerate_state
+
 ROOT = Path(__file__).resolve().parents[2]
 MOCO = ["--data", "shapes:n=64,n_test=32,size=16", "--image-size", "16", "--encoder",
         "small_cnn", "--batch-size", "16", "--epochs", "2", "--num-workers", "0", "--progress",
@@ -51,14 +53,6 @@ DISTILL = ["--data", "shapes:n=96,size=16", "--image-size", "16", "--batch-size"
 CHECKPOINT_FILES = {"meta.json", "model.safetensors", "optimizer.bin", "random_states_0.pt"}
 
 
-def _reset_accelerate() -> None:
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    PartialState._reset_state()
-
-
 def _recipe(name: str):
     spec = importlib.util.spec_from_file_location(f"recipe12_{name}", ROOT / "recipes" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
@@ -72,7 +66,7 @@ def _run(name: str, argv: list[str]):
     from contrastive.engine import run
 
     mod = _recipe(name)
-    _reset_accelerate()
+    reset_accelerate_state()
     try:
         if not hasattr(mod, "build_pipeline"):  # a recipe with its own adapter (clip)
             return mod.main(argv)
@@ -80,7 +74,7 @@ def _run(name: str, argv: list[str]):
                    if isinstance(v, type) and v.__module__ == mod.__name__ and hasattr(v, "lr"))
         return run(cls, mod.build_method, mod.build_pipeline, argv=argv, name=name)
     finally:
-        _reset_accelerate()
+        reset_accelerate_state()
 
 
 def _teacher(folder: Path) -> Path:

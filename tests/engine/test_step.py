@@ -38,11 +38,10 @@ class _Toy(nn.Module):
 def _run(accum: int, direct: bool) -> tuple[list[torch.Tensor], list[torch.Tensor], dict, int]:
     """Six micro-batches through the step; (weights before, after, window means, acc.step)."""
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState, PartialState
 
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    PartialState._reset_state()
+    from contrastive.engine import reset_accelerate_state
+
+    reset_accelerate_state()
     acc = Accelerator(cpu=True, gradient_accumulation_steps=accum)
     torch.manual_seed(0)
     model = acc.prepare(_Toy())
@@ -169,11 +168,10 @@ _GRADS = torch.tensor([[3.0, 4.0], [0.6, 0.8], [6.0, 8.0]], dtype=torch.float64)
 
 def _accelerator(accum: int = 1, precision: str = "no"):
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState, PartialState
 
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    PartialState._reset_state()
+    from contrastive.engine import reset_accelerate_state
+
+    reset_accelerate_state()
     return Accelerator(cpu=True, gradient_accumulation_steps=accum, mixed_precision=precision)
 
 

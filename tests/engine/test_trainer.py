@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from contrastive.engine import NonFiniteLossError, TrainConfig, run, train
+from contrastive.engine import NonFiniteLossError, TrainConfig, reset_accelerate_state, run, train
 from contrastive.methods import Method, ParamGroup
 
 
@@ -370,10 +370,10 @@ def test_auto_precision_is_resolved_once_recorded_and_kept_on_resume(tmp_path, f
     assert config["mixed_precision"] == "no"
     assert config["resolved"]["precision_reason"] == "auto: played: no native bf16"
     # a run started in bf16 (say, on a CPU with native bf16), resumed with auto on this one
-    _reset_accelerate()  # a new precision needs a new accelerator state
+    reset_accelerate_state()  # a new precision needs a new accelerator state
     _train(tmp_path / "b", mixed_precision="bf16", max_steps=1, cpu=True)
     caplog.clear()
-    _reset_accelerate()
+    reset_accelerate_state()
     hardware.warn_if_emulated_bf16.cache_clear()  # warned once per process: here, again
     _train(tmp_path / "b", mixed_precision="auto", max_steps=2, cpu=True, resume="auto")
     config = json.loads((tmp_path / "b" / "run" / "config.json").read_text())
@@ -382,12 +382,18 @@ def test_auto_precision_is_resolved_once_recorded_and_kept_on_resume(tmp_path, f
     assert "several times slower than fp32" in caplog.text  # kept, with the warning
 
 
-def _reset_accelerate() -> None:
-    from accelerate.state import AcceleratorState, GradientState, PartialState
+def test_reset_accelerate_state_lets_one_process_start_a_run_in_another_precision(
+        fresh_accelerate):
+    """Two runs in one process (a notebook, a sweep): a second precision is refused by
+    accelerate until the state is reset, then built as asked."""
+    from accelerate import Accelerator
 
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    PartialState._reset_state()
+    Accelerator(cpu=True, mixed_precision="no", gradient_accumulation_steps=2)
+    with pytest.raises(ValueError, match="already been initialized"):
+        Accelerator(cpu=True, mixed_precision="bf16")
+    reset_accelerate_state()
+    again = Accelerator(cpu=True, mixed_precision="bf16", gradient_accumulation_steps=3)
+    assert (again.mixed_precision, again.gradient_accumulation_steps) == ("bf16", 3)
 
 
 def test_a_budget_in_steps_ends_inside_an_epoch_and_the_schedule_follows_it(tmp_path,
@@ -426,7 +432,7 @@ def test_a_resume_keeps_the_best_value_its_step_and_its_artefacts(tmp_path, fres
     first = torch.load(tmp_path / "run" / "checkpoints" / "step_00000008" / "best.pt",
                        weights_only=True)
     assert (first["value"], first["step"]) == (0.9, 8)
-    _reset_accelerate()
+    reset_accelerate_state()
     _train(tmp_path, epochs=4, keep_best="score", save_every_steps=4, resume="auto")
     last = torch.load(tmp_path / "run" / "checkpoints" / "step_00000016" / "best.pt",
                       weights_only=True)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from contrastive.engine import reset_accelerate_state
+
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,10 +47,10 @@ def test_learns_zero_shot_shapes_over_three_seeds(recipe, tmp_path, fresh_accele
     trained, random = [], []
     for seed in (0, 1, 2):
         out = tmp_path / f"s{seed}"
-        _reset()
+        reset_accelerate_state()
         _recipe(recipe).main(["--output-dir", str(out), "--seed", str(seed), "--eval-at-start",
                               "--mixed-precision", "no", "--progress", "false"])
-        _reset()
+        reset_accelerate_state()
         recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
         top1 = {r["zeroshot_when"]: r["zeroshot_top1"] for r in recs if "zeroshot_when" in r}
         trained.append(top1["end"])
@@ -57,10 +59,3 @@ def test_learns_zero_shot_shapes_over_three_seeds(recipe, tmp_path, fresh_accele
     assert min(trained) >= FLOOR, (recipe, trained)
     assert min(trained) - max(random) > spread, (recipe, trained, random)
 
-
-def _reset() -> None:
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    PartialState._reset_state()

@@ -38,11 +38,10 @@ def ibot(**kw) -> IBOT:
 
 def _accelerator():
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState, PartialState
 
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    PartialState._reset_state()
+    from contrastive.engine import reset_accelerate_state
+
+    reset_accelerate_state()
     return Accelerator(cpu=True)
 
 

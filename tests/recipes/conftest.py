@@ -74,15 +74,6 @@ def run_recipe(name: str, *args: str, tiny: bool = True, timeout: float = 240,
     return proc
 
 
-def reset_accelerate() -> None:
-    """Forget accelerate's process-wide state (an in-process run starts as a new program)."""
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    PartialState._reset_state()
-
-
 def run_recipe_here(name: str, *args: str, tiny: bool = True) -> None:
     """Run a recipe in this process as its program runs (``sys.argv`` set, the file executed as
     ``__main__``), without starting an interpreter: a new one spends about 6 s of CPU importing
@@ -93,11 +84,13 @@ def run_recipe_here(name: str, *args: str, tiny: bool = True) -> None:
     import logging
     import runpy
 
+    from contrastive.engine import reset_accelerate_state
+
     argv = recipe_cmd(name, *args, tiny=tiny)[1:]
     saved = sys.argv
     root, acc = logging.getLogger(), logging.getLogger("accelerate")
     handlers, levels = root.handlers[:], (root.level, acc.level)  # the program sets up logging
-    reset_accelerate()
+    reset_accelerate_state()
     sys.argv = argv
     try:
         runpy.run_path(argv[0], run_name="__main__")
@@ -109,7 +102,7 @@ def run_recipe_here(name: str, *args: str, tiny: bool = True) -> None:
         root.handlers[:] = handlers
         root.setLevel(levels[0])
         acc.setLevel(levels[1])
-        reset_accelerate()
+        reset_accelerate_state()
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

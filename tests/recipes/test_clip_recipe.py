@@ -13,6 +13,8 @@ import subprocess
 import pytest
 import torch
 
+from contrastive.engine import reset_accelerate_state
+
 pytest.importorskip("transformers")
 
 TINY_CLIP = ["--data", "shapes-captions:n=48,n_test=20,size=16,max_length=12", "--image-size",
@@ -21,21 +23,13 @@ TINY_CLIP = ["--data", "shapes-captions:n=48,n_test=20,size=16,max_length=12", "
              "false", "--log-every", "1", "--mixed-precision", "no", "--num-workers", "0"]
 
 
-def _reset() -> None:
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    PartialState._reset_state()
-
-
 def _main(rx, argv):
     """recipes/clip.py as a program, in this process."""
-    _reset()
+    reset_accelerate_state()
     try:
         return rx.load_recipe("clip").main(argv)
     finally:
-        _reset()
+        reset_accelerate_state()
 
 
 @pytest.fixture(scope="module")
@@ -103,22 +97,23 @@ DIST = [*TINY_CLIP, "--data", "shapes-captions:n=64,n_test=20,size=16,max_length
 
 
 def _launch(rx, tmp_path, name, script, world):
+    """``script`` in ``world`` processes; 1 process runs in this one (float64 makes the thread
+    count irrelevant, and a new interpreter costs ~6 s of CPU on a 2-core box)."""
     out = tmp_path / name
     if world == 1:
-        cmd = [rx.PYTHON, str(script), *DIST, "--output-dir", str(out)]
-    else:
-        accelerate = shutil.which("accelerate", path=str(rx.PYTHON).rsplit("/", 1)[0])
-        if accelerate is None:
-            pytest.skip("the accelerate launcher is not installed beside this Python")
-        cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
-               "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script), *DIST,
-               "--output-dir", str(out)]
+        _main(rx, [*DIST, "--output-dir", str(out)])
+        return torch.load(out / "clip.pt", weights_only=True)["state_dict"], out
+    accelerate = shutil.which("accelerate", path=str(rx.PYTHON).rsplit("/", 1)[0])
+    if accelerate is None:
+        pytest.skip("the accelerate launcher is not installed beside this Python")
+    cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
+           "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script), *DIST,
+           "--output-dir", str(out)]
     env = rx.env()
     env["OMP_NUM_THREADS"] = "1"
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    if world == 2:
-        assert "on 2 process(es)" in proc.stderr
+    assert "on 2 process(es)" in proc.stderr
     return torch.load(out / "clip.pt", weights_only=True)["state_dict"], out
 
 

@@ -61,7 +61,7 @@ def test_two_processes_train_checkpoint_and_match_one_process(tmp_path, rx):
     knn = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()
            if "knn_top1" in x]
     assert [r["knn_when"] for r in knn] == ["start", "epoch 1"]  # both processes encoded
-    rx.run_recipe("moco_cifar", *ARGS, "--split-bn", "2", "--output-dir", str(one))
+    rx.run_recipe_here("moco_cifar", *ARGS, "--split-bn", "2", "--output-dir", str(one))
 
     ckpts = sorted(p.name for p in (two / "checkpoints").iterdir())
     assert ckpts == ["step_00000004", "step_00000008"]

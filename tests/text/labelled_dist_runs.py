@@ -56,7 +56,8 @@ def main(out: Path, teacher: str, mutant: bool) -> None:
     import importlib
 
     import torch.distributed as dist
-    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    from contrastive.engine import reset_accelerate_state
 
     engine_run = importlib.import_module("contrastive.engine.run")  # the module, not run()
 
@@ -68,9 +69,7 @@ def main(out: Path, teacher: str, mutant: bool) -> None:
         for name, argv in (("bert_finetune", [*FINETUNE, "--output-dir", str(out / "finetune")]),
                            ("lrc_bert", [*LRC, "--teacher", teacher, "--output-dir",
                                          str(out / "lrc")])):
-            AcceleratorState._reset_state(True)
-            GradientState._reset_state()
-            PartialState._reset_state()
+            reset_accelerate_state()
             recipe(name).main(argv)
     finally:
         engine_run.close_process_group = close

@@ -74,11 +74,9 @@ def runs(tmp_path_factory) -> Path:
     try:
         main(root / "one", str(teacher / "model"), mutant=False)  # 1 process, in this one
     finally:
-        from accelerate.state import AcceleratorState, GradientState, PartialState
+        from contrastive.engine import reset_accelerate_state
 
-        AcceleratorState._reset_state(True)
-        GradientState._reset_state()
-        PartialState._reset_state()
+        reset_accelerate_state()
     _launch(root / "two", teacher / "model")
     _launch(root / "mutant", teacher / "model", "mutant")
     return root

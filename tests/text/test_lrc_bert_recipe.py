@@ -20,6 +20,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from contrastive.data.text_tasks import generated_tokenizer, load_task  # noqa: E402
+from contrastive.engine import reset_accelerate_state  # noqa: E402
 from contrastive.methods.text_classifier import evaluate, load_classifier  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,21 +44,13 @@ def recipe(name: str) -> Any:
     return sys.modules[key]
 
 
-def _reset() -> None:
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    PartialState._reset_state()
-
-
 def run(name: str, argv: list[str], out: Path) -> Any:
     """The recipe as a program, in this process."""
-    _reset()
+    reset_accelerate_state()
     try:
         return recipe(name).main([*argv, "--output-dir", str(out)])
     finally:
-        _reset()
+        reset_accelerate_state()
 
 
 def records(out: Path) -> list[dict]:

@@ -92,7 +92,7 @@ def test_smoke_run_of_the_drivers_flags_on_real_glue(driver, tmp_path: Path) -> 
     models appended, a later flag wins), then the driver's dev scoring and table."""
     recipes = {n: _load(f"recipe_{n}", ROOT / "recipes" / f"{n}.py")
                for n in ("bert_finetune", "lrc_bert")}
-    from accelerate.state import AcceleratorState, GradientState, PartialState
+    from contrastive.engine import reset_accelerate_state
 
     tiny = ["--layers", "1", "--hidden", "16", "--heads", "2", "--intermediate-size", "32",
             "--max-steps", "2", "--batch-size", "4", "--train-rows", "40", "--held-out", "8",
@@ -105,9 +105,7 @@ def test_smoke_run_of_the_drivers_flags_on_real_glue(driver, tmp_path: Path) -> 
             i = args.index("--model")
             args[i + 1] = "bert"
             args += ["--tokenizer", str(driver.MINILM)]
-        for reset in (AcceleratorState._reset_state, GradientState._reset_state,
-                      PartialState._reset_state):
-            reset()
+        reset_accelerate_state()
         recipes[run.recipe.removesuffix(".py")].main(
             [*args, *tiny, "--output-dir", str(run.folder(tmp_path))])
         dev = driver.score_on_dev(run, tmp_path)
@@ -115,7 +113,7 @@ def test_smoke_run_of_the_drivers_flags_on_real_glue(driver, tmp_path: Path) -> 
         (run.folder(tmp_path) / "dev.json").write_text(json.dumps(dev))
         held = json.loads((run.folder(tmp_path) / "results.json").read_text())["held_out"]
         assert held["glue_score"] == pytest.approx(driver.held_out_score(run, tmp_path))
-    AcceleratorState._reset_state(True)
+    reset_accelerate_state()
     assert "| teacher | " in driver.table(tmp_path)  # records both runs in the ledger
     ledger = json.loads(driver.LEDGER.read_text())
     # 2 steps stay in stage 1 (no hard loss yet): no training-end window to show
@@ -223,20 +221,18 @@ def test_sst2_subset_lrc_without_perturbation_beats_cross_entropy(driver, tmp_pa
     learn (a plain failure otherwise); the order is the honest xfail (``SLOW_MEASURED``)."""
     recipes = {n: _load(f"recipe_{n}", ROOT / "recipes" / f"{n}.py")
                for n in ("bert_finetune", "lrc_bert")}
-    from accelerate.state import AcceleratorState, GradientState, PartialState
+    from contrastive.engine import reset_accelerate_state
 
     runs = [driver.teacher_run("sst2"), *(driver.student_run("sst2", v, 1e-4, 0, tmp_path)
                                           for v in ("ce", "lrc_np"))]
     scores = {}
     for run in runs:
-        for reset in (AcceleratorState._reset_state, GradientState._reset_state,
-                      PartialState._reset_state):
-            reset()
+        reset_accelerate_state()
         epochs = ["--epochs", "2"] if run is runs[0] else []
         recipes[run.recipe.removesuffix(".py")].main(
             [*run.args, *SLOW_DATA, *epochs, "--output-dir", str(run.folder(tmp_path))])
         scores[run.meta.get("variant", "teacher")] = driver.score_on_dev(run, tmp_path)["score"]
-    AcceleratorState._reset_state(True)
+    reset_accelerate_state()
     assert scores["teacher"] > 0.75 and scores["ce"] > 0.6, scores  # floors 50.9, BoW 77.9
     if not scores["lrc_np"] > scores["ce"]:
         raise OrderNotHeld(scores)

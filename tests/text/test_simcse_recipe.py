@@ -29,6 +29,8 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
+from contrastive.engine import reset_accelerate_state  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--layers", "2", "--hidden", "64", "--heads", "2", "--vocab-size", "300",
         "--log-every", "10", "--progress", "false", "--mixed-precision", "no", "--num-workers",
@@ -50,22 +52,14 @@ def _recipe() -> Any:
     return sys.modules["simcse_recipe"]
 
 
-def _reset() -> None:
-    from accelerate.state import AcceleratorState, GradientState, PartialState
-
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
-    PartialState._reset_state()
-
-
 def run(argv: list[str], out: Path) -> dict[str, Any]:
     """recipes/simcse.py as a program in this process; the STS figures of its metrics.jsonl:
     ``initial`` (before training), ``final`` (the end), ``history`` (every evaluation)."""
-    _reset()
+    reset_accelerate_state()
     try:
         result = _recipe().main([*argv, "--output-dir", str(out)])
     finally:
-        _reset()
+        reset_accelerate_state()
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in recs if "sts_when" in r]
     res: dict[str, Any] = {"result": result, "records": recs, "history": evals}
@@ -205,24 +199,25 @@ DIST = ["--mode", "sup", "--n-train", "64", "--batch-size", "16", "--steps", "3"
 
 
 def _launch(tmp_path: Path, name: str, script: Path, world: int):
+    """``script`` in ``world`` processes; 1 process runs in this one (float64 makes the thread
+    count irrelevant, and a new interpreter costs ~6 s of CPU on a 2-core box)."""
+    from safetensors.torch import load_file
+
     out = tmp_path / name
-    python = sys.executable
     if world == 1:
-        cmd = [python, str(script), *DIST, "--output-dir", str(out)]
-    else:
-        accelerate = shutil.which("accelerate", path=str(Path(python).parent))
-        if accelerate is None:
-            pytest.skip("the accelerate launcher is not installed beside this Python")
-        cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
-               "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script), *DIST,
-               "--output-dir", str(out)]
+        run(DIST, out)
+        return load_file(str(out / "checkpoints" / "step_00000003" / "model.safetensors")), out
+    accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
+    if accelerate is None:
+        pytest.skip("the accelerate launcher is not installed beside this Python")
+    cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
+           "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script), *DIST,
+           "--output-dir", str(out)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
            "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    if world == 2:
-        assert "on 2 process(es)" in proc.stderr
-    from safetensors.torch import load_file
+    assert "on 2 process(es)" in proc.stderr
 
     return load_file(str(out / "checkpoints" / "step_00000003" / "model.safetensors")), out
 
