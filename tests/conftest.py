@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -119,3 +123,115 @@ def fresh_accelerate():
     reset_accelerate_state()
     yield
     reset_accelerate_state()
+
+
+# ---- the learning checks' runs: started at collection, in the background, checks last -------
+
+class LearningRuns:
+    """The learning checks' runs of a session (recipes, or a check's own script), started when
+    the session's tests are known (:func:`pytest_collection_finish`; the checks themselves run
+    last, :func:`pytest_collection_modifyitems`), as many at a time as there are cores (at most
+    4), at a lower CPU priority (nice 10): they use the cores that the rest of the suite leaves
+    idle (single-threaded Python, waits on other programs) and the checks that read them wait
+    only for what is left. Each run is pinned to one thread, so neither the load nor the runs
+    beside it change a figure. A test module declares what its selected tests need with
+    ``planned_runs(item) -> [(key, program, args)]``: ``program`` a recipe's name
+    (``recipes/<name>.py``) or the path of a ``.py`` script; each is started as
+    ``python program *args --output-dir DIR``. ``get(key)`` waits for that run and returns DIR
+    (a failed run raises in the tests that use it)."""
+
+    def __init__(self, root: Path, nice: int = 10) -> None:
+        self.root, self.nice = root, nice
+        self.pool = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)))
+        self.done: dict[Any, tuple[Path, Future]] = {}
+        self.running: list[subprocess.Popen] = []
+        self.closed = False
+
+    def submit(self, key: Any, program: str, args: list[str]) -> None:
+        if key not in self.done:
+            out = self.root / f"run{len(self.done)}"
+            self.done[key] = (out, self.pool.submit(self._run, program, [*args, "--output-dir",
+                                                                         str(out)]))
+
+    def _run(self, program: str, args: list[str]) -> None:
+        script = program if program.endswith(".py") else str(ROOT / "recipes" / f"{program}.py")
+        cmd = [sys.executable, script, *args]
+        if self.nice and shutil.which("nice"):
+            cmd = ["nice", "-n", str(self.nice), *cmd]
+        child_env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep
+                     + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1",
+                     "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
+        if self.closed:
+            raise RuntimeError("the session ended before this run started")
+        proc = subprocess.Popen(cmd, env=child_env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        self.running.append(proc)
+        try:
+            _, err = proc.communicate(timeout=3600)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        if proc.returncode != 0:
+            raise AssertionError(f"{Path(script).name} {' '.join(args)} failed "
+                                 f"({proc.returncode}):\n{err[-4000:]}")
+
+    def get(self, key: Any) -> Path:
+        out, future = self.done[key]
+        future.result()
+        return out
+
+    def close(self) -> None:
+        """Stop what still runs (a session that ends early does not wait for its runs)."""
+        self.closed = True
+        for proc in self.running:
+            if proc.poll() is None:
+                proc.kill()
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+_SESSION: dict[str, LearningRuns] = {}
+
+
+def _plans(item: pytest.Item):
+    return getattr(getattr(item, "module", None), "planned_runs", None)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The learning checks last (in their order): their runs then have the whole session to use
+    the idle cores, and the checks seldom wait."""
+    items[:] = [i for i in items if _plans(i) is None] + [i for i in items if _plans(i)]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the runs that the selected learning checks need, before the first test runs."""
+    if session.config.option.collectonly:
+        return
+    planned = []
+    for item in session.items:
+        plan = _plans(item)
+        if plan is not None:
+            planned += plan(item)
+    if planned:
+        runs = _SESSION["runs"] = LearningRuns(Path(tempfile.mkdtemp(prefix="learning-")))
+        for key, program, args in planned:
+            runs.submit(key, program, args)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    runs = _SESSION.pop("runs", None)
+    if runs is not None:
+        runs.close()
+
+
+@pytest.fixture(scope="session")
+def learning_runs(tmp_path_factory) -> Iterator[LearningRuns]:
+    """The session's learning runs (started at collection; a new pool if none was planned)."""
+    if "runs" in _SESSION:
+        yield _SESSION["runs"]
+        return
+    runs = LearningRuns(tmp_path_factory.mktemp("learning"))
+    try:
+        yield runs
+    finally:
+        runs.close()

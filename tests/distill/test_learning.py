@@ -13,12 +13,18 @@ top-1 % on the 1,000 held-out images:
 
 - light (the default run; 24 s with the 2 cores lightly loaded, 2 min under a load average of 8):
   teacher 16-32-64-128 (98k parameters, 150 supervised steps), student 8-16-32-64 (25k
-  parameters, 150 steps): random student 19.7, distilled 62.6, teacher 80.1;
+  parameters, 150 steps): random student 19.7, distilled 62.6, teacher 80.1; the default
+  suite runs it as this file's program in the background pool at one thread: random 19.7,
+  distilled 58.1, teacher 76.9 (AVX2 Zen 3, 2026-11-28; the bar, 60 % of the way, is 54.0);
 - full (``-m slow``; 8 min under a load average of 9): teacher 32-64-128-256 (0.39M, 200
   steps), student 16-32-64-128 (98k, 150 steps): random 26.4, distilled 77.2, teacher 86.4.
 """
 
 from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -130,10 +136,29 @@ def _check(r: dict[str, float]) -> None:
     assert r["distilled"] - r["random"] >= 0.6 * (r["teacher"] - r["random"]), r
 
 
-def test_cosnce_distillation_learns_light() -> None:
-    _check(run_check((16, 32, 64, 128), (8, 16, 32, 64), teacher_steps=150, distill_steps=150))
+LIGHT = dict(teacher_widths=(16, 32, 64, 128), student_widths=(8, 16, 32, 64), teacher_steps=150,
+             distill_steps=150)
+
+
+def planned_runs(item: pytest.Item) -> list[tuple[str, str, list[str]]]:
+    """The light check runs as this file's program in the session's ``learning_runs`` pool
+    (tests/conftest.py): one thread, in the background, while other tests run."""
+    light = item.name == "test_cosnce_distillation_learns_light"
+    return [("cosnce-light", __file__, [])] if light else []
+
+
+def test_cosnce_distillation_learns_light(learning_runs) -> None:
+    _check(json.loads((learning_runs.get("cosnce-light") / "probe.json").read_text()))
 
 
 @pytest.mark.slow
 def test_cosnce_distillation_learns_full() -> None:
     _check(run_check((32, 64, 128, 256), (16, 32, 64, 128), teacher_steps=200, distill_steps=150))
+
+
+if __name__ == "__main__":  # the light check's run: linear-probe top-1 figures to probe.json
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--output-dir", type=Path, required=True)
+    out = parser.parse_args().output_dir
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "probe.json").write_text(json.dumps(run_check(**LIGHT)))

@@ -5,14 +5,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -116,112 +111,6 @@ def load_recipe(name: str):
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
-
-
-class LearningRuns:
-    """The learning checks' recipe runs of a session (tests/recipes/test_learning*.py), started
-    when the session's tests are known (:func:`pytest_collection_finish`; the checks themselves
-    run last, :func:`pytest_collection_modifyitems`), as many at a time as there are cores (at
-    most 4), at a lower CPU priority (nice 10): they use the cores that the rest of the suite
-    leaves idle (single-threaded Python, waits on other programs) and the tests that read them
-    wait only for what is left. Each run is pinned to one thread, so
-    neither the load nor the runs beside it change a figure. A test module declares what its
-    selected tests need with ``planned_runs(item) -> [(key, recipe, args)]``; ``get(key)``
-    waits for that run and returns its output folder (a failed run raises in the tests that use
-    it)."""
-
-    def __init__(self, root: Path, nice: int = 10) -> None:
-        self.root, self.nice = root, nice
-        self.pool = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)))
-        self.done: dict[Any, tuple[Path, Future]] = {}
-        self.running: list[subprocess.Popen] = []
-        self.closed = False
-
-    def submit(self, key: Any, recipe: str, args: list[str]) -> None:
-        if key not in self.done:
-            out = self.root / f"run{len(self.done)}"
-            self.done[key] = (out, self.pool.submit(self._run, recipe, [*args, "--output-dir",
-                                                                        str(out)]))
-
-    def _run(self, recipe: str, args: list[str]) -> None:
-        cmd = recipe_cmd(recipe, *args, tiny=False)
-        if self.nice and shutil.which("nice"):
-            cmd = ["nice", "-n", str(self.nice), *cmd]
-        child_env = {**env(), "OMP_NUM_THREADS": "1"}
-        if self.closed:
-            raise RuntimeError("the session ended before this run started")
-        proc = subprocess.Popen(cmd, env=child_env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
-        self.running.append(proc)
-        try:
-            _, err = proc.communicate(timeout=3600)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-        if proc.returncode != 0:
-            raise AssertionError(f"{recipe} {' '.join(args)} failed ({proc.returncode}):\n"
-                                 f"{err[-4000:]}")
-
-    def get(self, key: Any) -> Path:
-        out, future = self.done[key]
-        future.result()
-        return out
-
-    def close(self) -> None:
-        """Stop what still runs (a session that ends early does not wait for its runs)."""
-        self.closed = True
-        for proc in self.running:
-            if proc.poll() is None:
-                proc.kill()
-        self.pool.shutdown(wait=True, cancel_futures=True)
-        shutil.rmtree(self.root, ignore_errors=True)
-
-
-_SESSION: dict[str, LearningRuns] = {}
-
-
-def _plans(item: pytest.Item):
-    return getattr(getattr(item, "module", None), "planned_runs", None)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The learning checks last (in their order): their runs then have the whole session to use
-    the idle cores, and the checks seldom wait."""
-    items[:] = [i for i in items if _plans(i) is None] + [i for i in items if _plans(i)]
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the runs that the selected learning checks need, before the first test runs."""
-    if session.config.option.collectonly:
-        return
-    planned = []
-    for item in session.items:
-        plan = _plans(item)
-        if plan is not None:
-            planned += plan(item)
-    if planned:
-        runs = _SESSION["runs"] = LearningRuns(Path(tempfile.mkdtemp(prefix="learning-")))
-        for key, recipe, args in planned:
-            runs.submit(key, recipe, args)
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    runs = _SESSION.pop("runs", None)
-    if runs is not None:
-        runs.close()
-
-
-@pytest.fixture(scope="session")
-def learning_runs(tmp_path_factory) -> Iterator[LearningRuns]:
-    """The session's learning runs (started at collection; a new pool if none was planned)."""
-    if "runs" in _SESSION:
-        yield _SESSION["runs"]
-        return
-    runs = LearningRuns(tmp_path_factory.mktemp("learning"))
-    try:
-        yield runs
-    finally:
-        runs.close()
 
 
 @pytest.fixture(scope="session")

@@ -37,9 +37,9 @@ ARGS = ["--data", "shapes:size=24", "--image-size", "24", "--encoder", "small_cn
 
 
 def planned_runs(item) -> list[tuple[str, str, list[str]]]:
-    """The run the test needs, for the session's ``learning_runs`` pool (tests/recipes/
-    conftest.py), which starts it beside the family's learning runs, with one thread (fp32 gives
-    the same figures with 1 and 2 threads here)."""
+    """The run the test needs, for the session's ``learning_runs`` pool (tests/conftest.py),
+    which starts it beside the family's learning runs, with one thread (fp32 gives the same
+    figures with 1 and 2 threads here)."""
     return [("moco", "moco_cifar", ARGS)]
 
 

@@ -227,7 +227,7 @@ def _plan(key: Key) -> tuple[Key, str, list[str]]:
 
 
 def planned_runs(item: pytest.Item) -> list[tuple[Key, str, list[str]]]:
-    """What the session's ``learning_runs`` pool (tests/recipes/conftest.py) starts for a
+    """What the session's ``learning_runs`` pool (tests/conftest.py) starts for a
     selected test of this file. Each run has one thread (OMP_NUM_THREADS=1, whatever the
     caller's environment says): float reductions depend on the thread count, and every MEASURED
     figure was taken at 1 thread."""

@@ -6,7 +6,7 @@ depth 4, 3 heads, 4-px patches (64 tokens), decoder 64 x 1 block, batch 256, Ada
 (per 256), warm-up 0.25 epoch then cosine, 2 epochs = 390 steps, fp32, kNN monitor (k 200,
 t 0.1, 10,000-image bank, 2,000 queries), seeds 0, 1, 2; beside each the negative control, the
 same run with the loss on the visible patches only (a copy task). The runs go two at a time,
-one thread each (the ``learning_runs`` pool of tests/recipes/conftest.py).
+one thread each (the ``learning_runs`` pool of tests/conftest.py).
 
 Features: the mean of the patch tokens after the encoder's final norm (``global_pool="avg"``,
 ``fc_norm=False``: timm's pooling, the norm left where MAE's training reads the tokens). MAE's

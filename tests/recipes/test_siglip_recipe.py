@@ -12,17 +12,19 @@ import torch
 
 pytest.importorskip("transformers")
 
-from .test_clip_recipe import TINY_CLIP, _reset  # noqa: E402
+from contrastive.engine import reset_accelerate_state  # noqa: E402
+
+from .test_clip_recipe import TINY_CLIP  # noqa: E402
 
 
 def test_the_recipe_trains_and_zero_shot_reloads_siglip(tmp_path, rx, caplog):
     out = tmp_path / "run"
-    _reset()
+    reset_accelerate_state()
     try:
         with caplog.at_level(logging.INFO, logger="contrastive.engine.trainer"):
             result = rx.load_recipe("siglip").main([*TINY_CLIP, "--output-dir", str(out)])
     finally:
-        _reset()
+        reset_accelerate_state()
     assert result.status == "completed" and result.step == 3
     # the end line names the method trained (the shared image-text artefacts said "CLIP")
     end = [r.getMessage() for r in caplog.records if r.getMessage().startswith("completed at")]
