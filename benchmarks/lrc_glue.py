@@ -523,7 +523,8 @@ def table(root: Path) -> str:
                      f"{data['tasks'][t]['prior']['entropy']:.3f} nats" for t in TASKS) + ".")
     lines.append("")
     lines.append("| run | held-out | dev | last training window: accuracy / hard CE | "
-                 "train wall s (median s/step x steps) | CPU s recorded |")
+                 "train wall s (median s/step x steps) | CPU s recorded (finished processes "
+                 "only: a process cut by a session's end is missing) |")
     lines.append("|---|---|---|---|---|---|")
     for name, r in data["runs"].items():
         held = _pct(r["held_out"])
