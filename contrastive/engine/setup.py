@@ -257,7 +257,8 @@ def build_model(cfg: RunConfig, build_method: Callable[[Any], nn.Module],
     optimizer = build_optimizer(method, cfg.optimizer, lr=peak_lr, weight_decay=cfg.weight_decay,
                                 momentum=cfg.sgd_momentum, nesterov=cfg.nesterov,
                                 betas=(cfg.betas[0], cfg.betas[1]), trust_coeff=cfg.lars_trust_coeff,
-                                exclude_from_wd=cfg.exclude_from_wd)
+                                exclude_from_wd=cfg.exclude_from_wd,
+                                fused=cfg.fused_optimizer, device_type=accelerator.device.type)
     model, optimizer = accelerator.prepare(method, optimizer)
     module = accelerator.unwrap_model(model)
     after_step = getattr(module, "after_optimizer_step", None)

@@ -66,7 +66,7 @@ from contrastive.engine.evaluators import BestKeeper, Evaluator
 from contrastive.engine.extras import extra_keys
 from contrastive.engine.loader import start_workers
 from contrastive.engine.monitor import encoder_of
-from contrastive.engine.optim import set_lr, set_weight_decay
+from contrastive.engine.optim import optimizer_kernel, set_lr, set_weight_decay
 from contrastive.engine.probe import OnlineProbe
 from contrastive.engine.run_folder import check_output_dir
 from contrastive.engine.run_log import MetricsLog, ScalarWindow, log_record, record_failure, rel
@@ -278,6 +278,7 @@ class _Run:
             "per_process_micro_batch": cfg.batch_size // (world * cfg.grad_accum_steps),
             "grad_cache_chunk": self.m.cache.chunk if self.m.cache is not None else 0,
             "mixed_precision": acc.mixed_precision, "precision_reason": precision_reason,
+            "optimizer_kernel": optimizer_kernel(self.m.optimizer),
             "device": str(acc.device),
             "torch": torch.__version__, "command": " ".join(sys.argv),
             **self.adapter.resolved(),  # e.g. encoder_kwargs: evaluation rebuilds the encoder

@@ -235,6 +235,35 @@ def test_a_resume_keeps_this_runs_declared_group_settings(accelerator, tmp_path,
     assert not [r for r in caplog.records if "param-group settings" in r.getMessage()]
 
 
+def test_a_loop_checkpoint_resumed_by_a_fused_run_steps_fused(accelerator, tmp_path, caplog):
+    """A checkpoint of torch's per-parameter loop (every run before the fused default) resumed
+    by a run built fused: the groups keep this run's kernel (torch's load_state_dict would put
+    the saved ``fused: None`` back, under an optimiser built to step a GradScaler's scaled
+    gradients itself), the state is the saved one, and the change is logged."""
+    import logging
+
+    from contrastive.engine.optim import build_optimizer, optimizer_kernel
+
+    def build(fused: bool):
+        torch.manual_seed(0)
+        model = _Toy()
+        return accelerator.prepare(model, build_optimizer(model, "adamw", lr=0.1,
+                                                          weight_decay=0.1, fused=fused))
+
+    model, opt = build(False)
+    _, _, meta, path = _checkpoint_after_a_step(accelerator, model, opt, tmp_path)
+    exp_avg = opt.state[model.net[0].weight]["exp_avg"].clone()
+    model2, opt2 = build(True)
+    caplog.set_level(logging.WARNING)
+    CheckpointManager(accelerator, model2, opt2, TrainState(), tmp_path / "c", keep_last=1,
+                      meta=meta).load(path)
+    assert optimizer_kernel(opt2) == "fused"
+    assert torch.equal(opt2.state[model2.net[0].weight]["exp_avg"], exp_avg)
+    warned = [r.getMessage() for r in caplog.records if "param-group settings" in r.getMessage()]
+    assert warned and "'fused': None} -> {'fused': True}" in warned[0]
+    _train_step(model2, opt2)  # and it steps
+
+
 @pytest.mark.parametrize("name", ["sgd", "adamw"])
 def test_a_resume_keeps_this_runs_optimiser_flags(accelerator, tmp_path, caplog, name):
     """--allow-config-change with another --weight-decay / --sgd-momentum / --nesterov /

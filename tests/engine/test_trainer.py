@@ -196,6 +196,21 @@ def test_accumulation_of_a_per_sample_loss_counts_micro_batches_and_steps(tmp_pa
     assert config["resolved"]["grad_cache_chunk"] == 8  # accumulation runs through the cache
 
 
+def test_the_optimiser_is_fused_by_default_and_a_resume_uses_its_own_setting(tmp_path,
+                                                                               fresh_accelerate):
+    """On the CPU the engine's SGD steps with torch's fused kernel unless --fused-optimizer
+    false; config.json records the kernel used; the flag may change on a resume (the same
+    update up to rounding), which then steps with the resumed run's setting."""
+    _train(tmp_path, max_steps=2)
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["fused_optimizer"] is None and config["resolved"]["optimizer_kernel"] == "fused"
+    reset_accelerate_state()
+    result = _train(tmp_path, max_steps=4, resume="auto", fused_optimizer=False)
+    assert result.step == 4
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["resolved"]["optimizer_kernel"] == "for-loop"
+
+
 def test_encoder_file_is_plain_backbone(tmp_path, fresh_accelerate):
     result = _train(tmp_path, max_steps=1)
     payload = torch.load(result.encoder_path, weights_only=True)
