@@ -193,9 +193,10 @@ def fused_by_default(name: str, device_type: str) -> bool:
     """Whether an unset ``fused`` picks torch's fused kernel: for SGD and AdamW on the CPU and
     CUDA. One kernel updates every parameter of a group, instead of torch's default
     per-parameter loop on the CPU (and ``foreach`` lists on CUDA): on a 2-core AVX2 CPU at 1
-    thread the step over 14.3 M parameters (a 4 x 312 BERT) took 23.5 ms fused against 157
-    (AdamW) and 17.0 against 72.4 (SGD with momentum), ``benchmarks/bench_optimizer.py``. The
-    update is the same formula up to float rounding."""
+    thread the AdamW step of a 4 x 312 BERT (14.3 M parameters) took 26 ms fused against 213
+    looped, its whole training step 1.18x faster; SGD on cifar_resnet18 2.6x and 1.02x
+    (``benchmarks/bench_optimizer.py``, ``benchmarks/results/train.md``). The update is the
+    same formula up to float rounding."""
     return name.lower() in FUSED_OPTIMIZERS and device_type in FUSED_DEVICES
 
 
