@@ -87,6 +87,25 @@ def test_encoder_flops_match_torch_counter(driver) -> None:
     assert driver.encoder_flops(2, 24, 40, 16) == counter.get_total_flops()
 
 
+def test_the_compared_variants_step_with_the_loop_and_the_control_fused(driver,
+                                                                          tmp_path: Path) -> None:
+    """One optimiser implementation across the teachers and the variants the table compares
+    (torch's loop, as their first runs had); the control family takes the engine's default."""
+    def kernel(run) -> str | None:
+        args = list(run.args)
+        return args[args.index("--fused-optimizer") + 1] if "--fused-optimizer" in args else None
+
+    compared = [driver.teacher_run("sst2"),
+                *(driver.student_run(t, v, 1e-4, 0, tmp_path, phase=p)
+                  for t in ("mrpc", "cola", "sst2") for v in driver.VARIANTS
+                  for p in ("lr", "why", "main"))]
+    assert {kernel(r) for r in compared} == {"false"}
+    controls = [driver.student_run(t, v, 5e-5, s, tmp_path, control=True, phase="control")
+                for t in ("mrpc", "cola", "sst2") for v in ("ce", "kd") for s in range(3)]
+    assert {kernel(r) for r in controls} == {None}
+    assert all("--keep-layers" in r.args for r in controls)
+
+
 def test_smoke_run_of_the_drivers_flags_on_real_glue(driver, tmp_path: Path) -> None:
     """A teacher and an LRC-BERT student, 2 steps each, with the flags the driver passes (tiny
     models appended, a later flag wins), then the driver's dev scoring and table."""
