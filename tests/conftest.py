@@ -84,6 +84,45 @@ def run_two_ranks() -> Callable[..., list[dict]]:
     return _run_two_ranks
 
 
+def child_env(threads: int = 1) -> dict[str, str]:
+    """The environment of a program a test starts: this checkout importable, ``threads``
+    threads a process, no GPU, logs unbuffered."""
+    return {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "OMP_NUM_THREADS": str(threads), "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
+
+
+class TwoProcessLauncher:
+    """``accelerate launch --multi_gpu --num_processes 2`` on the CPU (two gloo processes, one
+    thread each: ``--cpu --num_processes 2`` would start one), the launcher beside this Python;
+    a test skips where it is not installed."""
+
+    def prefix(self) -> list[str]:
+        """The launcher's command line, for a test that drives the processes itself."""
+        exe = shutil.which("accelerate", path=str(Path(sys.executable).parent))
+        if exe is None:
+            pytest.skip("the accelerate launcher is not installed beside this Python")
+        return [exe, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                "--mixed_precision", "no", "--dynamo_backend", "no"]
+
+    def __call__(self, script: str | Path, *args: str, timeout: float = 600,
+                 engine: bool = True) -> subprocess.CompletedProcess:
+        """Run ``script *args`` as two processes and fail the test, with their log, unless it
+        exits 0 (and, ``engine`` runs, the engine reports 2 processes)."""
+        proc = subprocess.run([*self.prefix(), str(script), *map(str, args)], env=child_env(1),
+                              capture_output=True, text=True, timeout=timeout)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        if engine:
+            assert "on 2 process(es)" in proc.stderr, proc.stderr[-4000:]
+        return proc
+
+
+@pytest.fixture(scope="session")
+def launch_two() -> TwoProcessLauncher:
+    """``launch_two(script, *args)``: a program as two gloo CPU processes
+    (:class:`TwoProcessLauncher`)."""
+    return TwoProcessLauncher()
+
+
 def param_gap(run: dict, ref: dict) -> float:
     """The largest parameter difference between two recorded runs (``run["params"]``)."""
     return max(float((p - q).abs().max()) for p, q in zip(run["params"], ref["params"]))
@@ -158,12 +197,9 @@ class LearningRuns:
         cmd = [sys.executable, script, *args]
         if self.nice and shutil.which("nice"):
             cmd = ["nice", "-n", str(self.nice), *cmd]
-        child_env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep
-                     + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1",
-                     "CUDA_VISIBLE_DEVICES": "", "PYTHONUNBUFFERED": "1"}
         if self.closed:
             raise RuntimeError("the session ended before this run started")
-        proc = subprocess.Popen(cmd, env=child_env, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(cmd, env=child_env(1), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         self.running.append(proc)
         try:

@@ -256,14 +256,13 @@ def test_sigterm_to_accelerate_launch_alone_one_process(case, reference, tmp_pat
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("target", ["group", "launcher"])
-def test_two_processes_stop_on_sigterm_and_resume_exactly(tmp_path, target):
+def test_two_processes_stop_on_sigterm_and_resume_exactly(tmp_path, target, launch_two):
     """``accelerate launch --multi_gpu --num_processes 2`` with loader workers: SIGTERM to the
     launcher's group or to the launcher alone (torchrun forwards it to each process's own
     session). Both processes save one checkpoint at the same step and exit 75 (the launcher
     reports 1; run_state.json says "stopped"); the resume equals an uninterrupted 2-process
     run."""
-    launch = [_accelerate(), "launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    launch = launch_two.prefix()
     env = rx.env()
     env["OMP_NUM_THREADS"] = "1"
 

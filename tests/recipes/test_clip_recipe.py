@@ -7,8 +7,6 @@ float64 through the recipe, which a gather without gradient breaks."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 
 import pytest
 import torch
@@ -96,24 +94,14 @@ DIST = [*TINY_CLIP, "--data", "shapes-captions:n=64,n_test=20,size=16,max_length
         "--save-every-steps", "0"]
 
 
-def _launch(rx, tmp_path, name, script, world):
+def _launch(rx, launch_two, tmp_path, name, script, world):
     """``script`` in ``world`` processes; 1 process runs in this one (float64 makes the thread
     count irrelevant, and a new interpreter costs ~6 s of CPU on a 2-core box)."""
     out = tmp_path / name
     if world == 1:
         _main(rx, [*DIST, "--output-dir", str(out)])
         return torch.load(out / "clip.pt", weights_only=True)["state_dict"], out
-    accelerate = shutil.which("accelerate", path=str(rx.PYTHON).rsplit("/", 1)[0])
-    if accelerate is None:
-        pytest.skip("the accelerate launcher is not installed beside this Python")
-    cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
-           "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script), *DIST,
-           "--output-dir", str(out)]
-    env = rx.env()
-    env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "on 2 process(es)" in proc.stderr
+    launch_two(script, *DIST, "--output-dir", out)
     return torch.load(out / "clip.pt", weights_only=True)["state_dict"], out
 
 
@@ -122,18 +110,19 @@ def _gap(a, b):
 
 
 @pytest.mark.distributed
-def test_two_processes_equal_one_through_the_recipe_and_a_gradless_gather_fails(tmp_path, rx):
+def test_two_processes_equal_one_through_the_recipe_and_a_gradless_gather_fails(tmp_path, rx,
+                                                                                launch_two):
     recipe = rx.RECIPES / "clip.py"
-    one, one_dir = _launch(rx, tmp_path, "one", recipe, 1)
-    two, two_dir = _launch(rx, tmp_path, "two", recipe, 2)
+    one, one_dir = _launch(rx, launch_two, tmp_path, "one", recipe, 1)
+    two, two_dir = _launch(rx, launch_two, tmp_path, "two", recipe, 2)
     assert one["logit_scale"].dtype == torch.float64
     # float64: only rounding of sums taken in another order (~1e-13 after 3 AdamW steps); a
     # wrong gather, rank offset or gradient average moves weights by > 1e-4 at once
     assert _gap(one, two) < 1e-9
     losses = [[r["loss"] for r in rx.read_metrics(d) if "loss" in r] for d in (one_dir, two_dir)]
     assert losses[0] == pytest.approx(losses[1], abs=2e-6)  # metrics.jsonl keeps 6 decimals
-    mutant, _ = _launch(rx, tmp_path, "mutant", rx.ROOT / "tests" / "recipes" / "clip_mutant.py",
-                        2)
+    mutant, _ = _launch(rx, launch_two, tmp_path, "mutant",
+                        rx.ROOT / "tests" / "recipes" / "clip_mutant.py", 2)
     assert _gap(one, mutant) > 1e-6
     print(f"2 vs 1 process: max |weight difference| {_gap(one, two):.2e}; a gather without "
           f"gradient: {_gap(one, mutant):.2e}")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 
 import pytest
 import torch
@@ -114,27 +113,15 @@ def test_dinov2_cifar_defaults(rx):
 
 @pytest.mark.slow  # a 2-process launch: 33 s at load 6.5 on 2 cores; the groups are built from
 @pytest.mark.distributed  # the method before DDP wraps it, so processes change nothing in them
-def test_dinov2_cifar_trains_on_two_processes_with_its_lr_groups(tmp_path, rx):
+def test_dinov2_cifar_trains_on_two_processes_with_its_lr_groups(tmp_path, rx, launch_two):
     """Two gloo CPU processes (DDP): the step runs (Sinkhorn-Knopp over both processes' rows,
     KoLeo per process) and the optimiser that accelerate wraps keeps the layer-wise groups
     (built from the method before DDP wraps it): each group at the scheduled lr x its scale."""
-    import shutil
-
-    accelerate = shutil.which("accelerate", path=str(rx.PYTHON).rsplit("/", 1)[0])
-    if accelerate is None:
-        pytest.skip("the accelerate launcher is not installed beside this Python")
     out = tmp_path / "two"
     args = [*COMMON, "--epochs", "2", "--warmup-epochs", "0.5", "--local-crops", "2",
             "--local-size", "8"]
-    cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no",
-           str(rx.RECIPES / "dinov2_cifar.py"), *args, "--knn-every", "0", "--max-steps", "2",
-           "--output-dir", str(out)]
-    env = rx.env()
-    env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "on 2 process(es)" in proc.stderr
+    launch_two(rx.RECIPES / "dinov2_cifar.py", *args, "--knn-every", "0", "--max-steps", "2",
+               "--output-dir", out)
     steps = [r for r in rx.read_metrics(out) if "loss" in r]
     assert [r["step"] for r in steps] == [1, 2] and all(math.isfinite(r["loss"]) for r in steps)
     state = torch.load(out / "checkpoints" / "step_00000002" / "optimizer.bin",

@@ -16,8 +16,6 @@ count. In float32 the same 8 steps needed rtol 1e-3, and the margin depended on 
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 
 import pytest
 import torch
@@ -44,19 +42,10 @@ def _losses(out):
 
 
 @pytest.mark.distributed
-def test_two_processes_train_checkpoint_and_match_one_process(tmp_path, rx):
-    accelerate = shutil.which("accelerate", path=str(rx.PYTHON).rsplit("/", 1)[0])
-    if accelerate is None:
-        pytest.skip("the accelerate launcher is not installed beside this Python")
+def test_two_processes_train_checkpoint_and_match_one_process(tmp_path, rx, launch_two):
     two, one = tmp_path / "two", tmp_path / "one"
-    cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no",
-           *rx.recipe_cmd("moco_cifar", *ARGS, "--split-bn", "0", "--output-dir", str(two))[1:]]
-    env = rx.env()
-    env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "on 2 process(es)" in proc.stderr
+    proc = launch_two(*rx.recipe_cmd("moco_cifar", *ARGS, "--split-bn", "0", "--output-dir",
+                                     str(two))[1:])
     assert proc.stderr.count("training moco_cifar") == 1  # nothing logged by rank 1
     knn = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()
            if "knn_top1" in x]

@@ -5,7 +5,6 @@ gradients' average over the processes (the engine's own, DDP's hooks being off) 
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 import pytest
@@ -21,21 +20,15 @@ ARGS = ["--data", "shapes-captions:n=64,n_test=20,size=16,max_length=12", "--ima
         "--text-dropout", "0", "--float64", "--save-every-steps", "0"]
 
 
-def _launch(rx, tmp_path, name, script, world, extra=()):
+def _launch(rx, launch_two, tmp_path, name, script, world, extra=()):
     out = tmp_path / name
     if world == 1:
-        cmd = [rx.PYTHON, str(script), *ARGS, *extra, "--output-dir", str(out)]
+        env = {**rx.env(), "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run([rx.PYTHON, str(script), *ARGS, *extra, "--output-dir", str(out)],
+                              env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-4000:]
     else:
-        accelerate = shutil.which("accelerate", path=str(rx.PYTHON).rsplit("/", 1)[0])
-        if accelerate is None:
-            pytest.skip("the accelerate launcher is not installed beside this Python")
-        cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
-               "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script), *ARGS,
-               *extra, "--output-dir", str(out)]
-    env = rx.env()
-    env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+        proc = launch_two(script, *ARGS, *extra, "--output-dir", out)
     return torch.load(out / "clip.pt", weights_only=True)["state_dict"], proc.stderr
 
 
@@ -45,14 +38,15 @@ def _gap(a, b):
 
 @pytest.mark.slow  # three recipe launches (~1 min); the gloo case test is the default's
 @pytest.mark.distributed
-def test_two_processes_with_chunks_equal_one_process_with_the_whole_batch(tmp_path, rx):
+def test_two_processes_with_chunks_equal_one_process_with_the_whole_batch(tmp_path, rx,
+                                                                          launch_two):
     recipe = rx.RECIPES / "clip.py"
-    one, _ = _launch(rx, tmp_path, "one", recipe, 1)
-    two, log = _launch(rx, tmp_path, "two", recipe, 2, ["--grad-cache-chunk", "3"])
+    one, _ = _launch(rx, launch_two, tmp_path, "one", recipe, 1)
+    two, log = _launch(rx, launch_two, tmp_path, "two", recipe, 2, ["--grad-cache-chunk", "3"])
     assert "on 2 process(es)" in log and "run 3 samples at a time per process" in log
     assert one["logit_scale"].dtype == torch.float64
     assert _gap(one, two) < 1e-9  # float64 rounding of sums in other orders
-    mutant, _ = _launch(rx, tmp_path, "mutant", rx.ROOT / "tests" / "recipes" /
+    mutant, _ = _launch(rx, launch_two, tmp_path, "mutant", rx.ROOT / "tests" / "recipes" /
                         "grad_cache_mutant.py", 2, ["--grad-cache-chunk", "3"])
     assert _gap(one, mutant) > 1e-6
     print(f"2 processes x chunks vs 1 process: max |weight difference| {_gap(one, two):.2e}; "

@@ -7,9 +7,6 @@ mid-epoch checkpoint (step 5: epoch 1, micro-batch 1) in a new folder."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -55,20 +52,11 @@ def test_one_process_resume_from_shards_is_exact(shards, tmp_path, rx):
 
 
 @pytest.mark.distributed
-def test_two_process_resume_from_uneven_shards_is_exact(shards, tmp_path, rx):
-    accelerate = shutil.which("accelerate", path=str(rx.PYTHON).rsplit("/", 1)[0])
-    if accelerate is None:
-        pytest.skip("the accelerate launcher is not installed beside this Python")
-    env = rx.env()
-    env["OMP_NUM_THREADS"] = "1"
-    launch = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-              "--mixed_precision", "no", "--dynamo_backend", "no"]
+def test_two_process_resume_from_uneven_shards_is_exact(shards, tmp_path, rx, launch_two):
     a, b = tmp_path / "a", tmp_path / "b"
     common = [*_args(shards), "--batched-augment", "off", "--split-bn", "0"]
     for out, extra in ((a, []), (b, ["--resume", str(a / "checkpoints" / f"step_{K:08d}")])):
-        cmd = [*launch, *rx.recipe_cmd("moco_cifar", *common, "--output-dir", str(out), *extra)[1:]]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        assert "on 2 process(es)" in proc.stderr
+        proc = launch_two(*rx.recipe_cmd("moco_cifar", *common, "--output-dir", str(out),
+                                         *extra)[1:])
     assert "resume verified" in proc.stderr
     _assert_same_final(a, b)

@@ -13,9 +13,6 @@ DDP, optimiser, schedules).
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -32,19 +29,9 @@ ROOT = HERE.parents[1]
 DRIVER = HERE / "labelled_dist_runs.py"
 
 
-def _launch(out: Path, teacher: Path, *extra: str) -> None:
-    python = sys.executable
-    accelerate = shutil.which("accelerate", path=str(Path(python).parent))
-    if accelerate is None:
-        pytest.skip("the accelerate launcher is not installed beside this Python")
-    cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-           "--mixed_precision", "no", "--dynamo_backend", "no", str(DRIVER), str(out),
-           str(teacher), *extra]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
-           "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stderr.count("on 2 process(es)") == 2, proc.stderr[-4000:]
+def _launch(launch_two, out: Path, teacher: Path, *extra: str) -> None:
+    proc = launch_two(DRIVER, out, teacher, *extra)
+    assert proc.stderr.count("on 2 process(es)") == 2, proc.stderr[-4000:]  # both trainings
 
 
 def _weights(out: Path, name: str) -> dict[str, torch.Tensor]:
@@ -59,7 +46,7 @@ def _gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Path:
+def runs(tmp_path_factory, launch_two) -> Path:
     sys.path.insert(0, str(HERE))
     from labelled_dist_runs import main
     from lrc_check import run_recipe
@@ -77,8 +64,8 @@ def runs(tmp_path_factory) -> Path:
         from contrastive.engine import reset_accelerate_state
 
         reset_accelerate_state()
-    _launch(root / "two", teacher / "model")
-    _launch(root / "mutant", teacher / "model", "mutant")
+    _launch(launch_two, root / "two", teacher / "model")
+    _launch(launch_two, root / "mutant", teacher / "model", "mutant")
     return root
 
 

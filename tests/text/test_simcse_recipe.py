@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -198,7 +195,7 @@ DIST = ["--mode", "sup", "--n-train", "64", "--batch-size", "16", "--steps", "3"
         "--num-workers", "0", "--save-every-steps", "0"]
 
 
-def _launch(tmp_path: Path, name: str, script: Path, world: int):
+def _launch(launch_two, tmp_path: Path, name: str, script: Path, world: int):
     """``script`` in ``world`` processes; 1 process runs in this one (float64 makes the thread
     count irrelevant, and a new interpreter costs ~6 s of CPU on a 2-core box)."""
     from safetensors.torch import load_file
@@ -207,18 +204,7 @@ def _launch(tmp_path: Path, name: str, script: Path, world: int):
     if world == 1:
         run(DIST, out)
         return load_file(str(out / "checkpoints" / "step_00000003" / "model.safetensors")), out
-    accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
-    if accelerate is None:
-        pytest.skip("the accelerate launcher is not installed beside this Python")
-    cmd = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
-           "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script), *DIST,
-           "--output-dir", str(out)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
-           "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "on 2 process(es)" in proc.stderr
-
+    launch_two(script, *DIST, "--output-dir", out)
     return load_file(str(out / "checkpoints" / "step_00000003" / "model.safetensors")), out
 
 
@@ -228,10 +214,11 @@ def _gap(a, b) -> float:
 
 
 @pytest.mark.distributed
-def test_two_processes_equal_one_through_the_recipe_and_a_gradless_gather_fails(tmp_path):
+def test_two_processes_equal_one_through_the_recipe_and_a_gradless_gather_fails(tmp_path,
+                                                                                launch_two):
     recipe = ROOT / "recipes" / "simcse.py"
-    one, one_dir = _launch(tmp_path, "one", recipe, 1)
-    two, two_dir = _launch(tmp_path, "two", recipe, 2)
+    one, one_dir = _launch(launch_two, tmp_path, "one", recipe, 1)
+    two, two_dir = _launch(launch_two, tmp_path, "two", recipe, 2)
     assert one["mlp.0.weight"].dtype == torch.float64
     # float64: only rounding of sums taken in another order; a wrong gather, rank offset or
     # gradient average moves the weights by > 1e-4 at once (lr 1e-3, Adam's unit steps)
@@ -239,7 +226,7 @@ def test_two_processes_equal_one_through_the_recipe_and_a_gradless_gather_fails(
     losses = [[r["loss"] for r in map(json.loads, (d / "metrics.jsonl").read_text()
                                       .splitlines()) if "loss" in r] for d in (one_dir, two_dir)]
     assert len(losses[0]) == 3 and losses[0] == pytest.approx(losses[1], abs=2e-6)
-    mutant, _ = _launch(tmp_path, "mutant", Path(__file__).with_name("simcse_mutant.py"), 2)
+    mutant, _ = _launch(launch_two, tmp_path, "mutant", Path(__file__).with_name("simcse_mutant.py"), 2)
     assert _gap(one, mutant) > 1e-6
     print(f"SimCSE 2 vs 1 process: max |weight difference| {_gap(one, two):.2e}; keys gathered "
           f"without gradient: {_gap(one, mutant):.2e}")

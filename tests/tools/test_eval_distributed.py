@@ -8,9 +8,6 @@ equal the one-process ones.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,10 +22,7 @@ from test_eval_tools import COMMON, make_imagefolder  # noqa: E402
 
 
 @pytest.mark.distributed
-def test_two_processes_give_the_one_process_results(tmp_path):
-    accelerate = shutil.which("accelerate", path=str(Path(sys.executable).parent))
-    if accelerate is None:
-        pytest.skip("the accelerate launcher is not installed beside this Python")
+def test_two_processes_give_the_one_process_results(tmp_path, launch_two):
     from contrastive.nn import create_encoder
 
     # 13 and 5 images per class: uneven shards and a ragged last batch of 4
@@ -37,7 +31,6 @@ def test_two_processes_give_the_one_process_results(tmp_path):
     torch.save({"encoder": "small_cnn", "state_dict": create_encoder("small_cnn").state_dict()},
                tmp_path / "encoder.pt")
     args = ["--checkpoint", str(tmp_path / "encoder.pt"), "--data", str(data), *COMMON, "--batch-size", "4"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     from contrastive.eval.cli import knn_eval_main, linear_eval_main
 
     mains = {"knn_eval": knn_eval_main, "linear_eval": linear_eval_main}
@@ -46,11 +39,8 @@ def test_two_processes_give_the_one_process_results(tmp_path):
     for tool, extra in (("knn_eval", ["--k", "5"]),):
         one_out, two_out = tmp_path / f"{tool}_1.json", tmp_path / f"{tool}_2.json"
         mains[tool]([*args, *extra, "--output", str(one_out)])  # one process, in this one
-        cmd = [accelerate, "launch", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend",
-               "no", "--multi_gpu", "--num_processes", "2", str(ROOT / "tools" / f"{tool}.py"), *args,
-               *extra, "--output", str(two_out)]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        launch_two(ROOT / "tools" / f"{tool}.py", *args, *extra, "--output", two_out,
+                   timeout=300, engine=False)
         one, two = json.loads(one_out.read_text()), json.loads(two_out.read_text())
         assert (two["num_train"], two["num_test"]) == (39, 15) == (one["num_train"], one["num_test"])
         assert two["top1"] == pytest.approx(one["top1"]) and two["top5"] == pytest.approx(one["top5"])
