@@ -96,12 +96,14 @@ class TwoProcessLauncher:
     thread each: ``--cpu --num_processes 2`` would start one), the launcher beside this Python;
     a test skips where it is not installed."""
 
-    def prefix(self) -> list[str]:
-        """The launcher's command line, for a test that drives the processes itself."""
+    def prefix(self, processes: int = 2) -> list[str]:
+        """The launcher's command line for ``processes`` CPU processes (``--multi_gpu`` from 2
+        on), for a test that drives the processes itself."""
         exe = shutil.which("accelerate", path=str(Path(sys.executable).parent))
         if exe is None:
             pytest.skip("the accelerate launcher is not installed beside this Python")
-        return [exe, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+        multi = ["--multi_gpu"] if processes > 1 else []
+        return [exe, "launch", *multi, "--num_processes", str(processes), "--num_machines", "1",
                 "--mixed_precision", "no", "--dynamo_backend", "no"]
 
     def __call__(self, script: str | Path, *args: str, timeout: float = 600,

@@ -15,7 +15,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -89,13 +88,6 @@ while True:
     statuses[pid] = os.waitstatus_to_exitcode(status)
 print(json.dumps({"launcher": proc.pid, "exit": statuses}))
 """
-
-
-def _accelerate() -> str:
-    exe = shutil.which("accelerate", path=str(Path(sys.executable).parent))
-    if exe is None:
-        pytest.skip("the accelerate launcher is not installed beside this Python")
-    return exe
 
 
 def _preempt(tmp_path: Path, cmd: list[str], out: Path, target: str, signals: str,
@@ -233,14 +225,13 @@ def test_signal_variants_resume_exactly(case, reference, tmp_path, target, signa
 
 
 @pytest.mark.slow
-def test_sigterm_to_accelerate_launch_alone_one_process(case, reference, tmp_path):
+def test_sigterm_to_accelerate_launch_alone_one_process(case, reference, tmp_path, launch_two):
     """``accelerate launch`` (one process) dies of SIGTERM without forwarding it: the training
     process notices its launcher's exit (``--stop-if-orphaned auto``), saves and exits 75."""
     if case[0] == "bert_finetune":
         pytest.skip("the engine's signal handling, covered by the text case (simcse)")
     out = tmp_path / "run"
-    launch = [_accelerate(), "launch", "--num_processes", "1", "--num_machines", "1",
-              "--mixed_precision", "no", "--dynamo_backend", "no"]
+    launch = launch_two.prefix(processes=1)
     args = ["--num-workers", "2", "--output-dir", str(out)]
     report, state = _preempt(tmp_path, [*launch, *_cmd(case, *args)[1:]], out, "launcher",
                              "SIGTERM")
