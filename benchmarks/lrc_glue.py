@@ -306,7 +306,8 @@ def _claim(lock: Path) -> bool:
 
 def execute(run: Run, root: Path, threads: int) -> dict[str, Any]:
     """Train (or resume) one run in a child process, then score it on dev; returns its timing,
-    or ``{"skipped": why}`` when its teacher is not trained yet or another driver holds it."""
+    ``{"skipped": why}`` when its teacher is not trained yet or another driver holds it, or
+    ``{"done": ...}`` when another driver finished it since this one made its plan."""
     teacher = Path(run.args[run.args.index("--teacher") + 1]) if "--teacher" in run.args else None
     if teacher is not None and not trained(teacher.parent):
         return {"skipped": "its teacher is not trained yet"}
@@ -316,6 +317,9 @@ def execute(run: Run, root: Path, threads: int) -> dict[str, Any]:
     lock = root / f"{run.name}.lock"
     if not _claim(lock):
         return {"skipped": "another driver runs it"}
+    if run.done(root):  # the plan is older than another driver's finish: not scored again
+        lock.unlink(missing_ok=True)
+        return {"done": "another driver finished it"}
     try:
         return _execute(run, root, threads)
     finally:

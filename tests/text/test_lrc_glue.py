@@ -271,6 +271,11 @@ def test_a_run_is_claimed_by_one_driver_and_a_dead_drivers_claim_is_taken_over(d
     assert driver._claim(lock) and lock.read_text() == str(os.getpid())
     teacherless = driver.student_run("mrpc", "ce", 1e-4, 0, tmp_path)
     assert driver.execute(teacherless, tmp_path, 1) == {"skipped": "its teacher is not trained yet"}
+    # a run another driver finished after this one planned it is neither trained nor scored
+    teacher = driver.teacher_run("mrpc")
+    _fake_result(teacher.folder(tmp_path), 0.8, 0.81)  # no model: scoring it would fail
+    assert driver.execute(teacher, tmp_path, 1) == {"done": "another driver finished it"}
+    assert not (tmp_path / f"{teacher.name}.lock").exists()
 
 
 def test_a_finished_runs_checkpoints_are_pruned_and_its_model_kept(driver, tmp_path: Path) -> None:
