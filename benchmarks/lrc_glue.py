@@ -468,12 +468,37 @@ def collect(root: Path) -> dict[str, Any]:
                 lr_v = CONTROL_LR if control else lr
                 if lr_v is None:
                     continue
-                names = [student_run(task, v, lr_v, s, root, control=control).name for s in SEEDS]
-                got = [out["runs"][n]["dev"]["score"] for n in names if n in out["runs"]]
-                rows[("control-" if control else "") + v] = {"lr": lr_v, **_summary(got)}
+                names = {s: student_run(task, v, lr_v, s, root, control=control).name
+                         for s in SEEDS}
+                by_seed = {s: out["runs"][n]["dev"]["score"] for s, n in names.items()
+                           if n in out["runs"]}
+                rows[("control-" if control else "") + v] = {
+                    "lr": lr_v, **_summary(list(by_seed.values())), "by_seed": by_seed}
         rows["prior"] = label_prior(task)
         out["tasks"][task] = rows
     return out
+
+
+# (a, b): variant a's dev score minus b's, seed by seed (the same initialisation and data order)
+PAIRS = (("lrc", "ce"), ("lrc", "kd"), ("lrc", "lrc_np"), ("kd", "ce"),
+         ("control-kd", "control-ce"))
+
+
+def paired(rows: dict[str, Any], a: str, b: str) -> dict[int, float]:
+    """Seed -> ``a``'s dev score minus ``b``'s on one task (``collect``'s rows), for the seeds
+    both have: the same seed gives both the same student initialisation and data order, so the
+    difference is free of the seed-to-seed spread that both share."""
+    sa, sb = (rows.get(k, {}).get("by_seed", {}) for k in (a, b))
+    return {s: sa[s] - sb[s] for s in sorted(sa) if s in sb}
+
+
+def _paired_cell(diffs: dict[int, float]) -> str:
+    if not diffs:
+        return "-"
+    each = " / ".join(f"{100 * d:+.1f}" for d in diffs.values())
+    wins = sum(d > 0 for d in diffs.values())
+    return (f"{each} (seeds {', '.join(map(str, diffs))}; mean "
+            f"{100 * statistics.fmean(diffs.values()):+.1f}, {wins} of {len(diffs)} above)")
 
 
 def _pct(score: float | None) -> str:
@@ -500,6 +525,15 @@ def table(root: Path) -> str:
 
     for key in ("teacher", *MAIN_VARIANTS, "control-ce", "control-kd", *WHY_VARIANTS):
         lines.append(f"| {key} | " + " | ".join(cell(t, key) for t in TASKS) + " |")
+    lines.append("")
+    lines.append("Paired by seed (a - b in dev score x 100, per seed; the same seed gives both "
+                 "the same initialisation and data order):")
+    lines.append("")
+    lines.append("| a - b | " + " | ".join(TASKS[t] for t in TASKS) + " |")
+    lines.append("|---" * (len(TASKS) + 1) + "|")
+    for a, b in PAIRS:
+        lines.append(f"| {a} - {b} | " + " | ".join(
+            _paired_cell(paired(data["tasks"][t], a, b)) for t in TASKS) + " |")
     runs = plan(root)
     lines.append("")
     for phase in ("teachers", "lr", "why", "main", "control"):

@@ -70,6 +70,17 @@ def test_plan_chooses_lr_on_held_out_and_reuses_the_search_run(driver, tmp_path:
     assert all(r.meta["lr"] == 1e-4 and r.meta["task"] == "mrpc" for r in main)
     rows = driver.collect(root)["tasks"]["mrpc"]
     assert rows["ce"]["values"] == [0.5] and rows["ce"]["lr"] == 1e-4
+    assert rows["ce"]["by_seed"] == {0: 0.5}
+
+
+def test_paired_differences_match_seeds_and_skip_missing_ones(driver) -> None:
+    rows = {"lrc": {"by_seed": {0: 0.80, 1: 0.75, 2: 0.70}},
+            "ce": {"by_seed": {0: 0.78, 2: 0.72}}}  # seed 1 of ce not run yet
+    diffs = driver.paired(rows, "lrc", "ce")
+    assert list(diffs) == [0, 2] and diffs[0] == pytest.approx(0.02)
+    assert diffs[2] == pytest.approx(-0.02)
+    assert driver.paired(rows, "lrc", "kd") == {}
+    assert driver._paired_cell(diffs) == "+2.0 / -2.0 (seeds 0, 2; mean +0.0, 1 of 2 above)"
 
 
 def test_encoder_flops_match_torch_counter(driver) -> None:
