@@ -317,10 +317,9 @@ def execute(run: Run, root: Path, threads: int) -> dict[str, Any]:
     lock = root / f"{run.name}.lock"
     if not _claim(lock):
         return {"skipped": "another driver runs it"}
-    if run.done(root):  # the plan is older than another driver's finish: not scored again
-        lock.unlink(missing_ok=True)
-        return {"done": "another driver finished it"}
     try:
+        if run.done(root):  # the plan is older than another driver's finish: not scored again
+            return {"done": "another driver finished it"}
         return _execute(run, root, threads)
     finally:
         lock.unlink(missing_ok=True)
