@@ -6,6 +6,7 @@ table itself.
     python benchmarks/lrc_glue.py run [--workers 2] [--phase teachers|lr|why|main|control]
     python benchmarks/lrc_glue.py table                      # results/lrc_glue_runs.json + table
     python benchmarks/lrc_glue.py speed                      # teacher vs student inference
+    python benchmarks/lrc_glue.py targets                    # how soft the teachers' targets are
 
 Runs live in ``--root`` (default ``runs/lrc_glue``, outside git); each is a run folder of
 ``recipes/bert_finetune.py`` or ``recipes/lrc_bert.py`` started with ``--resume auto``, so a
@@ -67,7 +68,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from glue_floors import TASKS  # noqa: E402
+from glue_floors import TASKS, task_splits  # noqa: E402
 from glue_floors import split_sizes as _split_sizes  # noqa: E402
 
 split_sizes = functools.lru_cache(_split_sizes)  # reads a training file: once per task
@@ -415,7 +416,6 @@ def label_prior(task: str) -> dict[str, float]:
     """The kept training rows' majority share and label entropy (nats): a classifier that
     predicts one class sits at this accuracy and this cross-entropy."""
     import numpy as np
-    from glue_floors import task_splits
 
     counts = np.bincount(task_splits(task, GLUE)[0].labels).astype(float)
     p = counts / counts.sum()
@@ -623,15 +623,67 @@ def speed(root: Path, repeats: int = 5) -> dict[str, Any]:
     return result
 
 
+TARGET_TEMPERATURES = (1.0, 1.1, 2.0, 4.0)  # no softening, the paper's t, DistilBERT's t, Hinton's
+
+
+def target_softness(logits: Any, labels: Any, temperature: float) -> dict[str, float]:
+    """What a teacher's softened targets ``softmax(logits / t)`` add to the labels, row mean:
+    the top probability, the share of rows whose top probability exceeds 0.99 (a one-hot target
+    in all but name), the entropy in nats (0: one-hot; log C: uniform) and the probability of
+    the gold label. Soft targets near one-hot that agree with the labels carry no more than
+    the labels: KD's soft loss then repeats the cross-entropy."""
+    import torch
+
+    p = (torch.as_tensor(logits, dtype=torch.float64) / temperature).softmax(1)
+    top = p.max(1).values
+    entropy = -(p * p.clamp_min(1e-300).log()).sum(1)
+    gold = p.gather(1, torch.as_tensor(labels, dtype=torch.long)[:, None]).squeeze(1)
+    return {"mean_top_p": float(top.mean()),
+            "share_top_p_above_0.99": float((top > 0.99).double().mean()),
+            "mean_entropy_nats": float(entropy.mean()), "mean_p_gold": float(gold.mean())}
+
+
+def teacher_targets(root: Path, tasks: tuple[str, ...] = TASKS,
+                    temperatures: tuple[float, ...] = TARGET_TEMPERATURES) -> dict[str, Any]:
+    """Each trained teacher's targets on the rows its students train on (drawn as the recipes
+    draw them): its accuracy there and :func:`target_softness` at each temperature."""
+    import torch
+
+    from contrastive.data.tokenizer import load_tokenizer
+    from contrastive.methods.text_classifier import load_classifier
+
+    out: dict[str, Any] = {}
+    for task in tasks:
+        model_dir = teacher_run(task).folder(root) / "model"
+        if not model_dir.is_dir():
+            raise FileNotFoundError(f"lrc_glue targets: no teacher model in {model_dir}; train "
+                                    f"it first: python benchmarks/lrc_glue.py run --root {root} "
+                                    f"--phase teachers --tasks {task}")
+        model, _ = load_classifier(model_dir)
+        tokenizer, train = load_tokenizer(model_dir), task_splits(task, GLUE)[0]
+        model.eval()
+        logits, labels = [], []
+        with torch.no_grad():
+            for start in range(0, len(train), 128):
+                batch = tokenizer.collate([train[i] for i in range(start, min(start + 128,
+                                                                              len(train)))])
+                logits.append(model.predict(batch).float())
+                labels.append(batch["labels"])
+        z, y = torch.cat(logits), torch.cat(labels)
+        out[task] = {"rows": len(y), "teacher_accuracy": float((z.argmax(1) == y).double().mean()),
+                     **{f"t {t:g}": target_softness(z, y, t) for t in temperatures}}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("command", choices=("plan", "run", "table", "speed"))
+    p.add_argument("command", choices=("plan", "run", "table", "speed", "targets"))
     p.add_argument("--root", type=Path, default=ROOT / "runs" / "lrc_glue")
     p.add_argument("--phase", choices=("teachers", "lr", "why", "main", "control"))
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--tasks", default=",".join(TASKS),
-                   help="run only these tasks' runs, comma-separated (default: all)")
+                   help="run (or `targets`: read) only these tasks, comma-separated (default: all)")
     p.add_argument("--ledger", type=Path, default=_DEFAULT_LEDGER,
                    help="the runs' records, kept by git (default: %(default)s)")
     a = p.parse_args(argv)
@@ -640,17 +692,23 @@ def main(argv: list[str] | None = None) -> int:
     if not GLUE.is_dir() or not MINILM.is_dir():
         print(f"lrc_glue: needs the real GLUE files and MiniLM in {SHARED} (see its README)")
         return 2
+    tasks = tuple(t.strip() for t in a.tasks.split(",") if t.strip())
+    if unknown := sorted(set(tasks) - set(TASKS)):
+        print(f"lrc_glue: --tasks {','.join(unknown)} unknown; known: {','.join(TASKS)}")
+        return 2
     if a.command == "plan":
         for r in plan(a.root):
             print(f"{'done' if r.done(a.root) else 'todo'}  {r.phase:8s} {r.name}")
     elif a.command == "run":
-        tasks = tuple(t.strip() for t in a.tasks.split(",") if t.strip())
-        if unknown := sorted(set(tasks) - set(TASKS)):
-            print(f"lrc_glue: --tasks {','.join(unknown)} unknown; known: {','.join(TASKS)}")
-            return 2
         run_phase(a.root, a.phase, a.workers, a.threads, tasks)
     elif a.command == "table":
         print(table(a.root))
+    elif a.command == "targets":
+        try:
+            print(json.dumps(teacher_targets(a.root, tasks), indent=1))
+        except FileNotFoundError as e:
+            print(e)
+            return 2
     else:
         print(json.dumps(speed(a.root), indent=1))
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,21 @@ def test_paired_differences_match_seeds_and_skip_missing_ones(driver) -> None:
     assert driver._paired_cell(diffs) == "+2.0 / -2.0 (seeds 0, 2; mean +0.0, 1 of 2 above)"
 
 
+def test_target_softness_by_hand_and_its_limits(driver) -> None:
+    """Rows [2, 0] (gold 0) and [0, 0] (gold 1) at t 1 by hand; t scales the logits; a large t
+    makes every target uniform (entropy log 2), a large margin one-hot."""
+    e = math.exp(2) / (math.exp(2) + 1)  # softmax([2, 0])[0]
+    got = driver.target_softness([[2.0, 0.0], [0.0, 0.0]], [0, 1], 1.0)
+    entropy0 = -(e * math.log(e) + (1 - e) * math.log(1 - e))
+    assert got == pytest.approx({"mean_top_p": (e + 0.5) / 2, "share_top_p_above_0.99": 0.0,
+                                 "mean_entropy_nats": (entropy0 + math.log(2)) / 2,
+                                 "mean_p_gold": (e + 0.5) / 2}, rel=1e-12)
+    assert driver.target_softness([[4.0, 0.0], [0.0, 0.0]], [0, 1], 2.0) == pytest.approx(got)
+    flat = driver.target_softness([[3.0, -1.0]], [1], 1e6)
+    assert flat["mean_entropy_nats"] == pytest.approx(math.log(2)) and flat["mean_p_gold"] < 0.5
+    assert driver.target_softness([[10.0, 0.0]], [0], 1.0)["share_top_p_above_0.99"] == 1.0
+
+
 def test_encoder_flops_match_torch_counter(driver) -> None:
     import torch
     import transformers
@@ -144,6 +160,10 @@ def test_smoke_run_of_the_drivers_flags_on_real_glue(driver, tmp_path: Path) -> 
         held = json.loads((run.folder(tmp_path) / "results.json").read_text())["held_out"]
         assert held["glue_score"] == pytest.approx(driver.held_out_score(run, tmp_path))
     reset_accelerate_state()
+    targets = driver.teacher_targets(tmp_path, ("mrpc",))["mrpc"]  # every training row read
+    assert targets["rows"] == len(driver.task_splits("mrpc", driver.GLUE)[0]) > 3000
+    assert 0 <= targets["teacher_accuracy"] <= 1 and set(targets) > {"t 1.1", "t 4"}
+    assert targets["t 4"]["mean_entropy_nats"] >= targets["t 1.1"]["mean_entropy_nats"]
     assert "| teacher | " in driver.table(tmp_path)  # records both runs in the ledger
     ledger = json.loads(driver.LEDGER.read_text())
     # 2 steps stay in stage 1 (no hard loss yet): no training-end window to show
