@@ -647,10 +647,8 @@ def teacher_targets(root: Path, tasks: tuple[str, ...] = TASKS,
                     temperatures: tuple[float, ...] = TARGET_TEMPERATURES) -> dict[str, Any]:
     """Each trained teacher's targets on the rows its students train on (drawn as the recipes
     draw them): its accuracy there and :func:`target_softness` at each temperature."""
-    import torch
-
     from contrastive.data.tokenizer import load_tokenizer
-    from contrastive.methods.text_classifier import load_classifier
+    from contrastive.methods.text_classifier import load_classifier, predict_all
 
     out: dict[str, Any] = {}
     for task in tasks:
@@ -659,17 +657,8 @@ def teacher_targets(root: Path, tasks: tuple[str, ...] = TASKS,
             raise FileNotFoundError(f"lrc_glue targets: no teacher model in {model_dir}; train "
                                     f"it first: python benchmarks/lrc_glue.py run --root {root} "
                                     f"--phase teachers --tasks {task}")
-        model, _ = load_classifier(model_dir)
-        tokenizer, train = load_tokenizer(model_dir), task_splits(task, GLUE)[0]
-        model.eval()
-        logits, labels = [], []
-        with torch.no_grad():
-            for start in range(0, len(train), 128):
-                batch = tokenizer.collate([train[i] for i in range(start, min(start + 128,
-                                                                              len(train)))])
-                logits.append(model.predict(batch).float())
-                labels.append(batch["labels"])
-        z, y = torch.cat(logits), torch.cat(labels)
+        z, y = predict_all(load_classifier(model_dir)[0], task_splits(task, GLUE)[0],
+                           load_tokenizer(model_dir), batch_size=128)
         out[task] = {"rows": len(y), "teacher_accuracy": float((z.argmax(1) == y).double().mean()),
                      **{f"t {t:g}": target_softness(z, y, t) for t in temperatures}}
     return out

@@ -37,6 +37,7 @@ __all__ = [
     "as_classifier",
     "evaluate",
     "load_classifier",
+    "predict_all",
     "save_classifier",
     "task_loss",
 ]
@@ -165,12 +166,10 @@ def load_classifier(folder: str | Path) -> tuple[TextClassifier, dict[str, Any]]
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, dataset: Any, tokenizer: Any, task: str, *,
-             batch_size: int = 64) -> dict[str, float]:
-    """The official metric of ``task`` (a GLUE name: ``sst2``, ``mnli``, ``stsb``, ...) of
-    ``model.predict`` on ``dataset`` (items ``{"text_a", ["text_b"], "label"}``), eval mode."""
-    from contrastive.data.glue import glue_metrics
-
+def predict_all(model: nn.Module, dataset: Any, tokenizer: Any, *,
+                batch_size: int = 64) -> tuple[Tensor, Tensor]:
+    """``model.predict`` on every item of ``dataset`` (items ``{"text_a", ["text_b"],
+    "label"}``) in eval mode, in order: ``(logits (N, C) float32, labels (N,))`` on the CPU."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -183,4 +182,14 @@ def evaluate(model: nn.Module, dataset: Any, tokenizer: Any, task: str, *,
             golds.append(batch["labels"].cpu())
     finally:
         model.train(was_training)
-    return glue_metrics(task, torch.cat(preds).numpy(), np.asarray(torch.cat(golds).numpy()))
+    return torch.cat(preds), torch.cat(golds)
+
+
+def evaluate(model: nn.Module, dataset: Any, tokenizer: Any, task: str, *,
+             batch_size: int = 64) -> dict[str, float]:
+    """The official metric of ``task`` (a GLUE name: ``sst2``, ``mnli``, ``stsb``, ...) of
+    ``model.predict`` on ``dataset`` (items ``{"text_a", ["text_b"], "label"}``), eval mode."""
+    from contrastive.data.glue import glue_metrics
+
+    preds, golds = predict_all(model, dataset, tokenizer, batch_size=batch_size)
+    return glue_metrics(task, preds.numpy(), np.asarray(golds.numpy()))
