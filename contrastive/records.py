@@ -26,7 +26,9 @@ The run folder (``--output-dir``)::
     clip.pt, tokenizer/    image-text runs: the whole model (:func:`save_clip_record`)
     model/                 text runs: a Hugging Face model folder (config.json,
                            model.safetensors, tokenizer.json) and simcse.json, its evaluation
-                           pooling and step (:func:`save_sentence_model`)
+                           pooling and step (:func:`save_sentence_model`); labelled-text runs:
+                           the classifier (model.safetensors, classifier.json, tokenizer.json)
+    results.json           labelled-text runs: the task and the latest dev metrics
     best/                  ``--keep-best``: the same artefacts at the best evaluation
     checkpoints/step_<8 digits>/   a complete checkpoint has ``meta.json`` (written last)
     trackers.json          ``--report-to``: the trackers' run ids, which a resume continues
@@ -51,7 +53,8 @@ __all__ = [
     "ENCODER_FILE", "CONFIG_FILE", "CHECKPOINTS", "META", "MODEL_FILE", "SCHEMA", "STEP_PREFIX",
     "EncoderRecord", "RecordError", "step_dir_name", "complete_checkpoints", "find_latest",
     "resolve_run_path", "encoder_fields_from_config", "CLIP_FILE", "TOKENIZER_DIR",
-    "BEST_DIR", "save_clip_record", "load_clip_record", "SENTENCE_MODEL_DIR", "SENTENCE_CONFIG",
+    "BEST_DIR", "save_clip_record", "load_clip_record", "MODEL_DIR", "SENTENCE_CONFIG",
+    "CLASSIFIER_FILE", "RESULTS_FILE",
     "save_sentence_model", "sentence_model_step", "TRACKERS_FILE", "TENSORBOARD_DIR",
 ]
 
@@ -65,8 +68,10 @@ SCHEMA = 1
 CLIP_FILE = "clip.pt"
 TOKENIZER_DIR = "tokenizer"
 BEST_DIR = "best"
-SENTENCE_MODEL_DIR = "model"  # text runs: a Hugging Face folder
+MODEL_DIR = "model"  # text runs: a Hugging Face folder
 SENTENCE_CONFIG = "simcse.json"  # in it: the evaluation pooling (contrastive-sts-eval reads it)
+CLASSIFIER_FILE = "classifier.json"  # in a classifier's model/: sizes, labels, task, step
+RESULTS_FILE = "results.json"  # labelled-text runs: the task and the latest dev metrics
 TRACKERS_FILE = "trackers.json"  # --report-to: the tracker runs a resume continues
 TENSORBOARD_DIR = "tensorboard"  # --report-to tensorboard: event files in <run>/tensorboard/<recipe>
 STEP_PREFIX = "step_"  # checkpoints/step_<8 digits>; saves in progress: .tmp-step_<8 digits>

@@ -13,6 +13,7 @@ which evaluation reads):
   ``contrastive-sts-eval`` and ``create_encoder("hf:...")`` read;
 - :class:`ClassifierArtefacts` (labelled-text runs: fine-tuning, LRC-BERT): ``model/``, the
   method as a :class:`~contrastive.methods.text_classifier.TextClassifier` folder
+  (:mod:`contrastive.eval.classifier_folder`)
   (``model.safetensors``, ``classifier.json``, ``tokenizer.json``: what ``recipes/lrc_bert.py
   --teacher`` and ``contrastive-export --format hf`` read), and ``results.json`` (the task and
   the latest dev metrics of the GLUE evaluator).
@@ -31,10 +32,12 @@ from torch import nn
 
 from contrastive.engine.monitor import encoder_of
 from contrastive.records import (
+    CLASSIFIER_FILE,
     CLIP_FILE,
     ENCODER_FILE,
+    MODEL_DIR,
+    RESULTS_FILE,
     SENTENCE_CONFIG,
-    SENTENCE_MODEL_DIR,
     EncoderRecord,
     RecordError,
     save_clip_record,
@@ -145,18 +148,18 @@ class SentenceModelArtefacts:
         config = {"method": type(module).__name__.lower(), "recipe": recipe, "step": step,
                   "temperature": getattr(module, "temperature", None),
                   "mode": getattr(cfg, "mode", None)}
-        return save_sentence_model(out / SENTENCE_MODEL_DIR, make(), self.adapter.tokenizer,
+        return save_sentence_model(out / MODEL_DIR, make(), self.adapter.tokenizer,
                                    config)
 
     def step_of(self, out: Path) -> int | None:
-        return sentence_model_step(out / SENTENCE_MODEL_DIR)
+        return sentence_model_step(out / MODEL_DIR)
 
     def main_file(self, out: Path) -> Path:
-        return out / SENTENCE_MODEL_DIR / SENTENCE_CONFIG
+        return out / MODEL_DIR / SENTENCE_CONFIG
 
 
 class ClassifierArtefacts:
-    """``model/`` (:func:`~contrastive.methods.text_classifier.save_classifier` of the method
+    """``model/`` (:func:`~contrastive.eval.classifier_folder.save_classifier` of the method
     as a classifier, :func:`~contrastive.methods.text_classifier.as_classifier`: a fine-tuned
     teacher, or an LRC-BERT student with its prediction layer) with the training tokenizer, and
     ``results.json``: ``{"task", "step", "dev"}`` (the GLUE evaluator's latest metrics; the end
@@ -169,11 +172,8 @@ class ClassifierArtefacts:
         self.adapter = adapter
 
     def write(self, out: Path, cfg: Any, module: nn.Module, recipe: str, step: int) -> Path:
-        from contrastive.methods.text_classifier import (
-            CLASSIFIER_FILE,
-            as_classifier,
-            save_classifier,
-        )
+        from contrastive.eval.classifier_folder import save_classifier
+        from contrastive.methods.text_classifier import as_classifier
 
         a = self.adapter
         dev = a.evaluator.last if a.evaluator is not None else None
@@ -189,8 +189,8 @@ class ClassifierArtefacts:
             result["teacher_dev"] = json.loads(meta.read_text()).get("dev") \
                 if meta.is_file() else None
         out.mkdir(parents=True, exist_ok=True)
-        save_classifier(out / "model", as_classifier(module), a.tokenizer, **info)
-        (out / "results.json").write_text(json.dumps(result, indent=1))
+        save_classifier(out / MODEL_DIR, as_classifier(module), a.tokenizer, **info)
+        (out / RESULTS_FILE).write_text(json.dumps(result, indent=1))
         return self.main_file(out)
 
     def step_of(self, out: Path) -> int | None:
@@ -201,4 +201,4 @@ class ClassifierArtefacts:
         return step if isinstance(step, int) else None
 
     def main_file(self, out: Path) -> Path:
-        return out / "model" / "classifier.json"
+        return out / MODEL_DIR / CLASSIFIER_FILE

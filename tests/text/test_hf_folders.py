@@ -16,14 +16,12 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from contrastive.data.text_tasks import generated_tokenizer  # noqa: E402
+from contrastive.eval.classifier_folder import save_classifier  # noqa: E402
+from contrastive.eval.export_text import export_classifier, export_sentence_encoder  # noqa: E402
 from contrastive.eval.sts import evaluate_sts, load_sts_pairs  # noqa: E402
 from contrastive.eval.sts import main as sts_main  # noqa: E402
-from contrastive.methods.text_classifier import TextClassifier, save_classifier  # noqa: E402
-from contrastive.nn.hf_folders import (  # noqa: E402
-    export_classifier,
-    export_sentence_encoder,
-    read_sentence_pooling,
-)
+from contrastive.methods.text_classifier import TextClassifier  # noqa: E402
+from contrastive.nn.hf_folders import read_sentence_pooling  # noqa: E402
 from contrastive.nn.text_encoders import TextEncoder, build_text_encoder  # noqa: E402
 
 SENTENCES = ["the film was great , not dull", "an awful plot", "moving and warm , a fine cast"]
