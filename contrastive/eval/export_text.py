@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,8 @@ from contrastive.nn.text_encoders import TextEncoder
 from contrastive.optional_deps import require
 from contrastive.records import CLASSIFIER_FILE, SENTENCE_CONFIG
 
-__all__ = ["TEXT_FORMATS", "export_classifier", "export_folder", "export_sentence_encoder"]
+__all__ = ["TEXT_FORMATS", "export_classifier", "export_folder", "export_sentence_encoder",
+           "save_sentence_model", "write_classifier"]
 
 log = logging.getLogger(__name__)
 
@@ -89,21 +91,37 @@ def _check_close(ours: Tensor, theirs: Tensor, what: str, folder: Path) -> None:
 @torch.no_grad()
 def export_classifier(model: Any, folder: str | Path, tokenizer: Any = None, *,
                       head: bool = True, label_names: Sequence[str] | None = None) -> Path:
-    """Write a :class:`~contrastive.methods.text_classifier.TextClassifier` as a Hugging Face folder.
+    """Write a :class:`~contrastive.methods.text_classifier.TextClassifier` as a Hugging Face folder
+    (:func:`write_classifier`) and check it.
 
     Args:
         model: the classifier (teacher or distilled student).
         folder: created if needed; ``config.json``, ``model.safetensors`` (+ tokenizer files).
         tokenizer: a :class:`~contrastive.data.tokenizer.TextTokenizer` to save with it.
         head: also the prediction layer, as ``*ForSequenceClassification`` (needs ``pooler``
-            pooling and a pooler + dropout + linear head class); False: the encoder only.
+            pooling and a pooler + dropout + linear head class; refused otherwise); False: the
+            encoder only.
         label_names: ``id2label`` of the config (default ``LABEL_0``...).
 
     The folder is read back with ``AutoModel`` (and ``AutoModelForSequenceClassification``)
     and compared with ``model`` on a probe batch (1e-5) before this returns.
     """
-    transformers = require("transformers", "Hugging Face export")
     out = Path(folder)
+    write_classifier(model, out, tokenizer, head=head, label_names=label_names)
+    _verify_classifier(model, out, head)
+    log.info("exported %s to %s (%s)", type(model).__name__, out,
+             "AutoModelForSequenceClassification" if head else "AutoModel, encoder only")
+    return out
+
+
+@torch.no_grad()
+def write_classifier(model: Any, folder: Path, tokenizer: Any = None, *, head: bool | None,
+                     label_names: Sequence[str] | None = None) -> bool:
+    """The files of :func:`export_classifier`, unchecked; ``head=None``: with the head when it
+    maps one to one (``pooler`` pooling and a linear head class), else the encoder only.
+    Returns whether the head was written. Draws no random numbers (the Hugging Face model is
+    built under a forked generator: a run writing its best model continues unchanged)."""
+    transformers = require("transformers", "Hugging Face export")
     encoder: TextEncoder = model.encoder
     base: Any = encoder.model  # a transformers PreTrainedModel
     state = {k: v.detach().cpu() for k, v in base.state_dict().items()}
@@ -112,37 +130,40 @@ def export_classifier(model: Any, folder: str | Path, tokenizer: Any = None, *,
                          "AutoModelForSequenceClassification reads the pooler; export the "
                          "encoder only (head=False / --encoder-only)")
     config = base.config.__class__.from_dict(base.config.to_dict())
-    if head:
-        config.num_labels = model.num_labels
-        config.problem_type = ("regression" if model.regression
-                               else "single_label_classification")
-        config.classifier_dropout = float(getattr(model.dropout, "p", 0.0))
-        if label_names is not None:
-            if len(label_names) != model.num_labels:
-                raise ValueError(f"export: {len(label_names)} label names for "
-                                 f"{model.num_labels} outputs")
-            config.id2label = dict(enumerate(label_names))
-            config.label2id = {n: i for i, n in enumerate(label_names)}
-        hf = transformers.AutoModelForSequenceClassification.from_config(config)
-        classifier = getattr(hf, "classifier", None)
-        if not isinstance(classifier, torch.nn.Linear):
-            raise ValueError(f"export: {type(hf).__name__}'s head is not the pooler + linear "
-                             "layer ours is; export the encoder only (head=False / "
-                             "--encoder-only)")
-        hf.base_model.load_state_dict(state, strict=True)
-        classifier.load_state_dict({k: v.detach().cpu() for k, v in
-                                    model.head.state_dict().items()})
-    else:
-        config.architectures = [type(base).__name__]
-        hf = transformers.AutoModel.from_config(config)
-        hf.load_state_dict(state, strict=True)
-    hf.save_pretrained(str(out), safe_serialization=True)
+    hf: Any = None
+    with torch.random.fork_rng(devices=[]):
+        if head is not False and encoder.pooling == "pooler":
+            config.num_labels = model.num_labels
+            config.problem_type = ("regression" if model.regression
+                                   else "single_label_classification")
+            config.classifier_dropout = float(getattr(model.dropout, "p", 0.0))
+            if label_names is not None:
+                if len(label_names) != model.num_labels:
+                    raise ValueError(f"export: {len(label_names)} label names for "
+                                     f"{model.num_labels} outputs")
+                config.id2label = dict(enumerate(label_names))
+                config.label2id = {n: i for i, n in enumerate(label_names)}
+            hf = transformers.AutoModelForSequenceClassification.from_config(config)
+            classifier = getattr(hf, "classifier", None)
+            if isinstance(classifier, torch.nn.Linear):
+                hf.base_model.load_state_dict(state, strict=True)
+                classifier.load_state_dict({k: v.detach().cpu() for k, v in
+                                            model.head.state_dict().items()})
+            elif head:
+                raise ValueError(f"export: {type(hf).__name__}'s head is not the pooler + "
+                                 "linear layer ours is; export the encoder only (head=False / "
+                                 "--encoder-only)")
+            else:
+                hf = None
+        if hf is None:
+            config = base.config.__class__.from_dict(base.config.to_dict())
+            config.architectures = [type(base).__name__]
+            hf = transformers.AutoModel.from_config(config)
+            hf.load_state_dict(state, strict=True)
+    hf.save_pretrained(str(folder), safe_serialization=True)
     if tokenizer is not None:
-        _tokenizer_files(out, tokenizer)
-    _verify_classifier(model, out, head)
-    log.info("exported %s to %s (%s)", type(model).__name__, out,
-             "AutoModelForSequenceClassification" if head else "AutoModel, encoder only")
-    return out
+        _tokenizer_files(folder, tokenizer)
+    return hf.base_model is not hf
 
 
 def _load_back(cls: Any, folder: Path) -> Any:
@@ -173,7 +194,8 @@ def _verify_classifier(model: Any, folder: Path, head: bool) -> None:
 
 @torch.no_grad()
 def export_sentence_encoder(encoder: TextEncoder, folder: str | Path, tokenizer: Any, *,
-                            normalize: bool = False, max_seq_length: int | None = None) -> Path:
+                            normalize: bool = False, max_seq_length: int | None = None,
+                            verify: bool = True) -> Path:
     """Write ``encoder`` with its pooling as a folder ``SentenceTransformer(folder)`` loads.
 
     Args:
@@ -184,7 +206,10 @@ def export_sentence_encoder(encoder: TextEncoder, folder: str | Path, tokenizer:
         normalize: add a ``Normalize`` module (unit-length embeddings; cosine scores unchanged).
         max_seq_length: ``sentence_bert_config.json``'s (default: the tokenizer's max_length).
 
-    Read back with :func:`read_sentence_pooling` and compared with ``encoder`` before returning.
+        verify: read back with :func:`read_sentence_pooling` and compared with ``encoder``
+            before returning (a run's own ``model/``, :func:`save_sentence_model`, is not: its
+            writer is this one, checked by the tests, and the check would run on the CPU beside
+            a model training on an accelerator).
     """
     from safetensors.torch import save_file
 
@@ -229,9 +254,27 @@ def export_sentence_encoder(encoder: TextEncoder, folder: str | Path, tokenizer:
         {"__version__": {"pytorch": torch.__version__}, "prompts": {},
          "default_prompt_name": None, "similarity_fn_name": "cosine"}, indent=1),
         encoding="utf-8")
-    _verify_sentence_folder(encoder, out)
-    log.info("exported a sentence encoder (%s pooling) to %s", encoder.pooling, out)
+    if verify:
+        _verify_sentence_folder(encoder, out)
+        log.info("exported a sentence encoder (%s pooling) to %s", encoder.pooling, out)
     return out
+
+
+def save_sentence_model(folder: str | Path, encoder: TextEncoder, tokenizer: Any,
+                        config: Mapping[str, Any]) -> Path:
+    """A text run's ``model/``: ``encoder`` as a sentence-transformers folder
+    (:func:`export_sentence_encoder`: ``SentenceTransformer(folder)`` embeds as ``encoder``
+    does; ``AutoModel`` and ``create_encoder("hf:FOLDER")`` read the Hugging Face files) and
+    :data:`~contrastive.records.SENTENCE_CONFIG`, ``{"pooling": encoder.pooling, **config}``
+    (plain values, which those libraries ignore; ``contrastive-sts-eval`` reads its pooling),
+    written last and atomically so that its ``step`` marks a complete folder. Returns its
+    path."""
+    out = export_sentence_encoder(encoder, folder, tokenizer, verify=False)
+    text = json.dumps({"pooling": encoder.pooling, **config}, indent=1)
+    tmp = out / (SENTENCE_CONFIG + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, out / SENTENCE_CONFIG)
+    return out / SENTENCE_CONFIG
 
 
 def _verify_sentence_folder(encoder: TextEncoder, folder: Path) -> None:
