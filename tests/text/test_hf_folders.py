@@ -361,3 +361,25 @@ def test_classifier_without_pooler_head_saves_the_encoder_and_its_head_beside(to
                                    model.predict(batch), atol=0, rtol=0)
     save_classifier(folder, TextClassifier(_encoder(tok), 3), tok)
     assert not (folder / "classifier_head.safetensors").is_file()
+
+
+def test_classifier_whose_hf_head_is_not_linear_saves_the_encoder(tok, tmp_path: Path):
+    """RoBERTa has a pooler (ours pools with it) but RobertaForSequenceClassification's head is
+    dense + tanh + linear on <s>, not ours: the run's folder falls back to the encoder and our
+    head beside it, and still loads exactly; the export with the head is refused."""
+    from contrastive.eval.classifier_folder import load_classifier
+
+    torch.manual_seed(0)
+    config = transformers.RobertaConfig(vocab_size=tok.vocab_size, hidden_size=32,
+                                        num_hidden_layers=1, num_attention_heads=2,
+                                        intermediate_size=64, max_position_embeddings=80)
+    model = TextClassifier(TextEncoder(transformers.RobertaModel(config)), 2).eval()
+    assert model.encoder.pooling == "pooler"
+    folder = save_classifier(tmp_path / "m", model, tok)
+    assert json.loads((folder / "classifier.json").read_text())["layout"] == "encoder"
+    batch = {k: v for k, v in tok(SENTENCES).items() if k != "token_type_ids"}
+    with torch.no_grad():
+        torch.testing.assert_close(load_classifier(folder)[0].eval().predict(batch),
+                                   model.predict(batch), atol=0, rtol=0)
+    with pytest.raises(ValueError, match="not the pooler \\+ linear"):
+        export_classifier(model, tmp_path / "x", tok)
