@@ -274,7 +274,8 @@ def score_on_dev(run: Run, root: Path) -> dict[str, float]:
 
     from contrastive.data.text_tasks import load_task
     from contrastive.data.tokenizer import load_tokenizer
-    from contrastive.methods.text_classifier import evaluate, load_classifier
+    from contrastive.eval.classifier_folder import load_classifier
+    from contrastive.eval.glue import evaluate
 
     task = run.meta["task"]
     rows, held = split_sizes(task, GLUE)
@@ -648,7 +649,8 @@ def teacher_targets(root: Path, tasks: tuple[str, ...] = TASKS,
     """Each trained teacher's targets on the rows its students train on (drawn as the recipes
     draw them): its accuracy there and :func:`target_softness` at each temperature."""
     from contrastive.data.tokenizer import load_tokenizer
-    from contrastive.methods.text_classifier import load_classifier, predict_all
+    from contrastive.eval.classifier_folder import load_classifier
+    from contrastive.eval.glue import predict_all
 
     out: dict[str, Any] = {}
     for task in tasks:

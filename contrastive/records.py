@@ -24,9 +24,13 @@ The run folder (``--output-dir``)::
     run_state.json         running / stopped / completed / failed
     encoder.pt             the record above (written at the end of a run)
     clip.pt, tokenizer/    image-text runs: the whole model (:func:`save_clip_record`)
-    model/                 text runs: a Hugging Face model folder (config.json,
-                           model.safetensors, tokenizer.json) and simcse.json, its evaluation
-                           pooling and step (:func:`save_sentence_model`)
+    model/                 text runs: a Hugging Face and sentence-transformers folder
+                           (config.json, model.safetensors, tokenizer files, modules.json,
+                           1_Pooling/) and simcse.json, its evaluation pooling and step
+                           (:func:`contrastive.eval.export_text.save_sentence_model`);
+                           labelled-text runs: a Hugging Face classifier folder and
+                           classifier.json (:mod:`contrastive.eval.classifier_folder`)
+    results.json           labelled-text runs: the task and the latest dev metrics
     best/                  ``--keep-best``: the same artefacts at the best evaluation
     checkpoints/step_<8 digits>/   a complete checkpoint has ``meta.json`` (written last)
     trackers.json          ``--report-to``: the trackers' run ids, which a resume continues
@@ -51,8 +55,9 @@ __all__ = [
     "ENCODER_FILE", "CONFIG_FILE", "CHECKPOINTS", "META", "MODEL_FILE", "SCHEMA", "STEP_PREFIX",
     "EncoderRecord", "RecordError", "step_dir_name", "complete_checkpoints", "find_latest",
     "resolve_run_path", "encoder_fields_from_config", "CLIP_FILE", "TOKENIZER_DIR",
-    "BEST_DIR", "save_clip_record", "load_clip_record", "SENTENCE_MODEL_DIR", "SENTENCE_CONFIG",
-    "save_sentence_model", "sentence_model_step", "TRACKERS_FILE", "TENSORBOARD_DIR",
+    "BEST_DIR", "save_clip_record", "load_clip_record", "MODEL_DIR", "SENTENCE_CONFIG",
+    "CLASSIFIER_FILE", "CLASSIFIER_HEAD_FILE", "RESULTS_FILE",
+    "sentence_model_step", "TRACKERS_FILE", "TENSORBOARD_DIR",
 ]
 
 ENCODER_FILE = "encoder.pt"
@@ -65,8 +70,11 @@ SCHEMA = 1
 CLIP_FILE = "clip.pt"
 TOKENIZER_DIR = "tokenizer"
 BEST_DIR = "best"
-SENTENCE_MODEL_DIR = "model"  # text runs: a Hugging Face folder
+MODEL_DIR = "model"  # text runs: a Hugging Face folder
 SENTENCE_CONFIG = "simcse.json"  # in it: the evaluation pooling (contrastive-sts-eval reads it)
+CLASSIFIER_FILE = "classifier.json"  # in a classifier's model/: sizes, labels, task, step
+CLASSIFIER_HEAD_FILE = "classifier_head.safetensors"  # its prediction layer, when HF has none
+RESULTS_FILE = "results.json"  # labelled-text runs: the task and the latest dev metrics
 TRACKERS_FILE = "trackers.json"  # --report-to: the tracker runs a resume continues
 TENSORBOARD_DIR = "tensorboard"  # --report-to tensorboard: event files in <run>/tensorboard/<recipe>
 STEP_PREFIX = "step_"  # checkpoints/step_<8 digits>; saves in progress: .tmp-step_<8 digits>
@@ -276,25 +284,6 @@ def load_clip_record(folder: str | Path) -> tuple[dict[str, Tensor], dict[str, A
 
 # ----------------------------------------------------------------------------------------------
 # text runs: model/ (a Hugging Face folder) with simcse.json
-
-
-def save_sentence_model(folder: str | Path, encoder: Any, tokenizer: Any,
-                        config: Mapping[str, Any]) -> Path:
-    """Write a sentence encoder as a Hugging Face folder: ``encoder.model.save_pretrained``
-    (``config.json``, ``model.safetensors``), the tokenizer (``tokenizer.json``) and
-    :data:`SENTENCE_CONFIG` (``{"pooling": encoder.pooling, **config}``, plain values; written
-    last and atomically, so its ``step`` marks a complete folder). ``create_encoder("hf:FOLDER")``
-    and ``contrastive-sts-eval --model FOLDER`` read it. Returns the :data:`SENTENCE_CONFIG`
-    path."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    encoder.model.save_pretrained(folder, safe_serialization=True)
-    tokenizer.save(folder)
-    text = json.dumps({"pooling": encoder.pooling, **config}, indent=1)
-    tmp = folder / (SENTENCE_CONFIG + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, folder / SENTENCE_CONFIG)
-    return folder / SENTENCE_CONFIG
 
 
 def sentence_model_step(folder: str | Path) -> int | None:

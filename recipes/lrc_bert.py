@@ -29,7 +29,7 @@ Training is the engine's, as ``recipes/bert_finetune.py``'s (every engine flag: 
 folder). Evaluation: the student's official GLUE dev metric (``glue_*`` in ``metrics.jsonl``,
 ``--eval-every``, ``--keep-best glue_score``). Output: the engine's run folder plus ``model/``
 (the student and its prediction layer as a classifier folder, loadable with
-:func:`contrastive.methods.text_classifier.load_classifier`, exportable with
+:func:`contrastive.eval.classifier_folder.load_classifier`, exportable with
 ``contrastive-export --format hf``) and ``results.json`` (dev metrics, the teacher's beside).
 Not included: the paper's pre-training-stage distillation and its augmented training data.
 """
@@ -126,7 +126,7 @@ def make() -> tuple[type[LRCBertConfig], Any, LabelledTextAdapter]:
 def load_teacher(cfg: LRCBertConfig, adapter: LabelledTextAdapter, teacher: Any = None) -> Any:
     """The teacher classifier of ``--teacher`` (or ``teacher``), checked against the task's
     labels (``adapter.prepare`` read the task)."""
-    from contrastive.methods.text_classifier import load_classifier
+    from contrastive.eval.classifier_folder import load_classifier
 
     if teacher is None:
         teacher, _ = load_classifier(cfg.teacher)
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> Any:
     :func:`~contrastive.engine.cli`) and train; returns the
     :class:`~contrastive.engine.TrainResult`."""
     from contrastive.data.text_tasks import check_task
-    from contrastive.methods.text_classifier import load_classifier
+    from contrastive.eval.classifier_folder import load_classifier
 
     cls, build_method, adapter = make()
     cfg = parse_config(cls, argv, prog="lrc_bert.py")

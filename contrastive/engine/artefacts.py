@@ -9,13 +9,15 @@ which evaluation reads):
   ``contrastive-zeroshot`` reads) and the image tower's ``encoder.pt`` (for the linear probe and
   kNN tools);
 - :class:`SentenceModelArtefacts` (text runs): ``model/``, the method's sentence encoder as a
-  Hugging Face folder with its tokenizer and ``simcse.json`` (evaluation pooling, step), which
-  ``contrastive-sts-eval`` and ``create_encoder("hf:...")`` read;
+  sentence-transformers folder (``SentenceTransformer(run/model)``; its Hugging Face files are
+  what ``create_encoder("hf:...")`` reads) with ``simcse.json`` (evaluation pooling, step),
+  which ``contrastive-sts-eval`` reads;
 - :class:`ClassifierArtefacts` (labelled-text runs: fine-tuning, LRC-BERT): ``model/``, the
-  method as a :class:`~contrastive.methods.text_classifier.TextClassifier` folder
-  (``model.safetensors``, ``classifier.json``, ``tokenizer.json``: what ``recipes/lrc_bert.py
-  --teacher`` and ``contrastive-export --format hf`` read), and ``results.json`` (the task and
-  the latest dev metrics of the GLUE evaluator).
+  method as a :class:`~contrastive.methods.text_classifier.TextClassifier` in a Hugging Face
+  folder (:mod:`contrastive.eval.classifier_folder`: ``AutoModelForSequenceClassification``
+  opens it, our metadata in ``classifier.json``; what ``recipes/lrc_bert.py --teacher`` and
+  ``contrastive-export --format hf`` read), and ``results.json`` (the task and the latest dev
+  metrics of the GLUE evaluator).
 
 ``write(out, cfg, module, recipe, step)`` returns the main file; ``step_of(out)`` the step it
 was written at (None when absent or unreadable: a requeued finished run rewrites it).
@@ -31,14 +33,15 @@ from torch import nn
 
 from contrastive.engine.monitor import encoder_of
 from contrastive.records import (
+    CLASSIFIER_FILE,
     CLIP_FILE,
     ENCODER_FILE,
+    MODEL_DIR,
+    RESULTS_FILE,
     SENTENCE_CONFIG,
-    SENTENCE_MODEL_DIR,
     EncoderRecord,
     RecordError,
     save_clip_record,
-    save_sentence_model,
     sentence_model_step,
 )
 
@@ -145,18 +148,20 @@ class SentenceModelArtefacts:
         config = {"method": type(module).__name__.lower(), "recipe": recipe, "step": step,
                   "temperature": getattr(module, "temperature", None),
                   "mode": getattr(cfg, "mode", None)}
-        return save_sentence_model(out / SENTENCE_MODEL_DIR, make(), self.adapter.tokenizer,
+        from contrastive.eval.export_text import save_sentence_model
+
+        return save_sentence_model(out / MODEL_DIR, make(), self.adapter.tokenizer,
                                    config)
 
     def step_of(self, out: Path) -> int | None:
-        return sentence_model_step(out / SENTENCE_MODEL_DIR)
+        return sentence_model_step(out / MODEL_DIR)
 
     def main_file(self, out: Path) -> Path:
-        return out / SENTENCE_MODEL_DIR / SENTENCE_CONFIG
+        return out / MODEL_DIR / SENTENCE_CONFIG
 
 
 class ClassifierArtefacts:
-    """``model/`` (:func:`~contrastive.methods.text_classifier.save_classifier` of the method
+    """``model/`` (:func:`~contrastive.eval.classifier_folder.save_classifier` of the method
     as a classifier, :func:`~contrastive.methods.text_classifier.as_classifier`: a fine-tuned
     teacher, or an LRC-BERT student with its prediction layer) with the training tokenizer, and
     ``results.json``: ``{"task", "step", "dev"}`` (the GLUE evaluator's latest metrics; the end
@@ -169,11 +174,9 @@ class ClassifierArtefacts:
         self.adapter = adapter
 
     def write(self, out: Path, cfg: Any, module: nn.Module, recipe: str, step: int) -> Path:
-        from contrastive.methods.text_classifier import (
-            CLASSIFIER_FILE,
-            as_classifier,
-            save_classifier,
-        )
+        from contrastive.data.glue import GLUE_TASKS
+        from contrastive.eval.classifier_folder import save_classifier
+        from contrastive.methods.text_classifier import as_classifier
 
         a = self.adapter
         dev = a.evaluator.last if a.evaluator is not None else None
@@ -189,8 +192,11 @@ class ClassifierArtefacts:
             result["teacher_dev"] = json.loads(meta.read_text()).get("dev") \
                 if meta.is_file() else None
         out.mkdir(parents=True, exist_ok=True)
-        save_classifier(out / "model", as_classifier(module), a.tokenizer, **info)
-        (out / "results.json").write_text(json.dumps(result, indent=1))
+        labels = getattr(GLUE_TASKS.get(a.task.metric_task), "label_names", None)
+        save_classifier(out / MODEL_DIR, as_classifier(module), a.tokenizer,
+                        label_names=labels if labels and len(labels) == a.task.num_labels
+                        else None, **info)
+        (out / RESULTS_FILE).write_text(json.dumps(result, indent=1))
         return self.main_file(out)
 
     def step_of(self, out: Path) -> int | None:
@@ -201,4 +207,4 @@ class ClassifierArtefacts:
         return step if isinstance(step, int) else None
 
     def main_file(self, out: Path) -> Path:
-        return out / "model" / "classifier.json"
+        return out / MODEL_DIR / CLASSIFIER_FILE

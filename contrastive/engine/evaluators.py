@@ -213,7 +213,7 @@ class GlueEvaluator:
         import sklearn.metrics  # noqa: F401
 
     def __call__(self, module: nn.Module, accelerator: Any) -> dict[str, float]:
-        from contrastive.methods.text_classifier import evaluate
+        from contrastive.eval.glue import evaluate
 
         res = evaluate(module, self.dataset, self.tokenizer, self.task,
                        batch_size=self.batch_size)

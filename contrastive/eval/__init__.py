@@ -10,6 +10,10 @@ Modules (names are resolved lazily, so ``import contrastive.eval.knn`` stays lig
 - :mod:`~contrastive.eval.checkpoint`: our encoder.pt / run / accelerate checkpoints, official
   MoCo / MoCo v3 checkpoints, timm / torchvision names; strict loading with clear errors.
 - :mod:`~contrastive.eval.export`: weights under timm / torchvision key names.
+- :mod:`~contrastive.eval.export_text`: text models as Hugging Face / sentence-transformers
+  folders (``contrastive-export --format hf|sentence-transformers``, a text run's ``model/``).
+- :mod:`~contrastive.eval.classifier_folder`: a fine-tuned classifier's folder, saved and loaded.
+- :mod:`~contrastive.eval.glue`: GLUE scoring of a text model; :mod:`~contrastive.eval.sts`: STS.
 - :mod:`~contrastive.eval.runner`: whole evaluations from a ``--data`` spec.
 - :mod:`~contrastive.eval.plot`: training curves and t-SNE maps (matplotlib, scikit-learn).
 - :mod:`~contrastive.eval.zeroshot`: CLIP zero-shot classification (prompt templates) and

@@ -213,7 +213,7 @@ def export_main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     _setup_logging()
     if args.format in ("hf", "sentence-transformers"):
-        from contrastive.nn.hf_folders import export_folder
+        from contrastive.eval.export_text import export_folder
 
         try:
             how = export_folder(args.checkpoint, args.out, args.format,

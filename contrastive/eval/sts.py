@@ -31,14 +31,10 @@ from torch import Tensor, nn
 
 from contrastive.records import SENTENCE_CONFIG
 
-__all__ = ["SIMCSE_CONFIG", "embed_texts", "evaluate_sts", "load_sts_pairs", "main",
+__all__ = ["embed_texts", "evaluate_sts", "load_sts_pairs", "main",
            "sts_correlation"]
 
 log = logging.getLogger(__name__)
-
-SIMCSE_CONFIG = SENTENCE_CONFIG
-"""File in an exported model folder naming its evaluation pooling (written by recipes/simcse.py
-through :func:`contrastive.records.save_sentence_model`; the name's one home is there)."""
 
 EmbedFn = Callable[..., Tensor]
 
@@ -157,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "folder / a TSV file in its layout (default: generated)")
     p.add_argument("--split", default="dev", help="GLUE split (dev; test has no scores)")
     p.add_argument("--pooling", default=None, choices=("auto", "pooler", "cls", "mean", "max"),
-                   help=f"sentence embedding; default: the folder's {SIMCSE_CONFIG}, else a "
+                   help=f"sentence embedding; default: the folder's {SENTENCE_CONFIG}, else a "
                         "sentence-transformers folder's own pooling (1_Pooling/config.json), "
                         "else auto (the model's pooler when it has one, as SimCSE's 'cls' on "
                         "its released checkpoints; use cls for unsupervised SimCSE)")
@@ -178,9 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     folder = Path(args.model)
     pooling, why = args.pooling, "--pooling"
-    config = folder / SIMCSE_CONFIG
+    config = folder / SENTENCE_CONFIG
     if pooling is None and config.is_file():
-        pooling, why = json.loads(config.read_text(encoding="utf-8")).get("pooling"), SIMCSE_CONFIG
+        pooling, why = json.loads(config.read_text(encoding="utf-8")).get("pooling"), SENTENCE_CONFIG
     pipeline: SentencePooling | None = None
     if pooling is None:
         try:

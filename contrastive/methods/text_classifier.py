@@ -5,23 +5,16 @@ plus a prediction layer (dropout, then a linear map of the pooled output to ``nu
 logits, or to one score for a regression task such as STS-B), trained with cross-entropy
 (MSE for regression), as BERT is fine-tuned on GLUE (Devlin et al. 2019, section 4.1).
 
-A fine-tuned classifier is saved as a folder that loads without running code
-(:func:`save_classifier` / :func:`load_classifier`): ``model.safetensors`` (all weights),
-``classifier.json`` (sizes, labels, the encoder's ``transformers`` config) and
-``tokenizer.json`` (plain JSON, when a tokenizer is given).
-
-:func:`evaluate` scores any model with a ``predict(batch) -> logits`` on a data set with the
-official GLUE metric of its task (:func:`contrastive.data.glue.glue_metrics`).
+Evaluation's modules save and load a fine-tuned classifier as a folder that loads without
+running code (:mod:`contrastive.eval.classifier_folder`) and score any model with a
+``predict(batch) -> logits`` on GLUE (:mod:`contrastive.eval.glue`).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -35,17 +28,11 @@ __all__ = [
     "TEXT_KEYS",
     "TextClassifier",
     "as_classifier",
-    "evaluate",
-    "load_classifier",
-    "predict_all",
-    "save_classifier",
     "task_loss",
 ]
 
 TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels")
 """The batch a text method reads (what :meth:`TextTokenizer.collate` produces)."""
-
-CLASSIFIER_FILE, WEIGHTS_FILE = "classifier.json", "model.safetensors"
 
 
 def task_loss(logits: Tensor, labels: Tensor, regression: bool) -> Tensor:
@@ -125,71 +112,3 @@ def as_classifier(method: nn.Module) -> TextClassifier:
                                dropout=0.0)
     model.head = head
     return model
-
-
-def save_classifier(folder: str | Path, model: TextClassifier, tokenizer: Any = None,
-                    **info: Any) -> Path:
-    """Write ``model.safetensors``, ``classifier.json`` (+ ``tokenizer.json``) into ``folder``."""
-    from safetensors.torch import save_file
-
-    path = Path(folder)
-    path.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(path / WEIGHTS_FILE))
-    meta = {"num_labels": model.num_labels, "regression": model.regression,
-            "pooling": model.encoder.pooling, "encoder_config": model.encoder.config.to_dict(),
-            **info}
-    (path / CLASSIFIER_FILE).write_text(json.dumps(meta, indent=1))
-    if tokenizer is not None:
-        tokenizer.save(path)
-    return path
-
-
-def load_classifier(folder: str | Path) -> tuple[TextClassifier, dict[str, Any]]:
-    """A classifier saved by :func:`save_classifier` (safetensors + JSON: no code runs)."""
-    from safetensors.torch import load_file
-
-    from contrastive.optional_deps import require
-
-    path = Path(folder)
-    if not (path / CLASSIFIER_FILE).is_file() or not (path / WEIGHTS_FILE).is_file():
-        raise FileNotFoundError(f"load_classifier: {path} lacks {CLASSIFIER_FILE} or "
-                                f"{WEIGHTS_FILE}; make a teacher with recipes/bert_finetune.py")
-    meta = json.loads((path / CLASSIFIER_FILE).read_text(encoding="utf-8"))
-    transformers = require("transformers", "text encoders")
-    cfg = dict(meta["encoder_config"])
-    config = transformers.AutoConfig.for_model(cfg.pop("model_type", "bert"), **cfg)
-    encoder = TextEncoder(transformers.AutoModel.from_config(config), pooling=meta["pooling"])
-    model = TextClassifier(encoder, meta["num_labels"], regression=meta["regression"])
-    model.load_state_dict(load_file(str(path / WEIGHTS_FILE)))
-    return model, meta
-
-
-@torch.no_grad()
-def predict_all(model: nn.Module, dataset: Any, tokenizer: Any, *,
-                batch_size: int = 64) -> tuple[Tensor, Tensor]:
-    """``model.predict`` on every item of ``dataset`` (items ``{"text_a", ["text_b"],
-    "label"}``) in eval mode, in order: ``(logits (N, C) float32, labels (N,))`` on the CPU."""
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    preds, golds = [], []
-    try:
-        for start in range(0, len(dataset), batch_size):
-            items = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
-            batch = {k: v.to(device) for k, v in tokenizer.collate(items).items()}
-            preds.append(getattr(model, "predict")(batch).float().cpu())  # noqa: B009
-            golds.append(batch["labels"].cpu())
-    finally:
-        model.train(was_training)
-    return torch.cat(preds), torch.cat(golds)
-
-
-def evaluate(model: nn.Module, dataset: Any, tokenizer: Any, task: str, *,
-             batch_size: int = 64) -> dict[str, float]:
-    """The official metric of ``task`` (a GLUE name: ``sst2``, ``mnli``, ``stsb``, ...) of
-    ``model.predict`` on ``dataset`` (items ``{"text_a", ["text_b"], "label"}``), eval mode."""
-    from contrastive.data.glue import glue_metrics
-
-    preds, golds = predict_all(model, dataset, tokenizer, batch_size=batch_size)
-    return glue_metrics(task, preds.numpy(), np.asarray(golds.numpy()))

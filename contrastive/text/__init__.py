@@ -4,8 +4,7 @@ Nothing is defined here; each name lives in the layer it belongs to and is re-ex
 ``from contrastive.text import X`` keeps working:
 
 - encoders (:mod:`contrastive.nn.text_encoders`, the ``hf:`` and ``bert`` names of
-  ``create_encoder``) and Hugging Face / sentence-transformers folders
-  (:mod:`contrastive.nn.hf_folders`);
+  ``create_encoder``) and sentence-transformers pipelines (:mod:`contrastive.nn.hf_folders`);
 - tokenizers (:mod:`contrastive.data.tokenizer`), sentence batches
   (:mod:`contrastive.data.text_batches`), GLUE files and metrics (:mod:`contrastive.data.glue`),
   the generated text tasks (:mod:`contrastive.data.generated_text`) and task loading
@@ -13,7 +12,12 @@ Nothing is defined here; each name lives in the layer it belongs to and is re-ex
 - methods: :class:`~contrastive.methods.simcse.SimCSE`,
   :class:`~contrastive.methods.text_classifier.TextClassifier` (teacher fine-tuning and the
   cross-entropy student), :class:`~contrastive.methods.lrc_bert.LRCBert`;
-- evaluation: STS (:mod:`contrastive.eval.sts`, the ``contrastive-sts-eval`` command).
+- evaluation: STS (:mod:`contrastive.eval.sts`, the ``contrastive-sts-eval`` command), GLUE
+  scoring (:mod:`contrastive.eval.glue`) and export to Hugging Face / sentence-transformers
+  folders (:mod:`contrastive.eval.export_text`).
+
+It sits above :mod:`contrastive.eval` (the highest layer it re-exports) and below the engine:
+nothing under ``engine`` or lower imports it (CONTRIBUTING.md, "Layers").
 
 The optional ``text`` extra (``pip install -e ".[text]"``: ``transformers``, ``tokenizers``) is
 imported only by the features that need it (:mod:`contrastive.optional_deps`): GLUE reading /
@@ -56,13 +60,13 @@ _LAZY: dict[str, str] = {
     "load_tokenizer": "contrastive.data.tokenizer",
     "LRCBert": "contrastive.methods.lrc_bert",
     "TextClassifier": "contrastive.methods.text_classifier",
-    "evaluate": "contrastive.methods.text_classifier",
-    "load_classifier": "contrastive.methods.text_classifier",
-    "save_classifier": "contrastive.methods.text_classifier",
+    "evaluate": "contrastive.eval.glue",
+    "load_classifier": "contrastive.eval.classifier_folder",
+    "save_classifier": "contrastive.eval.classifier_folder",
     "load_task": "contrastive.data.text_tasks",
     "SentencePooling": "contrastive.nn.hf_folders",
-    "export_classifier": "contrastive.nn.hf_folders",
-    "export_sentence_encoder": "contrastive.nn.hf_folders",
+    "export_classifier": "contrastive.eval.export_text",
+    "export_sentence_encoder": "contrastive.eval.export_text",
     "read_sentence_pooling": "contrastive.nn.hf_folders",
 }
 

@@ -28,7 +28,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from contrastive.data.text_tasks import generated_tokenizer, load_task  # noqa: E402
-from contrastive.methods.text_classifier import TextClassifier, save_classifier  # noqa: E402
+from contrastive.eval.classifier_folder import save_classifier  # noqa: E402
+from contrastive.methods.text_classifier import TextClassifier  # noqa: E402
 from contrastive.nn.text_encoders import build_text_encoder  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))

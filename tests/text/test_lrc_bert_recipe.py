@@ -21,7 +21,8 @@ pytest.importorskip("tokenizers")
 
 from contrastive.data.text_tasks import generated_tokenizer, load_task  # noqa: E402
 from contrastive.engine import reset_accelerate_state  # noqa: E402
-from contrastive.methods.text_classifier import evaluate, load_classifier  # noqa: E402
+from contrastive.eval.classifier_folder import load_classifier  # noqa: E402
+from contrastive.eval.glue import evaluate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE = ["--log-every", "2", "--progress", "false", "--num-workers", "0", "--mixed-precision",
