@@ -48,6 +48,7 @@ from contrastive.engine import (
     bad_input,
     cli,
     help_field,
+    override,
     parse_config,
     run,
 )
@@ -61,7 +62,7 @@ class FinetuneConfig(LabelledTextConfig):
 
     model: str = help_field("bert", "bert (random weights from the sizes) | hf:FOLDER (a "
                             "checkpoint folder)")
-    intermediate_size: int = help_field(3072, "bert: feed-forward width (0 = 4 x hidden)")
+    intermediate_size: int = override(3072, "bert: feed-forward width (0 = 4 x hidden)")
 
 
 def model_folder(cfg: FinetuneConfig) -> str | None:

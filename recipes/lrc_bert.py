@@ -46,6 +46,7 @@ from contrastive.engine import (
     bad_input,
     cli,
     help_field,
+    override,
     parse_config,
     run,
 )
@@ -62,10 +63,10 @@ class LRCBertConfig(LabelledTextConfig):
                               "OUTPUT_DIR/model); required")
     student: str = help_field("bert", "bert (random weights from the sizes) | hf:FOLDER (a "
                               "pre-trained small model)")
-    layers: int = help_field(4, "bert student: layers (paper 4)")
-    hidden: int = help_field(312, "bert student: hidden size (paper 312)")
-    heads: int = help_field(12, "bert student: attention heads")
-    intermediate_size: int = help_field(1200, "bert student: feed-forward width (paper 1200)")
+    layers: int = override(4, "bert student: layers (paper 4)")
+    hidden: int = override(312, "bert student: hidden size (paper 312)")
+    heads: int = override(12, "bert student: attention heads")
+    intermediate_size: int = override(1200, "bert student: feed-forward width (paper 1200)")
     representation: str = help_field("tokens", "layer representation COS-NCE compares (see "
                                      "contrastive.methods.lrc_bert)", choices=REPRESENTATIONS)
     intermediate: str = help_field("cosnce", "intermediate-layer loss: cosnce (the paper) | mse "
@@ -84,9 +85,9 @@ class LRCBertConfig(LabelledTextConfig):
         1.0, "norm eps of the perturbation (paper 1, for 312-wide students; see "
         "benchmarks/results/lrc_bert.md for narrower ones)")
     temperature: float = help_field(1.1, "t of the soft loss (paper 1.1)")
-    batch_size: int = help_field(16, "GLOBAL examples per step (paper 16: K = 15 negatives)")
-    lr: float = help_field(5e-5, "peak AdamW learning rate, absolute")
-    ddp_find_unused_parameters: bool = help_field(
+    batch_size: int = override(16, "GLOBAL examples per step (paper 16: K = 15 negatives)")
+    lr: float = override(5e-5, "peak AdamW learning rate, absolute")
+    ddp_find_unused_parameters: bool = override(
         True, "DDP find_unused_parameters: stage 1 leaves the student's prediction layer unused")
 
     def validate(self) -> None:

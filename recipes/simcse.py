@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from contrastive.engine import TextAdapter, TextConfig, help_field, run
+from contrastive.engine import TextAdapter, TextConfig, help_field, override, run
 from contrastive.methods import SimCSE
 
 #: the method's keyword arguments in the paper's setting (the default --mode sup): the one home
@@ -64,17 +64,17 @@ class SimCSEConfig(TextConfig):
     """SimCSE, supervised or unsupervised (see the module docstring for the sources)."""
 
     mode: str = help_field("sup", "sup | unsup (presets of SimCSE)", choices=("sup", "unsup"))
-    data: str = help_field(
+    data: str = override(
         "generated", "generated | a SimCSE .csv/.tsv (sent0,sent1[,hard_neg]) | a .txt (one "
         "sentence a line). generated: sup = (premise, entailment, contradiction) triples, "
         "unsup = the premises alone")
     n_train: int = help_field(20000, "generated training examples")
     hard_negatives: bool = help_field(True, "generated sup data: keep the contradiction as the "
                                       "hard negative")
-    max_length: int = help_field(32, "tokens per sentence (paper 32)")
-    eval_every: int = help_field(250, "STS evaluation every N steps (paper 250; 0 = at the "
-                                 "end only)")
-    keep_best: str = help_field(
+    max_length: int = override(32, "tokens per sentence (paper 32)")
+    eval_every: int = override(250, "STS evaluation every N steps (paper 250; 0 = at the "
+                               "end only)")
+    keep_best: str = override(
         "sts_spearman", "keep the model at the best value of this evaluator metric in best/ "
         "(the official --metric_for_best_model stsb_spearman); empty = off")
     # model
@@ -91,19 +91,17 @@ class SimCSEConfig(TextConfig):
         choices=("cls", "cls_before_pooler", "avg"))
     temperature: float = help_field(PRESET["temperature"], "tau (paper 0.05)")
     # optimisation: the official train.py (Hugging Face Trainer defaults)
-    lr: float = help_field(0.0, "AdamW lr, absolute (0 = paper: sup 5e-5, unsup 3e-5)")
-    batch_size: int = help_field(0, "GLOBAL examples per step (0 = paper: sup 512, unsup 64)")
-    epochs: int = help_field(0, "epochs (0 = paper: sup 3, unsup 1)")
-    optimizer: str = help_field("adamw", "AdamW (the Hugging Face Trainer's)",
-                                choices=("sgd", "adamw", "lars"))
-    lr_scaling: str = help_field("none", "lr is absolute", choices=("linear", "sqrt", "none"))
-    lr_schedule: str = help_field("linear", "linear decay to 0 (the Trainer's default)",
-                                  choices=("cosine", "linear", "step", "constant"))
-    weight_decay: float = help_field(0.0, "AdamW weight decay (the Trainer's default 0)")
-    betas: tuple[float, float] = help_field((0.9, 0.999), "AdamW betas (the Trainer's)")
-    clip_grad_norm: float = help_field(1.0, "max gradient norm (the Trainer's 1.0; 0 = off)")
-    num_workers: int = help_field(0, "loader workers (tokenising is cheap: 0 = in the main "
-                                  "process)")
+    lr: float = override(0.0, "AdamW lr, absolute (0 = paper: sup 5e-5, unsup 3e-5)")
+    batch_size: int = override(0, "GLOBAL examples per step (0 = paper: sup 512, unsup 64)")
+    epochs: int = override(0, "epochs (0 = paper: sup 3, unsup 1)")
+    optimizer: str = override("adamw", "AdamW (the Hugging Face Trainer's)")
+    lr_scaling: str = override("none", "lr is absolute")
+    lr_schedule: str = override("linear", "linear decay to 0 (the Trainer's default)")
+    weight_decay: float = override(0.0, "AdamW weight decay (the Trainer's default 0)")
+    betas: tuple[float, float] = override((0.9, 0.999), "AdamW betas (the Trainer's)")
+    clip_grad_norm: float = override(1.0, "max gradient norm (the Trainer's 1.0; 0 = off)")
+    num_workers: int = override(0, "loader workers (tokenising is cheap: 0 = in the main "
+                                "process)")
     log_every: int = 50
 
     derived_fields: ClassVar[tuple[str, ...]] = ("lr", "batch_size", "epochs")

@@ -63,6 +63,7 @@ from contrastive.engine.config import (
     config_from_dict,
     config_to_dict,
     help_field,
+    override,
     parse_config,
 )
 from contrastive.engine.evaluators import Evaluator, GlueEvaluator
@@ -101,6 +102,7 @@ __all__ = [
     "cosine_lr",
     "find_latest",
     "help_field",
+    "override",
     "linear_lr",
     "lr_at",
     "model_signature",

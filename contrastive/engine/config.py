@@ -1,10 +1,12 @@
 """Training configuration: one dataclass, every field a command-line flag.
 
 A recipe subclasses :class:`RunConfig` (what every run has) or, on images, :class:`TrainConfig`
-(plus the image fields), sets the paper's values as defaults and adds the
-method's own fields; :func:`parse_config` turns the dataclass into an ``argparse`` parser where
-every field ``foo_bar`` is ``--foo-bar`` (``--foo_bar`` works too), ``--help`` lists each field
-with its default, and an unknown flag is an error that names the closest field.
+(plus the image fields), sets the paper's values as defaults (:func:`override`: a declared
+field's choices and help are kept, so each choice list has one home) and adds the method's own
+fields (:func:`help_field`); :func:`parse_config` turns the dataclass into an ``argparse``
+parser where every field ``foo_bar`` is ``--foo-bar`` (``--foo_bar`` works too), ``--help``
+lists each field with its default, and an unknown flag is an error that names the closest
+field.
 
 Field help comes from ``field(metadata={"help": ...})``; booleans take ``--flag`` /
 ``--no-flag`` or ``--flag true|false``; tuples take several values (``--lr-milestones 120 160``).
@@ -30,7 +32,8 @@ from contrastive.hardware import PRECISIONS
 
 __all__ = ["RunConfig", "TrainConfig", "ImageTextConfig", "TextRunConfig", "TextConfig",
            "LabelledTextConfig", "CifarConfig", "SCHEDULES", "parse_config",
-           "config_to_dict", "config_from_dict", "help_field", "parse_json_object"]
+           "config_to_dict", "config_from_dict", "help_field", "override", "field_options",
+           "parse_json_object"]
 
 C = TypeVar("C", bound="RunConfig")
 
@@ -39,10 +42,65 @@ SCHEDULES = ("cosine", "linear", "step", "constant")
 
 
 def help_field(default: Any, help: str, **kwargs: Any) -> Any:
-    """``dataclasses.field`` with a help text (shown by ``--help``)."""
+    """A new field: ``dataclasses.field`` with a help text (shown by ``--help``) and options
+    such as ``choices``. A subclass changes a field its base declares with :func:`override`."""
+    _check_default(default)
+    return field(default=default, metadata={"help": help, **kwargs})
+
+
+def override(default: Any, note: str = "", *, only: tuple[Any, ...] = (), why: str = "") -> Any:
+    """A subclass's default for a field that a base configuration declares, keeping the base's
+    choices and help (each choice list is written once, where the field is declared).
+
+    ``note`` says what the new default is (``--help`` shows it before the base's help). ``only``
+    narrows the choices to a subset, for a recipe that cannot run the others; ``why`` (required
+    with ``only``) says why, in ``--help``. A bare new
+    default (``batch_size: int = 128``) also keeps the base's choices and help.
+
+        lr_schedule: str = override("linear", "BERT's: linear decay to 0 after the warm-up")
+    """
+    _check_default(default)
+    if bool(only) != bool(why):
+        raise TypeError("override: narrowing the choices (only=...) needs why=..., the reason")
+    return field(default=default, metadata={"note": note, "only": tuple(only), "why": why})
+
+
+def _check_default(default: Any) -> None:
     if isinstance(default, (list, dict, set)):
         raise TypeError("use a tuple for sequence defaults (dataclass fields must be immutable)")
-    return field(default=default, metadata={"help": help, **kwargs})
+
+
+def field_options(cls: type, name: str) -> dict[str, Any]:
+    """The command-line options of field ``name`` of ``cls`` (``help``, ``choices``): those of
+    the class that declares it first, with each subclass's :func:`override` applied (its note
+    before the declared help, its narrowed choices and their reason). A subclass that declares
+    the field again with :func:`help_field` is refused: it would drop or copy the choices."""
+    options: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        f = vars(klass).get("__dataclass_fields__", {}).get(name)
+        if f is None or name not in vars(klass).get("__annotations__", {}):
+            continue  # klass inherits the field or does not have it
+        meta = dict(f.metadata)
+        if not options:
+            options = meta or {"help": ""}
+        elif "help" in meta:
+            raise TypeError(f"{klass.__qualname__}.{name} declares a field that a base "
+                            f"configuration declares: write `{name}: ... = override(default, "
+                            "note)`, which keeps its choices and help")
+        elif meta:
+            declared = options.get("declared_help", options["help"])
+            options["declared_help"] = declared
+            note = meta["note"].rstrip(".")
+            options["help"] = f"{note}. {declared}" if note else declared
+            if meta["only"]:
+                base = options.get("choices")
+                if base is not None and not set(meta["only"]) <= set(base):
+                    raise TypeError(f"{klass.__qualname__}.{name}: only={meta['only']} is not a "
+                                    f"subset of the declared choices {tuple(base)}")
+                options["choices"] = meta["only"]
+                options["help"] += f" (here only {' | '.join(map(str, meta['only']))}: " \
+                                   f"{meta['why']})"
+    return options
 
 
 @dataclass
@@ -334,7 +392,7 @@ class ImageTextConfig(RunConfig):
     options and crop size, and the zero-shot / retrieval evaluator's cadence. No augmentation,
     kNN or probe fields: the images are centre crops (captions name colour and position)."""
 
-    data: str = help_field(
+    data: str = override(
         "shapes-captions", "image-text data spec: shapes-captions[:n=..,size=..] | "
         "captions:ROOT (images + captions.tsv/.jsonl) | wds-captions:DIR (.jpg + .txt shards)")
     encoder: str = help_field("small_cnn", "image backbone name for create_encoder")
@@ -364,15 +422,14 @@ class DualEncoderConfig(ImageTextConfig):
     methods compare on the same budget) and the text tower's sizes. A recipe adds its loss's
     fields and builds its method from :meth:`tower_kwargs`."""
 
-    steps: int = help_field(300, "optimiser steps (the budget the schedule follows); "
-                            "--steps 0 --epochs N for an epoch budget")
+    steps: int = override(300, "optimiser steps (the budget the schedule follows); "
+                          "--steps 0 --epochs N for an epoch budget")
     batch_size: int = 128
-    optimizer: str = help_field("adamw", "AdamW with decoupled weight decay (CLIP)",
-                                choices=("sgd", "adamw", "lars"))
+    optimizer: str = override("adamw", "AdamW with decoupled weight decay (CLIP)")
     lr: float = 2e-3
-    lr_scaling: str = help_field("none", "lr is absolute", choices=("linear", "sqrt", "none"))
-    weight_decay: float = help_field(0.1, "CLIP uses 0.2 at scale; 0.1 at this size")
-    betas: tuple[float, float] = help_field((0.9, 0.98), "CLIP's AdamW betas")
+    lr_scaling: str = override("none", "lr is absolute")
+    weight_decay: float = override(0.1, "CLIP uses 0.2 at scale; 0.1 at this size")
+    betas: tuple[float, float] = override((0.9, 0.98), "CLIP's AdamW betas")
     warmup_steps: int = 50
     save_every_steps: int = 100
     num_workers: int = 0
@@ -424,8 +481,8 @@ class TextConfig(TextRunConfig):
     vocabulary trained on the training sentences) and the STS evaluator's pairs and cadence. No
     image fields. Recipes add their data and model fields."""
 
-    data: str = help_field("generated", "training text (the recipe says which forms it reads)")
-    tokenizer: str = help_field(
+    data: str = override("generated", "training text (the recipe says which forms it reads)")
+    tokenizer: str = override(
         "", "folder with tokenizer.json or vocab.txt; empty = train a WordPiece vocabulary on "
         "the training sentences (deterministic)")
     vocab_size: int = help_field(1000, "trained WordPiece vocabulary size")
@@ -434,7 +491,7 @@ class TextConfig(TextRunConfig):
         "generated | a GLUE STS-B folder or TSV | none")
     eval_split: str = help_field("dev", "STS-B split (dev; test has no scores)")
     n_eval: int = help_field(2000, "generated STS pairs (the test stream, --data-seed)")
-    eval_every: int = help_field(0, "STS evaluation every N optimiser steps (0 = at the end only)")
+    eval_every: int = override(0, "STS evaluation every N optimiser steps (0 = at the end only)")
 
     def validate(self) -> None:
         """The checks of every text run, and positive sizes."""
@@ -457,8 +514,8 @@ class LabelledTextConfig(TextRunConfig):
     is the task's official dev metric (``glue_*`` in metrics.jsonl). The recipes set the model
     flags' names and sizes."""
 
-    data: str = help_field("task", "the training data are --task's (and --glue-dir's)",
-                           choices=("task",))
+    data: str = override("task", "the training data are --task's (and --glue-dir's)",
+                         only=("task",), why="--task and --glue-dir name the data")
     task: str = help_field("generated", "a GLUE task (sst2, mnli, stsb, ...; with --glue-dir) "
                            "or generated | generated-nli | generated-sts")
     glue_dir: str = help_field("", "folder of the GLUE TSV files (glue_data: SST-2/, MNLI/ ...)")
@@ -471,7 +528,7 @@ class LabelledTextConfig(TextRunConfig):
     eval_on: str = help_field("dev", "what the GLUE evaluator scores: dev | held_out (the "
                               "held-out training rows: choose hyper-parameters there, report dev)",
                               choices=("dev", "held_out"))
-    tokenizer: str = help_field(
+    tokenizer: str = override(
         "", "folder with tokenizer.json or vocab.txt; empty = the model folder's, or the "
         "generated tasks' own WordPiece")
     layers: int = help_field(12, "bert (random init): layers")
@@ -483,23 +540,22 @@ class LabelledTextConfig(TextRunConfig):
         "a deeper model's layers, as DistilBERT's)")
     dropout: float = help_field(0.1, "dropout of a bert built here (hidden and attention) and "
                                 "of the prediction layer (BERT 0.1)")
-    eval_at_start: bool = help_field(False, "also evaluate before training")
+    eval_at_start: bool = override(False, "also evaluate before training")
     # BERT fine-tuning (Devlin et al. 2019; the Hugging Face Trainer's AdamW)
-    steps: int = help_field(1000, "optimiser steps (the budget; 0 = --epochs decide: "
-                            "--steps 0 --epochs N)")
-    batch_size: int = help_field(32, "GLOBAL examples per optimiser step")
-    optimizer: str = help_field("adamw", "AdamW (BERT's)", choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(2e-5, "peak AdamW learning rate, absolute")
-    lr_scaling: str = help_field("none", "lr is absolute", choices=("linear", "sqrt", "none"))
-    lr_schedule: str = help_field("linear", "linear decay to 0 after the warm-up (BERT's)",
-                                  choices=("cosine", "linear", "step", "constant"))
+    steps: int = override(1000, "optimiser steps (the budget; 0 = --epochs decide: "
+                          "--steps 0 --epochs N)")
+    batch_size: int = override(32, "GLOBAL examples per optimiser step")
+    optimizer: str = override("adamw", "AdamW (BERT's)")
+    lr: float = override(2e-5, "peak AdamW learning rate, absolute")
+    lr_scaling: str = override("none", "lr is absolute")
+    lr_schedule: str = override("linear", "linear decay to 0 after the warm-up (BERT's)")
     warmup_fraction: float = help_field(
         0.1, "linear warm-up over this fraction of the budget (sets --warmup-steps, or "
         "--warmup-epochs with an --epochs budget, when those are 0)")
-    weight_decay: float = help_field(0.01, "AdamW weight decay (none on biases and LayerNorm)")
-    clip_grad_norm: float = help_field(1.0, "max gradient norm (0 = off)")
-    num_workers: int = help_field(0, "loader workers (tokenising is cheap: 0 = in the main "
-                                  "process)")
+    weight_decay: float = override(0.01, "AdamW weight decay (none on biases and LayerNorm)")
+    clip_grad_norm: float = override(1.0, "max gradient norm (0 = off)")
+    num_workers: int = override(0, "loader workers (tokenising is cheap: 0 = in the main "
+                                "process)")
     log_every: int = 50
 
     derived_fields: ClassVar[tuple[str, ...]] = ("warmup_steps", "warmup_epochs")
@@ -573,8 +629,8 @@ class CifarConfig(TrainConfig):
     epochs: int = 1000
     batch_size: int = 256
     warmup_epochs: float = 10
-    lars_trust_coeff: float = help_field(0.02, "solo-learn: eta 0.02")
-    sync_bn: bool = help_field(True, "global BN across GPU processes")
+    lars_trust_coeff: float = override(0.02, "solo-learn: eta 0.02")
+    sync_bn: bool = override(True, "global BN across GPU processes")
     knn_every: int = 10
     crop_min: float = help_field(
         0.08, "RandomResizedCrop minimum scale of the two views (solo-learn's CIFAR "
@@ -607,15 +663,13 @@ class DIMConfig(TrainConfig):
     weight decay 0 is Adam exactly), batch 64, and the method's fields (MI units, estimator,
     local stage). ``recipes/dim_cifar.py`` and ``recipes/dim_stl.py`` add their data and views."""
 
-    batch_size: int = help_field(64, "the code's batch_size=64")
-    optimizer: str = help_field("adamw", "Adam: AdamW with --weight-decay 0 is Adam exactly",
-                                choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(1e-4, "absolute (--lr-scaling none): the code's learning_rate")
-    lr_scaling: str = help_field("none", "lr is absolute", choices=("linear", "sqrt", "none"))
-    lr_schedule: str = help_field("constant", "the code keeps the lr constant",
-                                  choices=("cosine", "step", "constant"))
-    weight_decay: float = help_field(0.0, "none in the code")
-    betas: tuple[float, float] = help_field((0.5, 0.999), "cortex's Adam betas")
+    batch_size: int = override(64, "the code's batch_size=64")
+    optimizer: str = override("adamw", "Adam: AdamW with --weight-decay 0 is Adam exactly")
+    lr: float = override(1e-4, "absolute (--lr-scaling none): the code's learning_rate")
+    lr_scaling: str = override("none", "lr is absolute")
+    lr_schedule: str = override("constant", "the code keeps the lr constant")
+    weight_decay: float = override(0.0, "none in the code")
+    betas: tuple[float, float] = override((0.5, 0.999), "cortex's Adam betas")
 
     mi_units: int = help_field(2048, "units of the MI networks (models/dim.py LocalDIM)")
     estimator: str = help_field("infonce", "MI estimator: infonce (the paper's best DIM(L)) or "
@@ -691,14 +745,15 @@ def _unwrap_optional(tp: Any) -> Any:
 
 
 def _add_field(parser: argparse.ArgumentParser, f: dataclasses.Field, tp: Any,
-               default: Any, old_name: str = "") -> None:
-    """``--foo-bar`` / ``--foo_bar`` for field ``foo_bar``; with ``old_name``, that name's flags
-    instead (hidden from ``--help``), filling the same field."""
+               default: Any, options: dict[str, Any], old_name: str = "") -> None:
+    """``--foo-bar`` / ``--foo_bar`` for field ``foo_bar`` with its ``options``
+    (:func:`field_options`); with ``old_name``, that name's flags instead (hidden from
+    ``--help``), filling the same field."""
     name = old_name or f.name
     flags = [f"--{_flag(name)}"]
     if "_" in name:
         flags.append(f"--{name}")
-    help_text = f.metadata.get("help", "")
+    help_text = options.get("help", "")
     if old_name:
         help_text = argparse.SUPPRESS
     kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS}
@@ -724,8 +779,8 @@ def _add_field(parser: argparse.ArgumentParser, f: dataclasses.Field, tp: Any,
         kwargs["type"] = tp
     else:
         raise TypeError(f"config field {f.name}: unsupported type {tp!r}")
-    if "choices" in f.metadata:
-        kwargs["choices"] = f.metadata["choices"]
+    if "choices" in options:
+        kwargs["choices"] = options["choices"]
     if old_name:
         parser.add_argument(*flags, help=help_text, **kwargs)
         return
@@ -773,12 +828,14 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, *, prog: str |
     parser.add_argument("--config", dest="__config", default=None, metavar="FILE.json",
                         help="read field values from a JSON file first (flags still win)")
     defaults = cls()
+    options = {f.name: field_options(cls, f.name) for f in fields}
     for f in fields:
-        _add_field(parser, f, hints[f.name], getattr(defaults, f.name))
+        _add_field(parser, f, hints[f.name], getattr(defaults, f.name), options[f.name])
     by_name = {f.name: f for f in fields}
     renamed = _renamed_fields(set(by_name))
     for old, new in renamed.items():  # old flags still work (resume a run's command line)
-        _add_field(parser, by_name[new], hints[new], getattr(defaults, new), old_name=old)
+        _add_field(parser, by_name[new], hints[new], getattr(defaults, new), options[new],
+                   old_name=old)
     args = list(sys.argv[1:] if argv is None else argv)
     ns = parser.parse_args(args)
     old_flags = {f"--{v}": k for k in renamed for v in (k, _flag(k))}

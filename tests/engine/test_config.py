@@ -12,7 +12,9 @@ from contrastive.engine.config import (
     TrainConfig,
     config_from_dict,
     config_to_dict,
+    field_options,
     help_field,
+    override,
     parse_config,
 )
 
@@ -170,3 +172,46 @@ def test_a_config_files_budget_counts_where_it_differs_from_the_default(tmp_path
         capsys, LabelledTextConfig, ["--config", str(hand)])
     assert f"--steps 500 (from --config {steps500})" in _refusal(
         capsys, LabelledTextConfig, ["--config", steps500, "--epochs", "5"])
+
+
+@dataclasses.dataclass
+class _Narrow(TrainConfig):
+    """A recipe that changes defaults of declared fields."""
+
+    data: str = "shapes"
+    lr_scaling: str = override("none", "lr is absolute here")
+    optimizer: str = "adamw"  # a bare default keeps the declared choices and help too
+    lr_schedule: str = override("constant", only=("constant", "step"), why="a test's reason")
+
+
+def test_override_keeps_the_declared_choices_and_help(capsys):
+    scaling = field_options(_Narrow, "lr_scaling")
+    assert scaling["choices"] == field_options(TrainConfig, "lr_scaling")["choices"]
+    assert scaling["help"].startswith("lr is absolute here. linear: used lr = lr * batch_size")
+    assert field_options(_Narrow, "optimizer") == field_options(TrainConfig, "optimizer")
+    assert parse_config(_Narrow, ["--lr-scaling", "sqrt"]).lr_scaling == "sqrt"
+    assert parse_config(_Narrow, []).lr_scaling == "none"
+    schedule = field_options(_Narrow, "lr_schedule")
+    assert schedule["choices"] == ("constant", "step") and "a test's reason" in schedule["help"]
+    with pytest.raises(SystemExit):
+        parse_config(_Narrow, ["--lr-schedule", "linear"])
+    assert "invalid choice: 'linear'" in capsys.readouterr().err
+
+
+def test_override_refuses_a_copied_or_unreasoned_choice_list():
+    with pytest.raises(TypeError, match="needs why"):
+        override("sgd", only=("sgd",))
+
+    @dataclasses.dataclass
+    class Copied(TrainConfig):
+        optimizer: str = help_field("sgd", "SGD", choices=("sgd", "adamw"))
+
+    with pytest.raises(TypeError, match="override"):
+        field_options(Copied, "optimizer")
+
+    @dataclasses.dataclass
+    class Wider(TrainConfig):
+        optimizer: str = override("sgd", only=("sgd", "adam"), why="a typo")
+
+    with pytest.raises(TypeError, match="not a subset"):
+        field_options(Wider, "optimizer")
