@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from contrastive.engine import CifarConfig, help_field, override, run
 from contrastive.methods import IBOT
 from contrastive.methods.base import CLIP_MODES, FROZEN_BY
+from contrastive.methods.ibot import CENTERING
 
 #: the method's keyword arguments at this scale: the one home of these values
 #: (IBOT.from_preset("dinov2_cifar") builds the same); the fields below default to them
@@ -70,7 +71,7 @@ class DINOv2Cifar(CifarConfig):
                                 "each part, the ViT and the head (DINOv2), each parameter "
                                 "(DINO, iBOT) or all parameters together", choices=CLIP_MODES)
     centering: str = help_field(PRESET["centering"], "sinkhorn (DINOv2 vitl14) | mean | none",
-                                choices=("mean", "sinkhorn", "none"))
+                                choices=CENTERING)
     koleo_weight: float = help_field(PRESET["koleo_weight"], "KoLeo weight (DINOv2: 0.1)")
     layer_decay: float = help_field(PRESET["layer_decay"], "layer-wise lr decay (DINOv2: 0.9)")
     patch_embed_lr_scale: float = help_field(PRESET["patch_embed_lr_scale"],

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from contrastive.engine import CifarConfig, help_field, override, run
 from contrastive.methods import IBOT
 from contrastive.methods.base import CLIP_MODES
+from contrastive.methods.ibot import CENTERING
 
 #: the method's keyword arguments at this scale: the one home of these values
 #: (IBOT.from_preset("cifar") builds the same); the fields below default to them
@@ -63,7 +64,7 @@ class IBOTCifar(CifarConfig):
     warmup_teacher_epochs: int = help_field(30, "teacher-temperature warm-up from 0.04")
     freeze_last_layer_epochs: int = help_field(1, "last layer frozen for these epochs")
     centering: str = help_field(PRESET["centering"], "mean | sinkhorn | none (no centring: "
-                                "the collapse control)", choices=("mean", "sinkhorn", "none"))
+                                "the collapse control)", choices=CENTERING)
     mask_probability: float = help_field(PRESET["mask_probability"],
                                          "fraction of the global crops masked")
     mask_ratio: tuple[float, float] = help_field(PRESET["mask_ratio"],

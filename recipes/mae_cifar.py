@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from contrastive.engine import CifarConfig, help_field, override, run
 from contrastive.methods import MAE
+from contrastive.methods.mae import LOSS_ON
 
 #: the method's keyword arguments at this scale: the one home of these values
 #: (MAE.from_preset("cifar") builds the same); the fields below default to them
@@ -53,7 +54,7 @@ class MAECifar(CifarConfig):
     norm_pix: bool = help_field(PRESET["norm_pix"], "per-patch normalised pixel targets")
     loss_on: str = help_field("masked", "patches the loss is taken on: masked (MAE) | all | "
                               "visible (a copy task: the negative control)",
-                              choices=("masked", "all", "visible"))
+                              choices=LOSS_ON)
 
 
 def build_method(cfg: MAECifar):

@@ -47,8 +47,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from contrastive.engine import TextAdapter, TextConfig, help_field, override, run
+from contrastive.engine import BertSizes, TextAdapter, TextConfig, help_field, override, run
 from contrastive.methods import SimCSE
+from contrastive.methods.simcse import POOLERS
+from contrastive.nn.text_encoders import bert_options, hf_folder
 
 #: the method's keyword arguments in the paper's setting (the default --mode sup): the one home
 #: of these values (SimCSE.from_preset("sup") builds the same); the fields below default to them
@@ -60,7 +62,7 @@ PAPER = {"sup": dict(lr=5e-5, batch_size=512, epochs=3),
 
 
 @dataclass
-class SimCSEConfig(TextConfig):
+class SimCSEConfig(BertSizes, TextConfig):
     """SimCSE, supervised or unsupervised (see the module docstring for the sources)."""
 
     mode: str = help_field("sup", "sup | unsup (presets of SimCSE)", choices=("sup", "unsup"))
@@ -80,15 +82,13 @@ class SimCSEConfig(TextConfig):
     # model
     encoder: str = help_field("bert", "bert (random init, sizes below) | hf:FOLDER (pretrained, "
                               "e.g. BERT-base)")
-    layers: int = help_field(4, "bert: layers")
-    hidden: int = help_field(256, "bert: hidden size")
-    heads: int = help_field(4, "bert: attention heads")
-    intermediate: int = help_field(0, "bert: FFN size (0 = 4 x hidden)")
-    dropout: float = help_field(0.1, "bert: dropout p (BERT 0.1; the unsupervised positives' "
-                                "noise)")
+    layers: int = 4
+    hidden: int = 256
+    heads: int = 4
+    dropout: float = override(0.1, "the unsupervised positives' noise")
     pooling: str = help_field(
         PRESET["pooling"], "cls | cls_before_pooler | avg (official pooler_type)",
-        choices=("cls", "cls_before_pooler", "avg"))
+        choices=POOLERS)
     temperature: float = help_field(PRESET["temperature"], "tau (paper 0.05)")
     # optimisation: the official train.py (Hugging Face Trainer defaults)
     lr: float = override(0.0, "AdamW lr, absolute (0 = paper: sup 5e-5, unsup 3e-5)")
@@ -111,6 +111,12 @@ class SimCSEConfig(TextConfig):
         for name, value in PAPER.get(self.mode, {}).items():
             if not getattr(self, name):
                 setattr(self, name, value)
+
+    def validate(self) -> None:
+        """The text checks, the encoder's name and the BERT's sizes."""
+        super().validate()
+        hf_folder(self.encoder)
+        self.check_bert_sizes()
 
 
 def training_data(cfg: SimCSEConfig) -> Any:
@@ -144,11 +150,8 @@ def training_data(cfg: SimCSEConfig) -> Any:
 def method_kwargs(cfg: SimCSEConfig, vocab_size: int) -> dict[str, Any]:
     """SimCSE's keyword arguments: unsup with [CLS] uses the MLP in training only (the
     official ``--mlp_only_train``)."""
-    kwargs: dict[str, Any] = {}
-    if cfg.encoder == "bert":
-        kwargs = dict(num_layers=cfg.layers, hidden_size=cfg.hidden, num_heads=cfg.heads,
-                      intermediate_size=cfg.intermediate or None, vocab_size=vocab_size,
-                      dropout=cfg.dropout, attention_dropout=cfg.dropout)
+    kwargs = {} if hf_folder(cfg.encoder) else bert_options(**cfg.bert_sizes(),
+                                                            vocab_size=vocab_size)
     return dict(encoder=cfg.encoder, pooling=cfg.pooling, temperature=cfg.temperature,
                 mlp_only_train=cfg.mode == "unsup" and cfg.pooling == "cls",
                 encoder_kwargs=kwargs)

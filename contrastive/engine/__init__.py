@@ -51,6 +51,7 @@ from contrastive.engine.checkpoint import (
     model_signature,
 )
 from contrastive.engine.config import (
+    BertSizes,
     CifarConfig,
     DIMConfig,
     DualEncoderConfig,
@@ -74,6 +75,7 @@ from contrastive.engine.setup import reset_accelerate_state
 from contrastive.engine.trainer import NonFiniteLossError, TrainResult, train, write_encoder
 
 __all__ = [
+    "BertSizes",
     "CifarConfig",
     "DIMConfig",
     "DataAdapter",

@@ -27,11 +27,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, TypeVar
 
-from contrastive.engine.compat import RENAMED_FIELDS
+from contrastive.engine.compat import RENAMED_FIELDS, renamed_to
 from contrastive.hardware import PRECISIONS
 
 __all__ = ["RunConfig", "TrainConfig", "ImageTextConfig", "TextRunConfig", "TextConfig",
-           "LabelledTextConfig", "CifarConfig", "SCHEDULES", "parse_config",
+           "BertSizes", "LabelledTextConfig", "CifarConfig", "SCHEDULES", "parse_config",
            "config_to_dict", "config_from_dict", "help_field", "override", "field_options",
            "parse_json_object"]
 
@@ -416,11 +416,44 @@ class ImageTextConfig(RunConfig):
 
 
 @dataclass
-class DualEncoderConfig(ImageTextConfig):
+class BertSizes:
+    """The sizes of a BERT built from a configuration (random weights: a recipe's model named
+    ``bert``), one spelling in every recipe; :meth:`bert_sizes` hands them to
+    :func:`contrastive.nn.text_encoders.text_encoder` (or ``bert_options``). Declared here once
+    for the text and image-text configurations (the recipes :func:`override` the defaults)."""
+
+    layers: int = help_field(12, "layers of a 'bert' model (random weights; an hf: folder has "
+                             "its own sizes)")
+    hidden: int = help_field(768, "bert: hidden size")
+    heads: int = help_field(12, "bert: attention heads")
+    intermediate_size: int = help_field(0, "bert: feed-forward width (0 = 4 x hidden)")
+    dropout: float = help_field(0.1, "bert: dropout of the hidden states and the attention "
+                                "(BERT 0.1)")
+
+    def bert_sizes(self) -> dict[str, Any]:
+        """The sizes as :func:`~contrastive.nn.text_encoders.bert_options` takes them."""
+        return dict(layers=self.layers, hidden=self.hidden, heads=self.heads,
+                    intermediate_size=self.intermediate_size, dropout=self.dropout)
+
+    def check_bert_sizes(self) -> None:
+        """Positive sizes (``--intermediate-size`` >= 0) and a dropout in [0, 1)."""
+        for name in ("layers", "hidden", "heads"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
+        if self.intermediate_size < 0:
+            raise ValueError(f"--intermediate-size must be >= 0 (0 = 4 x hidden), got "
+                             f"{self.intermediate_size}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
+
+
+@dataclass
+class DualEncoderConfig(BertSizes, ImageTextConfig):
     """An image tower and a text tower trained on image-caption pairs at CPU scale (the CLIP
     family: recipes/clip.py, recipes/siglip.py): the schedule both recipes share (so that the
-    methods compare on the same budget) and the text tower's sizes. A recipe adds its loss's
-    fields and builds its method from :meth:`tower_kwargs`."""
+    methods compare on the same budget) and the text tower's sizes (:class:`BertSizes`: the
+    image tower has none of its own, it is sized by ``--encoder`` / ``--encoder-kwargs``). A
+    recipe adds its loss's fields and builds its method from :meth:`tower_kwargs`."""
 
     steps: int = override(300, "optimiser steps (the budget the schedule follows); "
                           "--steps 0 --epochs N for an epoch budget")
@@ -436,20 +469,24 @@ class DualEncoderConfig(ImageTextConfig):
     log_every: int = 50
     # model
     dim: int = help_field(64, "shared embedding width")
-    text_layers: int = help_field(2, "text encoder layers")
-    text_width: int = help_field(64, "text encoder hidden size")
-    text_heads: int = help_field(2, "text encoder attention heads")
-    text_dropout: float = help_field(0.1, "text encoder dropout (hidden and attention; BERT's)")
+    layers: int = override(2, "the text tower")
+    hidden: int = override(64, "the text tower")
+    heads: int = override(2, "the text tower")
+
+    def validate(self) -> None:
+        """The image-text checks and the text tower's sizes."""
+        super().validate()
+        self.check_bert_sizes()
 
     def tower_kwargs(self, tokenizer: Any) -> dict[str, Any]:
         """The two towers' keyword arguments of :class:`~contrastive.methods.CLIP` and its
         kin: the image encoder, a BERT text encoder of these sizes over ``tokenizer``'s
         vocabulary (mean pooled), the shared width."""
+        from contrastive.nn.text_encoders import bert_options
+
         return dict(encoder=self.encoder, encoder_kwargs=self.encoder_options(),
-                    text_encoder="bert", dim=self.dim, text_kwargs=dict(
-                        num_layers=self.text_layers, hidden_size=self.text_width,
-                        num_heads=self.text_heads, vocab_size=tokenizer.vocab_size,
-                        dropout=self.text_dropout, attention_dropout=self.text_dropout,
+                    text_encoder="bert", dim=self.dim, text_kwargs=bert_options(
+                        **self.bert_sizes(), vocab_size=tokenizer.vocab_size,
                         max_position_embeddings=int(tokenizer.max_length), pooling="mean"))
 
 
@@ -502,7 +539,7 @@ class TextConfig(TextRunConfig):
 
 
 @dataclass
-class LabelledTextConfig(TextRunConfig):
+class LabelledTextConfig(BertSizes, TextRunConfig):
     """A run on labelled sentences or sentence pairs (fine-tuning an encoder with a prediction
     layer, distilling one): the task (GLUE, read from ``--glue-dir``, or a generated one), the
     sizes of a BERT built from a configuration, and BERT's fine-tuning optimiser (Devlin et al.
@@ -531,15 +568,10 @@ class LabelledTextConfig(TextRunConfig):
     tokenizer: str = override(
         "", "folder with tokenizer.json or vocab.txt; empty = the model folder's, or the "
         "generated tasks' own WordPiece")
-    layers: int = help_field(12, "bert (random init): layers")
-    hidden: int = help_field(768, "bert: hidden size")
-    heads: int = help_field(12, "bert: attention heads")
-    intermediate_size: int = help_field(0, "bert: feed-forward width (0 = 4 x hidden)")
     keep_layers: str = help_field(
         "", "hf: model: keep only these 0-based layers, e.g. 1,3,5 (a student initialised from "
         "a deeper model's layers, as DistilBERT's)")
-    dropout: float = help_field(0.1, "dropout of a bert built here (hidden and attention) and "
-                                "of the prediction layer (BERT 0.1)")
+    dropout: float = override(0.1, "also the prediction layer's")
     eval_at_start: bool = override(False, "also evaluate before training")
     # BERT fine-tuning (Devlin et al. 2019; the Hugging Face Trainer's AdamW)
     steps: int = override(1000, "optimiser steps (the budget; 0 = --epochs decide: "
@@ -573,7 +605,8 @@ class LabelledTextConfig(TextRunConfig):
         super().validate()
         if not 0.0 <= self.warmup_fraction < 1.0:
             raise ValueError(f"--warmup-fraction must be in [0, 1), got {self.warmup_fraction}")
-        for name in ("n_train", "n_dev", "layers", "hidden", "heads"):
+        self.check_bert_sizes()
+        for name in ("n_train", "n_dev"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
         if self.train_rows < 0 or self.held_out < 0:
@@ -584,35 +617,6 @@ class LabelledTextConfig(TextRunConfig):
                              f"{self.keep_layers!r}")
         if self.eval_on == "held_out" and not self.held_out:
             raise ValueError("--eval-on held_out needs --held-out N (training rows to hold out)")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
-
-    def text_encoder(self, spec: str, vocab_size: int) -> Any:
-        """The encoder ``spec`` names: ``bert`` (random init, the sizes above, ``vocab_size``
-        tokens) or ``hf:FOLDER`` (a checkpoint folder's weights; ``--keep-layers``: only those
-        layers, :func:`~contrastive.nn.text_encoders.encoder_from_layers`)."""
-        from contrastive.nn.text_encoders import (
-            build_text_encoder,
-            encoder_from_layers,
-            load_text_encoder,
-        )
-
-        if spec.startswith("hf:"):
-            encoder = load_text_encoder(spec[3:])
-            if self.keep_layers:
-                encoder = encoder_from_layers(encoder, [int(p) for p in
-                                                        self.keep_layers.split(",")])
-            return encoder
-        if self.keep_layers:
-            raise ValueError("--keep-layers applies to an hf:FOLDER model, not to 'bert'")
-        if spec != "bert":
-            raise ValueError(f"a model must be 'bert' or 'hf:FOLDER', got {spec!r}")
-        return build_text_encoder(num_layers=self.layers, hidden_size=self.hidden,
-                                  num_heads=self.heads,
-                                  intermediate_size=self.intermediate_size or None,
-                                  vocab_size=vocab_size, dropout=self.dropout,
-                                  attention_dropout=self.dropout,
-                                  max_position_embeddings=max(512, self.max_length))
 
 
 @dataclass
@@ -714,10 +718,25 @@ def _flag(name: str) -> str:
     return name.replace("_", "-")
 
 
-def _renamed_fields(names: set[str]) -> dict[str, str]:
-    """The old names (:data:`~contrastive.engine.compat.RENAMED_FIELDS`) of fields in ``names``:
-    old -> new, for the old names that are not fields themselves."""
-    return {old: new for old, new in RENAMED_FIELDS.items() if new in names and old not in names}
+def _new_flags(args: list[str], defaults: dict[str, Any]) -> list[str]:
+    """``args`` with each old field name's flag (:data:`~contrastive.engine.compat.
+    RENAMED_FIELDS`, ``--old``, ``--old=V``, ``--no-old``) written as its field's, with the
+    one-time notice; ``defaults``: field -> default (an old name two fields shared goes to the
+    one its value fits). Old names that are fields themselves stay."""
+    out = list(args)
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        name, prefix = flag[2:].replace("-", "_"), "--"
+        if name.startswith("no_") and name[3:] in RENAMED_FIELDS:
+            name, prefix = name[3:], "--no-"
+        if not flag.startswith("--") or name not in RENAMED_FIELDS or name in defaults:
+            continue
+        new = renamed_to(name, value if eq else (args[i + 1] if i + 1 < len(args) else ""),
+                         defaults)
+        if new is not None:
+            _warn_renamed(f"--{_flag(name)}", f"--{_flag(new)}")
+            out[i] = f"{prefix}{_flag(new)}{eq}{value}"
+    return out
 
 
 def _warn_renamed(old: str, new: str) -> None:
@@ -745,25 +764,21 @@ def _unwrap_optional(tp: Any) -> Any:
 
 
 def _add_field(parser: argparse.ArgumentParser, f: dataclasses.Field, tp: Any,
-               default: Any, options: dict[str, Any], old_name: str = "") -> None:
+               default: Any, options: dict[str, Any]) -> None:
     """``--foo-bar`` / ``--foo_bar`` for field ``foo_bar`` with its ``options``
-    (:func:`field_options`); with ``old_name``, that name's flags instead (hidden from
-    ``--help``), filling the same field."""
-    name = old_name or f.name
+    (:func:`field_options`)."""
+    name = f.name
     flags = [f"--{_flag(name)}"]
     if "_" in name:
         flags.append(f"--{name}")
     help_text = options.get("help", "")
-    if old_name:
-        help_text = argparse.SUPPRESS
     kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS}
     tp = _unwrap_optional(tp)
     origin = typing.get_origin(tp)
     shown = default if not isinstance(default, tuple) else " ".join(map(str, default))
     if tp is bool:
         parser.add_argument(*flags, nargs="?", const=True, type=_parse_bool, metavar="BOOL",
-                            help=help_text if old_name else
-                            f"{help_text} (default: {str(default).lower()})", **kwargs)
+                            help=f"{help_text} (default: {str(default).lower()})", **kwargs)
         parser.add_argument(f"--no-{_flag(name)}", dest=f.name, action="store_false",
                             default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         return
@@ -781,9 +796,6 @@ def _add_field(parser: argparse.ArgumentParser, f: dataclasses.Field, tp: Any,
         raise TypeError(f"config field {f.name}: unsupported type {tp!r}")
     if "choices" in options:
         kwargs["choices"] = options["choices"]
-    if old_name:
-        parser.add_argument(*flags, help=help_text, **kwargs)
-        return
     parser.add_argument(*flags, help=f"{help_text} (default: {shown!r})"
                         if isinstance(shown, str) else f"{help_text} (default: {shown})",
                         **kwargs)
@@ -831,16 +843,10 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, *, prog: str |
     options = {f.name: field_options(cls, f.name) for f in fields}
     for f in fields:
         _add_field(parser, f, hints[f.name], getattr(defaults, f.name), options[f.name])
-    by_name = {f.name: f for f in fields}
-    renamed = _renamed_fields(set(by_name))
-    for old, new in renamed.items():  # old flags still work (resume a run's command line)
-        _add_field(parser, by_name[new], hints[new], getattr(defaults, new), options[new],
-                   old_name=old)
     args = list(sys.argv[1:] if argv is None else argv)
+    # old flags still work (resume a run's command line), with a notice
+    args = _new_flags(args, {f.name: getattr(defaults, f.name) for f in fields})
     ns = parser.parse_args(args)
-    old_flags = {f"--{v}": k for k in renamed for v in (k, _flag(k))}
-    for used in [old_flags[a.split("=", 1)[0]] for a in args if a.split("=", 1)[0] in old_flags]:
-        _warn_renamed(f"--{_flag(used)}", f"--{_flag(renamed[used])}")
     values = vars(ns)
     config_file = values.pop("__config", None)
     base: dict[str, Any] = {}
@@ -915,13 +921,14 @@ def config_from_dict(cls: type[C], values: dict[str, Any], *, ignore_unknown: bo
     field's old name (:data:`~contrastive.engine.compat.RENAMED_FIELDS`, such as an older run's
     ``config.json`` holds) is read as the new one, with a one-time ``FutureWarning``."""
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.init}
+    names = set(defaults)
     values = dict(values)
-    for old, new in _renamed_fields(names).items():
-        if old in values:
+    for old in [k for k in values if k in RENAMED_FIELDS and k not in names]:
+        new = renamed_to(old, values[old], defaults)
+        if new is not None:
             _warn_renamed(repr(old), repr(new))
-            value = values.pop(old)
-            values.setdefault(new, value)
+            values.setdefault(new, values.pop(old))
     unknown = sorted(set(values) - names)
     if unknown and not ignore_unknown:
         close = difflib.get_close_matches(unknown[0], sorted(names), n=1)

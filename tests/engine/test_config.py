@@ -215,3 +215,39 @@ def test_override_refuses_a_copied_or_unreasoned_choice_list():
 
     with pytest.raises(TypeError, match="not a subset"):
         field_options(Wider, "optimizer")
+
+
+def test_old_bert_size_flags_still_parse_with_a_notice():
+    """Issue 48's renames: the dual encoder's --text-layers/--text-width/--text-heads/
+    --text-dropout and simcse's --intermediate (a width) fill the one spelling; lrc_bert's
+    --intermediate cosnce|mse (a loss) fills --layer-loss: the value tells the two apart."""
+    from contrastive.engine import DualEncoderConfig
+
+    with pytest.warns(FutureWarning, match="--text-width is renamed --hidden"):
+        cfg = parse_config(DualEncoderConfig, ["--text-layers", "3", "--text-width=32",
+                                               "--text-heads", "4", "--text-dropout", "0"])
+    assert (cfg.layers, cfg.hidden, cfg.heads, cfg.dropout) == (3, 32, 4, 0.0)
+
+    @dataclasses.dataclass
+    class Distil(LabelledTextConfig):
+        layer_loss: str = help_field("cosnce", "a loss", choices=("cosnce", "mse"))
+
+    with pytest.warns(FutureWarning, match="--intermediate is renamed --layer-loss"):
+        assert parse_config(Distil, ["--intermediate", "mse"]).layer_loss == "mse"
+    with pytest.warns(FutureWarning, match="--intermediate is renamed --intermediate-size"):
+        cfg = parse_config(Distil, ["--intermediate=48"])
+    assert (cfg.intermediate_size, cfg.layer_loss) == (48, "cosnce")
+    with pytest.warns(FutureWarning, match="'intermediate' is renamed 'layer_loss'"):
+        assert config_from_dict(Distil, {"intermediate": "mse"}).layer_loss == "mse"
+    with pytest.warns(FutureWarning, match="'intermediate' is renamed 'intermediate_size'"):
+        assert config_from_dict(LabelledTextConfig, {"intermediate": 64}).intermediate_size == 64
+
+
+def test_a_resumed_run_reads_old_names_by_their_values():
+    """A checkpoint's config of before the renames compares equal under the new names."""
+    from contrastive.engine.compat import upgrade_config
+
+    defaults = {"layers": 2, "hidden": 64, "intermediate_size": 0, "layer_loss": "cosnce"}
+    old = {"text_layers": 3, "hidden": 64, "intermediate_size": 1200, "intermediate": "mse"}
+    assert upgrade_config(old, defaults) == {"layers": 3, "hidden": 64,
+                                             "intermediate_size": 1200, "layer_loss": "mse"}
