@@ -81,6 +81,9 @@ def field_options(cls: type, name: str) -> dict[str, Any]:
         if f is None or name not in vars(klass).get("__annotations__", {}):
             continue  # klass inherits the field or does not have it
         meta = dict(f.metadata)
+        if not options and "note" in meta:
+            raise TypeError(f"{klass.__qualname__}.{name}: override() changes a field that a "
+                            "base configuration declares, and none does: use help_field")
         if not options:
             options = meta or {"help": ""}
         elif "help" in meta:

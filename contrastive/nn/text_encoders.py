@@ -283,8 +283,8 @@ def hf_folder(model: str) -> str | None:
         return None
     if model.startswith("hf:") and model[3:]:
         return model[3:]
-    raise ValueError(f"a text model is 'bert' (random weights of --layers/--hidden/--heads) or "
-                     f"'hf:FOLDER' (a local checkpoint folder), got {model!r}")
+    raise ValueError(f"a text model must be 'bert' or 'hf:FOLDER' (random weights of "
+                     f"--layers/--hidden/--heads, or a local checkpoint folder), got {model!r}")
 
 
 def bert_options(*, layers: int, hidden: int, heads: int, vocab_size: int,

@@ -216,6 +216,13 @@ def test_override_refuses_a_copied_or_unreasoned_choice_list():
     with pytest.raises(TypeError, match="not a subset"):
         field_options(Wider, "optimizer")
 
+    @dataclasses.dataclass
+    class New(TrainConfig):
+        queue: int = override(16, "no base declares it")
+
+    with pytest.raises(TypeError, match="use help_field"):
+        field_options(New, "queue")
+
 
 def test_old_bert_size_flags_still_parse_with_a_notice():
     """Issue 48's renames: the dual encoder's --text-layers/--text-width/--text-heads/
