@@ -737,15 +737,16 @@ def _new_flags(args: list[str], defaults: dict[str, Any]) -> list[str]:
         new = renamed_to(name, value if eq else (args[i + 1] if i + 1 < len(args) else ""),
                          defaults)
         if new is not None:
-            _warn_renamed(f"--{_flag(name)}", f"--{_flag(new)}")
+            _warn_renamed(f"--{_flag(name)}", f"--{_flag(new)}", stacklevel=4)
             out[i] = f"{prefix}{_flag(new)}{eq}{value}"
     return out
 
 
-def _warn_renamed(old: str, new: str) -> None:
-    """A deprecation warning, shown once per old name and process (the ``warnings`` default)."""
+def _warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
+    """A deprecation warning, shown once per old name and process (the ``warnings`` default),
+    pointing at the caller of the function (``stacklevel`` frames up) that read the old name."""
     warnings.warn(f"{old} is renamed {new}; the old name still works for now", FutureWarning,
-                  stacklevel=3)
+                  stacklevel=stacklevel)
 
 
 def _parse_bool(text: str) -> bool:
