@@ -56,3 +56,14 @@ def test_a_text_model_is_bert_or_an_hf_folder(rx, capsys):
         assert "'bert' or 'hf:FOLDER'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="--keep-layers applies to an hf:FOLDER model"):
         text_encoder("bert", keep_layers="0", vocab_size=50, **EXPECTED)
+
+
+def test_the_old_flags_of_the_recipes_still_work(rx):
+    """Until the long LRC-BERT runs are done: --intermediate is lrc_bert's loss or simcse's
+    width by its value, --text-* the dual encoder's sizes, each with a notice."""
+    with pytest.warns(FutureWarning, match="--intermediate is renamed --layer-loss"):
+        assert _config(rx, "lrc_bert", ["--intermediate", "mse"]).layer_loss == "mse"
+    with pytest.warns(FutureWarning, match="--intermediate is renamed --intermediate-size"):
+        assert _config(rx, "simcse", ["--intermediate", "32"]).intermediate_size == 32
+    with pytest.warns(FutureWarning, match="--text-layers is renamed --layers"):
+        assert _config(rx, "clip", ["--text-layers", "3"]).layers == 3
