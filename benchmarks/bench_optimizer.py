@@ -36,11 +36,11 @@ sys.path.insert(0, str(ROOT))
 
 
 def _bert() -> tuple[nn.Module, Callable[[nn.Module], torch.Tensor], str]:
-    from contrastive.engine import LabelledTextConfig
     from contrastive.methods.text_classifier import TextClassifier
+    from contrastive.nn.text_encoders import text_encoder
 
-    cfg = LabelledTextConfig(layers=4, hidden=312, heads=12, intermediate_size=1200)
-    model = TextClassifier(cfg.text_encoder("bert", 30522), 2)
+    model = TextClassifier(text_encoder("bert", vocab_size=30522, layers=4, hidden=312, heads=12,
+                                        intermediate_size=1200), 2)
     g = torch.Generator().manual_seed(0)
     batch = {"input_ids": torch.randint(1000, 30522, (16, 64), generator=g),
              "attention_mask": torch.ones(16, 64, dtype=torch.long),

@@ -41,7 +41,7 @@ VARIANTS: dict[str, list[str]] = {
     "lrc": [],
     "no_two_stage": ["--no-two-stage"],
     "no_perturb": ["--no-perturb"],
-    "mse": ["--intermediate", "mse"],
+    "mse": ["--layer-loss", "mse"],
     # not in the paper: eps scaled to this student's width, sqrt(32 / 312) = 0.32, so that the
     # perturbation has the size relative to the embeddings that eps = 1 has for a 312-wide one
     "perturb_width_scaled": ["--perturb-scale", str((32 / 312) ** 0.5)],

@@ -589,16 +589,15 @@ def speed(root: Path, repeats: int = 5) -> dict[str, Any]:
 
     from contrastive.data.text_tasks import load_task
     from contrastive.data.tokenizer import load_tokenizer
-    from contrastive.engine import LabelledTextConfig
     from contrastive.methods.text_classifier import TextClassifier
+    from contrastive.nn.text_encoders import text_encoder
 
     torch.manual_seed(0)
-    student = LabelledTextConfig(layers=4, hidden=312, heads=12, intermediate_size=1200)
     tok = load_tokenizer(MINILM)
-    encoders = {"teacher 6x384": LabelledTextConfig().text_encoder(f"hf:{MINILM}", 0),
-                "student 4x312": student.text_encoder("bert", tok.vocab_size),
-                "control 3x384": LabelledTextConfig(keep_layers="1,3,5").text_encoder(
-                    f"hf:{MINILM}", 0)}
+    encoders = {"teacher 6x384": text_encoder(f"hf:{MINILM}"),
+                "student 4x312": text_encoder("bert", vocab_size=tok.vocab_size, layers=4,
+                                              hidden=312, heads=12, intermediate_size=1200),
+                "control 3x384": text_encoder(f"hf:{MINILM}", keep_layers="1,3,5")}
     models = {n: TextClassifier(e, 2).eval() for n, e in encoders.items()}
     dev = load_task("sst2", GLUE).dev
     batches = [tok.collate([dev[i] for i in range(s, s + 32)]) for s in range(0, 320, 32)]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import CifarConfig, help_field, run
+from contrastive.engine import CifarConfig, help_field, override, run
 from contrastive.methods import BarlowTwins
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -28,8 +28,8 @@ class BarlowTwinsCifar(CifarConfig):
     """Barlow Twins, CIFAR-10 (solo-learn's barlow.yaml)."""
 
     encoder: str = PRESET["encoder"]
-    optimizer: str = help_field("lars", "solo-learn: LARS", choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(0.3, "per 256 images (linear rule)")
+    optimizer: str = override("lars", "solo-learn: LARS")
+    lr: float = override(0.3, "per 256 images (linear rule)")
     weight_decay: float = 1e-4
 
     dim: int = help_field(PRESET["dim"], "projector output width")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, run
+from contrastive.engine import TrainConfig, help_field, override, run
 from contrastive.methods import BarlowTwins
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -35,18 +35,17 @@ class BarlowTwinsR50(TrainConfig):
     image_size: int = 224
     epochs: int = 1000
     batch_size: int = 2048
-    optimizer: str = help_field("lars", "paper: LARS", choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(0.2, "the weights' lr per 256 images (1.6 at batch 2048)")
-    lr_scaling: str = help_field("linear", "lr x batch / 256, as the paper and code",
-                                 choices=("linear", "sqrt", "none"))
+    optimizer: str = override("lars", "paper: LARS")
+    lr: float = override(0.2, "the weights' lr per 256 images (1.6 at batch 2048)")
+    lr_scaling: str = override("linear", "lr x batch / 256, as the paper and code")
     bias_lr_scale: float = help_field(
         PRESET["bias_lr_scale"], "biases and BN parameters: this times the "
         "weights' lr (official 0.0048 / 0.2)")
     weight_decay: float = 1.5e-6
     warmup_epochs: float = 10
-    min_lr: float = help_field(0.001, "cosine floor: 1/1000 of the peak (official end_lr)")
-    schedule_per: str = help_field("step", "per iteration", choices=("step", "epoch"))
-    sync_bn: bool = help_field(True, "official: SyncBN across GPU processes")
+    min_lr: float = override(0.001, "cosine floor: 1/1000 of the peak (official end_lr)")
+    schedule_per: str = override("step", "per iteration")
+    sync_bn: bool = override(True, "official: SyncBN across GPU processes")
 
     dim: int = help_field(PRESET["dim"], "projector output width")
     mlp_hidden: int = help_field(PRESET["mlp_hidden"], "projector hidden width")

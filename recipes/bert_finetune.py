@@ -48,9 +48,11 @@ from contrastive.engine import (
     bad_input,
     cli,
     help_field,
+    override,
     parse_config,
     run,
 )
+from contrastive.nn.text_encoders import hf_folder, text_encoder
 
 __all__ = ["FinetuneConfig", "cli", "main", "make"]
 
@@ -61,25 +63,20 @@ class FinetuneConfig(LabelledTextConfig):
 
     model: str = help_field("bert", "bert (random weights from the sizes) | hf:FOLDER (a "
                             "checkpoint folder)")
-    intermediate_size: int = help_field(3072, "bert: feed-forward width (0 = 4 x hidden)")
-
-
-def model_folder(cfg: FinetuneConfig) -> str | None:
-    """The ``hf:`` folder of ``--model`` (its tokenizer), None for ``bert``."""
-    if cfg.model != "bert" and not cfg.model.startswith("hf:"):
-        raise ValueError(f"--model must be 'bert' or 'hf:FOLDER', got {cfg.model!r}")
-    return cfg.model[3:] if cfg.model.startswith("hf:") else None
+    intermediate_size: int = override(3072, "BERT-base's")
 
 
 def make() -> tuple[type[FinetuneConfig], Any, LabelledTextAdapter]:
     """(config class, build_method, adapter): what ``run`` needs (tests call it too)."""
-    adapter = LabelledTextAdapter(model_folder)
+    adapter = LabelledTextAdapter(lambda cfg: hf_folder(cfg.model))  # its tokenizer
 
     def build_method(cfg: FinetuneConfig) -> Any:
         from contrastive.methods import TextClassifier
 
         task = adapter.task
-        encoder = cfg.text_encoder(cfg.model, adapter.tokenizer.vocab_size)
+        encoder = text_encoder(cfg.model, vocab_size=adapter.tokenizer.vocab_size,
+                               max_position_embeddings=max(512, cfg.max_length),
+                               keep_layers=cfg.keep_layers, **cfg.bert_sizes())
         return TextClassifier(encoder, task.num_labels, regression=task.regression,
                               dropout=cfg.dropout)
 

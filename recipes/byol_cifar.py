@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import CifarConfig, help_field, run
+from contrastive.engine import CifarConfig, help_field, override, run
 from contrastive.methods import BYOL
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -27,8 +27,8 @@ class BYOLCifar(CifarConfig):
     """BYOL, CIFAR-10 (solo-learn's byol.yaml)."""
 
     encoder: str = PRESET["encoder"]
-    optimizer: str = help_field("lars", "solo-learn: LARS", choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(1.0, "per 256 images (linear rule)")
+    optimizer: str = override("lars", "solo-learn: LARS")
+    lr: float = override(1.0, "per 256 images (linear rule)")
     weight_decay: float = 1e-5
 
     dim: int = help_field(PRESET["dim"], "projection dimension")

@@ -14,7 +14,7 @@ scaled to [0, 1], without augmentation: the captions name colour and position, w
 colour jitter would falsify.
 
 Model (:class:`contrastive.methods.CLIP`): the ``--encoder`` image backbone (``small_cnn``), a
-``--text-layers`` x ``--text-width`` BERT text encoder (random init, mean pooling), a ``--dim``
+``--layers`` x ``--hidden`` BERT text encoder (random init, mean pooling), a ``--dim``
 shared space, the learnable logit scale clamped after every optimiser step. AdamW (CLIP:
 decoupled weight decay 0.2, beta2 0.98; here 0.1 at this size), lr 2e-3 absolute, cosine schedule
 after a 50-step linear warm-up, a 300-step budget (``--steps``) at global batch 128. Every engine

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import DIMConfig, help_field, run
+from contrastive.engine import DIMConfig, help_field, override, run
 
 
 @dataclass
@@ -39,9 +39,9 @@ class DIMCifar(DIMConfig):
     """Deep InfoMax DIM(L), CIFAR-10 (paper sec. 4, appendix A; rdevon/DIM defaults)."""
 
     data: str = "cifar10"
-    encoder: str = help_field("dcgan32", "the paper's DCGAN encoder (64-d output)")
+    encoder: str = override("dcgan32", "the paper's DCGAN encoder (64-d output)")
     image_size: int = 32
-    epochs: int = help_field(1000, "the code's epochs=1000")
+    epochs: int = override(1000, "the code's epochs=1000")
     knn_every: int = 10
     crop_min: float = help_field(
         1.0, "minimum area fraction of the view's random resized crop: 1.0 = the whole image, "

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import DIMConfig, help_field, run
+from contrastive.engine import DIMConfig, help_field, override, run
 
 
 @dataclass
@@ -34,13 +34,13 @@ class DIMSTL(DIMConfig):
     """Deep InfoMax DIM(L), STL-10 at 64 px (paper sec. 4, appendix A; rdevon/DIM)."""
 
     data: str = "stl10:unlabeled=true"
-    encoder: str = help_field("alexnet64", "the paper's STL-10 encoder (64-d output)")
-    image_size: int = help_field(64, "side of the random crops (the paper: 64)")
+    encoder: str = override("alexnet64", "the paper's STL-10 encoder (64-d output)")
+    image_size: int = override(64, "side of the random crops (the paper: 64)")
     source_size: int = help_field(96, "side of the source images (STL-10: 96); the crops are "
                                   "image-size windows of it, not resized")
     flip_p: float = help_field(0.5, "horizontal flip probability")
-    epochs: int = help_field(100, "the README's STL-10 command")
-    knn_every: int = help_field(0, "off: the unlabeled=true train split is mostly unlabelled")
+    epochs: int = override(100, "the README's STL-10 command")
+    knn_every: int = override(0, "off: the unlabeled=true train split is mostly unlabelled")
 
     def validate(self) -> None:
         super().validate()

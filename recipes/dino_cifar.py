@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import CifarConfig, help_field, run
+from contrastive.engine import CifarConfig, help_field, override, run
 from contrastive.methods import DINO
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -30,8 +30,8 @@ class DINOCifar(CifarConfig):
     """DINO, CIFAR-10 (solo-learn's dino.yaml)."""
 
     encoder: str = PRESET["encoder"]
-    optimizer: str = help_field("lars", "solo-learn: LARS", choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(0.3, "per 256 images (linear rule)")
+    optimizer: str = override("lars", "solo-learn: LARS")
+    lr: float = override(0.3, "per 256 images (linear rule)")
     weight_decay: float = 1e-6
 
     out_dim: int = help_field(PRESET["out_dim"], "number of prototypes")

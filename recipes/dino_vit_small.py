@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, run
+from contrastive.engine import TrainConfig, help_field, override, run
 from contrastive.methods import DINO
 from contrastive.methods.base import CLIP_MODES
 
@@ -39,20 +39,20 @@ class DINOViTSmall(TrainConfig):
     """DINO, ViT-S/16, ImageNet (ICCV 2021; official facebookresearch/dino defaults)."""
 
     encoder: str = PRESET["encoder"]
-    encoder_kwargs: str = help_field(json.dumps(PRESET["encoder_kwargs"]),
-                                     "create_encoder keyword arguments (JSON)")
+    encoder_kwargs: str = override(json.dumps(PRESET["encoder_kwargs"]),
+                                   "create_encoder keyword arguments (JSON)")
     image_size: int = 224
     epochs: int = 100
     batch_size: int = 1024
-    optimizer: str = help_field("adamw", "official: AdamW", choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(0.0005, "per 256 images (linear rule)")
-    min_lr: float = help_field(0.0005, "cosine floor as a fraction: official 1e-6 at batch 1024")
-    weight_decay: float = help_field(0.04, "start of the cosine weight-decay schedule")
+    optimizer: str = override("adamw", "official: AdamW")
+    lr: float = override(0.0005, "per 256 images (linear rule)")
+    min_lr: float = override(0.0005, "cosine floor as a fraction: official 1e-6 at batch 1024")
+    weight_decay: float = override(0.04, "start of the cosine weight-decay schedule")
     weight_decay_end: float = help_field(0.4, "end of the cosine weight-decay schedule")
-    exclude_from_wd: bool = help_field(True, "official: no decay on biases and norms")
+    exclude_from_wd: bool = override(True, "official: no decay on biases and norms")
     warmup_epochs: float = 10
-    schedule_per: str = help_field("step", "per iteration", choices=("step", "epoch"))
-    clip_grad_norm: float = help_field(3.0, "official --clip_grad 3.0")
+    schedule_per: str = override("step", "per iteration")
+    clip_grad_norm: float = override(3.0, "official --clip_grad 3.0")
     clip_mode: str = help_field(PRESET["clip_mode"], "what --clip-grad-norm clips apart: "
                                 "each parameter (the code's utils.clip_gradients), each part "
                                 "(encoder, head) or all parameters together (before this was "

@@ -27,9 +27,10 @@ import json
 import math
 from dataclasses import dataclass
 
-from contrastive.engine import CifarConfig, help_field, run
+from contrastive.engine import CifarConfig, help_field, override, run
 from contrastive.methods import IBOT
 from contrastive.methods.base import CLIP_MODES, FROZEN_BY
+from contrastive.methods.ibot import CENTERING
 
 #: the method's keyword arguments at this scale: the one home of these values
 #: (IBOT.from_preset("dinov2_cifar") builds the same); the fields below default to them
@@ -41,19 +42,18 @@ class DINOv2Cifar(CifarConfig):
     """DINOv2's objective, CIFAR-10, ViT-Tiny with 4-px patches (no paper setting)."""
 
     encoder: str = PRESET["encoder"]
-    encoder_kwargs: str = help_field(json.dumps(PRESET["encoder_kwargs"]),
-                                     "create_encoder keyword arguments (JSON)")
+    encoder_kwargs: str = override(json.dumps(PRESET["encoder_kwargs"]),
+                                   "create_encoder keyword arguments (JSON)")
     epochs: int = 800
-    optimizer: str = help_field("adamw", "DINOv2: AdamW", choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(0.004 / math.sqrt(1024), "per sqrt(image): DINOv2's base_lr 0.004 "
-                           "at batch 1024, sqrt_wrt_1024 rule")
-    lr_scaling: str = help_field("sqrt", "lr x sqrt(batch): DINOv2's sqrt_wrt_1024",
-                                 choices=("linear", "sqrt", "none"))
-    weight_decay: float = help_field(0.04, "start of the cosine weight-decay schedule")
+    optimizer: str = override("adamw", "DINOv2: AdamW")
+    lr: float = override(0.004 / math.sqrt(1024), "per sqrt(image): DINOv2's base_lr 0.004 "
+                         "at batch 1024, sqrt_wrt_1024 rule")
+    lr_scaling: str = override("sqrt", "lr x sqrt(batch): DINOv2's sqrt_wrt_1024")
+    weight_decay: float = override(0.04, "start of the cosine weight-decay schedule")
     weight_decay_end: float = help_field(0.4, "end of the cosine weight-decay schedule")
-    exclude_from_wd: bool = help_field(True, "no decay on biases, norms, layer-scale gammas")
-    clip_grad_norm: float = help_field(3.0, "DINOv2's optim.clip_grad")
-    sync_bn: bool = help_field(False, "a ViT has no BatchNorm")
+    exclude_from_wd: bool = override(True, "no decay on biases, norms, layer-scale gammas")
+    clip_grad_norm: float = override(3.0, "DINOv2's optim.clip_grad")
+    sync_bn: bool = override(False, "a ViT has no BatchNorm")
 
     out_dim: int = help_field(PRESET["out_dim"], "prototypes (one head for class and patches)")
     momentum: float = help_field(PRESET["momentum"], "teacher EMA momentum at the start (-> 1)")
@@ -71,16 +71,16 @@ class DINOv2Cifar(CifarConfig):
                                 "each part, the ViT and the head (DINOv2), each parameter "
                                 "(DINO, iBOT) or all parameters together", choices=CLIP_MODES)
     centering: str = help_field(PRESET["centering"], "sinkhorn (DINOv2 vitl14) | mean | none",
-                                choices=("mean", "sinkhorn", "none"))
+                                choices=CENTERING)
     koleo_weight: float = help_field(PRESET["koleo_weight"], "KoLeo weight (DINOv2: 0.1)")
     layer_decay: float = help_field(PRESET["layer_decay"], "layer-wise lr decay (DINOv2: 0.9)")
     patch_embed_lr_scale: float = help_field(PRESET["patch_embed_lr_scale"],
                                              "patch-embedding lr factor (DINOv2: 0.2)")
     local_crops: int = help_field(8, "local crops (DINOv2: 8)")
     local_size: int = help_field(16, "side of the local crops")
-    crop_min: float = help_field(0.32, "the global crops' minimum scale and the local "
-                                 "crops' maximum (DINOv2 ssl_default_config.yaml: "
-                                 "global 0.32-1, local 0.05-0.32)")
+    crop_min: float = override(0.32, "the global crops' minimum scale and the local "
+                               "crops' maximum (DINOv2 ssl_default_config.yaml: "
+                               "global 0.32-1, local 0.05-0.32)")
 
 
 def build_method(cfg: DINOv2Cifar):

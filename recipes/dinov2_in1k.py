@@ -53,7 +53,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from contrastive.engine import TrainConfig, help_field, run
+from contrastive.engine import TrainConfig, help_field, override, run
 from contrastive.methods import IBOT
 from contrastive.methods.base import CLIP_MODES, FROZEN_BY
 
@@ -69,27 +69,26 @@ class DINOv2ImageNet(TrainConfig):
     """DINOv2, ViT-L/16, ImageNet-1k (vitl16_short.yaml = ssl_default_config.yaml)."""
 
     encoder: str = PRESET["encoder"]
-    encoder_kwargs: str = help_field(json.dumps(PRESET["encoder_kwargs"]),
-                                     "create_encoder keyword arguments (JSON)")
+    encoder_kwargs: str = override(json.dumps(PRESET["encoder_kwargs"]),
+                                   "create_encoder keyword arguments (JSON)")
     image_size: int = 224
-    steps: int = help_field(100 * EPOCH, "optimiser steps: 100 DINOv2 epochs of 1250 "
-                            "iterations (OFFICIAL_EPOCH_LENGTH), not passes over the data")
-    batch_size: int = help_field(2048, "effective batch (README: 32 GPUs x 64)")
-    optimizer: str = help_field("adamw", "DINOv2: AdamW", choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(0.004 / math.sqrt(1024), "per sqrt(image): base_lr 0.004 at batch "
-                           "1024 under DINOv2's sqrt_wrt_1024 rule")
-    lr_scaling: str = help_field("sqrt", "lr x sqrt(batch): DINOv2's sqrt_wrt_1024",
-                                 choices=("linear", "sqrt", "none"))
-    betas: tuple[float, float] = help_field((0.9, 0.999), "optim.adamw_beta1 / beta2")
-    min_lr: float = help_field(1e-6 / (0.004 * math.sqrt(2)), "cosine floor as a fraction: "
-                               "min_lr 1e-6 at batch 2048")
-    weight_decay: float = help_field(0.04, "start of the cosine weight-decay schedule")
+    steps: int = override(100 * EPOCH, "optimiser steps: 100 DINOv2 epochs of 1250 "
+                          "iterations (OFFICIAL_EPOCH_LENGTH), not passes over the data")
+    batch_size: int = override(2048, "effective batch (README: 32 GPUs x 64)")
+    optimizer: str = override("adamw", "DINOv2: AdamW")
+    lr: float = override(0.004 / math.sqrt(1024), "per sqrt(image): base_lr 0.004 at batch "
+                         "1024 under DINOv2's sqrt_wrt_1024 rule")
+    lr_scaling: str = override("sqrt", "lr x sqrt(batch): DINOv2's sqrt_wrt_1024")
+    betas: tuple[float, float] = override((0.9, 0.999), "optim.adamw_beta1 / beta2")
+    min_lr: float = override(1e-6 / (0.004 * math.sqrt(2)), "cosine floor as a fraction: "
+                             "min_lr 1e-6 at batch 2048")
+    weight_decay: float = override(0.04, "start of the cosine weight-decay schedule")
     weight_decay_end: float = help_field(0.4, "end of the cosine weight-decay schedule")
-    exclude_from_wd: bool = help_field(True, "no decay on biases, norms, layer-scale gammas")
+    exclude_from_wd: bool = override(True, "no decay on biases, norms, layer-scale gammas")
     warmup_epochs: float = 0
-    warmup_steps: int = help_field(10 * EPOCH, "linear lr warm-up: 10 DINOv2 epochs")
-    schedule_per: str = help_field("step", "per iteration", choices=("step", "epoch"))
-    clip_grad_norm: float = help_field(3.0, "optim.clip_grad")
+    warmup_steps: int = override(10 * EPOCH, "linear lr warm-up: 10 DINOv2 epochs")
+    schedule_per: str = override("step", "per iteration")
+    clip_grad_norm: float = override(3.0, "optim.clip_grad")
 
     out_dim: int = help_field(PRESET["out_dim"], "prototypes (one head for class and patches)")
     momentum: float = help_field(PRESET["momentum"], "teacher EMA momentum at the start (-> 1)")

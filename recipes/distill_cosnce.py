@@ -30,7 +30,7 @@ from typing import Any
 
 from torch import nn
 
-from contrastive.engine import TrainConfig, help_field, run
+from contrastive.engine import TrainConfig, help_field, override, run
 from contrastive.engine.config import parse_json_object
 from contrastive.eval.teacher import labelled_classes, load_teacher
 
@@ -45,17 +45,16 @@ class DistillCosNCE(TrainConfig):
     image_size: int = 32
     epochs: int = 20
     batch_size: int = 128
-    optimizer: str = help_field("adamw", "sgd | adamw | lars (LRC-BERT trains with Adam)",
-                                choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(2e-3, "peak learning rate (absolute: --lr-scaling none)")
-    lr_scaling: str = help_field("none", "linear | sqrt | none", choices=("linear", "sqrt", "none"))
+    optimizer: str = override("adamw", "sgd | adamw | lars (LRC-BERT trains with Adam)")
+    lr: float = override(2e-3, "peak learning rate (absolute: --lr-scaling none)")
+    lr_scaling: str = override("none", "linear | sqrt | none")
     weight_decay: float = 1e-4
     warmup_epochs: float = 0.0
     save_every_steps: int = 0
-    ddp_find_unused_parameters: bool = help_field(
+    ddp_find_unused_parameters: bool = override(
         True, "DDP find_unused_parameters: stage 1 leaves the student classifier unused")
-    encoder: str = help_field("", "ignored: the student is --student (kept equal to it, it names "
-                              "the backbone in encoder.pt)")
+    encoder: str = override("", "ignored: the student is --student (kept equal to it, it names "
+                            "the backbone in encoder.pt)")
 
     # teacher and student
     teacher: str = help_field("", "teacher encoder name (timm:<m>, torchvision:<m>, "

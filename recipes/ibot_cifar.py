@@ -23,9 +23,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from contrastive.engine import CifarConfig, help_field, run
+from contrastive.engine import CifarConfig, help_field, override, run
 from contrastive.methods import IBOT
 from contrastive.methods.base import CLIP_MODES
+from contrastive.methods.ibot import CENTERING
 
 #: the method's keyword arguments at this scale: the one home of these values
 #: (IBOT.from_preset("cifar") builds the same); the fields below default to them
@@ -37,20 +38,20 @@ class IBOTCifar(CifarConfig):
     """iBOT, CIFAR-10, ViT-Tiny with 4-px patches."""
 
     encoder: str = PRESET["encoder"]
-    encoder_kwargs: str = help_field(json.dumps(PRESET["encoder_kwargs"]),
-                                     "create_encoder keyword arguments (JSON)")
+    encoder_kwargs: str = override(json.dumps(PRESET["encoder_kwargs"]),
+                                   "create_encoder keyword arguments (JSON)")
     epochs: int = 800
-    optimizer: str = help_field("adamw", "iBOT: AdamW", choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(5e-4, "per 256 images (linear rule)")
-    weight_decay: float = help_field(0.04, "start of the cosine weight-decay schedule")
+    optimizer: str = override("adamw", "iBOT: AdamW")
+    lr: float = override(5e-4, "per 256 images (linear rule)")
+    weight_decay: float = override(0.04, "start of the cosine weight-decay schedule")
     weight_decay_end: float = help_field(0.4, "end of the cosine weight-decay schedule")
-    exclude_from_wd: bool = help_field(True, "no decay on biases and norms (the code's groups)")
-    clip_grad_norm: float = help_field(3.0, "the code's --clip_grad 3.0")
+    exclude_from_wd: bool = override(True, "no decay on biases and norms (the code's groups)")
+    clip_grad_norm: float = override(3.0, "the code's --clip_grad 3.0")
     clip_mode: str = help_field(PRESET["clip_mode"], "what --clip-grad-norm clips apart: "
                                 "each parameter (the code's utils.clip_gradients), each part "
                                 "(DINOv2) or all parameters together (before this was "
                                 "reproduced)", choices=CLIP_MODES)
-    sync_bn: bool = help_field(False, "a ViT has no BatchNorm")
+    sync_bn: bool = override(False, "a ViT has no BatchNorm")
 
     out_dim: int = help_field(PRESET["out_dim"], "prototypes (one head for class and patches)")
     hidden_dim: int = help_field(2048, "head hidden width (the code's 2048)")
@@ -63,7 +64,7 @@ class IBOTCifar(CifarConfig):
     warmup_teacher_epochs: int = help_field(30, "teacher-temperature warm-up from 0.04")
     freeze_last_layer_epochs: int = help_field(1, "last layer frozen for these epochs")
     centering: str = help_field(PRESET["centering"], "mean | sinkhorn | none (no centring: "
-                                "the collapse control)", choices=("mean", "sinkhorn", "none"))
+                                "the collapse control)", choices=CENTERING)
     mask_probability: float = help_field(PRESET["mask_probability"],
                                          "fraction of the global crops masked")
     mask_ratio: tuple[float, float] = help_field(PRESET["mask_ratio"],
@@ -71,10 +72,10 @@ class IBOTCifar(CifarConfig):
     koleo_weight: float = help_field(PRESET["koleo_weight"], "KoLeo weight (DINOv2: 0.1)")
     local_crops: int = help_field(10, "local crops (iBOT README: 10)")
     local_size: int = help_field(16, "side of the local crops")
-    crop_min: float = help_field(0.25, "the global crops' minimum scale and the local "
-                                 "crops' maximum (iBOT README, ViT-S/16: "
-                                 "--global_crops_scale 0.25 1 "
-                                 "--local_crops_scale 0.05 0.25)")
+    crop_min: float = override(0.25, "the global crops' minimum scale and the local "
+                               "crops' maximum (iBOT README, ViT-S/16: "
+                               "--global_crops_scale 0.25 1 "
+                               "--local_crops_scale 0.05 0.25)")
 
 
 def build_method(cfg: IBOTCifar):

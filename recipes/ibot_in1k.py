@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, run
+from contrastive.engine import TrainConfig, help_field, override, run
 from contrastive.methods import IBOT
 from contrastive.methods.base import CLIP_MODES
 
@@ -38,20 +38,20 @@ class IBOTImageNet(TrainConfig):
     """iBOT, ViT-S/16, ImageNet-1k (ICLR 2022; bytedance/ibot)."""
 
     encoder: str = PRESET["encoder"]
-    encoder_kwargs: str = help_field(json.dumps(PRESET["encoder_kwargs"]),
-                                     "create_encoder keyword arguments (JSON)")
+    encoder_kwargs: str = override(json.dumps(PRESET["encoder_kwargs"]),
+                                   "create_encoder keyword arguments (JSON)")
     image_size: int = 224
     epochs: int = 800
-    batch_size: int = help_field(1024, "effective batch (16 GPUs x 64)")
-    optimizer: str = help_field("adamw", "official: AdamW", choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(5e-4, "per 256 images (linear rule)")
-    min_lr: float = help_field(5e-4, "cosine floor as a fraction: the code's 1e-6 at batch 1024")
-    weight_decay: float = help_field(0.04, "start of the cosine weight-decay schedule")
+    batch_size: int = override(1024, "effective batch (16 GPUs x 64)")
+    optimizer: str = override("adamw", "official: AdamW")
+    lr: float = override(5e-4, "per 256 images (linear rule)")
+    min_lr: float = override(5e-4, "cosine floor as a fraction: the code's 1e-6 at batch 1024")
+    weight_decay: float = override(0.04, "start of the cosine weight-decay schedule")
     weight_decay_end: float = help_field(0.4, "end of the cosine weight-decay schedule")
-    exclude_from_wd: bool = help_field(True, "official: no decay on biases and norms")
+    exclude_from_wd: bool = override(True, "official: no decay on biases and norms")
     warmup_epochs: float = 10
-    schedule_per: str = help_field("step", "per iteration", choices=("step", "epoch"))
-    clip_grad_norm: float = help_field(3.0, "official --clip_grad 3.0")
+    schedule_per: str = override("step", "per iteration")
+    clip_grad_norm: float = override(3.0, "official --clip_grad 3.0")
     clip_mode: str = help_field(PRESET["clip_mode"], "what --clip-grad-norm clips apart: "
                                 "each parameter (the code's utils.clip_gradients), each part "
                                 "(DINOv2) or all parameters together (before this was "

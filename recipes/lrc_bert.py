@@ -19,7 +19,7 @@ Paper settings (defaults): batch 16 (K = 15 in-batch negatives in one process; w
 processes the teacher features of the whole global batch, K = 15 for a global batch of 16),
 uniform layer map, t = 1.1, alpha:beta:gamma = 1:0:0 for the first 80 % of the steps then 1:1:3,
 perturbation norm 1; the 4 x 312 student (12 heads, FFN 1200) of its Table 1. Ablations:
-``--no-two-stage`` (1:1:3 throughout), ``--no-perturb``, ``--intermediate mse``. The optimiser
+``--no-two-stage`` (1:1:3 throughout), ``--no-perturb``, ``--layer-loss mse``. The optimiser
 is BERT fine-tuning's (:class:`~contrastive.engine.LabelledTextConfig`: AdamW, 10 % linear
 warm-up then linear decay, weight decay 0.01 except biases and LayerNorm, clip 1.0) at lr 5e-5.
 
@@ -46,10 +46,12 @@ from contrastive.engine import (
     bad_input,
     cli,
     help_field,
+    override,
     parse_config,
     run,
 )
 from contrastive.methods.lrc_bert import REPRESENTATIONS
+from contrastive.nn.text_encoders import hf_folder, text_encoder
 
 __all__ = ["LRCBertConfig", "cli", "main", "make"]
 
@@ -62,14 +64,14 @@ class LRCBertConfig(LabelledTextConfig):
                               "OUTPUT_DIR/model); required")
     student: str = help_field("bert", "bert (random weights from the sizes) | hf:FOLDER (a "
                               "pre-trained small model)")
-    layers: int = help_field(4, "bert student: layers (paper 4)")
-    hidden: int = help_field(312, "bert student: hidden size (paper 312)")
-    heads: int = help_field(12, "bert student: attention heads")
-    intermediate_size: int = help_field(1200, "bert student: feed-forward width (paper 1200)")
+    layers: int = override(4, "the student (paper 4)")
+    hidden: int = override(312, "the student (paper 312)")
+    heads: int = override(12, "the student (paper 12)")
+    intermediate_size: int = override(1200, "the student (paper 1200)")
     representation: str = help_field("tokens", "layer representation COS-NCE compares (see "
                                      "contrastive.methods.lrc_bert)", choices=REPRESENTATIONS)
-    intermediate: str = help_field("cosnce", "intermediate-layer loss: cosnce (the paper) | mse "
-                                   "(the ablation)", choices=("cosnce", "mse"))
+    layer_loss: str = help_field("cosnce", "intermediate-layer loss: cosnce (the paper) | mse "
+                                 "(the ablation)", choices=("cosnce", "mse"))
     two_stage: bool = help_field(True, "--stage1-weights for --stage1-fraction of the steps, "
                                  "then --stage2-weights (--no-two-stage: --stage2-weights "
                                  "throughout)")
@@ -84,14 +86,15 @@ class LRCBertConfig(LabelledTextConfig):
         1.0, "norm eps of the perturbation (paper 1, for 312-wide students; see "
         "benchmarks/results/lrc_bert.md for narrower ones)")
     temperature: float = help_field(1.1, "t of the soft loss (paper 1.1)")
-    batch_size: int = help_field(16, "GLOBAL examples per step (paper 16: K = 15 negatives)")
-    lr: float = help_field(5e-5, "peak AdamW learning rate, absolute")
-    ddp_find_unused_parameters: bool = help_field(
+    batch_size: int = override(16, "GLOBAL examples per step (paper 16: K = 15 negatives)")
+    lr: float = override(5e-5, "peak AdamW learning rate, absolute")
+    ddp_find_unused_parameters: bool = override(
         True, "DDP find_unused_parameters: stage 1 leaves the student's prediction layer unused")
 
     def validate(self) -> None:
-        """The labelled-text checks and a teacher folder."""
+        """The labelled-text checks, a teacher folder and a student model name."""
         super().validate()
+        hf_folder(self.student)
         if not self.teacher:
             raise ValueError("--teacher is required: a fine-tuned teacher folder "
                              "(recipes/bert_finetune.py's OUTPUT_DIR/model)")
@@ -107,7 +110,9 @@ def make() -> tuple[type[LRCBertConfig], Any, LabelledTextAdapter]:
 
         teacher = adapter.teacher if getattr(adapter, "teacher", None) is not None else \
             load_teacher(cfg, adapter)
-        student = cfg.text_encoder(cfg.student, adapter.tokenizer.vocab_size)
+        student = text_encoder(cfg.student, vocab_size=adapter.tokenizer.vocab_size,
+                               max_position_embeddings=max(512, cfg.max_length),
+                               keep_layers=cfg.keep_layers, **cfg.bert_sizes())
         if student.config.vocab_size < adapter.tokenizer.vocab_size:
             raise ValueError(f"the student's vocabulary ({student.config.vocab_size}) is smaller "
                              f"than the teacher's tokenizer ({adapter.tokenizer.vocab_size}): "
@@ -116,7 +121,7 @@ def make() -> tuple[type[LRCBertConfig], Any, LabelledTextAdapter]:
         stages = (cfg.stage1_weights if cfg.two_stage else cfg.stage2_weights,
                   cfg.stage2_weights)
         return LRCBert(teacher, student, representation=cfg.representation,
-                       intermediate=cfg.intermediate, stage_weights=stages,
+                       intermediate=cfg.layer_loss, stage_weights=stages,
                        stage1_fraction=cfg.stage1_fraction, temperature=cfg.temperature,
                        perturb=cfg.perturb, perturb_scale=cfg.perturb_scale)
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from contrastive.engine import CifarConfig, help_field, run
+from contrastive.engine import CifarConfig, help_field, override, run
 from contrastive.methods import MAE
+from contrastive.methods.mae import LOSS_ON
 
 #: the method's keyword arguments at this scale: the one home of these values
 #: (MAE.from_preset("cifar") builds the same); the fields below default to them
@@ -35,16 +36,16 @@ class MAECifar(CifarConfig):
     """MAE, CIFAR-10, ViT-Tiny with 4-px patches."""
 
     encoder: str = PRESET["encoder"]
-    encoder_kwargs: str = help_field(json.dumps(PRESET["encoder_kwargs"]),
-                                     "create_encoder keyword arguments (JSON)")
+    encoder_kwargs: str = override(json.dumps(PRESET["encoder_kwargs"]),
+                                   "create_encoder keyword arguments (JSON)")
     epochs: int = 800
-    warmup_epochs: float = help_field(40, "the paper's 40 warm-up epochs")
-    optimizer: str = help_field("adamw", "MAE: AdamW", choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(1.5e-4, "per 256 images (the paper's base lr, linear rule)")
-    weight_decay: float = help_field(0.05, "none on biases and norms (timm's add_weight_decay)")
-    betas: tuple[float, float] = help_field((0.9, 0.95), "MAE's AdamW betas")
-    crop_min: float = help_field(0.2, "RandomResizedCrop minimum scale (MAE: 0.2)")
-    sync_bn: bool = help_field(False, "a ViT has no BatchNorm")
+    warmup_epochs: float = override(40, "the paper's 40 warm-up epochs")
+    optimizer: str = override("adamw", "MAE: AdamW")
+    lr: float = override(1.5e-4, "per 256 images (the paper's base lr, linear rule)")
+    weight_decay: float = override(0.05, "none on biases and norms (timm's add_weight_decay)")
+    betas: tuple[float, float] = override((0.9, 0.95), "MAE's AdamW betas")
+    crop_min: float = override(0.2, "RandomResizedCrop minimum scale (MAE: 0.2)")
+    sync_bn: bool = override(False, "a ViT has no BatchNorm")
 
     mask_ratio: float = help_field(PRESET["mask_ratio"], "fraction of patches removed")
     decoder_dim: int = help_field(PRESET["decoder_dim"], "decoder width")
@@ -53,7 +54,7 @@ class MAECifar(CifarConfig):
     norm_pix: bool = help_field(PRESET["norm_pix"], "per-patch normalised pixel targets")
     loss_on: str = help_field("masked", "patches the loss is taken on: masked (MAE) | all | "
                               "visible (a copy task: the negative control)",
-                              choices=("masked", "all", "visible"))
+                              choices=LOSS_ON)
 
 
 def build_method(cfg: MAECifar):

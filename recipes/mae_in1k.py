@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, run
+from contrastive.engine import TrainConfig, help_field, override, run
 from contrastive.methods import MAE
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -34,17 +34,16 @@ class MAEImageNet(TrainConfig):
 
     encoder: str = PRESET["encoder"]
     image_size: int = 224
-    epochs: int = help_field(800, "PRETRAIN.md: 800 (the paper's longest: 1600)")
-    batch_size: int = help_field(4096, "effective batch (PRETRAIN.md)")
-    optimizer: str = help_field("adamw", "official: AdamW", choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(1.5e-4, "per 256 images (--blr, linear rule)")
-    betas: tuple[float, float] = help_field((0.9, 0.95), "main_pretrain.py's AdamW betas")
-    weight_decay: float = help_field(0.05, "none on biases and norms (timm's add_weight_decay)")
+    epochs: int = override(800, "PRETRAIN.md: 800 (the paper's longest: 1600)")
+    batch_size: int = override(4096, "effective batch (PRETRAIN.md)")
+    optimizer: str = override("adamw", "official: AdamW")
+    lr: float = override(1.5e-4, "per 256 images (--blr, linear rule)")
+    betas: tuple[float, float] = override((0.9, 0.95), "main_pretrain.py's AdamW betas")
+    weight_decay: float = override(0.05, "none on biases and norms (timm's add_weight_decay)")
     exclude_from_wd: bool = True
     warmup_epochs: float = 40
-    min_lr: float = help_field(0.0, "the code's --min_lr 0")
-    schedule_per: str = help_field("step", "per iteration (util/lr_sched.py)",
-                                   choices=("step", "epoch"))
+    min_lr: float = override(0.0, "the code's --min_lr 0")
+    schedule_per: str = override("step", "per iteration (util/lr_sched.py)")
     crop_min: float = help_field(0.2, "RandomResizedCrop minimum scale")
 
     mask_ratio: float = help_field(PRESET["mask_ratio"], "fraction of patches removed")

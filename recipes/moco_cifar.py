@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, run
+from contrastive.engine import TrainConfig, help_field, override, run
 from contrastive.methods import MoCo
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -45,17 +45,14 @@ class MoCoCifar(TrainConfig):
     image_size: int = 32
     epochs: int = 200
     batch_size: int = 512
-    lr: float = help_field(0.03, "per 256 images (linear rule): 0.06 at the demo's batch 512")
-    lr_schedule: str = help_field("cosine", "the demo's cosine schedule",
-                                  choices=("cosine", "step", "constant"))
-    schedule_per: str = help_field("epoch", "the demo adjusts the lr once per epoch",
-                                   choices=("step", "epoch"))
+    lr: float = override(0.03, "per 256 images (linear rule): 0.06 at the demo's batch 512")
+    lr_schedule: str = override("cosine", "the demo's cosine schedule")
+    schedule_per: str = override("epoch", "the demo adjusts the lr once per epoch")
     weight_decay: float = 5e-4
-    exclude_from_wd: bool = help_field(False, "the demo decays every parameter")
+    exclude_from_wd: bool = override(False, "the demo decays every parameter")
     sgd_momentum: float = 0.9
     knn_every: int = 1
-    knn_feature: str = help_field("head", "the demo runs kNN on the 128-d output",
-                                  choices=("backbone", "head"))
+    knn_feature: str = override("head", "the demo runs kNN on the 128-d output")
     save_every_steps: int = 0
 
     # MoCo

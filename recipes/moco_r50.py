@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, run
+from contrastive.engine import TrainConfig, help_field, override, run
 from contrastive.methods import MoCo
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -38,15 +38,13 @@ class MoCoV2R50(TrainConfig):
     image_size: int = 224
     epochs: int = 200
     batch_size: int = 256
-    optimizer: str = help_field("sgd", "official: SGD", choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(0.03, "per 256 images (linear rule, as the official README)")
+    optimizer: str = override("sgd", "official: SGD")
+    lr: float = override(0.03, "per 256 images (linear rule, as the official README)")
     weight_decay: float = 1e-4
-    exclude_from_wd: bool = help_field(False, "official code decays every parameter")
+    exclude_from_wd: bool = override(False, "official code decays every parameter")
     sgd_momentum: float = 0.9
-    lr_schedule: str = help_field("cosine", "MoCo v2 '--cos'", choices=("cosine", "step",
-                                                                      "constant"))
-    schedule_per: str = help_field("epoch", "official: lr set once per epoch",
-                                   choices=("step", "epoch"))
+    lr_schedule: str = override("cosine", "MoCo v2 '--cos'")
+    schedule_per: str = override("epoch", "official: lr set once per epoch")
 
     dim: int = help_field(PRESET["dim"], "output (key) dimension")
     mlp_hidden: int = help_field(PRESET["mlp_hidden"], "hidden width of the 2-layer MLP head")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, run
+from contrastive.engine import TrainConfig, help_field, override, run
 from contrastive.methods import MoCo
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -32,16 +32,14 @@ class MoCoV1R50(TrainConfig):
     image_size: int = 224
     epochs: int = 200
     batch_size: int = 256
-    lr: float = help_field(0.03, "per 256 images (linear rule)")
+    lr: float = override(0.03, "per 256 images (linear rule)")
     weight_decay: float = 1e-4
-    exclude_from_wd: bool = help_field(False, "official code decays every parameter")
+    exclude_from_wd: bool = override(False, "official code decays every parameter")
     sgd_momentum: float = 0.9
-    lr_schedule: str = help_field("step", "x lr_gamma at each of --lr-milestones",
-                                  choices=("cosine", "step", "constant"))
-    lr_milestones: tuple[int, ...] = help_field((120, 160), "official '--schedule 120 160'")
+    lr_schedule: str = override("step", "x lr_gamma at each of --lr-milestones")
+    lr_milestones: tuple[int, ...] = override((120, 160), "official '--schedule 120 160'")
     lr_gamma: float = 0.1
-    schedule_per: str = help_field("epoch", "official: lr set once per epoch",
-                                   choices=("step", "epoch"))
+    schedule_per: str = override("epoch", "official: lr set once per epoch")
 
     dim: int = help_field(PRESET["dim"], "output (key) dimension; the head is Linear(2048, dim)")
     queue_size: int = help_field(PRESET["queue_size"], "negative keys K")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, run
+from contrastive.engine import TrainConfig, help_field, override, run
 from contrastive.methods import MoCoV3
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -36,15 +36,14 @@ class MoCoV3R50(TrainConfig):
     image_size: int = 224
     epochs: int = 100
     batch_size: int = 4096
-    optimizer: str = help_field("lars", "official: LARS", choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(0.6, "per 256 images (linear rule); 0.3 for 300/1000 epochs")
-    weight_decay: float = help_field(1e-6, "1.5e-6 for 1000 epochs")
+    optimizer: str = override("lars", "official: LARS")
+    lr: float = override(0.6, "per 256 images (linear rule); 0.3 for 300/1000 epochs")
+    weight_decay: float = override(1e-6, "1.5e-6 for 1000 epochs")
     sgd_momentum: float = 0.9
     warmup_epochs: float = 10
-    lr_schedule: str = help_field("cosine", "warmup + half-cycle cosine",
-                                  choices=("cosine", "step", "constant"))
-    schedule_per: str = help_field("step", "official: per iteration", choices=("step", "epoch"))
-    sync_bn: bool = help_field(True, "official: SyncBN across GPU processes")
+    lr_schedule: str = override("cosine", "warmup + half-cycle cosine")
+    schedule_per: str = override("step", "official: per iteration")
+    sync_bn: bool = override(True, "official: SyncBN across GPU processes")
 
     dim: int = help_field(PRESET["dim"], "output dimension")
     mlp_hidden: int = help_field(PRESET["mlp_hidden"], "hidden width of projector and predictor")

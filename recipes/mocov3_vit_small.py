@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, run
+from contrastive.engine import TrainConfig, help_field, override, run
 from contrastive.methods import MoCoV3
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -36,15 +36,14 @@ class MoCoV3ViTSmall(TrainConfig):
     image_size: int = 224
     epochs: int = 300
     batch_size: int = 4096
-    optimizer: str = help_field("adamw", "official: AdamW", choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(1.5e-4, "per 256 images (linear rule)")
+    optimizer: str = override("adamw", "official: AdamW")
+    lr: float = override(1.5e-4, "per 256 images (linear rule)")
     weight_decay: float = 0.1
-    exclude_from_wd: bool = help_field(False, "official AdamW decays every parameter")
+    exclude_from_wd: bool = override(False, "official AdamW decays every parameter")
     warmup_epochs: float = 40
-    lr_schedule: str = help_field("cosine", "warmup + half-cycle cosine",
-                                  choices=("cosine", "step", "constant"))
-    schedule_per: str = help_field("step", "official: per iteration", choices=("step", "epoch"))
-    sync_bn: bool = help_field(True, "official: SyncBN (in the heads) across GPU processes")
+    lr_schedule: str = override("cosine", "warmup + half-cycle cosine")
+    schedule_per: str = override("step", "official: per iteration")
+    sync_bn: bool = override(True, "official: SyncBN (in the heads) across GPU processes")
 
     dim: int = help_field(PRESET["dim"], "output dimension")
     mlp_hidden: int = help_field(PRESET["mlp_hidden"], "hidden width of projector and predictor")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, run
+from contrastive.engine import TrainConfig, help_field, override, run
 from contrastive.methods import NNCLR
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -36,12 +36,12 @@ class NNCLRR50(TrainConfig):
     image_size: int = 224
     epochs: int = 1000
     batch_size: int = 4096
-    optimizer: str = help_field("lars", "paper: LARS", choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(0.3, "per 256 images (linear rule): 4.8 at batch 4096")
+    optimizer: str = override("lars", "paper: LARS")
+    lr: float = override(0.3, "per 256 images (linear rule): 4.8 at batch 4096")
     weight_decay: float = 1e-6
     warmup_epochs: float = 10
-    schedule_per: str = help_field("step", "per iteration", choices=("step", "epoch"))
-    sync_bn: bool = help_field(True, "global BN across GPU processes")
+    schedule_per: str = override("step", "per iteration")
+    sync_bn: bool = override(True, "global BN across GPU processes")
 
     dim: int = help_field(PRESET["dim"], "embedding dimension d")
     proj_hidden: int = help_field(PRESET["proj_hidden"], "projector hidden width")

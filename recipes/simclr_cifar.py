@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, run
+from contrastive.engine import TrainConfig, help_field, override, run
 from contrastive.methods import SimCLR
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -37,14 +37,13 @@ class SimCLRCifar(TrainConfig):
     image_size: int = 32
     epochs: int = 1000
     batch_size: int = 512
-    optimizer: str = help_field("lars", "official code default", choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(1.0, "per 256 images (linear rule): 2.0 at batch 512")
+    optimizer: str = override("lars", "official code default")
+    lr: float = override(1.0, "per 256 images (linear rule): 2.0 at batch 512")
     weight_decay: float = 1e-4
     sgd_momentum: float = 0.9
     warmup_epochs: float = 10
-    lr_schedule: str = help_field("cosine", "warmup + cosine", choices=("cosine", "step",
-                                                                      "constant"))
-    sync_bn: bool = help_field(True, "global BN across GPU processes")
+    lr_schedule: str = override("cosine", "warmup + cosine")
+    sync_bn: bool = override(True, "global BN across GPU processes")
     knn_every: int = 10
     save_every_steps: int = 0
 

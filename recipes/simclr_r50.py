@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, run
+from contrastive.engine import TrainConfig, help_field, override, run
 from contrastive.methods import SimCLR
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -34,14 +34,13 @@ class SimCLRR50(TrainConfig):
     image_size: int = 224
     epochs: int = 100
     batch_size: int = 4096
-    optimizer: str = help_field("lars", "paper: LARS", choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(0.3, "per 256 images (linear rule): 4.8 at batch 4096")
+    optimizer: str = override("lars", "paper: LARS")
+    lr: float = override(0.3, "per 256 images (linear rule): 4.8 at batch 4096")
     weight_decay: float = 1e-6
     sgd_momentum: float = 0.9
     warmup_epochs: float = 10
-    lr_schedule: str = help_field("cosine", "warmup + cosine", choices=("cosine", "step",
-                                                                      "constant"))
-    sync_bn: bool = help_field(True, "paper: global BN across devices")
+    lr_schedule: str = override("cosine", "warmup + cosine")
+    sync_bn: bool = override(True, "paper: global BN across devices")
 
     dim: int = help_field(PRESET["dim"], "projection output dimension")
     mlp_hidden: int = help_field(2048, "projection head hidden width")

@@ -47,8 +47,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from contrastive.engine import TextAdapter, TextConfig, help_field, run
+from contrastive.engine import BertSizes, TextAdapter, TextConfig, help_field, override, run
 from contrastive.methods import SimCSE
+from contrastive.methods.simcse import POOLERS
+from contrastive.nn.text_encoders import bert_options, hf_folder
 
 #: the method's keyword arguments in the paper's setting (the default --mode sup): the one home
 #: of these values (SimCSE.from_preset("sup") builds the same); the fields below default to them
@@ -60,50 +62,46 @@ PAPER = {"sup": dict(lr=5e-5, batch_size=512, epochs=3),
 
 
 @dataclass
-class SimCSEConfig(TextConfig):
+class SimCSEConfig(BertSizes, TextConfig):
     """SimCSE, supervised or unsupervised (see the module docstring for the sources)."""
 
     mode: str = help_field("sup", "sup | unsup (presets of SimCSE)", choices=("sup", "unsup"))
-    data: str = help_field(
+    data: str = override(
         "generated", "generated | a SimCSE .csv/.tsv (sent0,sent1[,hard_neg]) | a .txt (one "
         "sentence a line). generated: sup = (premise, entailment, contradiction) triples, "
         "unsup = the premises alone")
     n_train: int = help_field(20000, "generated training examples")
     hard_negatives: bool = help_field(True, "generated sup data: keep the contradiction as the "
                                       "hard negative")
-    max_length: int = help_field(32, "tokens per sentence (paper 32)")
-    eval_every: int = help_field(250, "STS evaluation every N steps (paper 250; 0 = at the "
-                                 "end only)")
-    keep_best: str = help_field(
+    max_length: int = override(32, "tokens per sentence (paper 32)")
+    eval_every: int = override(250, "STS evaluation every N steps (paper 250; 0 = at the "
+                               "end only)")
+    keep_best: str = override(
         "sts_spearman", "keep the model at the best value of this evaluator metric in best/ "
         "(the official --metric_for_best_model stsb_spearman); empty = off")
     # model
     encoder: str = help_field("bert", "bert (random init, sizes below) | hf:FOLDER (pretrained, "
                               "e.g. BERT-base)")
-    layers: int = help_field(4, "bert: layers")
-    hidden: int = help_field(256, "bert: hidden size")
-    heads: int = help_field(4, "bert: attention heads")
-    intermediate: int = help_field(0, "bert: FFN size (0 = 4 x hidden)")
-    dropout: float = help_field(0.1, "bert: dropout p (BERT 0.1; the unsupervised positives' "
-                                "noise)")
+    layers: int = 4
+    hidden: int = 256
+    heads: int = 4
+    dropout: float = override(0.1, "the unsupervised positives' noise")
     pooling: str = help_field(
         PRESET["pooling"], "cls | cls_before_pooler | avg (official pooler_type)",
-        choices=("cls", "cls_before_pooler", "avg"))
+        choices=POOLERS)
     temperature: float = help_field(PRESET["temperature"], "tau (paper 0.05)")
     # optimisation: the official train.py (Hugging Face Trainer defaults)
-    lr: float = help_field(0.0, "AdamW lr, absolute (0 = paper: sup 5e-5, unsup 3e-5)")
-    batch_size: int = help_field(0, "GLOBAL examples per step (0 = paper: sup 512, unsup 64)")
-    epochs: int = help_field(0, "epochs (0 = paper: sup 3, unsup 1)")
-    optimizer: str = help_field("adamw", "AdamW (the Hugging Face Trainer's)",
-                                choices=("sgd", "adamw", "lars"))
-    lr_scaling: str = help_field("none", "lr is absolute", choices=("linear", "sqrt", "none"))
-    lr_schedule: str = help_field("linear", "linear decay to 0 (the Trainer's default)",
-                                  choices=("cosine", "linear", "step", "constant"))
-    weight_decay: float = help_field(0.0, "AdamW weight decay (the Trainer's default 0)")
-    betas: tuple[float, float] = help_field((0.9, 0.999), "AdamW betas (the Trainer's)")
-    clip_grad_norm: float = help_field(1.0, "max gradient norm (the Trainer's 1.0; 0 = off)")
-    num_workers: int = help_field(0, "loader workers (tokenising is cheap: 0 = in the main "
-                                  "process)")
+    lr: float = override(0.0, "AdamW lr, absolute (0 = paper: sup 5e-5, unsup 3e-5)")
+    batch_size: int = override(0, "GLOBAL examples per step (0 = paper: sup 512, unsup 64)")
+    epochs: int = override(0, "epochs (0 = paper: sup 3, unsup 1)")
+    optimizer: str = override("adamw", "AdamW (the Hugging Face Trainer's)")
+    lr_scaling: str = override("none", "lr is absolute")
+    lr_schedule: str = override("linear", "linear decay to 0 (the Trainer's default)")
+    weight_decay: float = override(0.0, "AdamW weight decay (the Trainer's default 0)")
+    betas: tuple[float, float] = override((0.9, 0.999), "AdamW betas (the Trainer's)")
+    clip_grad_norm: float = override(1.0, "max gradient norm (the Trainer's 1.0; 0 = off)")
+    num_workers: int = override(0, "loader workers (tokenising is cheap: 0 = in the main "
+                                "process)")
     log_every: int = 50
 
     derived_fields: ClassVar[tuple[str, ...]] = ("lr", "batch_size", "epochs")
@@ -113,6 +111,12 @@ class SimCSEConfig(TextConfig):
         for name, value in PAPER.get(self.mode, {}).items():
             if not getattr(self, name):
                 setattr(self, name, value)
+
+    def validate(self) -> None:
+        """The text checks, the encoder's name and the BERT's sizes."""
+        super().validate()
+        hf_folder(self.encoder)
+        self.check_bert_sizes()
 
 
 def training_data(cfg: SimCSEConfig) -> Any:
@@ -146,11 +150,8 @@ def training_data(cfg: SimCSEConfig) -> Any:
 def method_kwargs(cfg: SimCSEConfig, vocab_size: int) -> dict[str, Any]:
     """SimCSE's keyword arguments: unsup with [CLS] uses the MLP in training only (the
     official ``--mlp_only_train``)."""
-    kwargs: dict[str, Any] = {}
-    if cfg.encoder == "bert":
-        kwargs = dict(num_layers=cfg.layers, hidden_size=cfg.hidden, num_heads=cfg.heads,
-                      intermediate_size=cfg.intermediate or None, vocab_size=vocab_size,
-                      dropout=cfg.dropout, attention_dropout=cfg.dropout)
+    kwargs = {} if hf_folder(cfg.encoder) else bert_options(**cfg.bert_sizes(),
+                                                            vocab_size=vocab_size)
     return dict(encoder=cfg.encoder, pooling=cfg.pooling, temperature=cfg.temperature,
                 mlp_only_train=cfg.mode == "unsup" and cfg.pooling == "cls",
                 encoder_kwargs=kwargs)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import CifarConfig, help_field, run
+from contrastive.engine import CifarConfig, help_field, override, run
 from contrastive.engine.schedules import scaled_lr
 from contrastive.methods import SimSiam
 
@@ -28,8 +28,8 @@ class SimSiamCifar(CifarConfig):
     """SimSiam, CIFAR-10 (solo-learn's simsiam.yaml)."""
 
     encoder: str = PRESET["encoder"]
-    optimizer: str = help_field("sgd", "solo-learn: SGD", choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(0.5, "per 256 images (linear rule)")
+    optimizer: str = override("sgd", "solo-learn: SGD")
+    lr: float = override(0.5, "per 256 images (linear rule)")
     weight_decay: float = 1e-5
     sgd_momentum: float = 0.9
 
@@ -39,7 +39,7 @@ class SimSiamCifar(CifarConfig):
     proj_layers: int = help_field(PRESET["proj_layers"], "projector Linear layers")
     fix_predictor_lr: bool = help_field(True, "the predictor keeps the peak lr (paper fix_lr)")
     stop_gradient: bool = help_field(True, "false only for the collapse control")
-    crop_min: float = help_field(0.2, "RandomResizedCrop minimum scale (solo-learn: 0.2)")
+    crop_min: float = override(0.2, "RandomResizedCrop minimum scale (solo-learn: 0.2)")
 
 
 def build_method(cfg: SimSiamCifar):

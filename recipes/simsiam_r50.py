@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, run
+from contrastive.engine import TrainConfig, help_field, override, run
 from contrastive.engine.schedules import scaled_lr
 from contrastive.methods import SimSiam
 
@@ -32,15 +32,14 @@ class SimSiamR50(TrainConfig):
     image_size: int = 224
     epochs: int = 100
     batch_size: int = 512
-    optimizer: str = help_field("sgd", "official: SGD", choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(0.05, "per 256 images (linear rule)")
+    optimizer: str = override("sgd", "official: SGD")
+    lr: float = override(0.05, "per 256 images (linear rule)")
     weight_decay: float = 1e-4
-    exclude_from_wd: bool = help_field(False, "official code decays every parameter")
+    exclude_from_wd: bool = override(False, "official code decays every parameter")
     sgd_momentum: float = 0.9
     warmup_epochs: float = 0
-    schedule_per: str = help_field("epoch", "official: cosine per epoch", choices=("step",
-                                                                                 "epoch"))
-    sync_bn: bool = help_field(True, "official: SyncBN across GPU processes")
+    schedule_per: str = override("epoch", "official: cosine per epoch")
+    sync_bn: bool = override(True, "official: SyncBN across GPU processes")
 
     dim: int = help_field(PRESET["dim"], "projection dimension")
     pred_hidden: int = help_field(PRESET["pred_hidden"], "predictor bottleneck")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import CifarConfig, help_field, run
+from contrastive.engine import CifarConfig, help_field, override, run
 from contrastive.methods import SupCon
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -31,8 +31,8 @@ class SupConCifar(CifarConfig):
     """SupCon, CIFAR-10 (solo-learn's supcon.yaml)."""
 
     encoder: str = PRESET["encoder"]
-    optimizer: str = help_field("sgd", "solo-learn: SGD", choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(0.4, "per 256 images (linear rule)")
+    optimizer: str = override("sgd", "solo-learn: SGD")
+    lr: float = override(0.4, "per 256 images (linear rule)")
     weight_decay: float = 1e-5
     sgd_momentum: float = 0.9
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, run
+from contrastive.engine import TrainConfig, help_field, override, run
 from contrastive.methods import SupCon
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -44,14 +44,14 @@ class SupConR50(TrainConfig):
 
     encoder: str = PRESET["encoder"]
     image_size: int = 224
-    epochs: int = help_field(350, "the official ResNet-50 script's stage-1 epochs")
+    epochs: int = override(350, "the official ResNet-50 script's stage-1 epochs")
     batch_size: int = 6144
-    optimizer: str = help_field("lars", "official: LARS", choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(0.4, "per 256 images (linear rule): 9.6 at batch 6144")
+    optimizer: str = override("lars", "official: LARS")
+    lr: float = override(0.4, "per 256 images (linear rule): 9.6 at batch 6144")
     weight_decay: float = 1e-3
     warmup_epochs: float = 12
-    schedule_per: str = help_field("step", "per iteration", choices=("step", "epoch"))
-    sync_bn: bool = help_field(True, "official: global BN across cores")
+    schedule_per: str = override("step", "per iteration")
+    sync_bn: bool = override(True, "official: global BN across cores")
 
     dim: int = help_field(PRESET["dim"], "embedding dimension")
     mlp_hidden: int = help_field(2048, "head hidden width (paper Sec. 3)")

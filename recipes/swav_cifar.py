@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import CifarConfig, help_field, run
+from contrastive.engine import CifarConfig, help_field, override, run
 from contrastive.methods import SwAV
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -30,8 +30,8 @@ class SwAVCifar(CifarConfig):
     """SwAV, CIFAR-10 (solo-learn's swav.yaml)."""
 
     encoder: str = PRESET["encoder"]
-    optimizer: str = help_field("lars", "solo-learn: LARS", choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(0.6, "per 256 images (linear rule)")
+    optimizer: str = override("lars", "solo-learn: LARS")
+    lr: float = override(0.6, "per 256 images (linear rule)")
     weight_decay: float = 1e-6
 
     dim: int = help_field(PRESET["dim"], "embedding dimension")

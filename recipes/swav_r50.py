@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, run
+from contrastive.engine import TrainConfig, help_field, override, run
 from contrastive.methods import SwAV
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -33,15 +33,14 @@ class SwAVR50(TrainConfig):
     image_size: int = 224
     epochs: int = 800
     batch_size: int = 4096
-    optimizer: str = help_field("lars", "official: LARS", choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(4.8, "absolute lr at batch 4096 (official --base_lr)")
-    lr_scaling: str = help_field("none", "the code gives the lr for its batch",
-                                 choices=("linear", "sqrt", "none"))
-    min_lr: float = help_field(0.001, "cosine floor as a fraction: official --final_lr 0.0048")
+    optimizer: str = override("lars", "official: LARS")
+    lr: float = override(4.8, "absolute lr at batch 4096 (official --base_lr)")
+    lr_scaling: str = override("none", "the code gives the lr for its batch")
+    min_lr: float = override(0.001, "cosine floor as a fraction: official --final_lr 0.0048")
     weight_decay: float = 1e-6
     warmup_epochs: float = 10
-    schedule_per: str = help_field("step", "per iteration", choices=("step", "epoch"))
-    sync_bn: bool = help_field(True, "official: SyncBN across GPU processes")
+    schedule_per: str = override("step", "per iteration")
+    sync_bn: bool = override(True, "official: SyncBN across GPU processes")
 
     dim: int = help_field(PRESET["dim"], "embedding dimension (--feat_dim)")
     mlp_hidden: int = help_field(PRESET["mlp_hidden"], "projector hidden width")

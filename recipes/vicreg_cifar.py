@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import CifarConfig, help_field, run
+from contrastive.engine import CifarConfig, help_field, override, run
 from contrastive.methods import VICReg
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -27,8 +27,8 @@ class VICRegCifar(CifarConfig):
     """VICReg, CIFAR-10 (solo-learn's vicreg.yaml)."""
 
     encoder: str = PRESET["encoder"]
-    optimizer: str = help_field("lars", "solo-learn: LARS", choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(0.3, "per 256 images (linear rule)")
+    optimizer: str = override("lars", "solo-learn: LARS")
+    lr: float = override(0.3, "per 256 images (linear rule)")
     weight_decay: float = 1e-4
 
     dim: int = help_field(PRESET["dim"], "expander output width")
@@ -36,7 +36,7 @@ class VICRegCifar(CifarConfig):
     sim_coeff: float = help_field(25.0, "invariance weight lambda")
     std_coeff: float = help_field(25.0, "variance weight mu")
     cov_coeff: float = help_field(1.0, "covariance weight nu")
-    crop_min: float = help_field(0.2, "RandomResizedCrop minimum scale (solo-learn: 0.2)")
+    crop_min: float = override(0.2, "RandomResizedCrop minimum scale (solo-learn: 0.2)")
 
 
 def build_method(cfg: VICRegCifar):

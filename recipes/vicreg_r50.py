@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, run
+from contrastive.engine import TrainConfig, help_field, override, run
 from contrastive.methods import VICReg
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -31,12 +31,12 @@ class VICRegR50(TrainConfig):
     image_size: int = 224
     epochs: int = 1000
     batch_size: int = 2048
-    optimizer: str = help_field("lars", "official: LARS", choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(0.2, "per 256 images (linear rule, the code's --base-lr)")
+    optimizer: str = override("lars", "official: LARS")
+    lr: float = override(0.2, "per 256 images (linear rule, the code's --base-lr)")
     weight_decay: float = 1e-6
     warmup_epochs: float = 10
-    schedule_per: str = help_field("step", "per iteration", choices=("step", "epoch"))
-    sync_bn: bool = help_field(True, "global BN across GPU processes")
+    schedule_per: str = override("step", "per iteration")
+    sync_bn: bool = override(True, "global BN across GPU processes")
 
     dim: int = help_field(PRESET["dim"], "expander output width")
     mlp_hidden: int = help_field(PRESET["mlp_hidden"], "expander hidden width")

@@ -51,6 +51,7 @@ from contrastive.engine.checkpoint import (
     model_signature,
 )
 from contrastive.engine.config import (
+    BertSizes,
     CifarConfig,
     DIMConfig,
     DualEncoderConfig,
@@ -63,6 +64,7 @@ from contrastive.engine.config import (
     config_from_dict,
     config_to_dict,
     help_field,
+    override,
     parse_config,
 )
 from contrastive.engine.evaluators import Evaluator, GlueEvaluator
@@ -73,6 +75,7 @@ from contrastive.engine.setup import reset_accelerate_state
 from contrastive.engine.trainer import NonFiniteLossError, TrainResult, train, write_encoder
 
 __all__ = [
+    "BertSizes",
     "CifarConfig",
     "DIMConfig",
     "DataAdapter",
@@ -101,6 +104,7 @@ __all__ = [
     "cosine_lr",
     "find_latest",
     "help_field",
+    "override",
     "linear_lr",
     "lr_at",
     "model_signature",

@@ -23,7 +23,7 @@ from torch import nn
 
 __all__ = ["FORMAT_VERSION", "OPERATIONAL_FIELDS", "RENAMED_FIELDS", "IncompatibleCheckpointError",
            "ResumeMismatchError", "tensor_digest", "rng_digest", "model_signature",
-           "check_compatible"]
+           "check_compatible", "renamed_to"]
 
 FORMAT_VERSION = 2  # 1: accelerate's save_state (pickled custom state), not read any more
 
@@ -42,8 +42,9 @@ OPERATIONAL_FIELDS = frozenset({
 #: refuses a resume; the old flags and ``--config`` keys still work, with a one-time
 #: ``FutureWarning`` (:func:`contrastive.engine.config.parse_config`). Fields added since (absent
 #: from an older checkpoint) count as their default; fields removed since (absent from this
-#: version) are ignored. Append, never edit, an entry.
-RENAMED_FIELDS: dict[str, str] = {
+#: version) are ignored. An old name that two fields shared maps to both (a tuple): its value
+#: tells which (:func:`renamed_to`). Append, never edit, an entry.
+RENAMED_FIELDS: dict[str, str | tuple[str, ...]] = {
     # issue 29: one name for the EMA momentum of a key encoder / target / teacher, the name the
     # methods' constructors, their schedule and metrics.jsonl already used
     "moco_momentum": "momentum",  # moco_cifar, moco_r50, mocov1_r50, mocov3_r50, mocov3_vit_small
@@ -51,7 +52,35 @@ RENAMED_FIELDS: dict[str, str] = {
     "momentum_teacher": "momentum",  # dino_cifar, dino_vit_small
     # one name for the KD soft-loss temperature t, as recipes/lrc_bert.py and the methods say it
     "kd_temperature": "temperature",  # distill_cosnce
+    # issue 48: one spelling of a BERT's sizes in every recipe, the dual encoder's text tower too
+    "text_layers": "layers", "text_width": "hidden", "text_heads": "heads",  # clip, siglip
+    "text_dropout": "dropout",
+    # and no name for two things: simcse's feed-forward width (an int) and lrc_bert's
+    # intermediate-layer loss (cosnce | mse)
+    "intermediate": ("intermediate_size", "layer_loss"),
 }
+
+
+def renamed_to(old: str, value: Any, defaults: dict[str, Any]) -> str | None:
+    """The field that an old name (:data:`RENAMED_FIELDS`) with ``value`` fills among
+    ``defaults`` (field -> default), None if none. Of several candidates that are fields, the
+    first whose default's type the value has or converts to (a flag's text: ``--intermediate
+    32`` is a width, ``--intermediate mse`` a loss)."""
+    new = RENAMED_FIELDS.get(old, ())
+    candidates = [n for n in ((new,) if isinstance(new, str) else new) if n in defaults]
+    if len(candidates) < 2:
+        return candidates[0] if candidates else None
+    for name in candidates:
+        kind = type(defaults[name])
+        if isinstance(value, kind) or (kind is float and isinstance(value, int)):
+            return name
+        if isinstance(value, str):
+            try:
+                kind(value)
+                return name
+            except ValueError:
+                pass
+    return None
 
 
 class IncompatibleCheckpointError(ValueError):
@@ -124,7 +153,8 @@ def upgrade_config(old: dict[str, Any], defaults: dict[str, Any]) -> dict[str, A
     (:data:`RENAMED_FIELDS`), fields it lacks at their ``defaults`` (every key of the run's
     config: the recipe name and the config class's defaults), keys ``defaults`` lacks (fields
     removed since) dropped."""
-    renamed = {RENAMED_FIELDS.get(k, k): v for k, v in old.items()}
+    renamed = {(renamed_to(k, v, defaults) or k) if k not in defaults else k: v
+               for k, v in old.items()}
     return {k: renamed.get(k, v) for k, v in defaults.items()}
 
 

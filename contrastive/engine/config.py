@@ -1,10 +1,12 @@
 """Training configuration: one dataclass, every field a command-line flag.
 
 A recipe subclasses :class:`RunConfig` (what every run has) or, on images, :class:`TrainConfig`
-(plus the image fields), sets the paper's values as defaults and adds the
-method's own fields; :func:`parse_config` turns the dataclass into an ``argparse`` parser where
-every field ``foo_bar`` is ``--foo-bar`` (``--foo_bar`` works too), ``--help`` lists each field
-with its default, and an unknown flag is an error that names the closest field.
+(plus the image fields), sets the paper's values as defaults (:func:`override`: a declared
+field's choices and help are kept, so each choice list has one home) and adds the method's own
+fields (:func:`help_field`); :func:`parse_config` turns the dataclass into an ``argparse``
+parser where every field ``foo_bar`` is ``--foo-bar`` (``--foo_bar`` works too), ``--help``
+lists each field with its default, and an unknown flag is an error that names the closest
+field.
 
 Field help comes from ``field(metadata={"help": ...})``; booleans take ``--flag`` /
 ``--no-flag`` or ``--flag true|false``; tuples take several values (``--lr-milestones 120 160``).
@@ -25,12 +27,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, TypeVar
 
-from contrastive.engine.compat import RENAMED_FIELDS
+from contrastive.engine.compat import RENAMED_FIELDS, renamed_to
 from contrastive.hardware import PRECISIONS
 
 __all__ = ["RunConfig", "TrainConfig", "ImageTextConfig", "TextRunConfig", "TextConfig",
-           "LabelledTextConfig", "CifarConfig", "SCHEDULES", "parse_config",
-           "config_to_dict", "config_from_dict", "help_field", "parse_json_object"]
+           "BertSizes", "LabelledTextConfig", "CifarConfig", "SCHEDULES", "parse_config",
+           "config_to_dict", "config_from_dict", "help_field", "override", "field_options",
+           "parse_json_object"]
 
 C = TypeVar("C", bound="RunConfig")
 
@@ -39,10 +42,68 @@ SCHEDULES = ("cosine", "linear", "step", "constant")
 
 
 def help_field(default: Any, help: str, **kwargs: Any) -> Any:
-    """``dataclasses.field`` with a help text (shown by ``--help``)."""
+    """A new field: ``dataclasses.field`` with a help text (shown by ``--help``) and options
+    such as ``choices``. A subclass changes a field its base declares with :func:`override`."""
+    _check_default(default)
+    return field(default=default, metadata={"help": help, **kwargs})
+
+
+def override(default: Any, note: str = "", *, only: tuple[Any, ...] = (), why: str = "") -> Any:
+    """A subclass's default for a field that a base configuration declares, keeping the base's
+    choices and help (each choice list is written once, where the field is declared).
+
+    ``note`` says what the new default is (``--help`` shows it before the base's help). ``only``
+    narrows the choices to a subset, for a recipe that cannot run the others; ``why`` (required
+    with ``only``) says why, in ``--help``. A bare new
+    default (``batch_size: int = 128``) also keeps the base's choices and help.
+
+        lr_schedule: str = override("linear", "BERT's: linear decay to 0 after the warm-up")
+    """
+    _check_default(default)
+    if bool(only) != bool(why):
+        raise TypeError("override: narrowing the choices (only=...) needs why=..., the reason")
+    return field(default=default, metadata={"note": note, "only": tuple(only), "why": why})
+
+
+def _check_default(default: Any) -> None:
     if isinstance(default, (list, dict, set)):
         raise TypeError("use a tuple for sequence defaults (dataclass fields must be immutable)")
-    return field(default=default, metadata={"help": help, **kwargs})
+
+
+def field_options(cls: type, name: str) -> dict[str, Any]:
+    """The command-line options of field ``name`` of ``cls`` (``help``, ``choices``): those of
+    the class that declares it first, with each subclass's :func:`override` applied (its note
+    before the declared help, its narrowed choices and their reason). A subclass that declares
+    the field again with :func:`help_field` is refused: it would drop or copy the choices."""
+    options: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        f = vars(klass).get("__dataclass_fields__", {}).get(name)
+        if f is None or name not in vars(klass).get("__annotations__", {}):
+            continue  # klass inherits the field or does not have it
+        meta = dict(f.metadata)
+        if not options and "note" in meta:
+            raise TypeError(f"{klass.__qualname__}.{name}: override() changes a field that a "
+                            "base configuration declares, and none does: use help_field")
+        if not options:
+            options = meta or {"help": ""}
+        elif "help" in meta:
+            raise TypeError(f"{klass.__qualname__}.{name} declares a field that a base "
+                            f"configuration declares: write `{name}: ... = override(default, "
+                            "note)`, which keeps its choices and help")
+        elif meta:
+            declared = options.get("declared_help", options["help"])
+            options["declared_help"] = declared
+            note = meta["note"].rstrip(".")
+            options["help"] = f"{note}. {declared}" if note else declared
+            if meta["only"]:
+                base = options.get("choices")
+                if base is not None and not set(meta["only"]) <= set(base):
+                    raise TypeError(f"{klass.__qualname__}.{name}: only={meta['only']} is not a "
+                                    f"subset of the declared choices {tuple(base)}")
+                options["choices"] = meta["only"]
+                options["help"] += f" (here only {' | '.join(map(str, meta['only']))}: " \
+                                   f"{meta['why']})"
+    return options
 
 
 @dataclass
@@ -334,7 +395,7 @@ class ImageTextConfig(RunConfig):
     options and crop size, and the zero-shot / retrieval evaluator's cadence. No augmentation,
     kNN or probe fields: the images are centre crops (captions name colour and position)."""
 
-    data: str = help_field(
+    data: str = override(
         "shapes-captions", "image-text data spec: shapes-captions[:n=..,size=..] | "
         "captions:ROOT (images + captions.tsv/.jsonl) | wds-captions:DIR (.jpg + .txt shards)")
     encoder: str = help_field("small_cnn", "image backbone name for create_encoder")
@@ -358,41 +419,77 @@ class ImageTextConfig(RunConfig):
 
 
 @dataclass
-class DualEncoderConfig(ImageTextConfig):
+class BertSizes:
+    """The sizes of a BERT built from a configuration (random weights: a recipe's model named
+    ``bert``), one spelling in every recipe; :meth:`bert_sizes` hands them to
+    :func:`contrastive.nn.text_encoders.text_encoder` (or ``bert_options``). Declared here once
+    for the text and image-text configurations (the recipes :func:`override` the defaults)."""
+
+    layers: int = help_field(12, "layers of a 'bert' model (random weights; an hf: folder has "
+                             "its own sizes)")
+    hidden: int = help_field(768, "bert: hidden size")
+    heads: int = help_field(12, "bert: attention heads")
+    intermediate_size: int = help_field(0, "bert: feed-forward width (0 = 4 x hidden)")
+    dropout: float = help_field(0.1, "bert: dropout of the hidden states and the attention "
+                                "(BERT 0.1)")
+
+    def bert_sizes(self) -> dict[str, Any]:
+        """The sizes as :func:`~contrastive.nn.text_encoders.bert_options` takes them."""
+        return dict(layers=self.layers, hidden=self.hidden, heads=self.heads,
+                    intermediate_size=self.intermediate_size, dropout=self.dropout)
+
+    def check_bert_sizes(self) -> None:
+        """Positive sizes (``--intermediate-size`` >= 0) and a dropout in [0, 1)."""
+        for name in ("layers", "hidden", "heads"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
+        if self.intermediate_size < 0:
+            raise ValueError(f"--intermediate-size must be >= 0 (0 = 4 x hidden), got "
+                             f"{self.intermediate_size}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
+
+
+@dataclass
+class DualEncoderConfig(BertSizes, ImageTextConfig):
     """An image tower and a text tower trained on image-caption pairs at CPU scale (the CLIP
     family: recipes/clip.py, recipes/siglip.py): the schedule both recipes share (so that the
-    methods compare on the same budget) and the text tower's sizes. A recipe adds its loss's
-    fields and builds its method from :meth:`tower_kwargs`."""
+    methods compare on the same budget) and the text tower's sizes (:class:`BertSizes`: the
+    image tower has none of its own, it is sized by ``--encoder`` / ``--encoder-kwargs``). A
+    recipe adds its loss's fields and builds its method from :meth:`tower_kwargs`."""
 
-    steps: int = help_field(300, "optimiser steps (the budget the schedule follows); "
-                            "--steps 0 --epochs N for an epoch budget")
+    steps: int = override(300, "optimiser steps (the budget the schedule follows); "
+                          "--steps 0 --epochs N for an epoch budget")
     batch_size: int = 128
-    optimizer: str = help_field("adamw", "AdamW with decoupled weight decay (CLIP)",
-                                choices=("sgd", "adamw", "lars"))
+    optimizer: str = override("adamw", "AdamW with decoupled weight decay (CLIP)")
     lr: float = 2e-3
-    lr_scaling: str = help_field("none", "lr is absolute", choices=("linear", "sqrt", "none"))
-    weight_decay: float = help_field(0.1, "CLIP uses 0.2 at scale; 0.1 at this size")
-    betas: tuple[float, float] = help_field((0.9, 0.98), "CLIP's AdamW betas")
+    lr_scaling: str = override("none", "lr is absolute")
+    weight_decay: float = override(0.1, "CLIP uses 0.2 at scale; 0.1 at this size")
+    betas: tuple[float, float] = override((0.9, 0.98), "CLIP's AdamW betas")
     warmup_steps: int = 50
     save_every_steps: int = 100
     num_workers: int = 0
     log_every: int = 50
     # model
     dim: int = help_field(64, "shared embedding width")
-    text_layers: int = help_field(2, "text encoder layers")
-    text_width: int = help_field(64, "text encoder hidden size")
-    text_heads: int = help_field(2, "text encoder attention heads")
-    text_dropout: float = help_field(0.1, "text encoder dropout (hidden and attention; BERT's)")
+    layers: int = override(2, "the text tower")
+    hidden: int = override(64, "the text tower")
+    heads: int = override(2, "the text tower")
+
+    def validate(self) -> None:
+        """The image-text checks and the text tower's sizes."""
+        super().validate()
+        self.check_bert_sizes()
 
     def tower_kwargs(self, tokenizer: Any) -> dict[str, Any]:
         """The two towers' keyword arguments of :class:`~contrastive.methods.CLIP` and its
         kin: the image encoder, a BERT text encoder of these sizes over ``tokenizer``'s
         vocabulary (mean pooled), the shared width."""
+        from contrastive.nn.text_encoders import bert_options
+
         return dict(encoder=self.encoder, encoder_kwargs=self.encoder_options(),
-                    text_encoder="bert", dim=self.dim, text_kwargs=dict(
-                        num_layers=self.text_layers, hidden_size=self.text_width,
-                        num_heads=self.text_heads, vocab_size=tokenizer.vocab_size,
-                        dropout=self.text_dropout, attention_dropout=self.text_dropout,
+                    text_encoder="bert", dim=self.dim, text_kwargs=bert_options(
+                        **self.bert_sizes(), vocab_size=tokenizer.vocab_size,
                         max_position_embeddings=int(tokenizer.max_length), pooling="mean"))
 
 
@@ -424,8 +521,8 @@ class TextConfig(TextRunConfig):
     vocabulary trained on the training sentences) and the STS evaluator's pairs and cadence. No
     image fields. Recipes add their data and model fields."""
 
-    data: str = help_field("generated", "training text (the recipe says which forms it reads)")
-    tokenizer: str = help_field(
+    data: str = override("generated", "training text (the recipe says which forms it reads)")
+    tokenizer: str = override(
         "", "folder with tokenizer.json or vocab.txt; empty = train a WordPiece vocabulary on "
         "the training sentences (deterministic)")
     vocab_size: int = help_field(1000, "trained WordPiece vocabulary size")
@@ -434,7 +531,7 @@ class TextConfig(TextRunConfig):
         "generated | a GLUE STS-B folder or TSV | none")
     eval_split: str = help_field("dev", "STS-B split (dev; test has no scores)")
     n_eval: int = help_field(2000, "generated STS pairs (the test stream, --data-seed)")
-    eval_every: int = help_field(0, "STS evaluation every N optimiser steps (0 = at the end only)")
+    eval_every: int = override(0, "STS evaluation every N optimiser steps (0 = at the end only)")
 
     def validate(self) -> None:
         """The checks of every text run, and positive sizes."""
@@ -445,7 +542,7 @@ class TextConfig(TextRunConfig):
 
 
 @dataclass
-class LabelledTextConfig(TextRunConfig):
+class LabelledTextConfig(BertSizes, TextRunConfig):
     """A run on labelled sentences or sentence pairs (fine-tuning an encoder with a prediction
     layer, distilling one): the task (GLUE, read from ``--glue-dir``, or a generated one), the
     sizes of a BERT built from a configuration, and BERT's fine-tuning optimiser (Devlin et al.
@@ -457,8 +554,8 @@ class LabelledTextConfig(TextRunConfig):
     is the task's official dev metric (``glue_*`` in metrics.jsonl). The recipes set the model
     flags' names and sizes."""
 
-    data: str = help_field("task", "the training data are --task's (and --glue-dir's)",
-                           choices=("task",))
+    data: str = override("task", "the training data are --task's (and --glue-dir's)",
+                         only=("task",), why="--task and --glue-dir name the data")
     task: str = help_field("generated", "a GLUE task (sst2, mnli, stsb, ...; with --glue-dir) "
                            "or generated | generated-nli | generated-sts")
     glue_dir: str = help_field("", "folder of the GLUE TSV files (glue_data: SST-2/, MNLI/ ...)")
@@ -471,35 +568,29 @@ class LabelledTextConfig(TextRunConfig):
     eval_on: str = help_field("dev", "what the GLUE evaluator scores: dev | held_out (the "
                               "held-out training rows: choose hyper-parameters there, report dev)",
                               choices=("dev", "held_out"))
-    tokenizer: str = help_field(
+    tokenizer: str = override(
         "", "folder with tokenizer.json or vocab.txt; empty = the model folder's, or the "
         "generated tasks' own WordPiece")
-    layers: int = help_field(12, "bert (random init): layers")
-    hidden: int = help_field(768, "bert: hidden size")
-    heads: int = help_field(12, "bert: attention heads")
-    intermediate_size: int = help_field(0, "bert: feed-forward width (0 = 4 x hidden)")
     keep_layers: str = help_field(
         "", "hf: model: keep only these 0-based layers, e.g. 1,3,5 (a student initialised from "
         "a deeper model's layers, as DistilBERT's)")
-    dropout: float = help_field(0.1, "dropout of a bert built here (hidden and attention) and "
-                                "of the prediction layer (BERT 0.1)")
-    eval_at_start: bool = help_field(False, "also evaluate before training")
+    dropout: float = override(0.1, "also the prediction layer's")
+    eval_at_start: bool = override(False, "also evaluate before training")
     # BERT fine-tuning (Devlin et al. 2019; the Hugging Face Trainer's AdamW)
-    steps: int = help_field(1000, "optimiser steps (the budget; 0 = --epochs decide: "
-                            "--steps 0 --epochs N)")
-    batch_size: int = help_field(32, "GLOBAL examples per optimiser step")
-    optimizer: str = help_field("adamw", "AdamW (BERT's)", choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(2e-5, "peak AdamW learning rate, absolute")
-    lr_scaling: str = help_field("none", "lr is absolute", choices=("linear", "sqrt", "none"))
-    lr_schedule: str = help_field("linear", "linear decay to 0 after the warm-up (BERT's)",
-                                  choices=("cosine", "linear", "step", "constant"))
+    steps: int = override(1000, "optimiser steps (the budget; 0 = --epochs decide: "
+                          "--steps 0 --epochs N)")
+    batch_size: int = override(32, "GLOBAL examples per optimiser step")
+    optimizer: str = override("adamw", "AdamW (BERT's)")
+    lr: float = override(2e-5, "peak AdamW learning rate, absolute")
+    lr_scaling: str = override("none", "lr is absolute")
+    lr_schedule: str = override("linear", "linear decay to 0 after the warm-up (BERT's)")
     warmup_fraction: float = help_field(
         0.1, "linear warm-up over this fraction of the budget (sets --warmup-steps, or "
         "--warmup-epochs with an --epochs budget, when those are 0)")
-    weight_decay: float = help_field(0.01, "AdamW weight decay (none on biases and LayerNorm)")
-    clip_grad_norm: float = help_field(1.0, "max gradient norm (0 = off)")
-    num_workers: int = help_field(0, "loader workers (tokenising is cheap: 0 = in the main "
-                                  "process)")
+    weight_decay: float = override(0.01, "AdamW weight decay (none on biases and LayerNorm)")
+    clip_grad_norm: float = override(1.0, "max gradient norm (0 = off)")
+    num_workers: int = override(0, "loader workers (tokenising is cheap: 0 = in the main "
+                                "process)")
     log_every: int = 50
 
     derived_fields: ClassVar[tuple[str, ...]] = ("warmup_steps", "warmup_epochs")
@@ -517,7 +608,8 @@ class LabelledTextConfig(TextRunConfig):
         super().validate()
         if not 0.0 <= self.warmup_fraction < 1.0:
             raise ValueError(f"--warmup-fraction must be in [0, 1), got {self.warmup_fraction}")
-        for name in ("n_train", "n_dev", "layers", "hidden", "heads"):
+        self.check_bert_sizes()
+        for name in ("n_train", "n_dev"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
         if self.train_rows < 0 or self.held_out < 0:
@@ -528,35 +620,6 @@ class LabelledTextConfig(TextRunConfig):
                              f"{self.keep_layers!r}")
         if self.eval_on == "held_out" and not self.held_out:
             raise ValueError("--eval-on held_out needs --held-out N (training rows to hold out)")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
-
-    def text_encoder(self, spec: str, vocab_size: int) -> Any:
-        """The encoder ``spec`` names: ``bert`` (random init, the sizes above, ``vocab_size``
-        tokens) or ``hf:FOLDER`` (a checkpoint folder's weights; ``--keep-layers``: only those
-        layers, :func:`~contrastive.nn.text_encoders.encoder_from_layers`)."""
-        from contrastive.nn.text_encoders import (
-            build_text_encoder,
-            encoder_from_layers,
-            load_text_encoder,
-        )
-
-        if spec.startswith("hf:"):
-            encoder = load_text_encoder(spec[3:])
-            if self.keep_layers:
-                encoder = encoder_from_layers(encoder, [int(p) for p in
-                                                        self.keep_layers.split(",")])
-            return encoder
-        if self.keep_layers:
-            raise ValueError("--keep-layers applies to an hf:FOLDER model, not to 'bert'")
-        if spec != "bert":
-            raise ValueError(f"a model must be 'bert' or 'hf:FOLDER', got {spec!r}")
-        return build_text_encoder(num_layers=self.layers, hidden_size=self.hidden,
-                                  num_heads=self.heads,
-                                  intermediate_size=self.intermediate_size or None,
-                                  vocab_size=vocab_size, dropout=self.dropout,
-                                  attention_dropout=self.dropout,
-                                  max_position_embeddings=max(512, self.max_length))
 
 
 @dataclass
@@ -573,8 +636,8 @@ class CifarConfig(TrainConfig):
     epochs: int = 1000
     batch_size: int = 256
     warmup_epochs: float = 10
-    lars_trust_coeff: float = help_field(0.02, "solo-learn: eta 0.02")
-    sync_bn: bool = help_field(True, "global BN across GPU processes")
+    lars_trust_coeff: float = override(0.02, "solo-learn: eta 0.02")
+    sync_bn: bool = override(True, "global BN across GPU processes")
     knn_every: int = 10
     crop_min: float = help_field(
         0.08, "RandomResizedCrop minimum scale of the two views (solo-learn's CIFAR "
@@ -607,15 +670,13 @@ class DIMConfig(TrainConfig):
     weight decay 0 is Adam exactly), batch 64, and the method's fields (MI units, estimator,
     local stage). ``recipes/dim_cifar.py`` and ``recipes/dim_stl.py`` add their data and views."""
 
-    batch_size: int = help_field(64, "the code's batch_size=64")
-    optimizer: str = help_field("adamw", "Adam: AdamW with --weight-decay 0 is Adam exactly",
-                                choices=("sgd", "adamw", "lars"))
-    lr: float = help_field(1e-4, "absolute (--lr-scaling none): the code's learning_rate")
-    lr_scaling: str = help_field("none", "lr is absolute", choices=("linear", "sqrt", "none"))
-    lr_schedule: str = help_field("constant", "the code keeps the lr constant",
-                                  choices=("cosine", "step", "constant"))
-    weight_decay: float = help_field(0.0, "none in the code")
-    betas: tuple[float, float] = help_field((0.5, 0.999), "cortex's Adam betas")
+    batch_size: int = override(64, "the code's batch_size=64")
+    optimizer: str = override("adamw", "Adam: AdamW with --weight-decay 0 is Adam exactly")
+    lr: float = override(1e-4, "absolute (--lr-scaling none): the code's learning_rate")
+    lr_scaling: str = override("none", "lr is absolute")
+    lr_schedule: str = override("constant", "the code keeps the lr constant")
+    weight_decay: float = override(0.0, "none in the code")
+    betas: tuple[float, float] = override((0.5, 0.999), "cortex's Adam betas")
 
     mi_units: int = help_field(2048, "units of the MI networks (models/dim.py LocalDIM)")
     estimator: str = help_field("infonce", "MI estimator: infonce (the paper's best DIM(L)) or "
@@ -660,16 +721,32 @@ def _flag(name: str) -> str:
     return name.replace("_", "-")
 
 
-def _renamed_fields(names: set[str]) -> dict[str, str]:
-    """The old names (:data:`~contrastive.engine.compat.RENAMED_FIELDS`) of fields in ``names``:
-    old -> new, for the old names that are not fields themselves."""
-    return {old: new for old, new in RENAMED_FIELDS.items() if new in names and old not in names}
+def _new_flags(args: list[str], defaults: dict[str, Any]) -> list[str]:
+    """``args`` with each old field name's flag (:data:`~contrastive.engine.compat.
+    RENAMED_FIELDS`, ``--old``, ``--old=V``, ``--no-old``) written as its field's, with the
+    one-time notice; ``defaults``: field -> default (an old name two fields shared goes to the
+    one its value fits). Old names that are fields themselves stay."""
+    out = list(args)
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        name, prefix = flag[2:].replace("-", "_"), "--"
+        if name.startswith("no_") and name[3:] in RENAMED_FIELDS:
+            name, prefix = name[3:], "--no-"
+        if not flag.startswith("--") or name not in RENAMED_FIELDS or name in defaults:
+            continue
+        new = renamed_to(name, value if eq else (args[i + 1] if i + 1 < len(args) else ""),
+                         defaults)
+        if new is not None:
+            _warn_renamed(f"--{_flag(name)}", f"--{_flag(new)}", stacklevel=4)
+            out[i] = f"{prefix}{_flag(new)}{eq}{value}"
+    return out
 
 
-def _warn_renamed(old: str, new: str) -> None:
-    """A deprecation warning, shown once per old name and process (the ``warnings`` default)."""
+def _warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
+    """A deprecation warning, shown once per old name and process (the ``warnings`` default),
+    pointing at the caller of the function (``stacklevel`` frames up) that read the old name."""
     warnings.warn(f"{old} is renamed {new}; the old name still works for now", FutureWarning,
-                  stacklevel=3)
+                  stacklevel=stacklevel)
 
 
 def _parse_bool(text: str) -> bool:
@@ -691,24 +768,21 @@ def _unwrap_optional(tp: Any) -> Any:
 
 
 def _add_field(parser: argparse.ArgumentParser, f: dataclasses.Field, tp: Any,
-               default: Any, old_name: str = "") -> None:
-    """``--foo-bar`` / ``--foo_bar`` for field ``foo_bar``; with ``old_name``, that name's flags
-    instead (hidden from ``--help``), filling the same field."""
-    name = old_name or f.name
+               default: Any, options: dict[str, Any]) -> None:
+    """``--foo-bar`` / ``--foo_bar`` for field ``foo_bar`` with its ``options``
+    (:func:`field_options`)."""
+    name = f.name
     flags = [f"--{_flag(name)}"]
     if "_" in name:
         flags.append(f"--{name}")
-    help_text = f.metadata.get("help", "")
-    if old_name:
-        help_text = argparse.SUPPRESS
+    help_text = options.get("help", "")
     kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS}
     tp = _unwrap_optional(tp)
     origin = typing.get_origin(tp)
     shown = default if not isinstance(default, tuple) else " ".join(map(str, default))
     if tp is bool:
         parser.add_argument(*flags, nargs="?", const=True, type=_parse_bool, metavar="BOOL",
-                            help=help_text if old_name else
-                            f"{help_text} (default: {str(default).lower()})", **kwargs)
+                            help=f"{help_text} (default: {str(default).lower()})", **kwargs)
         parser.add_argument(f"--no-{_flag(name)}", dest=f.name, action="store_false",
                             default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         return
@@ -724,11 +798,8 @@ def _add_field(parser: argparse.ArgumentParser, f: dataclasses.Field, tp: Any,
         kwargs["type"] = tp
     else:
         raise TypeError(f"config field {f.name}: unsupported type {tp!r}")
-    if "choices" in f.metadata:
-        kwargs["choices"] = f.metadata["choices"]
-    if old_name:
-        parser.add_argument(*flags, help=help_text, **kwargs)
-        return
+    if "choices" in options:
+        kwargs["choices"] = options["choices"]
     parser.add_argument(*flags, help=f"{help_text} (default: {shown!r})"
                         if isinstance(shown, str) else f"{help_text} (default: {shown})",
                         **kwargs)
@@ -773,17 +844,13 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, *, prog: str |
     parser.add_argument("--config", dest="__config", default=None, metavar="FILE.json",
                         help="read field values from a JSON file first (flags still win)")
     defaults = cls()
+    options = {f.name: field_options(cls, f.name) for f in fields}
     for f in fields:
-        _add_field(parser, f, hints[f.name], getattr(defaults, f.name))
-    by_name = {f.name: f for f in fields}
-    renamed = _renamed_fields(set(by_name))
-    for old, new in renamed.items():  # old flags still work (resume a run's command line)
-        _add_field(parser, by_name[new], hints[new], getattr(defaults, new), old_name=old)
+        _add_field(parser, f, hints[f.name], getattr(defaults, f.name), options[f.name])
     args = list(sys.argv[1:] if argv is None else argv)
+    # old flags still work (resume a run's command line), with a notice
+    args = _new_flags(args, {f.name: getattr(defaults, f.name) for f in fields})
     ns = parser.parse_args(args)
-    old_flags = {f"--{v}": k for k in renamed for v in (k, _flag(k))}
-    for used in [old_flags[a.split("=", 1)[0]] for a in args if a.split("=", 1)[0] in old_flags]:
-        _warn_renamed(f"--{_flag(used)}", f"--{_flag(renamed[used])}")
     values = vars(ns)
     config_file = values.pop("__config", None)
     base: dict[str, Any] = {}
@@ -858,13 +925,14 @@ def config_from_dict(cls: type[C], values: dict[str, Any], *, ignore_unknown: bo
     field's old name (:data:`~contrastive.engine.compat.RENAMED_FIELDS`, such as an older run's
     ``config.json`` holds) is read as the new one, with a one-time ``FutureWarning``."""
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    defaults = {f.name: f.default for f in dataclasses.fields(cls) if f.init}
+    names = set(defaults)
     values = dict(values)
-    for old, new in _renamed_fields(names).items():
-        if old in values:
+    for old in [k for k in values if k in RENAMED_FIELDS and k not in names]:
+        new = renamed_to(old, values[old], defaults)
+        if new is not None:
             _warn_renamed(repr(old), repr(new))
-            value = values.pop(old)
-            values.setdefault(new, value)
+            values.setdefault(new, values.pop(old))
     unknown = sorted(set(values) - names)
     if unknown and not ignore_unknown:
         close = difflib.get_close_matches(unknown[0], sorted(names), n=1)

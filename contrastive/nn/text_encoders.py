@@ -13,6 +13,11 @@ Two ways in, both through the encoder registry (:func:`contrastive.nn.create_enc
   student of TinyBERT / LRC-BERT), or ``create_encoder("bert", config="/path/to/folder")`` for
   the architecture of a local checkpoint without its weights.
 
+A recipe's text model (``--model``, ``--student``, ``--encoder``) is one of those two names,
+built by :func:`text_encoder` from the sizes as every recipe's flags spell them (``--layers``,
+``--hidden``, ``--heads``, ``--intermediate-size``, ``--dropout``; :func:`bert_options`) or from
+the folder, optionally keeping some of its layers (``--keep-layers``, :func:`encoder_from_layers`).
+
 The wrapper, :class:`TextEncoder`, has ``num_features`` (the hidden size) like every encoder.
 ``encoder(input_ids, attention_mask)`` (or ``encoder(batch)`` with a dict holding those keys)
 returns the pooled output (B, H); :meth:`TextEncoder.encode` returns everything a distiller
@@ -53,9 +58,12 @@ __all__ = [
     "TextEncoder",
     "TextEncoderOutput",
     "UnsafeCheckpointError",
+    "bert_options",
     "build_text_encoder",
     "encoder_from_layers",
+    "hf_folder",
     "load_text_encoder",
+    "text_encoder",
 ]
 
 log = logging.getLogger(__name__)
@@ -266,6 +274,48 @@ def build_text_encoder(
                            max_position_embeddings, type_vocab_size, dropout, attention_dropout)
         model = transformers.BertModel(cfg)
     return TextEncoder(model, pooling=pooling)
+
+
+def hf_folder(model: str) -> str | None:
+    """The folder of a text model named ``hf:FOLDER``, None for ``bert`` (random weights from
+    sizes); any other name is refused, naming the two forms."""
+    if model == "bert":
+        return None
+    if model.startswith("hf:") and model[3:]:
+        return model[3:]
+    raise ValueError(f"a text model must be 'bert' or 'hf:FOLDER' (random weights of "
+                     f"--layers/--hidden/--heads, or a local checkpoint folder), got {model!r}")
+
+
+def bert_options(*, layers: int, hidden: int, heads: int, vocab_size: int,
+                 intermediate_size: int = 0, dropout: float = 0.1,
+                 max_position_embeddings: int = 512, pooling: str = "auto") -> dict[str, Any]:
+    """:func:`build_text_encoder`'s keyword arguments (``create_encoder("bert", **options)``)
+    from the sizes as the recipes' flags spell them: ``intermediate_size`` 0 = 4 x hidden,
+    ``dropout`` for the hidden states and the attention (BERT's one ``hidden_dropout_prob`` =
+    ``attention_probs_dropout_prob``)."""
+    return dict(num_layers=layers, hidden_size=hidden, num_heads=heads,
+                intermediate_size=intermediate_size or None, vocab_size=vocab_size,
+                dropout=dropout, attention_dropout=dropout,
+                max_position_embeddings=max_position_embeddings, pooling=pooling)
+
+
+def text_encoder(model: str, *, keep_layers: str | Sequence[int] = (),
+                 **sizes: Any) -> TextEncoder:
+    """The text encoder a recipe's model name gives: ``bert`` (random weights of ``sizes``,
+    :func:`bert_options`' keyword arguments: ``layers``, ``hidden``, ``heads``, ``vocab_size``
+    ...) or ``hf:FOLDER`` (the folder's weights, :func:`load_text_encoder`; ``sizes`` do not
+    apply). ``keep_layers`` (``hf:`` only; 0-based, a sequence or ``"1,3,5"`` as
+    ``--keep-layers`` gives it): only those layers (:func:`encoder_from_layers`)."""
+    folder = hf_folder(model)
+    if isinstance(keep_layers, str):
+        keep_layers = [int(p) for p in keep_layers.split(",") if p.strip()]
+    if folder is None:
+        if keep_layers:
+            raise ValueError("--keep-layers applies to an hf:FOLDER model, not to 'bert'")
+        return build_text_encoder(**bert_options(**sizes))
+    encoder = load_text_encoder(folder)
+    return encoder_from_layers(encoder, keep_layers) if keep_layers else encoder
 
 
 def encoder_from_layers(encoder: TextEncoder, layers: Sequence[int]) -> TextEncoder:

@@ -12,7 +12,9 @@ from contrastive.engine.config import (
     TrainConfig,
     config_from_dict,
     config_to_dict,
+    field_options,
     help_field,
+    override,
     parse_config,
 )
 
@@ -170,3 +172,89 @@ def test_a_config_files_budget_counts_where_it_differs_from_the_default(tmp_path
         capsys, LabelledTextConfig, ["--config", str(hand)])
     assert f"--steps 500 (from --config {steps500})" in _refusal(
         capsys, LabelledTextConfig, ["--config", steps500, "--epochs", "5"])
+
+
+@dataclasses.dataclass
+class _Narrow(TrainConfig):
+    """A recipe that changes defaults of declared fields."""
+
+    data: str = "shapes"
+    lr_scaling: str = override("none", "lr is absolute here")
+    optimizer: str = "adamw"  # a bare default keeps the declared choices and help too
+    lr_schedule: str = override("constant", only=("constant", "step"), why="a test's reason")
+
+
+def test_override_keeps_the_declared_choices_and_help(capsys):
+    scaling = field_options(_Narrow, "lr_scaling")
+    assert scaling["choices"] == field_options(TrainConfig, "lr_scaling")["choices"]
+    assert scaling["help"].startswith("lr is absolute here. linear: used lr = lr * batch_size")
+    assert field_options(_Narrow, "optimizer") == field_options(TrainConfig, "optimizer")
+    assert parse_config(_Narrow, ["--lr-scaling", "sqrt"]).lr_scaling == "sqrt"
+    assert parse_config(_Narrow, []).lr_scaling == "none"
+    schedule = field_options(_Narrow, "lr_schedule")
+    assert schedule["choices"] == ("constant", "step") and "a test's reason" in schedule["help"]
+    with pytest.raises(SystemExit):
+        parse_config(_Narrow, ["--lr-schedule", "linear"])
+    assert "invalid choice: 'linear'" in capsys.readouterr().err
+
+
+def test_override_refuses_a_copied_or_unreasoned_choice_list():
+    with pytest.raises(TypeError, match="needs why"):
+        override("sgd", only=("sgd",))
+
+    @dataclasses.dataclass
+    class Copied(TrainConfig):
+        optimizer: str = help_field("sgd", "SGD", choices=("sgd", "adamw"))
+
+    with pytest.raises(TypeError, match="override"):
+        field_options(Copied, "optimizer")
+
+    @dataclasses.dataclass
+    class Wider(TrainConfig):
+        optimizer: str = override("sgd", only=("sgd", "adam"), why="a typo")
+
+    with pytest.raises(TypeError, match="not a subset"):
+        field_options(Wider, "optimizer")
+
+    @dataclasses.dataclass
+    class New(TrainConfig):
+        queue: int = override(16, "no base declares it")
+
+    with pytest.raises(TypeError, match="use help_field"):
+        field_options(New, "queue")
+
+
+def test_old_bert_size_flags_still_parse_with_a_notice():
+    """Issue 48's renames: the dual encoder's --text-layers/--text-width/--text-heads/
+    --text-dropout and simcse's --intermediate (a width) fill the one spelling; lrc_bert's
+    --intermediate cosnce|mse (a loss) fills --layer-loss: the value tells the two apart."""
+    from contrastive.engine import DualEncoderConfig
+
+    with pytest.warns(FutureWarning, match="--text-width is renamed --hidden"):
+        cfg = parse_config(DualEncoderConfig, ["--text-layers", "3", "--text-width=32",
+                                               "--text-heads", "4", "--text-dropout", "0"])
+    assert (cfg.layers, cfg.hidden, cfg.heads, cfg.dropout) == (3, 32, 4, 0.0)
+
+    @dataclasses.dataclass
+    class Distil(LabelledTextConfig):
+        layer_loss: str = help_field("cosnce", "a loss", choices=("cosnce", "mse"))
+
+    with pytest.warns(FutureWarning, match="--intermediate is renamed --layer-loss"):
+        assert parse_config(Distil, ["--intermediate", "mse"]).layer_loss == "mse"
+    with pytest.warns(FutureWarning, match="--intermediate is renamed --intermediate-size"):
+        cfg = parse_config(Distil, ["--intermediate=48"])
+    assert (cfg.intermediate_size, cfg.layer_loss) == (48, "cosnce")
+    with pytest.warns(FutureWarning, match="'intermediate' is renamed 'layer_loss'"):
+        assert config_from_dict(Distil, {"intermediate": "mse"}).layer_loss == "mse"
+    with pytest.warns(FutureWarning, match="'intermediate' is renamed 'intermediate_size'"):
+        assert config_from_dict(LabelledTextConfig, {"intermediate": 64}).intermediate_size == 64
+
+
+def test_a_resumed_run_reads_old_names_by_their_values():
+    """A checkpoint's config of before the renames compares equal under the new names."""
+    from contrastive.engine.compat import upgrade_config
+
+    defaults = {"layers": 2, "hidden": 64, "intermediate_size": 0, "layer_loss": "cosnce"}
+    old = {"text_layers": 3, "hidden": 64, "intermediate_size": 1200, "intermediate": "mse"}
+    assert upgrade_config(old, defaults) == {"layers": 3, "hidden": 64,
+                                             "intermediate_size": 1200, "layer_loss": "mse"}

@@ -32,12 +32,12 @@ MOCO = ["--data", "shapes:n=64,n_test=32,size=16", "--image-size", "16", "--enco
 CLIP = ["--data", "shapes-captions:n=64,n_test=16,size=16,max_length=12", "--image-size", "16",
         "--batch-size", "16", "--steps", "0", "--epochs", "2", "--warmup-steps", "2",
         "--num-workers", "0", "--progress", "false", "--log-every", "1", "--mixed-precision",
-        "no", "--seed", "0", "--dim", "8", "--text-layers", "1", "--text-width", "16",
+        "no", "--seed", "0", "--dim", "8", "--layers", "1", "--hidden", "16",
         "--eval-max", "0"]
 # and for SimCSE through recipes/simcse.py (the text adapter): 32 generated NLI triples, a
 # 1-layer BERT 16 wide, the STS evaluator every 4 steps with keep-best (both in the checkpoint)
 SIMCSE = ["--n-train", "32", "--batch-size", "8", "--steps", "0", "--epochs", "2", "--layers",
-          "1", "--hidden", "16", "--heads", "2", "--intermediate", "32", "--vocab-size", "100",
+          "1", "--hidden", "16", "--heads", "2", "--intermediate-size", "32", "--vocab-size", "100",
           "--num-workers", "0", "--progress", "false", "--log-every", "1", "--mixed-precision",
           "no", "--seed", "0", "--eval-every", "4", "--n-eval", "40"]
 # and for labelled text through recipes/bert_finetune.py (the labelled-text adapter): 32 generated

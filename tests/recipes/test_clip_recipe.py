@@ -17,7 +17,7 @@ pytest.importorskip("transformers")
 
 TINY_CLIP = ["--data", "shapes-captions:n=48,n_test=20,size=16,max_length=12", "--image-size",
              "16", "--batch-size", "16", "--steps", "3", "--warmup-steps", "1", "--dim", "8",
-             "--text-layers", "1", "--text-width", "16", "--eval-max", "20", "--progress",
+             "--layers", "1", "--hidden", "16", "--eval-max", "20", "--progress",
              "false", "--log-every", "1", "--mixed-precision", "no", "--num-workers", "0"]
 
 
@@ -90,7 +90,7 @@ def test_a_caption_folder_and_keep_best(tmp_path, rx):
 DIST = [*TINY_CLIP, "--data", "shapes-captions:n=64,n_test=20,size=16,max_length=12",
         "--encoder", "timm:vit_tiny_patch16_224", "--encoder-kwargs",
         '{"img_size": 16, "patch_size": 8, "depth": 1, "embed_dim": 32, "num_heads": 2}',
-        "--text-dropout", "0", "--float64", "--steps", "3", "--eval-max", "0",
+        "--dropout", "0", "--float64", "--steps", "3", "--eval-max", "0",
         "--save-every-steps", "0"]
 
 

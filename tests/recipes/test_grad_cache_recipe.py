@@ -13,11 +13,11 @@ import torch
 # nothing that depends on the process: a 1-block ViT (LayerNorm) and no dropout
 ARGS = ["--data", "shapes-captions:n=64,n_test=20,size=16,max_length=12", "--image-size", "16",
         "--batch-size", "16", "--steps", "3", "--warmup-steps", "1", "--dim", "8",
-        "--text-layers", "1", "--text-width", "16", "--eval-max", "0", "--progress", "false",
+        "--layers", "1", "--hidden", "16", "--eval-max", "0", "--progress", "false",
         "--log-every", "1", "--mixed-precision", "no", "--num-workers", "0",
         "--encoder", "timm:vit_tiny_patch16_224", "--encoder-kwargs",
         '{"img_size": 16, "patch_size": 8, "depth": 1, "embed_dim": 32, "num_heads": 2}',
-        "--text-dropout", "0", "--float64", "--save-every-steps", "0"]
+        "--dropout", "0", "--float64", "--save-every-steps", "0"]
 
 
 def _launch(rx, launch_two, tmp_path, name, script, world, extra=()):

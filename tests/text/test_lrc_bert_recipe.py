@@ -79,7 +79,7 @@ def test_defaults_are_the_papers() -> None:
     lrc = parse_config(recipe("lrc_bert").LRCBertConfig, ["--teacher", "T"])
     assert (lrc.batch_size, lrc.temperature, lrc.stage1_fraction, lrc.perturb_scale) == (
         16, 1.1, 0.8, 1.0)
-    assert (lrc.two_stage, lrc.perturb, lrc.intermediate, lrc.lr) == (True, True, "cosnce", 5e-5)
+    assert (lrc.two_stage, lrc.perturb, lrc.layer_loss, lrc.lr) == (True, True, "cosnce", 5e-5)
     assert (lrc.layers, lrc.hidden, lrc.heads, lrc.intermediate_size) == (4, 312, 12, 1200)
     assert parse_config(recipe("lrc_bert").LRCBertConfig,
                         ["--teacher", "T", "--epochs", "3", "--steps", "0"]).warmup_epochs == \
@@ -287,18 +287,18 @@ def test_keep_layers_builds_a_student_from_a_deeper_models_layers(tmp_path: Path
     """--keep-layers 1,3 on an hf: folder: a 2-layer encoder holding that model's layers 1, 3
     (issue 30's DistilBERT-style control); refused for a random-init 'bert'."""
     from contrastive.engine import LabelledTextConfig, parse_config
-    from contrastive.nn.text_encoders import build_text_encoder
+    from contrastive.nn.text_encoders import build_text_encoder, text_encoder
 
     torch.manual_seed(0)
     deep = build_text_encoder(num_layers=4, hidden_size=16, num_heads=2, vocab_size=60)
     deep.model.save_pretrained(tmp_path / "deep")
     cfg = parse_config(LabelledTextConfig, ["--keep-layers", "1,3"])
-    small = cfg.text_encoder(f"hf:{tmp_path / 'deep'}", 60)
+    small = text_encoder(f"hf:{tmp_path / 'deep'}", keep_layers=cfg.keep_layers)
     assert small.num_layers == 2
     for new, old in ((0, 1), (1, 3)):
         a, b = small.model.encoder.layer[new].state_dict(), deep.model.encoder.layer[old].state_dict()
         assert all(torch.equal(a[k], b[k]) for k in a)
     with pytest.raises(ValueError, match="hf:FOLDER"):
-        cfg.text_encoder("bert", 60)
+        text_encoder("bert", keep_layers=cfg.keep_layers, vocab_size=60, **cfg.bert_sizes())
     with pytest.raises(SystemExit):  # one line on stderr, exit status 2
         parse_config(LabelledTextConfig, ["--keep-layers", "one"])

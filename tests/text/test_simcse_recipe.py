@@ -189,7 +189,7 @@ def test_no_training_loop_in_the_simcse_recipe():
 # supervised with hard negatives (3 sentences per example), dropout 0 (per-process RNG), the
 # MLP on [CLS], no evaluator, 3 AdamW steps with the gradient clip and linear decay
 DIST = ["--mode", "sup", "--n-train", "64", "--batch-size", "16", "--steps", "3", "--layers",
-        "1", "--hidden", "16", "--heads", "2", "--intermediate", "32", "--vocab-size", "100",
+        "1", "--hidden", "16", "--heads", "2", "--intermediate-size", "32", "--vocab-size", "100",
         "--dropout", "0", "--lr", "1e-3", "--float64", "--eval", "none", "--keep-best", "",
         "--log-every", "1", "--progress", "false", "--mixed-precision", "no",
         "--num-workers", "0", "--save-every-steps", "0"]
