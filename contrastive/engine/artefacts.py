@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from torch import nn
 
-from contrastive.engine.monitor import encoder_of
+from contrastive.methods.base import encoder_of
 from contrastive.records import (
     CLIP_FILE,
     ENCODER_FILE,
