@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from contrastive.engine.checkpoint import TrainState
 from contrastive.methods.base import encoder_of
 
 __all__ = ["OnlineProbe", "ImageStepHook", "build_probe"]
@@ -146,7 +147,7 @@ class ImageStepHook:
             feats = self.probe.features(encoder_of(module), batch["views"][0])
         self.probe.step(feats, sample[1].to(accelerator.device, non_blocking=True), accelerator)
 
-    def after_optimizer_step(self, state: Any) -> None:
+    def after_optimizer_step(self, state: TrainState) -> None:
         state.images_seen += self.batch_size
 
     def log_fields(self, accelerator: Any) -> dict[str, Any]:
