@@ -155,9 +155,10 @@ def _fill(arg: str, work: Path) -> str:
     return arg
 
 
-def run_one(name: str, work: Path, extra: list[str] | None = None) -> dict:
-    """Run ``recipes/<name>.py`` as ``__main__`` in this process for STEPS steps into
-    ``work/name`` and return its digests (or the error); ``extra`` arguments after its own."""
+def run_recipe(name: str, work: Path, extra: list[str] | None = None) -> Path:
+    """Run ``recipes/<name>.py`` as ``__main__`` in this process on its tiny settings (ENGINE,
+    ARGS, then ``extra``) into ``work/name``, accelerate's state reset around it; returns the
+    output folder. A non-zero exit raises ``SystemExit``, an error its exception."""
     from contrastive.engine import reset_accelerate_state
 
     out = work / name
@@ -165,20 +166,30 @@ def run_one(name: str, work: Path, extra: list[str] | None = None) -> dict:
     script = RECIPES / f"{name}.py"
     saved_argv = sys.argv
     sys.argv = [str(script), *ENGINE, *args, "--output-dir", str(out)]
-    start = time.perf_counter()
     reset_accelerate_state()
     try:
         runpy.run_path(str(script), run_name="__main__")
     except SystemExit as e:
         if e.code not in (0, None):
-            return {"error": f"SystemExit: {e.code}"}
-    except KeyboardInterrupt:
-        raise
-    except BaseException as e:  # noqa: BLE001  (SystemExit included: a parser error, a stop)
-        return {"error": f"{type(e).__name__}: {e}"[-1500:]}
+            raise
     finally:
         sys.argv = saved_argv
         reset_accelerate_state()
+    return out
+
+
+def run_one(name: str, work: Path, extra: list[str] | None = None) -> dict:
+    """Run ``recipes/<name>.py`` (:func:`run_recipe`) for STEPS steps into ``work/name`` and
+    return its digests (or the error); ``extra`` arguments after its own."""
+    start = time.perf_counter()
+    try:
+        out = run_recipe(name, work, extra)
+    except SystemExit as e:
+        return {"error": f"SystemExit: {e.code}"}
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # noqa: BLE001  (a parser error, a stop, a failure)
+        return {"error": f"{type(e).__name__}: {e}"[-1500:]}
     seconds = time.perf_counter() - start
     ckpts = sorted((out / "checkpoints").glob("step_*"))
     if not ckpts or ckpts[-1].name != f"step_{STEPS:08d}":

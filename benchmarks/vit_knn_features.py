@@ -51,7 +51,7 @@ def main(argv: list[str]) -> None:
     from contrastive.augment import get_pipeline
     from contrastive.data import get_dataset, num_classes
     from contrastive.engine import run
-    from contrastive.engine.monitor import KNNMonitor
+    from contrastive.engine.evaluators import KNNEvaluator
 
     recipe, args = argv[0], argv[1:]
     mod = load_recipe(recipe)
@@ -75,10 +75,10 @@ def main(argv: list[str]) -> None:
     eval_tf = get_pipeline("eval", image_size=cfg.image_size, **norm)  # type: ignore[attr-defined]
     bank = get_dataset(cfg.data, "train", transform=eval_tf)  # type: ignore[attr-defined]
     query = get_dataset(cfg.data, "test", transform=eval_tf)  # type: ignore[attr-defined]
-    monitor = KNNMonitor(bank, query, k=200, t=0.1,
-                         max_bank=cfg.knn_max_train,  # type: ignore[attr-defined]
-                         max_query=cfg.knn_max_test,  # type: ignore[attr-defined]
-                         batch_size=256, num_workers=0, num_classes=num_classes(bank))
+    knn = KNNEvaluator(bank, query, k=200, t=0.1,
+                       max_bank=cfg.knn_max_train,  # type: ignore[attr-defined]
+                       max_query=cfg.knn_max_test,  # type: ignore[attr-defined]
+                       batch_size=256, num_workers=0, num_classes=num_classes(bank))
     encoders = {"init": kept["init"].encoder, "student": kept["trained"].encoder}
     teacher = getattr(kept["trained"], "teacher", None)
     if teacher is not None:
@@ -89,7 +89,7 @@ def main(argv: list[str]) -> None:
         for name, vit in encoders.items():
             vit.eval()
             for which in ("cls", "avg"):
-                out[f"{name}_{which}"] = round(monitor(token_features(vit, which), None), 2)
+                out[f"{name}_{which}"] = round(knn.top1(token_features(vit, which), None), 2)
     print(json.dumps(out), flush=True)
 
 

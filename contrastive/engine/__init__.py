@@ -16,16 +16,15 @@ the paper's hyper-parameters (a :class:`TrainConfig` subclass) plus one call::
   :func:`bad_input` for recipes that read their own input first (one-line errors);
 - :mod:`~contrastive.engine.adapters`: the data seam (data set, batch on the device,
   throughput unit, default evaluators and artefacts) a recipe chooses;
-- :mod:`~contrastive.engine.evaluators`: monitors (kNN; zero-shot and retrieval; STS Spearman;
-  the GLUE dev metric), keep-best;
+- :mod:`~contrastive.engine.evaluators`: monitors (kNN, ``contrastive-knn-eval``'s computation;
+  zero-shot and retrieval; STS Spearman; the GLUE dev metric), keep-best;
 - :mod:`~contrastive.engine.optim`: SGD / AdamW / LARS with bias and norm parameters excluded;
 - :mod:`~contrastive.engine.schedules`: lr schedules as plain functions of the step;
 - :mod:`~contrastive.engine.loader`: deterministic, resumable data order (built on the seeded
   loader stack of :mod:`contrastive.data.loader`);
 - :mod:`~contrastive.engine.checkpoint`: atomic checkpoints in safe formats (safetensors,
   ``weights_only`` torch files, JSON with each file's hash), compatibility and exactness checks;
-- :mod:`~contrastive.engine.monitor`: the online weighted-kNN computation (``contrastive-knn-eval``'s
-  computation); :mod:`~contrastive.engine.probe`: the online linear probe;
+- :mod:`~contrastive.engine.probe`: the online linear probe, the image runs' step hook;
 - :mod:`~contrastive.engine.trainer`: the loop, told top to bottom, with its pieces in
   :mod:`~contrastive.engine.setup` (set-up), :mod:`~contrastive.engine.step` (the step),
   :mod:`~contrastive.engine.run_log` (metrics.jsonl) and :mod:`~contrastive.engine.stop`

@@ -15,6 +15,10 @@ A :class:`DataAdapter` owns everything modality-specific between the data spec a
 - ``artefacts``: what the run leaves besides checkpoints (:mod:`contrastive.engine.artefacts`,
   formats in :mod:`contrastive.records`);
 - ``resolved()``: values resolved at run time, for ``config.json``;
+- ``step_hook(cfg, module, train_set, device)``: this kind of run's work beside the loop's steps
+  (:class:`StepHook`; the image runs': the online probe and the images counter), or None;
+- ``embedding_map_data()``: the data whose held-out split the trackers' embedding map shows
+  with the run's ``encoder.pt`` (image runs), or None;
 - optionally ``collate(items)``: the loader's collate function (in the workers), when torch's
   default stacking does not fit (text: tokenise a batch and pad it to its longest sentence).
 
@@ -43,11 +47,13 @@ from contrastive.engine.artefacts import (
     EncoderArtefacts,
     SentenceModelArtefacts,
 )
+from contrastive.engine.checkpoint import TrainState
 from contrastive.engine.extras import add_extras, split_item
 from contrastive.engine.loader import step_generator
+from contrastive.engine.probe import ImageStepHook, build_probe
 
-__all__ = ["BATCH_KEYS", "DataAdapter", "ImageAdapter", "ImageTextAdapter", "TextAdapter",
-           "LabelledTextAdapter", "prepare_views", "make_batch"]
+__all__ = ["BATCH_KEYS", "DataAdapter", "StepHook", "ImageAdapter", "ImageTextAdapter",
+           "TextAdapter", "LabelledTextAdapter", "prepare_views", "make_batch"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +85,45 @@ class DataAdapter(Protocol):
     def resolved(self) -> dict[str, Any]: ...
 
     def describe(self) -> str: ...
+
+    def step_hook(self, cfg: Any, module: torch.nn.Module, train_set: Any,
+                  device: torch.device) -> StepHook | None: ...
+
+    def embedding_map_data(self) -> str | None: ...
+
+
+class StepHook(Protocol):
+    """A kind of run's own work beside the loop's steps (an adapter's ``step_hook``; the image
+    runs' :class:`~contrastive.engine.probe.ImageStepHook`). It must leave the method's training
+    as it is: no gradient into the method, no draw from the training's generators."""
+
+    #: name -> an object with ``checkpoint_state()`` / ``load_checkpoint_state(state)``: saved
+    #: with every checkpoint, restored on resume (the online probe's head)
+    checkpointed: dict[str, Any]
+
+    def after_micro_batch(self, batch: dict[str, Any], sample: tuple[Any, ...],
+                          module: torch.nn.Module, accelerator: Any) -> None:
+        """After each micro-batch's forward and backward (and the update, at a step's last):
+        the method's ``batch`` and the loader's ``sample``."""
+
+    def after_optimizer_step(self, state: TrainState) -> None:
+        """After each optimiser step (``state.step`` counts it already)."""
+
+    def log_fields(self, accelerator: Any) -> dict[str, Any]:
+        """Fields for the step's metrics.jsonl record (every process calls it: a collective
+        may sit here)."""
+
+
+class NothingBesideSteps:
+    """The :class:`DataAdapter` methods of a kind of run that has no work beside the loop's
+    steps and no embedding map (image-text, text)."""
+
+    def step_hook(self, cfg: Any, module: torch.nn.Module, train_set: Any,
+                  device: torch.device) -> StepHook | None:
+        return None
+
+    def embedding_map_data(self) -> str | None:
+        return None
 
 
 def prepare_views(views: list[Tensor], device: torch.device,
@@ -188,6 +233,13 @@ class ImageAdapter:
                                   else "per image")
         return text + (", decode on device" if self._decode == "device" else "")
 
+    def step_hook(self, cfg: Any, module: torch.nn.Module, train_set: Any,
+                  device: torch.device) -> StepHook:
+        return ImageStepHook(build_probe(cfg, module, train_set, device), cfg.batch_size)
+
+    def embedding_map_data(self) -> str | None:
+        return self._cfg.data
+
 
 def eval_pipeline(image_size: int) -> Any:
     """The image-text runs' image transform: resize the shorter side and centre-crop to
@@ -199,7 +251,7 @@ def eval_pipeline(image_size: int) -> Any:
                         std=(1.0, 1.0, 1.0))
 
 
-class ImageTextAdapter:
+class ImageTextAdapter(NothingBesideSteps):
     """Image-text pairs (:class:`contrastive.data.captions.ImageTextDataset`, e.g. ``--data
     shapes-captions | captions:ROOT | wds-captions:DIR``): uint8 centre crops from the workers,
     scaled to [0, 1] on the device, and the caption's ``input_ids`` / ``attention_mask``.
@@ -295,7 +347,7 @@ class TokenCollate:
         return fields, torch.tensor([item[-1] for item in items], dtype=torch.long)
 
 
-class TextAdapter:
+class TextAdapter(NothingBesideSteps):
     """Text examples of 1-3 sentences (SimCSE: one sentence; (anchor, positive); (anchor,
     positive, hard negative)), tokenised in the loader workers and padded per batch; the
     method's batch holds the token tensors it ``needs`` ((B, S, T), on the device).

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from torch import nn
 
-from contrastive.engine.monitor import encoder_of
+from contrastive.methods.base import encoder_of
 from contrastive.records import (
     CLASSIFIER_FILE,
     CLIP_FILE,

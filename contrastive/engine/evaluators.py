@@ -6,7 +6,8 @@ as a record of their own (``{"step", "epoch", <metrics>, "<name>_when": "start" 
 "step 200" | "end"}``), which the curves picture (:mod:`contrastive.eval.plot`) draws.
 
 - :class:`KNNEvaluator` (image runs): weighted-kNN top-1 on the held-out labelled split
-  (:class:`~contrastive.engine.monitor.KNNMonitor`); metric ``knn_top1``.
+  (:func:`contrastive.eval.runner.knn_on_splits`, ``contrastive-knn-eval``'s computation);
+  metric ``knn_top1``.
 - :class:`ZeroShotEvaluator` (image-text runs): zero-shot top-1 / top-5 over the held-out
   split's class names and image-text retrieval recall@1/5 both ways
   (:mod:`contrastive.eval.zeroshot`); metrics ``zeroshot_top1`` ... ``text_to_image_R@5``.
@@ -28,17 +29,18 @@ as a record of their own (``{"step", "epoch", <metrics>, "<name>_when": "start" 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from torch import nn
+from torch import Tensor, nn
+from torch.utils.data import Subset
 
-from contrastive.engine.monitor import KNNMonitor, feature_fn
+from contrastive.methods.base import encoder_of
 
 __all__ = ["Evaluator", "KNNEvaluator", "ZeroShotEvaluator", "STSEvaluator", "GlueEvaluator",
-           "BestKeeper",
+           "BestKeeper", "feature_fn",
            "build_knn_evaluator", "build_zeroshot_evaluator", "build_sts_evaluator"]
 
 logger = logging.getLogger(__name__)
@@ -56,19 +58,85 @@ class Evaluator(Protocol):
 
 
 class KNNEvaluator:
-    """kNN top-1 of ``--knn-feature`` features every ``--knn-every`` epochs."""
+    """Weighted-kNN top-1 (``knn_top1``, %) of the ``feature`` features (``--knn-feature``:
+    ``backbone`` or ``head``) every ``every`` epochs: the InstDisc / MoCo-CIFAR-demo protocol,
+    bank = the training split under the evaluation transform, queries = the held-out split.
+
+    Computed by :func:`contrastive.eval.runner.knn_on_splits`, the very function behind
+    ``contrastive-knn-eval``: the figure equals the command's on the same encoder, data, crop
+    size and batch size by construction. Features in eval mode (the loop sets it) without
+    gradients, every process gets all rows (``gather_for_metrics``).
+
+    Args:
+        bank_set, query_set: labelled data sets yielding (eval view, label).
+        k, t: neighbours and temperature. max_bank, max_query: random subsets (seed 0; 0 = all).
+        batch_size, num_workers: extraction loader settings (per process).
+    """
 
     name, per = "knn", "epoch"
 
-    def __init__(self, monitor: KNNMonitor, *, every: int, at_start: bool, feature: str,
+    def __init__(self, bank_set: Any, query_set: Any, *, k: int = 200, t: float = 0.1,
+                 max_bank: int = 0, max_query: int = 0, batch_size: int = 256,
+                 num_workers: int = 0, num_classes: int | None = None, every: int = 1,
+                 at_start: bool = False, feature: str = "backbone",
                  channels_last: bool = False) -> None:
-        self.monitor, self.every, self.at_start = monitor, every, at_start
+        self.bank_set = _subset(bank_set, max_bank)
+        self.query_set = _subset(query_set, max_query)
+        self.k, self.t, self.num_classes = k, t, num_classes
+        self.batch_size, self.num_workers = batch_size, num_workers
+        self.every, self.at_start = every, at_start
         self.feature, self.channels_last = feature, channels_last
 
     def __call__(self, module: nn.Module, accelerator: Any) -> dict[str, float]:
-        top1 = self.monitor(feature_fn(module, self.feature), accelerator,
-                            channels_last=self.channels_last)
-        return {"knn_top1": top1}
+        return {"knn_top1": self.top1(feature_fn(module, self.feature), accelerator)}
+
+    @torch.no_grad()
+    def top1(self, encode: Callable[[Tensor], Tensor], accelerator: Any) -> float:
+        """Top-1 (%) of any feature function ``encode`` (the caller sets the eval mode)."""
+        from contrastive.eval.runner import knn_on_splits
+
+        res = knn_on_splits(
+            encode, self.bank_set, self.query_set, k=self.k, temperature=self.t,
+            num_classes=self.num_classes, batch_size=self.batch_size,
+            num_workers=self.num_workers, accelerator=accelerator, progress=False,
+            device_transform=_channels_last if self.channels_last else None,
+            what="the kNN monitor")
+        return float(res["accuracy"]["top1"])
+
+
+def feature_fn(module: nn.Module, which: str) -> Callable[[Tensor], Tensor]:
+    """The features the kNN evaluator sees: the method's backbone (``which="backbone"``) or its
+    head/projector output (``"head"``); inputs cast to float64 for a ``--float64`` model."""
+    encode: Callable[[Tensor], Tensor]
+    if which == "head":
+        head = getattr(module, "head", None) or getattr(module, "projector", None)
+        if head is None:
+            raise ValueError(f"--knn-feature head: {type(module).__name__} has no head/projector")
+        backbone = encoder_of(module)
+
+        def encode(x: Tensor) -> Tensor:
+            return head(backbone(x))
+    else:
+        encode = encoder_of(module)
+    if any(p.dtype == torch.float64 for p in encoder_of(module).parameters()):  # --float64
+        inner = encode
+        return lambda x: inner(x.double())
+    return encode
+
+
+def _channels_last(x: Tensor) -> Tensor:
+    return x.contiguous(memory_format=torch.channels_last)
+
+
+def _subset(ds: Any, limit: int) -> Any:
+    """``limit`` items of ``ds`` drawn at random (seed 0), in increasing order; all when
+    ``limit`` is 0 or >= len. Random, not evenly spaced: a stride would alias with data sets
+    whose labels cycle with the index (``shapes``: label = index % 10)."""
+    n = len(ds)
+    if limit <= 0 or limit >= n:
+        return ds
+    g = torch.Generator().manual_seed(0)
+    return Subset(ds, sorted(torch.randperm(n, generator=g)[:limit].tolist()))
 
 
 def build_knn_evaluator(cfg: Any, pipeline: Any, world: int) -> KNNEvaluator | None:
@@ -91,11 +159,11 @@ def build_knn_evaluator(cfg: Any, pipeline: Any, world: int) -> KNNEvaluator | N
     if n_cls is None:
         logger.info("kNN monitor off: --data %s has no labels", cfg.data)
         return None
-    monitor = KNNMonitor(bank, query, k=cfg.knn_k, t=cfg.knn_t, max_bank=cfg.knn_max_train,
-                         max_query=cfg.knn_max_test, batch_size=max(cfg.batch_size // world, 64),
-                         num_workers=min(cfg.num_workers, 4), num_classes=n_cls)
-    return KNNEvaluator(monitor, every=cfg.knn_every, at_start=cfg.knn_at_start,
-                        feature=cfg.knn_feature, channels_last=cfg.channels_last)
+    return KNNEvaluator(bank, query, k=cfg.knn_k, t=cfg.knn_t, max_bank=cfg.knn_max_train,
+                        max_query=cfg.knn_max_test, batch_size=max(cfg.batch_size // world, 64),
+                        num_workers=min(cfg.num_workers, 4), num_classes=n_cls,
+                        every=cfg.knn_every, at_start=cfg.knn_at_start, feature=cfg.knn_feature,
+                        channels_last=cfg.channels_last)
 
 
 class ZeroShotEvaluator:

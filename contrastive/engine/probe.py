@@ -12,17 +12,27 @@ Each step the probe first predicts the batch (``probe_top1``: the head has not s
 images, a progressive-validation estimate), then takes one SGD step on it. Under several
 processes the head's gradients are averaged, so every process holds the same head. Its state
 (head and optimiser) is saved in every checkpoint and restored on resume.
+
+:class:`ImageStepHook` is how the probe (and the images counter) hook into the training loop:
+the image adapter's :meth:`~contrastive.engine.adapters.ImageAdapter.step_hook`, a
+:class:`~contrastive.engine.adapters.StepHook`.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["OnlineProbe"]
+from contrastive.engine.checkpoint import TrainState
+from contrastive.methods.base import encoder_of
+
+__all__ = ["OnlineProbe", "ImageStepHook", "build_probe"]
+
+logger = logging.getLogger(__name__)
 
 
 class OnlineProbe(nn.Module):
@@ -99,3 +109,49 @@ class OnlineProbe(nn.Module):
         """Restore :meth:`checkpoint_state`."""
         self.head.load_state_dict(state["head"])
         self.optimizer.load_state_dict(state["optimizer"])
+
+
+def build_probe(cfg: Any, module: nn.Module, train_set: Any,
+                device: torch.device) -> OnlineProbe | None:
+    """The online linear probe (``--online-probe``, image runs), or None when off or without
+    labels."""
+    if not cfg.online_probe:
+        return None
+    from contrastive.data import num_classes
+
+    n_cls = num_classes(train_set)
+    width = int(getattr(encoder_of(module), "num_features", 0))
+    if n_cls is None or width <= 0:
+        logger.info("online probe off: %s", "the data has no labels" if n_cls is None else
+                    f"{type(encoder_of(module)).__name__} has no num_features")
+        return None
+    return OnlineProbe(width, n_cls, lr=cfg.probe_lr).to_device(device)
+
+
+class ImageStepHook:
+    """The image runs' work beside the loop's steps (a
+    :class:`~contrastive.engine.adapters.StepHook`): the online probe (when on) learns from the
+    backbone's detached features of each micro-batch's first view and adds ``probe_top1`` to
+    the step records; the images counter (``images_seen`` in the checkpoints) counts
+    ``batch_size`` images per optimiser step."""
+
+    def __init__(self, probe: OnlineProbe | None, batch_size: int) -> None:
+        self.probe, self.batch_size = probe, batch_size
+        self.checkpointed: dict[str, Any] = {"probe": probe} if probe is not None else {}
+
+    def after_micro_batch(self, batch: dict[str, Any], sample: tuple[Any, ...],
+                          module: nn.Module, accelerator: Any) -> None:
+        if self.probe is None:
+            return
+        with accelerator.autocast():
+            feats = self.probe.features(encoder_of(module), batch["views"][0])
+        self.probe.step(feats, sample[1].to(accelerator.device, non_blocking=True), accelerator)
+
+    def after_optimizer_step(self, state: TrainState) -> None:
+        state.images_seen += self.batch_size
+
+    def log_fields(self, accelerator: Any) -> dict[str, Any]:
+        if self.probe is None:
+            return {}
+        top1 = self.probe.pop_top1(accelerator)
+        return {"probe_top1": None if top1 is None else round(top1, 4)}

@@ -3,7 +3,8 @@
 Every ``log_every`` optimiser steps the loop writes one record: the mean over the window of every
 0-d tensor the method returned, averaged over processes, with the learning rate, the method's
 schedules, the embedding spread and the throughput. kNN and probe figures are records of their
-own (``knn_top1``) or fields of the step record (``probe_top1``).
+own (``knn_top1``) or fields of the step record (``probe_top1``). :class:`Throughput` measures
+the window's work and time.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from contrastive.engine.run_folder import truncate_metrics
 from contrastive.engine.run_state import write_run_state
 from contrastive.records import CHECKPOINTS, find_latest
 
-__all__ = ["MetricsLog", "ScalarWindow", "log_record", "rel", "record_failure"]
+__all__ = ["MetricsLog", "ScalarWindow", "Throughput", "log_record", "rel", "record_failure"]
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +107,49 @@ class ScalarWindow:
         self.sums, self.counts = {}, {}
         self._vec, self._names, self._n = None, (), 0
         return means
+
+
+class Throughput:
+    """The log window's work and time: the units the data adapter counts on the device (tokens;
+    summed over processes when the window closes) or ``batch_size`` samples per optimiser step,
+    the seconds since the window opened, and those spent waiting for the loader."""
+
+    def __init__(self, batch_size: int) -> None:
+        self.batch_size = batch_size
+        self.opened, self.waited, self.steps = time.perf_counter(), 0.0, 0
+        self.counted: torch.Tensor | None = None
+
+    def timed(self, start: Callable[[], Iterator[Any]]) -> Iterator[Any]:
+        """The items of ``start()`` (the loader's, its workers started there), the time taken
+        to get each counted as waiting."""
+        t = time.perf_counter()
+        items = start()
+        while True:
+            try:
+                item = next(items)
+            except StopIteration:
+                return
+            self.waited += time.perf_counter() - t
+            yield item
+            t = time.perf_counter()
+
+    def count(self, units: torch.Tensor | None) -> None:
+        """A micro-batch's units as the adapter counts them (None: it counts samples)."""
+        if units is not None:
+            self.counted = units.double() if self.counted is None else self.counted + units
+
+    def close(self, accelerator: Any) -> tuple[float, int, float]:
+        """``(seconds, units, seconds waiting)`` of the window that ends now; a new one opens."""
+        now = time.perf_counter()
+        if self.counted is not None:  # counted on the device, summed over processes
+            n = self.counted.reshape(1)
+            units = int((accelerator.reduce(n, "sum") if accelerator.num_processes > 1
+                         else n).item())
+        else:
+            units = self.steps * self.batch_size
+        window = (now - self.opened, units, self.waited)
+        self.opened, self.waited, self.steps, self.counted = now, 0.0, 0, None
+        return window
 
 
 def log_record(step: int, steps_per_epoch: int, lr: float, sched: dict[str, float],

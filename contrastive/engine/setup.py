@@ -21,14 +21,13 @@ from contrastive.engine.checkpoint import model_signature, read_meta, resolve_re
 from contrastive.engine.config import RunConfig
 from contrastive.engine.grad_cache import GradCache, check_grad_cache
 from contrastive.engine.loader import GlobalBatchSampler, build_train_loader
-from contrastive.engine.monitor import encoder_of
 from contrastive.engine.optim import build_optimizer
-from contrastive.engine.probe import OnlineProbe
 from contrastive.engine.run_state import RUN_STATE_FILE, read_run_state
 from contrastive.engine.schedules import scaled_lr
 from contrastive.hardware import resolve_precision, warn_if_emulated_bf16
+from contrastive.methods.base import encoder_of
 
-__all__ = ["reset_accelerate_state", "resolve_run_precision", "default_channels_last", "compile_encoders", "make_accelerator", "check_fresh_output_dir", "TrainData", "build_data", "Model", "build_model", "method_inputs", "build_probe"]
+__all__ = ["reset_accelerate_state", "resolve_run_precision", "default_channels_last", "compile_encoders", "make_accelerator", "check_fresh_output_dir", "TrainData", "build_data", "Model", "build_model", "method_inputs"]
 
 logger = logging.getLogger(__name__)
 
@@ -165,23 +164,6 @@ def build_data(cfg: RunConfig, adapter: Any, accelerator: Any) -> TrainData:
     last_step = min(total_steps, cfg.max_steps) if cfg.max_steps else total_steps
     return TrainData(train_set, sampler, loader, steps_per_epoch, micro_per_epoch,
                      total_steps, epochs, last_step)
-
-
-def build_probe(cfg: RunConfig, module: nn.Module, train_set: Any,
-                device: torch.device) -> OnlineProbe | None:
-    """The online linear probe (``--online-probe``, image runs), or None when off or without
-    labels."""
-    if not getattr(cfg, "online_probe", False):
-        return None
-    from contrastive.data import num_classes
-
-    n_cls = num_classes(train_set)
-    width = int(getattr(encoder_of(module), "num_features", 0))
-    if n_cls is None or width <= 0:
-        logger.info("online probe off: %s", "the data has no labels" if n_cls is None else
-                    f"{type(encoder_of(module)).__name__} has no num_features")
-        return None
-    return OnlineProbe(width, n_cls, lr=cfg.probe_lr).to_device(device)  # type: ignore[attr-defined]
 
 
 def method_inputs(method: nn.Module, extra: tuple[str, ...] = ()

@@ -8,15 +8,16 @@ adapter=...)`` (any data: :mod:`~contrastive.engine.adapters`):
 2. sets up (:mod:`~contrastive.engine.setup`): the data adapter's training set under the
    engine's deterministic global order (per-sample seeded randomness), the adapter's evaluators
    (:mod:`~contrastive.engine.evaluators`: kNN for images, zero-shot and retrieval for
-   image-text), the method and its optimiser (``prepare``d), the online probe (images), the
-   checkpoint manager;
+   image-text), the method and its optimiser (``prepare``d), the adapter's step hook (images:
+   the online probe and the images counter), the checkpoint manager;
 3. resumes (signature + config checked before loading, fingerprints verified after);
 4. loops (:mod:`~contrastive.engine.step`): ``lr = lr_at(step)``, the method's schedules once
    per optimiser step, ``out = model(batch)`` with ``batch`` = the adapter's mapping of the
    method's ``needs`` (``views``, ``labels``, ``indices``, per-sample fields such as
    ``input_ids``) plus the schedule values (see :mod:`contrastive.methods`), backward, drop the
-   gradients of groups still frozen, clip, step, the method's post-step hook; the online probe
-   (``--online-probe``) learns from detached features;
+   gradients of groups still frozen, clip, step, the method's post-step hook; then the
+   adapter's step hook (:class:`~contrastive.engine.adapters.StepHook`: the online probe
+   learns from detached features);
 5. keeps the run log (:mod:`~contrastive.engine.run_log`): ``metrics.jsonl`` every
    ``log_every`` steps (every 0-d tensor the method returns, as a window mean, and the
    adapter's throughput; each record also to the ``--report-to`` trackers,
@@ -39,12 +40,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import logging
 import os
 import sys
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,8 +53,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from contrastive.engine.adapters import DataAdapter, ImageAdapter
-from contrastive.engine.artefacts import EncoderArtefacts, write_encoder
+from contrastive.engine.adapters import DataAdapter, ImageAdapter, StepHook
+from contrastive.engine.artefacts import write_encoder
 from contrastive.engine.checkpoint import (
     CheckpointManager,
     TrainState,
@@ -65,19 +66,24 @@ from contrastive.engine.config import RunConfig, config_to_dict
 from contrastive.engine.evaluators import BestKeeper, Evaluator
 from contrastive.engine.extras import extra_keys
 from contrastive.engine.loader import start_workers
-from contrastive.engine.monitor import encoder_of
 from contrastive.engine.optim import optimizer_kernel, set_lr, set_weight_decay
-from contrastive.engine.probe import OnlineProbe
 from contrastive.engine.run_folder import check_output_dir
-from contrastive.engine.run_log import MetricsLog, ScalarWindow, log_record, record_failure, rel
+from contrastive.engine.run_log import (
+    MetricsLog,
+    ScalarWindow,
+    Throughput,
+    log_record,
+    record_failure,
+    rel,
+)
 from contrastive.engine.run_state import EXIT_STOPPED, read_run_state, write_run_state
+from contrastive.engine.safe_state import rng_state, set_rng_state
 from contrastive.engine.schedules import lr_at, warmup_warning
 from contrastive.engine.setup import (
     Model,
     TrainData,
     build_data,
     build_model,
-    build_probe,
     check_fresh_output_dir,
     default_channels_last,
     make_accelerator,
@@ -109,8 +115,6 @@ class TrainResult:
     epoch: int
     encoder_path: Path | None = None
     checkpoint: Path | None = None
-    knn_top1: float | None = None
-    knn_history: list[tuple[int, float]] = field(default_factory=list)
     evaluations: list[tuple[int, dict[str, float]]] = field(default_factory=list)  # all evaluators
     last_metrics: dict[str, Any] = field(default_factory=dict)
     steps_trained: int = 0  # optimiser steps this call took (0: a resume with nothing to do)
@@ -120,6 +124,16 @@ class TrainResult:
     def exit_code(self) -> int:
         """The process exit status for this result: 75 (stopped, resumable) or 0."""
         return EXIT_STOPPED if self.status == "interrupted" else 0
+
+    def history(self, metric: str) -> list[tuple[int, float]]:
+        """``(step, value)`` of every evaluation this call made that measured ``metric``
+        (``knn_top1``, ``sts_spearman`` ...), in order."""
+        return [(step, metrics[metric]) for step, metrics in self.evaluations if metric in metrics]
+
+    def latest(self, metric: str) -> float | None:
+        """The last value of ``metric`` this call measured, or None."""
+        measured = self.history(metric)
+        return measured[-1][1] if measured else None
 
 
 def train(cfg: RunConfig, build_method: Callable[[Any], nn.Module],
@@ -181,11 +195,11 @@ def _train(cfg: RunConfig, build_method: Callable[[Any], nn.Module],
     data = build_data(cfg, adapter, accelerator)
     evaluators = adapter.evaluators(cfg, accelerator.num_processes)
     m = build_model(cfg, build_method, accelerator, extra_keys(data.train_set))
-    probe = build_probe(cfg, m.module, data.train_set, accelerator.device)
+    hook = adapter.step_hook(cfg, m.module, data.train_set, accelerator.device)  # image: probe
     best = BestKeeper(cfg.keep_best) if cfg.keep_best else None
     config = {"recipe": recipe, **config_to_dict(cfg)}
     state = TrainState()
-    extras: dict[str, Any] = {"probe": probe} if probe is not None else {}
+    extras: dict[str, Any] = dict(hook.checkpointed) if hook is not None else {}
     if best is not None:
         extras["best"] = best
     ckpt = CheckpointManager(accelerator, m.model, m.optimizer, state, out / CHECKPOINTS,
@@ -206,7 +220,7 @@ def _train(cfg: RunConfig, build_method: Callable[[Any], nn.Module],
 
     # ---- the run: log its start, train, end it ---------------------------------------------
     run = _Run(cfg, recipe, out, accelerator, adapter, data, m, state, ckpt, stop, evaluators,
-               probe, best, resume_path)
+               hook, best, resume_path)
     try:
         run.log_start(config, precision_reason)
         if resume_path is None:
@@ -245,11 +259,11 @@ class _Run:
 
     def __init__(self, cfg: Any, recipe: str, out: Path, accelerator: Any, adapter: DataAdapter,
                  data: TrainData, m: Model, state: TrainState, ckpt: CheckpointManager,
-                 stop: StopRequests, evaluators: list[Evaluator], probe: OnlineProbe | None,
+                 stop: StopRequests, evaluators: list[Evaluator], hook: StepHook | None,
                  best: BestKeeper | None, resume_path: Path | None) -> None:
         self.cfg, self.recipe, self.out, self.acc = cfg, recipe, out, accelerator
         self.adapter, self.data, self.m, self.state, self.ckpt = adapter, data, m, state, ckpt
-        self.stop, self.evaluators, self.probe = stop, evaluators, probe
+        self.stop, self.evaluators, self.hook = stop, evaluators, hook
         self.best, self.resume_path = best, resume_path
         self.best_unsaved = False  # a new best after this step's checkpoint was written
         self.last_eval: dict[str, int] = {}  # evaluator name -> step of its last measurement
@@ -264,6 +278,15 @@ class _Run:
         self.guard = NonFiniteGuard(accelerator.device)
         self.updater = Updater(m.model, m.optimizer, accelerator,  # resolved once
                                method=m.module, clips=cfg.clip_grad_norm > 0)
+        self.lr_at = functools.partial(  # the lr schedule, a function of the step alone
+            lr_at, steps_per_epoch=data.steps_per_epoch, epochs=cfg.epochs, peak=m.peak_lr,
+            schedule=cfg.lr_schedule, warmup_epochs=cfg.warmup_epochs, min_lr=cfg.min_lr,
+            milestones=cfg.lr_milestones, gamma=cfg.lr_gamma, per=cfg.schedule_per,
+            warmup_steps=cfg.warmup_steps, total_steps=cfg.steps)
+        self.lr, self.values_step = 0.0, -1  # this step's lr, and the step it was computed at
+        self.sched: dict[str, float] = {}  # the method's schedule values at that step
+        self.speed = Throughput(cfg.batch_size)
+        self.progress: Any = None  # the progress bar (--progress, main process)
 
     # ---- the run log --------------------------------------------------------------------------
 
@@ -316,18 +339,20 @@ class _Run:
         self.metrics.write(record)
         self.trackers.log(record)
 
-    def log_step(self, lr: float, sched: dict[str, float], seconds: float, units: int,
-                 wait: float) -> dict[str, Any]:
+    def log_step(self) -> None:
         """One metrics.jsonl record for the window that ends at this step."""
-        record = log_record(self.state.step, self.data.steps_per_epoch, lr, sched,
-                            self.window.means(self.acc), self.window.last, seconds, units, wait,
-                            unit=self.adapter.unit)
-        if self.probe is not None:
-            top1 = self.probe.pop_top1(self.acc)
-            record["probe_top1"] = None if top1 is None else round(top1, 4)
+        seconds, units, waited = self.speed.close(self.acc)
+        record = log_record(self.state.step, self.data.steps_per_epoch, self.lr, self.sched,
+                            self.window.means(self.acc), self.window.last, seconds, units,
+                            waited, unit=self.adapter.unit)
+        if self.hook is not None:
+            record.update(self.hook.log_fields(self.acc))
         self.record(record)
         self.result.last_metrics = record
-        return record
+        if self.progress is not None:
+            unit = self.adapter.unit
+            self.progress.set_postfix(loss=f"{record.get('loss', float('nan')):.4f}",
+                                      **{f"{unit[:3]}_s": f"{record[f'{unit}_per_s']:.1f}"})
 
     def measure(self, ev: Evaluator, tag: str) -> None:
         """An evaluator's metrics, in metrics.jsonl as a record of their own; the artefacts
@@ -340,9 +365,6 @@ class _Run:
             model.train()
         self.last_eval[ev.name] = state.step
         self.result.evaluations.append((state.step, metrics))
-        if "knn_top1" in metrics:
-            self.result.knn_top1 = metrics["knn_top1"]
-            self.result.knn_history.append((state.step, metrics["knn_top1"]))
         self.record({"step": state.step, "epoch": round(state.step / self.data.steps_per_epoch, 4),
                      **metrics, f"{ev.name}_when": tag})
         logger.info("%s (%s, step %d): %s", ev.name, tag, state.step,
@@ -372,114 +394,23 @@ class _Run:
     def check_finite(self) -> None:
         self.guard.check(self.acc, self.ckpt.last_saved_step, self.out / CHECKPOINTS)
 
+    def stop_requested(self) -> bool:
+        """Whether a stop was asked for on any process (a collective under several)."""
+        return any_true(self.stop.check() is not None, self.acc)
+
     # ---- the loop -----------------------------------------------------------------------------
 
     def train_epochs(self) -> str:
         """Train until the last epoch, ``--max-steps`` or a stop request; returns the status
         ("completed", "max_steps" or "interrupted")."""
-        cfg, acc, data, state, m = self.cfg, self.acc, self.data, self.state, self.m
-        device, rank, world = acc.device, acc.process_index, acc.num_processes
-        accum = cfg.grad_accum_steps
-        m.model.train()
-        progress = None
-        if self.is_main and cfg.progress:
-            from tqdm.auto import tqdm
-
-            progress = tqdm(total=data.last_step, initial=state.step, desc=self.recipe,
-                            unit="step", dynamic_ncols=True, mininterval=1.0)
-        sched_step, sched, lr = -1, {}, 0.0
-        t_last, images_last, wait_time = time.perf_counter(), state.images_seen, 0.0
-        counted = None  # units the adapter counts (tokens), summed on the device
-        status = "completed"
-        if any_true(self.stop.check() is not None, acc):  # a signal during the set-up
-            status = "interrupted"
-        with progress or contextlib.nullcontext():
+        state, data = self.state, self.data
+        self.m.model.train()
+        self.speed = Throughput(self.cfg.batch_size)  # the first window opens now
+        status = "interrupted" if self.stop_requested() else "completed"  # during the set-up
+        with self.progress_bar():
             while state.epoch < data.epochs and status == "completed":
                 epoch = state.epoch
-                data.sampler.set_epoch(epoch)
-                skip = state.micro_in_epoch
-                batches = acc.skip_first_batches(data.loader, skip) if skip else data.loader
-                t_wait = time.perf_counter()
-                # workers start with SIGTERM/SIGINT held back, then ignore them (see loader.py)
-                for micro, sample in enumerate(start_workers(batches), start=skip):
-                    wait_time += time.perf_counter() - t_wait
-                    # ---- the step: lr and schedules, the batch, forward/backward/update
-                    lr = lr_at(state.step, steps_per_epoch=data.steps_per_epoch,
-                               epochs=cfg.epochs, peak=m.peak_lr, schedule=cfg.lr_schedule,
-                               warmup_epochs=cfg.warmup_epochs, min_lr=cfg.min_lr,
-                               milestones=cfg.lr_milestones, gamma=cfg.lr_gamma,
-                               per=cfg.schedule_per, warmup_steps=cfg.warmup_steps,
-                               total_steps=cfg.steps)
-                    set_lr(m.optimizer, lr)
-                    if sched_step != state.step:  # once per optimiser step (all micro-batches)
-                        sched_step = state.step
-                        sched = {k: float(fn(state.step, data.total_steps))
-                                 for k, fn in m.schedules.items()}
-                        if "weight_decay" in sched:  # a declared weight-decay schedule (DINO)
-                            set_weight_decay(m.optimizer, sched["weight_decay"])
-                    batch = self.adapter.batch(sample, m.needs, sched, device=device,
-                                               step=state.step, micro=micro % accum, rank=rank)
-                    units = self.adapter.count(batch)
-                    if units is not None:
-                        counted = units.double() if counted is None else counted + units
-                    optimisation_step(m.model, batch, m.optimizer, acc, cfg, state.step,
-                                      self.guard, self.window, m.after_step,
-                                      updater=self.updater, cache=m.cache)
-                    if self.probe is not None:
-                        with acc.autocast():
-                            feats = self.probe.features(encoder_of(m.module), batch["views"][0])
-                        self.probe.step(feats, sample[1].to(device, non_blocking=True), acc)
-                    state.micro_in_epoch = micro + 1
-                    if not acc.sync_gradients:
-                        t_wait = time.perf_counter()
-                        continue
-
-                    # ---- one optimiser step done: count, log, save, stop?
-                    state.step += 1
-                    state.images_seen += cfg.batch_size
-                    if state.micro_in_epoch >= data.micro_per_epoch or \
-                            state.step == data.total_steps:  # --steps may end an epoch early
-                        state.epoch, state.micro_in_epoch = epoch + 1, 0
-                    if progress is not None:
-                        progress.update(1)
-                    log_now = state.step % cfg.log_every == 0 or state.step == data.last_step
-                    save_now = bool(cfg.save_every_steps) and \
-                        state.step % cfg.save_every_steps == 0
-                    if log_now or save_now or state.step == data.last_step:
-                        self.check_finite()
-                    if log_now:
-                        now = time.perf_counter()
-                        if counted is not None:  # counted on the device, summed over processes
-                            n = counted.reshape(1)
-                            units_done = int((acc.reduce(n, "sum") if world > 1 else n).item())
-                            counted = None
-                        else:
-                            units_done = state.images_seen - images_last
-                        record = self.log_step(lr, sched, now - t_last, units_done, wait_time)
-                        if progress is not None:
-                            unit = self.adapter.unit
-                            progress.set_postfix(loss=f"{record.get('loss', float('nan')):.4f}",
-                                                 **{f"{unit[:3]}_s":
-                                                    f"{record[f'{unit}_per_s']:.1f}"})
-                        t_last, images_last, wait_time = now, state.images_seen, 0.0
-                    for ev in self.due("step"):
-                        self.measure(ev, f"step {state.step}")
-                    if save_now:
-                        self.save()
-                    # one process: the flag itself; several: agree every 10 steps (a collective)
-                    if world == 1 or log_now or state.step % 10 == 0:
-                        if any_true(self.stop.check() is not None, acc):
-                            self.check_finite()
-                            status = "interrupted"
-                            break
-                    if cfg.max_steps and state.step >= cfg.max_steps:
-                        status = "max_steps"
-                        break
-                    if cfg.steps and state.step >= data.total_steps:
-                        break  # a budget in steps (--steps) may end inside an epoch
-                    t_wait = time.perf_counter()
-
-                # ---- the epoch's end: kNN, checkpoint
+                status = self.train_epoch(epoch)
                 if state.epoch != epoch + 1:
                     if status != "completed":
                         break  # stopped mid-epoch
@@ -487,20 +418,129 @@ class _Run:
                                        f"{data.micro_per_epoch} micro-batches in epoch {epoch}")
                 if status == "interrupted":
                     break
-                self.check_finite()
-                for ev in self.due("epoch", epoch):
-                    self.measure(ev, f"epoch {epoch + 1}")
-                if self.best_unsaved or (cfg.save_every_epochs
-                                         and (epoch + 1) % cfg.save_every_epochs == 0
-                                         and self.ckpt.last_saved_step != state.step):
-                    self.save()
-        if status != "interrupted":
-            for ev in self.evaluators:
-                if self.last_eval.get(ev.name) != state.step:
-                    self.measure(ev, "end")
+                self.end_epoch(epoch)
         if status == "interrupted":
             self.result.stop_reason = self.stop.reason or "a signal on another process"
+        else:
+            self.evaluate_at_end()
         return status
+
+    def train_epoch(self, epoch: int) -> str:
+        """The epoch's micro-batches from where the run stands (a resume skips those done);
+        returns the status once the epoch ends or the run stops."""
+        acc, data, state = self.acc, self.data, self.state
+        data.sampler.set_epoch(epoch)
+        skip = state.micro_in_epoch
+        batches = acc.skip_first_batches(data.loader, skip) if skip else data.loader
+        # workers start with SIGTERM/SIGINT held back, then ignore them (see loader.py)
+        samples = self.speed.timed(lambda: start_workers(batches))
+        for micro, sample in enumerate(samples, start=skip):
+            self.train_micro_batch(sample, micro)
+            state.micro_in_epoch = micro + 1
+            if acc.sync_gradients:  # an optimiser step is done
+                status = self.after_optimizer_step(epoch)
+                if status is not None:
+                    return status
+        return "completed"
+
+    def train_micro_batch(self, sample: tuple[Any, ...], micro: int) -> None:
+        """Forward and backward of one micro-batch, and the update at a step's last, at the
+        step's lr and schedule values; then the adapter's hook."""
+        acc, m, state = self.acc, self.m, self.state
+        sched = self.step_values()
+        batch = self.adapter.batch(sample, m.needs, sched, device=acc.device, step=state.step,
+                                   micro=micro % self.cfg.grad_accum_steps,
+                                   rank=acc.process_index)
+        self.speed.count(self.adapter.count(batch))
+        optimisation_step(m.model, batch, m.optimizer, acc, self.cfg, state.step, self.guard,
+                          self.window, m.after_step, updater=self.updater, cache=m.cache)
+        if self.hook is not None:
+            self.hook.after_micro_batch(batch, sample, m.module, acc)
+
+    def step_values(self) -> dict[str, float]:
+        """The method's schedule values at this optimiser step, and its lr (and weight decay,
+        when the method schedules it: DINO) set on the optimiser: once per step, at its first
+        micro-batch."""
+        step, m = self.state.step, self.m
+        if self.values_step != step:
+            self.values_step = step
+            self.lr = self.lr_at(step)
+            set_lr(m.optimizer, self.lr)
+            self.sched = {k: float(fn(step, self.data.total_steps))
+                          for k, fn in m.schedules.items()}
+            if "weight_decay" in self.sched:
+                set_weight_decay(m.optimizer, self.sched["weight_decay"])
+        return self.sched
+
+    def after_optimizer_step(self, epoch: int) -> str | None:
+        """Count the step; log, evaluate and save when due; the status when the run stops
+        here (a stop request, ``--max-steps``, a ``--steps`` budget), else None."""
+        cfg, data, state = self.cfg, self.data, self.state
+        state.step += 1
+        self.speed.steps += 1
+        if self.hook is not None:
+            self.hook.after_optimizer_step(state)
+        if state.micro_in_epoch >= data.micro_per_epoch or \
+                state.step == data.total_steps:  # --steps may end an epoch early
+            state.epoch, state.micro_in_epoch = epoch + 1, 0
+        if self.progress is not None:
+            self.progress.update(1)
+        log_now = state.step % cfg.log_every == 0 or state.step == data.last_step
+        save_now = bool(cfg.save_every_steps) and state.step % cfg.save_every_steps == 0
+        if log_now or save_now or state.step == data.last_step:
+            self.check_finite()
+        if log_now:
+            self.log_step()
+        for ev in self.due("step"):
+            self.measure(ev, f"step {state.step}")
+        if save_now:
+            self.save()
+        # one process: the flag itself; several: agree every 10 steps (a collective)
+        if (self.acc.num_processes == 1 or log_now or state.step % 10 == 0) and \
+                self.stop_requested():
+            self.check_finite()
+            return "interrupted"
+        if cfg.max_steps and state.step >= cfg.max_steps:
+            return "max_steps"
+        if cfg.steps and state.step >= data.total_steps:
+            return "completed"  # a budget in steps (--steps) may end inside an epoch
+        return None
+
+    def end_epoch(self, epoch: int) -> None:
+        """The evaluators due at the end of ``epoch``, and its checkpoint when due."""
+        cfg = self.cfg
+        self.check_finite()
+        for ev in self.due("epoch", epoch):
+            self.measure(ev, f"epoch {epoch + 1}")
+        if self.best_unsaved or (cfg.save_every_epochs and (epoch + 1) % cfg.save_every_epochs == 0
+                                 and self.ckpt.last_saved_step != self.state.step):
+            self.save()
+
+    def evaluate_at_end(self) -> None:
+        """Every evaluator not yet run at this step, on the final model; the random generators
+        are put back after. A run stopped here by ``--max-steps`` writes its last checkpoint
+        next, and its resume must go on as the run that did not stop (nor evaluate) here did:
+        nothing the evaluation draws (SimCSE's ``best/`` export draws) may reach that checkpoint."""
+        kept = rng_state()
+        try:
+            for ev in self.evaluators:
+                if self.last_eval.get(ev.name) != self.state.step:
+                    self.measure(ev, "end")
+        finally:
+            set_rng_state(kept, self.out)
+
+    @contextlib.contextmanager
+    def progress_bar(self) -> Iterator[None]:
+        """``--progress``: a bar over the run's steps on the main process."""
+        if not (self.is_main and self.cfg.progress):
+            yield
+            return
+        from tqdm.auto import tqdm
+
+        with tqdm(total=self.data.last_step, initial=self.state.step, desc=self.recipe,
+                  unit="step", dynamic_ncols=True, mininterval=1.0) as self.progress:
+            yield
+        self.progress = None
 
     # ---- the end ------------------------------------------------------------------------------
 
@@ -527,9 +567,8 @@ class _Run:
                 write_run_state(out, "completed", step=state.step, last_step=self.data.last_step,
                                 reason="max_steps" if status == "max_steps" else "epochs",
                                 encoder=rel(result.encoder_path, out), exit_code=0)
-        image_run = isinstance(self.adapter.artefacts, EncoderArtefacts)  # the map needs encoder.pt
         self.trackers.finish(step=state.step, status=status, device=self.acc.device,
-                             data=self.cfg.data if image_run else None)
+                             data=self.adapter.embedding_map_data())
         self.acc.wait_for_everyone()
         return result
 

@@ -325,7 +325,7 @@ def knn_on_splits(
 ) -> dict[str, Any]:
     """Weighted-kNN accuracy of ``query_ds`` against the labelled bank ``bank_ds``: the one
     computation behind ``contrastive-knn-eval`` and the training monitor
-    (:class:`contrastive.engine.monitor.KNNMonitor`).
+    (:class:`contrastive.engine.evaluators.KNNEvaluator`).
 
     Both splits are encoded (:func:`encode_split`, every process gets all rows), ``k`` is clamped
     to the bank size, and faiss (exact ``IndexFlatIP``, or fp16 with ``store="float16"``) finds

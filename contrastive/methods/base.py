@@ -28,7 +28,7 @@ FROZEN_BY = ("grad", "lr")
 #: part, each parameter
 CLIP_MODES = ("all", "part", "parameter")
 
-__all__ = ["Method", "ParamGroup", "Schedule", "read", "views_of"]
+__all__ = ["Method", "ParamGroup", "Schedule", "read", "views_of", "encoder_of"]
 
 Schedule = Callable[[int, int], float]
 """``f(step, total_steps) -> value``: step is the 0-based optimiser step of the run."""
@@ -217,6 +217,15 @@ def views_of(batch: Mapping[str, Any], method: str, n: int | None = None,
         raise ValueError(f"{method}: every view must be a (N, C, H, W) tensor with the same N, "
                          f"got {shapes}")
     return list(views)
+
+
+def encoder_of(method: nn.Module) -> nn.Module:
+    """The method's backbone (its ``encoder`` attribute, part of the contract): what the engine
+    compiles, exports and monitors."""
+    encoder = getattr(method, "encoder", None)
+    if not isinstance(encoder, nn.Module):
+        raise TypeError(f"{type(method).__name__} has no encoder module (attribute 'encoder')")
+    return encoder
 
 
 def check_clip_mode(method: str, clip_mode: str) -> None:

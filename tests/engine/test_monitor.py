@@ -1,4 +1,4 @@
-"""The online kNN monitor is contrastive-knn-eval's computation, run on the live encoder."""
+"""The kNN evaluator is contrastive-knn-eval's computation, run on the live encoder."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from contrastive.engine.monitor import KNNMonitor
+from contrastive.engine.evaluators import KNNEvaluator
 from contrastive.eval.knn import knn_accuracy
 
 
@@ -43,10 +43,10 @@ def test_monitor_separable_data_single_process():
     y = torch.arange(60) % 3
     x = torch.eye(3)[y] * 5 + torch.randn(60, 3, generator=g)
     data = TensorDataset(x, y)
-    mon = KNNMonitor(data, data, k=5, t=0.1, max_bank=30, num_classes=3, batch_size=7)
-    assert len(mon.bank_set) == 30 and len(mon.query_set) == 60
-    assert mon(lambda v: v, acc) > 90.0
-    assert mon(lambda v: torch.ones_like(v), acc) < 50.0  # a collapsed encoder
+    knn = KNNEvaluator(data, data, k=5, t=0.1, max_bank=30, num_classes=3, batch_size=7)
+    assert len(knn.bank_set) == 30 and len(knn.query_set) == 60
+    assert knn.top1(lambda v: v, acc) > 90.0
+    assert knn.top1(lambda v: torch.ones_like(v), acc) < 50.0  # a collapsed encoder
 
 
 def test_monitor_figure_equals_contrastive_knn_eval(tmp_path):
@@ -67,9 +67,11 @@ def test_monitor_figure_equals_contrastive_knn_eval(tmp_path):
     cli = knn_eval(load_encoder(tmp_path / "encoder.pt"), data, k=10, temperature=0.1,
                    image_size=size, batch_size=32, num_workers=0, **norm)["top1"]
     tf = get_pipeline("eval", image_size=size, **norm)
-    mon = KNNMonitor(get_dataset(data, "train", transform=tf), get_dataset(data, "test", transform=tf),
-                     k=10, t=0.1, batch_size=32, num_classes=10)
-    top1 = mon(enc, Accelerator(cpu=True))
+    knn = KNNEvaluator(get_dataset(data, "train", transform=tf), get_dataset(data, "test", transform=tf),
+                       k=10, t=0.1, batch_size=32, num_classes=10)
+    method = torch.nn.Module()
+    method.encoder = enc  # the evaluator reads the method's backbone, as the loop hands it
+    top1 = knn(method, Accelerator(cpu=True))["knn_top1"]
     assert top1 == cli and 10.0 < top1 < 100.0  # neither chance-only nor degenerate
 
 
@@ -91,6 +93,7 @@ def test_the_knn_monitor_does_not_change_training(tmp_path, fresh_accelerate):
                      lambda c: get_pipeline("simclr", image_size=c.image_size), recipe="knn-test")
 
     with_knn, without = run("knn", 1), run("plain", 0)
-    assert [step for step, _ in with_knn.knn_history] == [0, 2, 4] and not without.knn_history
+    assert [step for step, _ in with_knn.history("knn_top1")] == [0, 2, 4]
+    assert not without.history("knn_top1")
     a, b = (load_file(str(r.checkpoint / "model.safetensors")) for r in (with_knn, without))
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -88,7 +88,7 @@ def test_the_engine_carries_each_samples_tokens(tmp_path, fresh_accelerate):
         return m
 
     result = train(cfg, build, lambda c: _OneView(), recipe="clip-test")
-    assert result.steps_trained == 2 and result.knn_top1 is not None
+    assert result.steps_trained == 2 and result.latest("knn_top1") is not None
     ref = SeededDataset(get_dataset(DATA, "train", transform=_OneView()), seed=5)
     for step in seen[0].seen:
         assert step["input_ids"].shape == (16, 12)
