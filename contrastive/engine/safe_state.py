@@ -14,11 +14,13 @@ recognised as complete (see :func:`verify_files`).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import random
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -162,6 +164,19 @@ def rng_state() -> dict[str, Any]:
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
+
+
+@contextlib.contextmanager
+def kept_rng(path: Path) -> Iterator[None]:
+    """Run the block, then put this process's random generators back as they were: work beside
+    training (an evaluation, an export into ``best/`` on the main process alone) must not move
+    the generators training draws from, or a resume (and the other processes) would drift.
+    ``path`` names the run in errors."""
+    kept = rng_state()
+    try:
+        yield
+    finally:
+        set_rng_state(kept, path)
 
 
 def set_rng_state(state: dict[str, Any], path: Path) -> None:

@@ -77,7 +77,7 @@ from contrastive.engine.run_log import (
     rel,
 )
 from contrastive.engine.run_state import EXIT_STOPPED, read_run_state, write_run_state
-from contrastive.engine.safe_state import rng_state, set_rng_state
+from contrastive.engine.safe_state import kept_rng
 from contrastive.engine.schedules import lr_at, warmup_warning
 from contrastive.engine.setup import (
     Model,
@@ -521,13 +521,10 @@ class _Run:
         are put back after. A run stopped here by ``--max-steps`` writes its last checkpoint
         next, and its resume must go on as the run that did not stop (nor evaluate) here did:
         nothing the evaluation draws (SimCSE's ``best/`` export draws) may reach that checkpoint."""
-        kept = rng_state()
-        try:
+        with kept_rng(self.out):
             for ev in self.evaluators:
                 if self.last_eval.get(ev.name) != self.state.step:
                     self.measure(ev, "end")
-        finally:
-            set_rng_state(kept, self.out)
 
     @contextlib.contextmanager
     def progress_bar(self) -> Iterator[None]:
