@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -54,34 +55,100 @@ def close_f64() -> Callable[..., None]:
 WORKER = ROOT / "tests" / "dist_worker.py"
 
 
-def _run_two_ranks(case: Path, tmp: Path, timeout: float = 240.0) -> list[dict]:
-    """Start the one worker (``tests/dist_worker.py``) on ``case`` as two gloo CPU processes;
-    return what each rank saved to ``tmp/rank{r}.pt``: rank 0 holds the case's one-process
-    ``reference`` too. A failing or hanging rank fails the test with its log."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(case), str(rank), "2",
-                               str(tmp / "store"), str(tmp)],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for rank in range(2)]
-    logs = []
-    for p in procs:
-        try:
-            logs.append(p.communicate(timeout=timeout)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail(f"distributed case {case.name} timed out after {timeout:.0f} s")
-    for rank, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {rank} failed:\n{logs[rank][-4000:]}"
-    results = [torch.load(tmp / f"rank{rank}.pt", weights_only=True) for rank in range(2)]
-    assert [r["group_size"] for r in results] == [2, 2], "the ranks did not form one group of 2"
-    return results
+class TwoRankCases:
+    """The two-process (gloo, CPU) equivalence cases of a session, run by the one worker
+    (``tests/dist_worker.py``) as two processes started ONCE for all the cases that the
+    session's selected tests name (a module's ``CASE`` file, where its tests use
+    ``run_two_ranks``): each start costs both processes seconds of imports, more than most
+    cases' own work. A case that fails, or hangs for ``timeout`` seconds, fails its own tests
+    with the ranks' log; the cases after it start again in a new pair of processes."""
+
+    def __init__(self, root: Path, planned: list[Path], timeout: float = 240.0) -> None:
+        self.root, self.timeout = root, timeout
+        self.planned = list(dict.fromkeys(case.resolve() for case in planned))
+        self.done: dict[Path, Path | str] = {}  # case -> its results' folder, or why it failed
+        self.launches = 0
+
+    def __call__(self, case: Path, tmp: Path | None = None) -> list[dict]:
+        """What each rank saved for ``case`` (rank 0 holds the case's one-process
+        ``reference`` too); ``tmp`` is kept for the callers, the session's folder is used."""
+        case = case.resolve()
+        if case not in self.done:
+            self._run([c for c in self.planned if c not in self.done] + [case] * (
+                case not in self.planned))
+        folder = self.done[case]
+        if isinstance(folder, str):
+            pytest.fail(folder, pytrace=False)
+        results = [torch.load(folder / f"rank{rank}.pt", weights_only=True) for rank in range(2)]
+        assert [r["group_size"] for r in results] == [2, 2], "the ranks did not form one group of 2"
+        return results
+
+    def _run(self, cases: list[Path]) -> None:
+        """Run ``cases`` in order; after a failed case, start the rest again."""
+        while cases:
+            launch = self.root / f"launch{self.launches}"
+            self.launches += 1
+            failure = self._launch(cases, launch)
+            finished = 0
+            while finished < len(cases) and all(
+                    (launch / str(finished) / f"rank{r}.pt").exists() for r in range(2)):
+                self.done[cases[finished]] = launch / str(finished)
+                finished += 1
+            if finished < len(cases):
+                self.done[cases[finished]] = (f"distributed case {cases[finished].name}: "
+                                              f"{failure or 'no results'}")
+                finished += 1
+            cases = cases[finished:]
+
+    def _launch(self, cases: list[Path], out: Path) -> str | None:
+        """Start the two ranks on ``cases``; return None when both exit 0, else what went wrong
+        with their logs. A rank that fails stops the other (which may wait in a collective)."""
+        out.mkdir(parents=True)
+        env = {**child_env(1), "PYTHONWARNINGS": "ignore"}  # this checkout's package
+        logs = [out / f"rank{rank}.log" for rank in range(2)]
+        procs = []
+        for rank in range(2):
+            with logs[rank].open("w") as log:
+                procs.append(subprocess.Popen(
+                    [sys.executable, str(WORKER), str(rank), "2", str(out), *map(str, cases)],
+                    env=env, stdout=log, stderr=subprocess.STDOUT))
+        progress, since, why = -1, time.monotonic(), None
+        while why is None and any(p.poll() is None for p in procs):
+            finished = len(list(out.glob("*/rank1.pt")))
+            if finished != progress:
+                progress, since = finished, time.monotonic()
+            if any(p.returncode for p in procs):
+                why = "a rank failed"
+                time.sleep(0.5)  # the other rank's error, if it has one, reaches its log
+            elif time.monotonic() - since > self.timeout:
+                why = f"no case ended in {self.timeout:.0f} s"
+            time.sleep(0.1)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if why is None and all(p.returncode == 0 for p in procs):
+            return None
+        return (why or "a rank failed") + "".join(
+            f"\nrank {r} (exit {p.returncode}):\n{logs[r].read_text()[-4000:]}"
+            for r, p in enumerate(procs))
+
+
+def _planned_cases(session: pytest.Session) -> list[Path]:
+    """The ``CASE`` files of the selected tests that use ``run_two_ranks``."""
+    cases = []
+    for item in session.items:
+        case = getattr(getattr(item, "module", None), "CASE", None)
+        if isinstance(case, Path) and "run_two_ranks" in getattr(item, "fixturenames", ()):
+            cases.append(case)
+    return cases
 
 
 @pytest.fixture(scope="session")
-def run_two_ranks() -> Callable[..., list[dict]]:
-    """The launcher of the two-process (gloo, CPU) equivalence tests."""
-    return _run_two_ranks
+def run_two_ranks(request, tmp_path_factory) -> TwoRankCases:
+    """``run_two_ranks(CASE, tmp) -> [rank 0's results, rank 1's]``: the launcher of the
+    two-process (gloo, CPU) equivalence tests (:class:`TwoRankCases`)."""
+    return TwoRankCases(tmp_path_factory.mktemp("two_ranks"), _planned_cases(request.session))
 
 
 def child_env(threads: int = 1) -> dict[str, str]:

@@ -1,7 +1,8 @@
 """The one worker of the two-process (gloo, CPU) equivalence tests; not a test module itself.
 
-Run as ``python dist_worker.py CASE RANK WORLD INIT_FILE OUT_DIR`` (the ``run_two_ranks`` fixture
-of tests/conftest.py starts two). ``CASE`` is a module file that defines
+Run as ``python dist_worker.py RANK WORLD OUT_DIR CASE...`` (the ``run_two_ranks`` fixture of
+tests/conftest.py starts two, once for all the session's cases: each start costs seconds of
+imports). Each ``CASE`` is a module file that defines
 
 - ``reference(world) -> dict``: the one-process run on the whole batch (``world`` x the
   per-process batch), computed by rank 0 before the process group exists, so that every helper
@@ -9,8 +10,10 @@ of tests/conftest.py starts two). ``CASE`` is a module file that defines
 - ``distributed(rank, world) -> dict``: the same steps on this rank's part of the batch, with
   the gloo process group up (DDP, gathers, all-reduces; mutations the test must see differ).
 
-Each rank saves ``{**reference (rank 0 only), **distributed, "group_size": WORLD}`` to
-``OUT_DIR/rank{RANK}.pt``; the fixture checks that both ranks ran in a group of ``WORLD``.
+The cases run in order, each in a process group of its own (up for ``distributed`` only). Each
+rank saves ``{**reference (rank 0 only), **distributed, "group_size": WORLD}`` of the i-th case to
+``OUT_DIR/i/rank{RANK}.pt`` when the case ends; the fixture checks that both ranks ran in a group
+of ``WORLD``, and starts the cases after a failed one again.
 """
 
 from __future__ import annotations
@@ -64,20 +67,29 @@ def load_case(path: str) -> ModuleType:
     return module
 
 
+def run_case(path: str, rank: int, world: int, out_dir: Path) -> None:
+    """One case: the reference, then the distributed part in a fresh process group, from the
+    global random state the process started with (restored after it), as if it ran alone."""
+    case = load_case(path)
+    with torch.random.fork_rng(devices=[]):
+        result: dict = case.reference(world) if rank == 0 else {}
+        out_dir.mkdir(parents=True, exist_ok=True)
+        dist.init_process_group("gloo", init_method=f"file://{out_dir / 'store'}", rank=rank,
+                                world_size=world)
+        try:
+            result.update(case.distributed(rank, world))
+            result["group_size"] = dist.get_world_size()
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+    torch.save(result, out_dir / f"rank{rank}.pt")
+
+
 def main() -> None:
-    case_path, rank, world, init_file, out_dir = (sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
-                                                  sys.argv[4], sys.argv[5])
+    rank, world, out_dir, cases = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4:]
     torch.set_num_threads(1)
-    case = load_case(case_path)
-    result: dict = case.reference(world) if rank == 0 else {}
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        result.update(case.distributed(rank, world))
-        result["group_size"] = dist.get_world_size()
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    torch.save(result, f"{out_dir}/rank{rank}.pt")
+    for i, path in enumerate(cases):
+        run_case(path, rank, world, out_dir / str(i))
 
 
 if __name__ == "__main__":

@@ -279,13 +279,16 @@ def test_bad_arguments_raise_one_line_value_errors(call, match):
     assert "\n" not in str(info.value)
 
 
+CASE = Path(__file__).with_name("dist_case_siglip.py")  # the session's two-process launch runs it
+
+
 @pytest.mark.distributed
 def test_siglip_ring_over_two_processes_equals_one(tmp_path, run_two_ranks):
     """gloo, 2 processes x 4 pairs against 1 process x 8: the mean of the ring losses and the
     DDP-averaged gradients (images, texts, log-scale, bias) equal the one-process ones and those
     of the former ring that normalised every chunk on arrival; the ring that skips the peer does
     not (see dist_case_siglip.py)."""
-    results = run_two_ranks(Path(__file__).with_name("dist_case_siglip.py"), tmp_path)
+    results = run_two_ranks(CASE, tmp_path)
     full, world = results[0]["full"], len(results)
     rings = [r["ring"] for r in results]
     tol = {"rtol": 1e-12, "atol": 1e-12}
