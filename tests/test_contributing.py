@@ -1,4 +1,4 @@
-"""CONTRIBUTING.md: every path it names exists, it covers the four kinds of extension, and the
+"""CONTRIBUTING.md: every path it names exists, it covers the seven kinds of extension, and the
 README links to it."""
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ def test_every_file_it_names_exists() -> None:
 
 def test_it_covers_each_kind_of_extension_and_the_readme_links_it() -> None:
     text = (ROOT / "CONTRIBUTING.md").read_text(encoding="utf-8")
-    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| (a [\w ]+?) \| (.+) \|$", text, re.M)}
-    assert set(rows) == {"a method", "a data format", "a text model", "a tracker"}, rows
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| (an? [\w ]+?) \| (.+) \|$", text, re.M)}
+    assert set(rows) == {"a method", "a data format", "a text model", "a tracker", "a loss",
+                         "an evaluator", "a modality"}, rows
     for kind, row in rows.items():
         assert _paths(row), f"the {kind!r} row names no file"
     assert "(CONTRIBUTING.md)" in (ROOT / "README.md").read_text(encoding="utf-8")
