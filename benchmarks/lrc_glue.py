@@ -13,8 +13,9 @@ Runs live in ``--root`` (default ``runs/lrc_glue``, outside git); each is a run 
 killed driver loses at most one checkpoint interval: start ``run`` again. A run is done when its
 ``run_state.json`` says completed and this script's ``dev.json`` exists; its resume checkpoints
 are then deleted (``model/`` stays) and its record (scores, times, the CPU, the date, for a
-student its teacher's dev score) is written to the ledger, ``results/lrc_glue_runs.json``
-(``--ledger``), which git keeps. The run folders do not outlive a machine, the ledger does: a
+student its teacher's dev score; since issue 51 also its final step, the git commit, the recipe
+digest key and the variant's meaning: records made before lack these four) is written to the
+ledger, ``results/lrc_glue_runs.json`` (``--ledger``), which git keeps. The run folders do not outlive a machine, the ledger does: a
 student recorded there is done on any machine; a teacher is done only where its model is (the
 students need it), so a fresh machine trains the teachers again and the ledger keeps the earlier
 teachers' records beside the new one. ``touch ROOT/no-new-runs`` lets the running runs finish
@@ -31,9 +32,11 @@ The design (the issue's phase 1, at CPU scale):
 - student: the paper's 4 x 312 (12 heads, FFN 1200), the teacher's vocabulary, random init,
   batch 16, ``STUDENT_EPOCHS`` epochs, the uniform layer map of the code (student layer i ->
   teacher layer 6 * i / 4 rounded as ``contrastive.methods.distill_parts`` maps it).
-  Variants (``VARIANTS``): (1) ``ce`` cross-entropy only; (2) ``kd`` soft + hard loss at the
-  paper's t 1.1 (0:1:1 throughout); (4) ``lrc`` the paper's settings (COS-NCE, 80 % of the
-  steps 1:0:0 then 1:1:3, perturbation); (4b) ``lrc_np`` the same without perturbation.
+  Variants (``VARIANTS``, named by meaning, ``VARIANT_MEANING``): (1) ``ce`` cross-entropy
+  only; (2) ``kd`` soft + hard loss at the paper's t 1.1 (0:1:1 throughout); (4) ``lrc`` the
+  paper's loss and schedule (COS-NCE, 80 % of the steps 1:0:0 then 1:1:3, perturbation) but
+  not its budget (3 epochs here, the paper's 90 / 18); (4b) ``lrc_np`` the same without
+  perturbation.
   Learning rates from the paper's grid {5e-5, 1e-4, 3e-4} chosen on the held-out rows at seed 0
   for ``ce`` (which ``kd`` uses) and ``lrc`` (which ``lrc_np`` uses); seeds 0, 1, 2.
 - why (diagnostics, SST-2 and CoLA, seed 0, lr 1e-4): LRC-BERT with and without perturbation
@@ -45,6 +48,13 @@ The design (the issue's phase 1, at CPU scale):
   with ``ce`` and with ``kd`` at lr 5e-5 (the teacher's), seeds 0, 1, 2.
 Every run: fp32 (``--mixed-precision no``: the same figures on every CPU kind, so the work can
 span sessions on machines of either kind), 1 thread per run, ``--workers`` runs at once.
+
+The table (``table``): per variant the dev mean, the share of the teacher retained and the
+share of the teacher's margin over the majority class closed (``margin_share``: "% retained"
+is dominated by the floors where the majority class scores high); per pair of variants the
+seed-by-seed differences with a 95 % t-interval of their mean (``t_interval``, df = n - 1).
+Only runs whose recipe digest keys agree are summarised or paired (``recipe_digest``; records
+older than issue 51 have none and count as one group).
 """
 
 from __future__ import annotations
@@ -97,7 +107,17 @@ WHY_VARIANTS, WHY_TASKS, WHY_LR = ("lrc_1stage", "lrc_np_1stage"), ("sst2", "col
 WHY_GRID = {("two", "perturb"): "lrc", ("two", "none"): "lrc_np",
             ("one", "perturb"): "lrc_1stage", ("one", "none"): "lrc_np_1stage"}
 LR_FROM = {"ce": "ce", "kd": "ce", "lrc": "lrc", "lrc_np": "lrc"}  # whose chosen lr a variant uses
+VARIANT_MEANING = {  # what each variant trains, written into its records (flags may be renamed)
+    "ce": "cross-entropy only (0:0:1 throughout, no perturbation)",
+    "kd": "KD: soft + hard loss at t 1.1 (0:1:1 throughout, no perturbation)",
+    "lrc": "LRC-BERT: COS-NCE, 80 % of the steps 1:0:0 then 1:1:3, t 1.1, perturbation",
+    "lrc_np": "LRC-BERT without the perturbation",
+    "lrc_1stage": "LRC-BERT at 1:1:3 from the first step (no two stages), perturbation",
+    "lrc_np_1stage": "LRC-BERT at 1:1:3 from the first step, no perturbation",
+}
 CONTROL_STUDENT = ("--student", f"hf:{MINILM}", "--keep-layers", "1,3,5")
+FLOORS = ROOT / "benchmarks" / "results" / "glue_floors.json"
+DIGESTS = ROOT / "benchmarks" / "results" / "recipe_digests.json"
 _DEFAULT_LEDGER = ROOT / "benchmarks" / "results" / "lrc_glue_runs.json"
 LEDGER = _DEFAULT_LEDGER  # main() sets it from --ledger
 NO_NEW_RUNS = "no-new-runs"  # a file of this name in the root: start no further run
@@ -143,7 +163,11 @@ def record(run: Run, root: Path) -> dict[str, Any]:
                            "cpu_s": sum(t["cpu_s"] for t in times),
                            "wall_s": sum(t["wall_s"] for t in times),
                            "train_s": train_seconds(f), "train_end": training_end(f),
-                           "cpu": cpu_kind_line(), "date": time.strftime("%Y-%m-%d")}
+                           "cpu": cpu_kind_line(), "date": time.strftime("%Y-%m-%d"),
+                           "final_step": final_step(f), "commit": git_commit(),
+                           "digest": recipe_digest(run.recipe)}
+    if "variant" in run.meta:
+        rec["meaning"] = VARIANT_MEANING[run.meta["variant"]]
     if run.phase != "teachers":
         teacher = teacher_run(run.meta["task"]).folder(root) / "dev.json"
         rec["teacher_dev"] = json.loads(teacher.read_text())["score"] if teacher.is_file() else None
@@ -166,6 +190,37 @@ def record(run: Run, root: Path) -> dict[str, Any]:
 
     update_ledger(add)
     return rec
+
+
+def final_step(folder: Path) -> int | None:
+    """The optimiser step a run ended at (``run_state.json``), None when it has no state."""
+    from contrastive.engine.run_state import read_run_state
+
+    state = read_run_state(folder)
+    return None if state is None else state.get("step")
+
+
+def git_commit() -> str | None:
+    """The commit of this checkout (``+dirty`` when tracked files differ from it), None outside
+    git: what code trained a run."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
+def recipe_digest(recipe: str) -> str | None:
+    """The key of ``recipe``'s training code: the first 16 hex digits of its ``model`` digest in
+    ``results/recipe_digests.json`` (regenerated by exactly the commits that mean to change the
+    recipe's training, so runs with equal keys were trained by the same code, whatever flags
+    were renamed); None when the file or the recipe's entry is missing."""
+    if not DIGESTS.is_file():
+        return None
+    entry = json.loads(DIGESTS.read_text())["recipes"].get(Path(recipe).stem)
+    return entry["model"][:16] if entry else None
 
 
 def _same_run(rec: dict[str, Any], rerun: dict[str, Any]) -> bool:
@@ -472,9 +527,13 @@ def collect(root: Path) -> dict[str, Any]:
                          for s in SEEDS}
                 by_seed = {s: out["runs"][n]["dev"]["score"] for s, n in names.items()
                            if n in out["runs"]}
+                digests = {s: out["runs"][n].get("digest") for s, n in names.items()
+                           if n in out["runs"]}
                 rows[("control-" if control else "") + v] = {
-                    "lr": lr_v, **_summary(list(by_seed.values())), "by_seed": by_seed}
+                    "lr": lr_v, **_summary(list(by_seed.values())), "by_seed": by_seed,
+                    "digests": digests, "digests_agree": len(set(digests.values())) <= 1}
         rows["prior"] = label_prior(task)
+        rows["majority"] = majority_score(task)
         out["tasks"][task] = rows
     return out
 
@@ -486,10 +545,42 @@ PAIRS = (("lrc", "ce"), ("lrc", "kd"), ("lrc", "lrc_np"), ("kd", "ce"),
 
 def paired(rows: dict[str, Any], a: str, b: str) -> dict[int, float]:
     """Seed -> ``a``'s dev score minus ``b``'s on one task (``collect``'s rows), for the seeds
-    both have: the same seed gives both the same student initialisation and data order, so the
+    both have and whose recipe digest keys agree (runs of other training code are not
+    compared): the same seed gives both the same student initialisation and data order, so the
     difference is free of the seed-to-seed spread that both share."""
-    sa, sb = (rows.get(k, {}).get("by_seed", {}) for k in (a, b))
-    return {s: sa[s] - sb[s] for s in sorted(sa) if s in sb}
+    ra, rb = (rows.get(k, {}) for k in (a, b))
+    sa, sb = ra.get("by_seed", {}), rb.get("by_seed", {})
+    da, db = ra.get("digests", {}), rb.get("digests", {})
+    return {s: sa[s] - sb[s] for s in sorted(sa) if s in sb and da.get(s) == db.get(s)}
+
+
+def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float] | None:
+    """The ``level`` t-interval of the mean of ``values`` (Student's t, df = n - 1): mean -+
+    t * sd / sqrt(n); None for fewer than two values. With three seeds (df 2, t 4.30) it is
+    wide: it says how little three seeds pin down."""
+    from scipy.stats import t
+
+    n = len(values)
+    if n < 2:
+        return None
+    mean = statistics.fmean(values)
+    half = float(t.ppf(0.5 + level / 2, n - 1)) * statistics.stdev(values) / n ** 0.5
+    return mean - half, mean + half
+
+
+def margin_share(score: float, teacher: float, majority: float) -> float | None:
+    """The share of the teacher's margin over the majority class that ``score`` closes:
+    (score - majority) / (teacher - majority); 0 at the majority class, 1 at the teacher; None
+    when the teacher is not above the majority. Unlike score / teacher it does not credit a
+    student with the floor every classifier gets (MRPC's majority class keeps 93 % of its
+    teacher)."""
+    return None if teacher <= majority else (score - majority) / (teacher - majority)
+
+
+@functools.lru_cache
+def majority_score(task: str) -> float:
+    """The majority class's dev score (GLUE's metric) from ``results/glue_floors.json``."""
+    return float(json.loads(FLOORS.read_text())["tasks"][task]["majority"]["score"])
 
 
 def _paired_cell(diffs: dict[int, float]) -> str:
@@ -497,8 +588,11 @@ def _paired_cell(diffs: dict[int, float]) -> str:
         return "-"
     each = " / ".join(f"{100 * d:+.1f}" for d in diffs.values())
     wins = sum(d > 0 for d in diffs.values())
+    ci = t_interval(list(diffs.values()))
+    interval = "" if ci is None else f", 95 % CI [{100 * ci[0]:+.1f}, {100 * ci[1]:+.1f}]"
     return (f"{each} (seeds {', '.join(map(str, diffs))}; mean "
-            f"{100 * statistics.fmean(diffs.values()):+.1f}, {wins} of {len(diffs)} above)")
+            f"{100 * statistics.fmean(diffs.values()):+.1f}{interval}, {wins} of {len(diffs)} "
+            "above)")
 
 
 def _pct(score: float | None) -> str:
@@ -519,15 +613,25 @@ def table(root: Path) -> str:
             return "-" if row is None else f"{100 * row:.1f}"
         if not row or not row["n"]:
             return "-"
+        if not row.get("digests_agree", True):
+            return f"digests differ (n {row['n']}): not summarised"
         kept = f", {100 * row['mean'] / teacher:.0f} %" if teacher else ""
+        share = teacher and margin_share(row["mean"], teacher, data["tasks"][task]["majority"])
+        kept += f", margin {100 * share:.0f} %" if share is not None and teacher else ""
         spread = f" [{100 * row['min']:.1f}, {100 * row['max']:.1f}]" if row["n"] > 1 else ""
         return f"{100 * row['mean']:.1f}{spread} (n {row['n']}, lr {row['lr']:g}{kept})"
 
     for key in ("teacher", *MAIN_VARIANTS, "control-ce", "control-kd", *WHY_VARIANTS):
         lines.append(f"| {key} | " + " | ".join(cell(t, key) for t in TASKS) + " |")
     lines.append("")
+    lines.append("Cells: dev mean [min, max] (n seeds, lr, % of the teacher retained, % of the "
+                 "teacher's margin over the majority class closed; majority " + ", ".join(
+                     f"{TASKS[t]} {100 * data['tasks'][t]['majority']:.1f}" for t in TASKS)
+                 + ").")
+    lines.append("")
     lines.append("Paired by seed (a - b in dev score x 100, per seed; the same seed gives both "
-                 "the same initialisation and data order):")
+                 "the same initialisation and data order; 95 % t-interval of the mean, df = n - "
+                 "1; only runs whose recipe digest keys agree):")
     lines.append("")
     lines.append("| a - b | " + " | ".join(TASKS[t] for t in TASKS) + " |")
     lines.append("|---" * (len(TASKS) + 1) + "|")

@@ -81,7 +81,53 @@ def test_paired_differences_match_seeds_and_skip_missing_ones(driver) -> None:
     assert list(diffs) == [0, 2] and diffs[0] == pytest.approx(0.02)
     assert diffs[2] == pytest.approx(-0.02)
     assert driver.paired(rows, "lrc", "kd") == {}
-    assert driver._paired_cell(diffs) == "+2.0 / -2.0 (seeds 0, 2; mean +0.0, 1 of 2 above)"
+    # two seeds: df 1, t 12.706; sd of (+2, -2) is 2 sqrt 2, so the half-width is 25.4
+    assert driver._paired_cell(diffs) == ("+2.0 / -2.0 (seeds 0, 2; mean +0.0, 95 % CI "
+                                          "[-25.4, +25.4], 1 of 2 above)")
+
+
+def test_pairs_and_summaries_skip_runs_of_other_training_code(driver) -> None:
+    """Runs whose recipe digest keys differ (another training code) are not paired; records
+    without a key (made before issue 51) pair with each other."""
+    rows = {"lrc": {"by_seed": {0: 0.80, 1: 0.75, 2: 0.70},
+                    "digests": {0: "aaaa", 1: "bbbb", 2: None}},
+            "ce": {"by_seed": {0: 0.78, 1: 0.72, 2: 0.72},
+                   "digests": {0: "aaaa", 1: "aaaa", 2: None}}}
+    assert list(driver.paired(rows, "lrc", "ce")) == [0, 2]
+
+
+def test_t_interval_by_hand(driver) -> None:
+    """95 % t-intervals of a mean, by hand: t(0.975, df 2) = 4.3027 and t(0.975, df 1) = 12.706
+    (the printed tables); df = n - 1."""
+    lo, hi = driver.t_interval([1.0, 2.0, 3.0])  # mean 2, sd 1, n 3
+    assert (lo, hi) == pytest.approx((2 - 4.3027 / math.sqrt(3), 2 + 4.3027 / math.sqrt(3)),
+                                     abs=1e-4)
+    lo, hi = driver.t_interval([0.0, 2.0])  # mean 1, sd sqrt 2, n 2: half-width t(df 1)
+    assert (lo, hi) == pytest.approx((1 - 12.7062, 1 + 12.7062), abs=1e-4)
+    assert driver.t_interval([0.5]) is None
+    assert driver.t_interval([1.0, 2.0, 3.0], level=0.9)[1] == pytest.approx(
+        2 + 2.9200 / math.sqrt(3), abs=1e-4)
+
+
+def test_margin_share_by_hand(driver) -> None:
+    """(score - majority) / (teacher - majority): SST-2-like 0.8 against teacher 0.9 and
+    majority 0.5 closes 75 % of the margin though it retains 89 % of the teacher; at the
+    majority 0, below it negative, a teacher not above the majority gives no share."""
+    assert driver.margin_share(0.8, 0.9, 0.5) == pytest.approx(0.75)
+    assert driver.margin_share(0.748, 0.801, 0.748) == 0.0
+    assert driver.margin_share(0.733, 0.801, 0.748) == pytest.approx(-0.015 / 0.053)
+    assert driver.margin_share(0.7, 0.6, 0.6) is None
+    assert driver.majority_score("sst2") == pytest.approx(444 / 872)  # SST-2 dev: 444 positive
+
+
+def test_a_new_record_names_its_step_commit_digest_and_meaning(driver, tmp_path: Path) -> None:
+    run = driver.student_run("mrpc", "lrc_np", 1e-4, 0, tmp_path, phase="lr")
+    _fake_result(run.folder(tmp_path), 0.7, 0.71)
+    rec = driver.record(run, tmp_path)
+    assert rec["final_step"] == 10 and rec["meaning"] == driver.VARIANT_MEANING["lrc_np"]
+    digests = json.loads(driver.DIGESTS.read_text())["recipes"]
+    assert rec["digest"] == digests["lrc_bert"]["model"][:16]
+    assert rec["commit"] is None or len(rec["commit"].split("+")[0]) == 40
 
 
 def test_target_softness_by_hand_and_its_limits(driver) -> None:
