@@ -47,7 +47,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from contrastive.engine import BertSizes, TextAdapter, TextConfig, help_field, override, run
+from contrastive.engine import (
+    BertSizes,
+    DataInfo,
+    TextAdapter,
+    TextConfig,
+    help_field,
+    override,
+    run,
+)
 from contrastive.methods import SimCSE
 from contrastive.methods.simcse import POOLERS
 from contrastive.nn.text_encoders import bert_options, hf_folder
@@ -159,12 +167,12 @@ def method_kwargs(cfg: SimCSEConfig, vocab_size: int) -> dict[str, Any]:
 
 def make() -> tuple[type[SimCSEConfig], Any, TextAdapter]:
     """(config class, build_method, adapter): what ``run`` needs (tests call it too)."""
-    adapter = TextAdapter(training_data)
+    return SimCSEConfig, build_method, TextAdapter(training_data)
 
-    def build_method(cfg: SimCSEConfig) -> Any:
-        return SimCSE(**method_kwargs(cfg, adapter.tokenizer.vocab_size))  # the run's tokenizer
 
-    return SimCSEConfig, build_method, adapter
+def build_method(cfg: SimCSEConfig, data: DataInfo) -> SimCSE:
+    """SimCSE over the run's tokenizer."""
+    return SimCSE(**method_kwargs(cfg, data.tokenizer.vocab_size))
 
 
 def main(argv: list[str] | None = None) -> Any:

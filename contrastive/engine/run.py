@@ -22,6 +22,7 @@ from torch import nn
 from contrastive.engine.adapters import DataAdapter
 from contrastive.engine.config import RunConfig, parse_config
 from contrastive.engine.grad_cache import GradCacheError
+from contrastive.engine.handoff import DataInfo
 from contrastive.engine.run_folder import RunFolderError, os_error_message
 from contrastive.engine.step import ClipPartsError
 from contrastive.engine.trainer import TrainResult, train
@@ -42,7 +43,7 @@ def setup_logging(level: int = logging.INFO) -> None:
     logging.getLogger("accelerate").setLevel(max(level, logging.WARNING))  # per-file save logs
 
 
-def run(config_cls: type[RunConfig], build_method: Callable[[Any], nn.Module],
+def run(config_cls: type[RunConfig], build_method: Callable[[Any, DataInfo], nn.Module],
         build_pipeline: Callable[[Any], Any] | None = None, *,
         adapter: DataAdapter | None = None, argv: Sequence[str] | None = None,
         name: str | None = None) -> TrainResult:
