@@ -43,6 +43,7 @@ a flag: ``python recipes/simcse.py --help``.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -52,13 +53,16 @@ from contrastive.engine import (
     DataInfo,
     TextAdapter,
     TextConfig,
+    bad_input,
+    cli,
     help_field,
     override,
+    parse_config,
     run,
 )
 from contrastive.methods import SimCSE
 from contrastive.methods.simcse import POOLERS
-from contrastive.nn.text_encoders import bert_options, hf_folder
+from contrastive.nn.text_encoders import bert_options, check_safe_weights, hf_folder
 
 #: the method's keyword arguments in the paper's setting (the default --mode sup): the one home
 #: of these values (SimCSE.from_preset("sup") builds the same); the fields below default to them
@@ -176,10 +180,17 @@ def build_method(cfg: SimCSEConfig, data: DataInfo) -> SimCSE:
 
 
 def main(argv: list[str] | None = None) -> Any:
-    """Parse ``argv`` and train; returns the :class:`~contrastive.engine.TrainResult`."""
+    """Parse ``argv``, refuse an ``hf:`` folder whose weights would run code to load (bad
+    input: :func:`~contrastive.engine.cli`'s one line) and train; returns the
+    :class:`~contrastive.engine.TrainResult`."""
     cls, build_method, adapter = make()
+    cfg = parse_config(cls, argv, prog="simcse.py")
+    folder = hf_folder(cfg.encoder)
+    if folder:
+        with bad_input():
+            check_safe_weights(folder)
     return run(cls, build_method, adapter=adapter, argv=argv, name="simcse")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli(main, "simcse.py"))
