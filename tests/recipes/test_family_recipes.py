@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from contrastive.engine import parse_config
+from contrastive.engine import data_info, parse_config
 
 CIFAR = ["byol_cifar", "simsiam_cifar", "barlow_twins_cifar", "vicreg_cifar", "supcon_cifar",
          "nnclr_cifar", "swav_cifar", "dino_cifar"]
@@ -96,11 +96,10 @@ def test_stateful_family_members_resume_bit_exactly(name, tmp_path, rx):
 
 def test_dino_vit_recipe_declares_the_official_schedules(rx, monkeypatch):
     mod = rx.load_recipe("dino_vit_small")
-    monkeypatch.setattr(mod.DINOViTSmall, "steps_per_epoch", lambda cfg: 10)
     cfg = parse_config(mod.DINOViTSmall, ["--data", "shapes", "--encoder", "small_cnn",
                                           "--encoder-kwargs", "{}", "--out-dim", "32", "--warmup-teacher-epochs", "3",
                                           "--teacher-temperature", "0.07"])
-    method = rx.build_alone(mod, cfg)
+    method = mod.build_method(cfg, data_info(cfg, 10 * cfg.batch_size))  # 10 steps per epoch
     sched = method.schedules()
     assert sched["weight_decay"](0, 100) == pytest.approx(0.04)
     assert sched["weight_decay"](100, 100) == pytest.approx(0.4)
@@ -116,9 +115,9 @@ def test_dino_cifar_freezes_the_last_layer_for_solo_learns_first_epoch(rx, monke
     epoch; no gradient clip (``clip_grad`` default 0); ``--freeze-last-layer-epochs 0`` turns it
     off."""
     mod = rx.load_recipe("dino_cifar")
-    monkeypatch.setattr(mod.DINOCifar, "steps_per_epoch", lambda cfg: 7)
     base = ["--data", "shapes", "--encoder", "small_cnn", "--out-dim", "32"]
-    method = rx.build_alone(mod, parse_config(mod.DINOCifar, base))
+    cfg = parse_config(mod.DINOCifar, base)
+    method = mod.build_method(cfg, data_info(cfg, 7 * cfg.batch_size))  # 7 steps per epoch
     (group,) = method.param_groups()
     assert group.name == "last_layer" and group.frozen_steps == 7 and group.frozen_by == "grad"
     assert {id(p) for p in group.params} == {
