@@ -60,8 +60,8 @@ def main(argv: list[str]) -> None:
     kept: dict[str, nn.Module] = {}
     kept_cfg: dict[str, object] = {}
 
-    def build(cfg):
-        method = mod.build_method(cfg)
+    def build(cfg, data):
+        method = mod.build_method(cfg, data)
         kept["init"], kept["trained"] = copy.deepcopy(method), method
         kept_cfg["cfg"] = cfg
         return method

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import CifarConfig, help_field, override, run
+from contrastive.engine import CifarConfig, DataInfo, help_field, override, run
 from contrastive.methods import BarlowTwins
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -40,7 +40,7 @@ class BarlowTwinsCifar(CifarConfig):
                                       "(solo-learn 1; the official ImageNet code 0.024)")
 
 
-def build_method(cfg: BarlowTwinsCifar):
+def build_method(cfg: BarlowTwinsCifar, data: DataInfo):
     return BarlowTwins(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
                        lambd=cfg.lambd, scale=cfg.loss_scale, bias_lr_scale=cfg.bias_lr_scale,
                        encoder_kwargs=cfg.encoder_options())

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
 from contrastive.methods import BarlowTwins
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -52,7 +52,7 @@ class BarlowTwinsR50(TrainConfig):
     lambd: float = help_field(PRESET["lambd"], "off-diagonal weight (code 0.0051, paper 5e-3)")
 
 
-def build_method(cfg: BarlowTwinsR50):
+def build_method(cfg: BarlowTwinsR50, data: DataInfo):
     return BarlowTwins(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
                        lambd=cfg.lambd, bias_lr_scale=cfg.bias_lr_scale,
                        encoder_kwargs=cfg.encoder_options())

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contrastive.engine import (
+    DataInfo,
     LabelledTextAdapter,
     LabelledTextConfig,
     bad_input,
@@ -68,19 +69,23 @@ class FinetuneConfig(LabelledTextConfig):
 
 def make() -> tuple[type[FinetuneConfig], Any, LabelledTextAdapter]:
     """(config class, build_method, adapter): what ``run`` needs (tests call it too)."""
-    adapter = LabelledTextAdapter(lambda cfg: hf_folder(cfg.model))  # its tokenizer
+    return FinetuneConfig, build_method, LabelledTextAdapter(model_folder)
 
-    def build_method(cfg: FinetuneConfig) -> Any:
-        from contrastive.methods import TextClassifier
 
-        task = adapter.task
-        encoder = text_encoder(cfg.model, vocab_size=adapter.tokenizer.vocab_size,
-                               max_position_embeddings=max(512, cfg.max_length),
-                               keep_layers=cfg.keep_layers, **cfg.bert_sizes())
-        return TextClassifier(encoder, task.num_labels, regression=task.regression,
-                              dropout=cfg.dropout)
+def model_folder(cfg: FinetuneConfig) -> str | None:
+    """The ``hf:`` model's folder (its tokenizer), or None for a BERT from sizes."""
+    return hf_folder(cfg.model)
 
-    return FinetuneConfig, build_method, adapter
+
+def build_method(cfg: FinetuneConfig, data: DataInfo) -> Any:
+    """A classifier for the task's labels over the run's tokenizer."""
+    from contrastive.methods import TextClassifier
+
+    encoder = text_encoder(cfg.model, vocab_size=data.tokenizer.vocab_size,
+                           max_position_embeddings=max(512, cfg.max_length),
+                           keep_layers=cfg.keep_layers, **cfg.bert_sizes())
+    return TextClassifier(encoder, data.task.num_labels, regression=data.task.regression,
+                          dropout=cfg.dropout)
 
 
 def main(argv: list[str] | None = None) -> Any:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import CifarConfig, help_field, override, run
+from contrastive.engine import CifarConfig, DataInfo, help_field, override, run
 from contrastive.methods import BYOL
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -37,7 +37,7 @@ class BYOLCifar(CifarConfig):
                                  "start (tau_base; -> 1 on a half cosine)")
 
 
-def build_method(cfg: BYOLCifar):
+def build_method(cfg: BYOLCifar, data: DataInfo):
     return BYOL(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
                 momentum=cfg.momentum, encoder_kwargs=cfg.encoder_options())
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
 from contrastive.methods import BYOL
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -44,7 +44,7 @@ class BYOLR50(TrainConfig):
                                  "start (tau_base; -> 1 on a half cosine)")
 
 
-def build_method(cfg: BYOLR50):
+def build_method(cfg: BYOLR50, data: DataInfo):
     return BYOL(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
                 momentum=cfg.momentum, encoder_kwargs=cfg.encoder_options())
 

@@ -34,7 +34,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from contrastive.engine import DualEncoderConfig, ImageTextAdapter, help_field, run
+from contrastive.engine import (
+    DataInfo,
+    DualEncoderConfig,
+    ImageTextAdapter,
+    dual_encoder_kwargs,
+    help_field,
+    run,
+)
 
 
 @dataclass
@@ -47,19 +54,19 @@ class ClipConfig(DualEncoderConfig):
 
 def model_config(cfg: ClipConfig, tokenizer: Any) -> dict[str, Any]:
     """CLIP's keyword arguments (recorded in clip.pt, so evaluation rebuilds the model)."""
-    return {**cfg.tower_kwargs(tokenizer), "temperature": cfg.temperature}
+    return {**dual_encoder_kwargs(cfg, tokenizer), "temperature": cfg.temperature}
 
 
 def make(argv: list[str] | None = None) -> tuple[type[ClipConfig], Any, ImageTextAdapter]:
     """(config class, build_method, adapter): what ``run`` needs (tests call it too)."""
-    adapter = ImageTextAdapter(model_config)
+    return ClipConfig, build_method, ImageTextAdapter(model_config)
 
-    def build_method(cfg: ClipConfig) -> Any:
-        from contrastive.methods import CLIP
 
-        return CLIP(**model_config(cfg, adapter.tokenizer))  # tokenizer: the training set's
+def build_method(cfg: ClipConfig, data: DataInfo) -> Any:
+    """CLIP over the training set's tokenizer."""
+    from contrastive.methods import CLIP
 
-    return ClipConfig, build_method, adapter
+    return CLIP(**model_config(cfg, data.tokenizer))
 
 
 def main(argv: list[str] | None = None) -> Any:

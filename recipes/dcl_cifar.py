@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
 from contrastive.methods import DCL, DCLW
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -61,7 +61,7 @@ class DCLCifar(TrainConfig):
     crop_min: float = help_field(0.08, "RandomResizedCrop minimum scale of the two views")
 
 
-def build_method(cfg: DCLCifar):
+def build_method(cfg: DCLCifar, data: DataInfo):
     common = dict(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
                   num_layers=cfg.proj_layers, temperature=cfg.temperature,
                   encoder_kwargs=cfg.encoder_options())

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import DIMConfig, help_field, override, run
+from contrastive.engine import DataInfo, DIMConfig, help_field, override, run
 
 
 @dataclass
@@ -54,7 +54,7 @@ class DIMCifar(DIMConfig):
                              f"{self.crop_min}")
 
 
-def build_method(cfg: DIMCifar):
+def build_method(cfg: DIMCifar, data: DataInfo):
     from contrastive.methods import DeepInfoMax
 
     return DeepInfoMax(encoder=cfg.encoder, local_stage=cfg.local_stage_index(),

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import DIMConfig, help_field, override, run
+from contrastive.engine import DataInfo, DIMConfig, help_field, override, run
 
 
 @dataclass
@@ -51,7 +51,7 @@ class DIMSTL(DIMConfig):
             raise ValueError(f"--flip-p is a probability, got {self.flip_p}")
 
 
-def build_method(cfg: DIMSTL):
+def build_method(cfg: DIMSTL, data: DataInfo):
     from contrastive.methods import DeepInfoMax
 
     return DeepInfoMax(encoder=cfg.encoder, local_stage=cfg.local_stage_index(),

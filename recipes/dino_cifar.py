@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import CifarConfig, help_field, override, run
+from contrastive.engine import CifarConfig, DataInfo, help_field, override, run
 from contrastive.methods import DINO
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -47,11 +47,11 @@ class DINOCifar(CifarConfig):
         1, "last layer frozen for these epochs (solo-learn's freeze_last_layer default)")
 
 
-def build_method(cfg: DINOCifar):
+def build_method(cfg: DINOCifar, data: DataInfo):
     return DINO(encoder=cfg.encoder, out_dim=cfg.out_dim, hidden_dim=cfg.hidden_dim,
                 bottleneck_dim=cfg.bottleneck_dim, momentum=cfg.momentum,
                 teacher_temperature=cfg.teacher_temperature,
-                freeze_last_layer_steps=cfg.freeze_last_layer_epochs * cfg.steps_per_epoch(),
+                freeze_last_layer_steps=cfg.freeze_last_layer_epochs * data.steps_per_epoch,
                 encoder_kwargs=cfg.encoder_options())
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
 from contrastive.methods import DINO
 from contrastive.methods.base import CLIP_MODES
 
@@ -71,8 +71,8 @@ class DINOViTSmall(TrainConfig):
     local_crops: int = help_field(8, "96-px local crops")
 
 
-def build_method(cfg: DINOViTSmall):
-    spe = cfg.steps_per_epoch()
+def build_method(cfg: DINOViTSmall, data: DataInfo):
+    spe = data.steps_per_epoch
     return DINO(encoder=cfg.encoder, out_dim=cfg.out_dim, norm_last_layer=cfg.norm_last_layer,
                 momentum=cfg.momentum, teacher_temperature=cfg.teacher_temperature,
                 warmup_teacher_temperature=cfg.warmup_teacher_temperature,

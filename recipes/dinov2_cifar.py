@@ -27,7 +27,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from contrastive.engine import CifarConfig, help_field, override, run
+from contrastive.engine import CifarConfig, DataInfo, help_field, override, run
 from contrastive.methods import IBOT
 from contrastive.methods.base import CLIP_MODES, FROZEN_BY
 from contrastive.methods.ibot import CENTERING
@@ -83,8 +83,8 @@ class DINOv2Cifar(CifarConfig):
                                "global 0.32-1, local 0.05-0.32)")
 
 
-def build_method(cfg: DINOv2Cifar):
-    spe = cfg.steps_per_epoch()
+def build_method(cfg: DINOv2Cifar, data: DataInfo):
+    spe = data.steps_per_epoch
     kw = {k: v for k, v in PRESET.items() if k not in ("encoder", "encoder_kwargs")}
     kw.update(out_dim=cfg.out_dim, momentum=cfg.momentum,
               teacher_temperature=cfg.teacher_temperature,

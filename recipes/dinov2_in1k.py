@@ -53,7 +53,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from contrastive.engine import TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
 from contrastive.methods import IBOT
 from contrastive.methods.base import CLIP_MODES, FROZEN_BY
 
@@ -117,7 +117,7 @@ class DINOv2ImageNet(TrainConfig):
     epoch_steps: ClassVar[int] = EPOCH
 
 
-def build_method(cfg: DINOv2ImageNet):
+def build_method(cfg: DINOv2ImageNet, data: DataInfo):
     kw = {k: v for k, v in PRESET.items() if k not in ("encoder", "encoder_kwargs")}
     kw.update(out_dim=cfg.out_dim, momentum=cfg.momentum,
               teacher_temperature=cfg.teacher_temperature,

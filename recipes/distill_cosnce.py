@@ -30,9 +30,9 @@ from typing import Any
 
 from torch import nn
 
-from contrastive.engine import TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
 from contrastive.engine.config import parse_json_object
-from contrastive.eval.teacher import labelled_classes, load_teacher
+from contrastive.eval.teacher import load_teacher
 
 log = logging.getLogger("distill_cosnce")
 
@@ -134,11 +134,10 @@ def build_teacher(cfg: DistillCosNCE, num_classes: int | None) -> tuple[nn.Modul
     return teacher.encoder, teacher.head
 
 
-def build_method(cfg: DistillCosNCE) -> nn.Module:
-    from contrastive.data import get_dataset
+def build_method(cfg: DistillCosNCE, data: DataInfo) -> nn.Module:
     from contrastive.methods.distill import Distiller
 
-    n_cls = labelled_classes(get_dataset(cfg.data, "train"))
+    n_cls = data.num_classes
     teacher, teacher_head = build_teacher(cfg, n_cls)
     use_labels = cfg.use_labels and n_cls is not None  # the loader's batch["labels"], -1 unknown
     method = Distiller(

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from contrastive.engine import CifarConfig, help_field, override, run
+from contrastive.engine import CifarConfig, DataInfo, help_field, override, run
 from contrastive.methods import IBOT
 from contrastive.methods.base import CLIP_MODES
 from contrastive.methods.ibot import CENTERING
@@ -78,8 +78,8 @@ class IBOTCifar(CifarConfig):
                                "--local_crops_scale 0.05 0.25)")
 
 
-def build_method(cfg: IBOTCifar):
-    spe = cfg.steps_per_epoch()
+def build_method(cfg: IBOTCifar, data: DataInfo):
+    spe = data.steps_per_epoch
     kw = {k: v for k, v in PRESET.items() if k not in ("encoder", "encoder_kwargs")}
     kw.update(out_dim=cfg.out_dim, hidden_dim=cfg.hidden_dim, bottleneck_dim=cfg.bottleneck_dim,
               momentum=cfg.momentum,

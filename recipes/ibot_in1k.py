@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
 from contrastive.methods import IBOT
 from contrastive.methods.base import CLIP_MODES
 
@@ -68,8 +68,8 @@ class IBOTImageNet(TrainConfig):
     local_crops: int = help_field(10, "96-px local crops (README: 10)")
 
 
-def build_method(cfg: IBOTImageNet):
-    spe = cfg.steps_per_epoch()
+def build_method(cfg: IBOTImageNet, data: DataInfo):
+    spe = data.steps_per_epoch
     kw = {k: v for k, v in PRESET.items() if k not in ("encoder", "encoder_kwargs")}
     kw.update(out_dim=cfg.out_dim, momentum=cfg.momentum,
               teacher_temperature=cfg.teacher_temperature,

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contrastive.engine import (
+    DataInfo,
     LabelledTextAdapter,
     LabelledTextConfig,
     bad_input,
@@ -102,62 +103,53 @@ class LRCBertConfig(LabelledTextConfig):
 
 def make() -> tuple[type[LRCBertConfig], Any, LabelledTextAdapter]:
     """(config class, build_method, adapter): what ``run`` needs (tests call it too). The
-    tokenizer is the teacher's; :func:`load_teacher` checks the teacher against the task."""
-    adapter = LabelledTextAdapter(lambda cfg: cfg.teacher)
-
-    def build_method(cfg: LRCBertConfig) -> Any:
-        from contrastive.methods import LRCBert
-
-        teacher = adapter.teacher if getattr(adapter, "teacher", None) is not None else \
-            load_teacher(cfg, adapter)
-        student = text_encoder(cfg.student, vocab_size=adapter.tokenizer.vocab_size,
-                               max_position_embeddings=max(512, cfg.max_length),
-                               keep_layers=cfg.keep_layers, **cfg.bert_sizes())
-        if student.config.vocab_size < adapter.tokenizer.vocab_size:
-            raise ValueError(f"the student's vocabulary ({student.config.vocab_size}) is smaller "
-                             f"than the teacher's tokenizer ({adapter.tokenizer.vocab_size}): "
-                             "teacher and student read the same token ids; use a student with "
-                             "the teacher's vocabulary")
-        stages = (cfg.stage1_weights if cfg.two_stage else cfg.stage2_weights,
-                  cfg.stage2_weights)
-        return LRCBert(teacher, student, representation=cfg.representation,
-                       intermediate=cfg.layer_loss, stage_weights=stages,
-                       stage1_fraction=cfg.stage1_fraction, temperature=cfg.temperature,
-                       perturb=cfg.perturb, perturb_scale=cfg.perturb_scale)
-
-    return LRCBertConfig, build_method, adapter
+    tokenizer is the teacher's; the adapter loads the teacher and :func:`check_teacher` checks
+    it against the task."""
+    return LRCBertConfig, build_method, LabelledTextAdapter(
+        teacher_folder, teacher_folder=teacher_folder, check_teacher=check_teacher)
 
 
-def load_teacher(cfg: LRCBertConfig, adapter: LabelledTextAdapter, teacher: Any = None) -> Any:
-    """The teacher classifier of ``--teacher`` (or ``teacher``), checked against the task's
-    labels (``adapter.prepare`` read the task)."""
-    from contrastive.eval.classifier_folder import load_classifier
+def teacher_folder(cfg: LRCBertConfig) -> str:
+    """The teacher's classifier folder (``--teacher``), whose tokenizer the student reads."""
+    return cfg.teacher
 
-    if teacher is None:
-        teacher, _ = load_classifier(cfg.teacher)
-    task = adapter.task
+
+def build_method(cfg: LRCBertConfig, data: DataInfo) -> Any:
+    """The student (``--student``, the teacher's vocabulary) distilled from ``data.teacher``."""
+    from contrastive.methods import LRCBert
+
+    vocab = data.tokenizer.vocab_size
+    student = text_encoder(cfg.student, vocab_size=vocab,
+                           max_position_embeddings=max(512, cfg.max_length),
+                           keep_layers=cfg.keep_layers, **cfg.bert_sizes())
+    if student.config.vocab_size < vocab:
+        raise ValueError(f"the student's vocabulary ({student.config.vocab_size}) is smaller "
+                         f"than the teacher's tokenizer ({vocab}): teacher and student read the "
+                         "same token ids; use a student with the teacher's vocabulary")
+    stages = (cfg.stage1_weights if cfg.two_stage else cfg.stage2_weights, cfg.stage2_weights)
+    return LRCBert(data.teacher, student, representation=cfg.representation,
+                   intermediate=cfg.layer_loss, stage_weights=stages,
+                   stage1_fraction=cfg.stage1_fraction, temperature=cfg.temperature,
+                   perturb=cfg.perturb, perturb_scale=cfg.perturb_scale)
+
+
+def check_teacher(cfg: LRCBertConfig, task: Any, teacher: Any) -> None:
+    """Refuse a teacher whose labels are not the task's."""
     if (task.num_labels, task.regression) != (teacher.num_labels, teacher.regression):
         raise ValueError(f"the teacher in {cfg.teacher} predicts {teacher.num_labels} labels "
                          f"(regression={teacher.regression}), task {task.name} has "
                          f"{task.num_labels} (regression={task.regression}): fine-tune a "
                          f"teacher on {task.name} (recipes/bert_finetune.py --task {task.name})")
-    return teacher
 
 
 def main(argv: list[str] | None = None) -> Any:
     """Parse ``argv``, read task, teacher and tokenizer (bad input: one line through
     :func:`~contrastive.engine.cli`) and train; returns the
     :class:`~contrastive.engine.TrainResult`."""
-    from contrastive.data.text_tasks import check_task
-    from contrastive.eval.classifier_folder import load_classifier
-
     cls, build_method, adapter = make()
     cfg = parse_config(cls, argv, prog="lrc_bert.py")
     with bad_input():  # the task's name, then the teacher, then the data and the tokenizer
-        check_task(cfg.task, cfg.glue_dir or None)
-        teacher, _ = load_classifier(cfg.teacher)
         adapter.prepare(cfg)
-        adapter.teacher = load_teacher(cfg, adapter, teacher)  # type: ignore[attr-defined]
     return run(cls, build_method, adapter=adapter, argv=argv, name="lrc_bert")
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from contrastive.engine import CifarConfig, help_field, override, run
+from contrastive.engine import CifarConfig, DataInfo, help_field, override, run
 from contrastive.methods import MAE
 from contrastive.methods.mae import LOSS_ON
 
@@ -57,7 +57,7 @@ class MAECifar(CifarConfig):
                               choices=LOSS_ON)
 
 
-def build_method(cfg: MAECifar):
+def build_method(cfg: MAECifar, data: DataInfo):
     return MAE(encoder=cfg.encoder, mask_ratio=cfg.mask_ratio, decoder_dim=cfg.decoder_dim,
                decoder_depth=cfg.decoder_depth, decoder_heads=cfg.decoder_heads,
                norm_pix=cfg.norm_pix, loss_on=cfg.loss_on, encoder_kwargs=cfg.encoder_options())

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
 from contrastive.methods import MAE
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -59,7 +59,7 @@ class MAEImageNet(TrainConfig):
             raise ValueError(f"--crop-min must be in (0, 1], got {self.crop_min}")
 
 
-def build_method(cfg: MAEImageNet):
+def build_method(cfg: MAEImageNet, data: DataInfo):
     return MAE(encoder=cfg.encoder, mask_ratio=cfg.mask_ratio, decoder_dim=cfg.decoder_dim,
                decoder_depth=cfg.decoder_depth, decoder_heads=cfg.decoder_heads,
                norm_pix=cfg.norm_pix, encoder_kwargs=cfg.encoder_options())

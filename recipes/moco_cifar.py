@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
 from contrastive.methods import MoCo
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -73,7 +73,7 @@ class MoCoCifar(TrainConfig):
     grayscale_p: float = help_field(0.2, "grayscale probability")
 
 
-def build_method(cfg: MoCoCifar):
+def build_method(cfg: MoCoCifar, data: DataInfo):
     return MoCo(encoder=cfg.encoder, version=PRESET["version"], dim=cfg.dim,
                 queue_size=cfg.queue_size, momentum=cfg.momentum, temperature=cfg.temperature,
                 symmetric=cfg.symmetric, split_bn=cfg.split_bn, shuffle_bn=cfg.shuffle_bn,

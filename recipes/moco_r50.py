@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
 from contrastive.methods import MoCo
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -63,7 +63,7 @@ class MoCoV2R50(TrainConfig):
     grayscale_p: float = help_field(0.2, "grayscale probability")
 
 
-def build_method(cfg: MoCoV2R50):
+def build_method(cfg: MoCoV2R50, data: DataInfo):
     return MoCo(encoder=cfg.encoder, version=PRESET["version"], dim=cfg.dim,
                 mlp_hidden=cfg.mlp_hidden, queue_size=cfg.queue_size, momentum=cfg.momentum,
                 temperature=cfg.temperature, shuffle_bn=cfg.shuffle_bn,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
 from contrastive.methods import MoCo
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -50,7 +50,7 @@ class MoCoV1R50(TrainConfig):
                                "shuffle BN of the MoCo CIFAR demo (0 = plain BN)")
 
 
-def build_method(cfg: MoCoV1R50):
+def build_method(cfg: MoCoV1R50, data: DataInfo):
     return MoCo(encoder=cfg.encoder, version=PRESET["version"], dim=cfg.dim,
                 queue_size=cfg.queue_size, momentum=cfg.momentum, temperature=cfg.temperature,
                 shuffle_bn=cfg.shuffle_bn, split_bn=cfg.split_bn,

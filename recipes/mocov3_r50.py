@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
 from contrastive.methods import MoCoV3
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -56,7 +56,7 @@ class MoCoV3R50(TrainConfig):
                                           "each residual block (official)")
 
 
-def build_method(cfg: MoCoV3R50):
+def build_method(cfg: MoCoV3R50, data: DataInfo):
     kwargs = cfg.encoder_options()
     if cfg.encoder.startswith("torchvision:resnet") and cfg.zero_init_residual:
         kwargs["zero_init_residual"] = True

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
 from contrastive.methods import MoCoV3
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -65,7 +65,7 @@ class MoCoV3ViTSmall(TrainConfig):
         return kwargs
 
 
-def build_method(cfg: MoCoV3ViTSmall):
+def build_method(cfg: MoCoV3ViTSmall, data: DataInfo):
     vit = cfg.encoder.startswith("timm:vit")
     method = MoCoV3(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
                     temperature=cfg.temperature, momentum=cfg.momentum,

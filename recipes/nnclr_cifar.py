@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import CifarConfig, help_field, override, run
+from contrastive.engine import CifarConfig, DataInfo, help_field, override, run
 from contrastive.methods import NNCLR
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -37,7 +37,7 @@ class NNCLRCifar(CifarConfig):
     temperature: float = help_field(PRESET["temperature"], "temperature tau")
 
 
-def build_method(cfg: NNCLRCifar):
+def build_method(cfg: NNCLRCifar, data: DataInfo):
     return NNCLR(encoder=cfg.encoder, dim=cfg.dim, proj_hidden=cfg.proj_hidden,
                  pred_hidden=cfg.pred_hidden, support_size=cfg.support_size,
                  temperature=cfg.temperature, encoder_kwargs=cfg.encoder_options())

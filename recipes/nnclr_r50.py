@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
 from contrastive.methods import NNCLR
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -50,7 +50,7 @@ class NNCLRR50(TrainConfig):
     temperature: float = help_field(PRESET["temperature"], "temperature tau")
 
 
-def build_method(cfg: NNCLRR50):
+def build_method(cfg: NNCLRR50, data: DataInfo):
     return NNCLR(encoder=cfg.encoder, dim=cfg.dim, proj_hidden=cfg.proj_hidden,
                  pred_hidden=cfg.pred_hidden, support_size=cfg.support_size,
                  temperature=cfg.temperature, encoder_kwargs=cfg.encoder_options())

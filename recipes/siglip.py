@@ -23,7 +23,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from contrastive.engine import DualEncoderConfig, ImageTextAdapter, help_field, run
+from contrastive.engine import (
+    DataInfo,
+    DualEncoderConfig,
+    ImageTextAdapter,
+    dual_encoder_kwargs,
+    help_field,
+    run,
+)
 from contrastive.methods.siglip import SigLIP
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -42,18 +49,18 @@ class SigLIPConfig(DualEncoderConfig):
 
 def model_config(cfg: SigLIPConfig, tokenizer: Any) -> dict[str, Any]:
     """SigLIP's keyword arguments (recorded in clip.pt, so evaluation rebuilds the model)."""
-    return {**cfg.tower_kwargs(tokenizer), "scale_init": cfg.scale_init,
+    return {**dual_encoder_kwargs(cfg, tokenizer), "scale_init": cfg.scale_init,
             "bias_init": cfg.bias_init}
 
 
 def make(argv: list[str] | None = None) -> tuple[type[SigLIPConfig], Any, ImageTextAdapter]:
     """(config class, build_method, adapter): what ``run`` needs (tests call it too)."""
-    adapter = ImageTextAdapter(model_config)
+    return SigLIPConfig, build_method, ImageTextAdapter(model_config)
 
-    def build_method(cfg: SigLIPConfig) -> Any:
-        return SigLIP(**model_config(cfg, adapter.tokenizer))  # tokenizer: the training set's
 
-    return SigLIPConfig, build_method, adapter
+def build_method(cfg: SigLIPConfig, data: DataInfo) -> SigLIP:
+    """SigLIP over the training set's tokenizer."""
+    return SigLIP(**model_config(cfg, data.tokenizer))
 
 
 def main(argv: list[str] | None = None) -> Any:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
 from contrastive.methods import SimCLR
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -61,7 +61,7 @@ class SimCLRCifar(TrainConfig):
     local_size: int = help_field(16, "side of the local crops (multi-crop)")
 
 
-def build_method(cfg: SimCLRCifar):
+def build_method(cfg: SimCLRCifar, data: DataInfo):
     return SimCLR(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
                   num_layers=cfg.proj_layers, temperature=cfg.temperature,
                   encoder_kwargs=cfg.encoder_options())

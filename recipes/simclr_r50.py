@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
 from contrastive.methods import SimCLR
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -49,7 +49,7 @@ class SimCLRR50(TrainConfig):
     color_strength: float = help_field(1.0, "colour distortion strength s")
 
 
-def build_method(cfg: SimCLRR50):
+def build_method(cfg: SimCLRR50, data: DataInfo):
     return SimCLR(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
                   num_layers=cfg.proj_layers, temperature=cfg.temperature,
                   encoder_kwargs=cfg.encoder_options())

@@ -43,14 +43,26 @@ a flag: ``python recipes/simcse.py --help``.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from contrastive.engine import BertSizes, TextAdapter, TextConfig, help_field, override, run
+from contrastive.engine import (
+    BertSizes,
+    DataInfo,
+    TextAdapter,
+    TextConfig,
+    bad_input,
+    cli,
+    help_field,
+    override,
+    parse_config,
+    run,
+)
 from contrastive.methods import SimCSE
 from contrastive.methods.simcse import POOLERS
-from contrastive.nn.text_encoders import bert_options, hf_folder
+from contrastive.nn.text_encoders import bert_options, check_safe_weights, hf_folder
 
 #: the method's keyword arguments in the paper's setting (the default --mode sup): the one home
 #: of these values (SimCSE.from_preset("sup") builds the same); the fields below default to them
@@ -159,19 +171,26 @@ def method_kwargs(cfg: SimCSEConfig, vocab_size: int) -> dict[str, Any]:
 
 def make() -> tuple[type[SimCSEConfig], Any, TextAdapter]:
     """(config class, build_method, adapter): what ``run`` needs (tests call it too)."""
-    adapter = TextAdapter(training_data)
+    return SimCSEConfig, build_method, TextAdapter(training_data)
 
-    def build_method(cfg: SimCSEConfig) -> Any:
-        return SimCSE(**method_kwargs(cfg, adapter.tokenizer.vocab_size))  # the run's tokenizer
 
-    return SimCSEConfig, build_method, adapter
+def build_method(cfg: SimCSEConfig, data: DataInfo) -> SimCSE:
+    """SimCSE over the run's tokenizer."""
+    return SimCSE(**method_kwargs(cfg, data.tokenizer.vocab_size))
 
 
 def main(argv: list[str] | None = None) -> Any:
-    """Parse ``argv`` and train; returns the :class:`~contrastive.engine.TrainResult`."""
+    """Parse ``argv``, refuse an ``hf:`` folder whose weights would run code to load (bad
+    input: :func:`~contrastive.engine.cli`'s one line) and train; returns the
+    :class:`~contrastive.engine.TrainResult`."""
     cls, build_method, adapter = make()
+    cfg = parse_config(cls, argv, prog="simcse.py")
+    folder = hf_folder(cfg.encoder)
+    if folder:
+        with bad_input():
+            check_safe_weights(folder)
     return run(cls, build_method, adapter=adapter, argv=argv, name="simcse")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli(main, "simcse.py"))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import CifarConfig, help_field, override, run
+from contrastive.engine import CifarConfig, DataInfo, help_field, override, run
 from contrastive.engine.schedules import scaled_lr
 from contrastive.methods import SimSiam
 
@@ -42,7 +42,7 @@ class SimSiamCifar(CifarConfig):
     crop_min: float = override(0.2, "RandomResizedCrop minimum scale (solo-learn: 0.2)")
 
 
-def build_method(cfg: SimSiamCifar):
+def build_method(cfg: SimSiamCifar, data: DataInfo):
     peak = scaled_lr(cfg.lr, cfg.batch_size, cfg.lr_scaling)
     return SimSiam(encoder=cfg.encoder, dim=cfg.dim, proj_hidden=cfg.proj_hidden,
                    pred_hidden=cfg.pred_hidden, proj_layers=cfg.proj_layers,

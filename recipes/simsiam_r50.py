@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
 from contrastive.engine.schedules import scaled_lr
 from contrastive.methods import SimSiam
 
@@ -46,7 +46,7 @@ class SimSiamR50(TrainConfig):
     fix_predictor_lr: bool = help_field(True, "official --fix-pred-lr")
 
 
-def build_method(cfg: SimSiamR50):
+def build_method(cfg: SimSiamR50, data: DataInfo):
     peak = scaled_lr(cfg.lr, cfg.batch_size, cfg.lr_scaling)
     return SimSiam(encoder=cfg.encoder, dim=cfg.dim, pred_hidden=cfg.pred_hidden,
                    predictor_lr=peak if cfg.fix_predictor_lr else None,

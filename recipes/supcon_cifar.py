@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import CifarConfig, help_field, override, run
+from contrastive.engine import CifarConfig, DataInfo, help_field, override, run
 from contrastive.methods import SupCon
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -44,7 +44,7 @@ class SupConCifar(CifarConfig):
     temperature: float = help_field(PRESET["temperature"], "temperature tau")
 
 
-def build_method(cfg: SupConCifar):
+def build_method(cfg: SupConCifar, data: DataInfo):
     return SupCon(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
                   head_bn=cfg.head_bn,
                   temperature=cfg.temperature, encoder_kwargs=cfg.encoder_options())

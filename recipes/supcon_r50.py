@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
 from contrastive.methods import SupCon
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -60,7 +60,7 @@ class SupConR50(TrainConfig):
                                          "scale_by_temperature")
 
 
-def build_method(cfg: SupConR50):
+def build_method(cfg: SupConR50, data: DataInfo):
     return SupCon(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
                   temperature=cfg.temperature, base_temperature=cfg.base_temperature,
                   encoder_kwargs=cfg.encoder_options())

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import CifarConfig, help_field, override, run
+from contrastive.engine import CifarConfig, DataInfo, help_field, override, run
 from contrastive.methods import SwAV
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -47,7 +47,7 @@ class SwAVCifar(CifarConfig):
     multicrop_scales = "SwAV's: global 0.14-1, local 0.05-0.14"  # --crop-min is refused with --local-crops
 
 
-def build_method(cfg: SwAVCifar):
+def build_method(cfg: SwAVCifar, data: DataInfo):
     return SwAV(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
                 num_prototypes=cfg.num_prototypes, temperature=cfg.temperature,
                 queue_size=cfg.queue_size, queue_start_steps=cfg.queue_start_steps,

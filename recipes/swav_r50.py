@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
 from contrastive.methods import SwAV
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -54,7 +54,7 @@ class SwAVR50(TrainConfig):
     local_crops: int = help_field(6, "96-px local crops besides the two global ones")
 
 
-def build_method(cfg: SwAVR50):
+def build_method(cfg: SwAVR50, data: DataInfo):
     return SwAV(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
                 num_prototypes=cfg.num_prototypes, temperature=cfg.temperature,
                 epsilon=cfg.epsilon, queue_size=cfg.queue_size,

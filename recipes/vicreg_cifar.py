@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import CifarConfig, help_field, override, run
+from contrastive.engine import CifarConfig, DataInfo, help_field, override, run
 from contrastive.methods import VICReg
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -39,7 +39,7 @@ class VICRegCifar(CifarConfig):
     crop_min: float = override(0.2, "RandomResizedCrop minimum scale (solo-learn: 0.2)")
 
 
-def build_method(cfg: VICRegCifar):
+def build_method(cfg: VICRegCifar, data: DataInfo):
     return VICReg(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
                   sim_coeff=cfg.sim_coeff, std_coeff=cfg.std_coeff, cov_coeff=cfg.cov_coeff,
                   encoder_kwargs=cfg.encoder_options())

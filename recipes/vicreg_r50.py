@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
 from contrastive.methods import VICReg
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -42,7 +42,7 @@ class VICRegR50(TrainConfig):
     mlp_hidden: int = help_field(PRESET["mlp_hidden"], "expander hidden width")
 
 
-def build_method(cfg: VICRegR50):
+def build_method(cfg: VICRegR50, data: DataInfo):
     return VICReg(encoder=cfg.encoder, dim=cfg.dim, mlp_hidden=cfg.mlp_hidden,
                   encoder_kwargs=cfg.encoder_options())
 

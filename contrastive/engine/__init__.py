@@ -4,7 +4,7 @@ Only this package (and :mod:`contrastive.eval`) imports accelerate. A recipe is 
 the paper's hyper-parameters (a :class:`TrainConfig` subclass) plus one call::
 
     from contrastive.engine import TrainConfig, run
-    run(MyConfig, build_method, build_pipeline)          # images
+    run(MyConfig, build_method, build_pipeline)          # images; build_method(cfg, data)
     run(MyConfig, build_method, adapter=ImageTextAdapter(model_config))  # image-text
     run(MyConfig, build_method, adapter=TextAdapter(training_groups))    # text
     run(MyConfig, build_method, adapter=LabelledTextAdapter(model_folder))  # labelled text
@@ -16,6 +16,8 @@ the paper's hyper-parameters (a :class:`TrainConfig` subclass) plus one call::
   :func:`bad_input` for recipes that read their own input first (one-line errors);
 - :mod:`~contrastive.engine.adapters`: the data seam (data set, batch on the device,
   throughput unit, default evaluators and artefacts) a recipe chooses;
+- :mod:`~contrastive.engine.handoff`: :class:`DataInfo`, what the method is given of the data
+  (steps per epoch, batch geometry, tokenizer, task, teacher ...);
 - :mod:`~contrastive.engine.evaluators`: monitors (kNN, ``contrastive-knn-eval``'s computation;
   zero-shot and retrieval; STS Spearman; the GLUE dev metric), keep-best;
 - :mod:`~contrastive.engine.optim`: SGD / AdamW / LARS with bias and norm parameters excluded;
@@ -42,6 +44,7 @@ from contrastive.engine.adapters import (
     ImageTextAdapter,
     LabelledTextAdapter,
     TextAdapter,
+    dual_encoder_kwargs,
 )
 from contrastive.engine.checkpoint import (
     IncompatibleCheckpointError,
@@ -67,6 +70,7 @@ from contrastive.engine.config import (
     parse_config,
 )
 from contrastive.engine.evaluators import Evaluator, GlueEvaluator
+from contrastive.engine.handoff import DataInfo, data_info
 from contrastive.engine.optim import build_optimizer, param_groups
 from contrastive.engine.run import bad_input, cli, run, setup_logging
 from contrastive.engine.schedules import cosine_lr, linear_lr, lr_at, scaled_lr, step_lr
@@ -78,6 +82,7 @@ __all__ = [
     "CifarConfig",
     "DIMConfig",
     "DataAdapter",
+    "DataInfo",
     "Evaluator",
     "GlueEvaluator",
     "ImageAdapter",
@@ -101,6 +106,8 @@ __all__ = [
     "config_from_dict",
     "config_to_dict",
     "cosine_lr",
+    "data_info",
+    "dual_encoder_kwargs",
     "find_latest",
     "help_field",
     "override",

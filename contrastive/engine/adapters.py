@@ -19,15 +19,19 @@ A :class:`DataAdapter` owns everything modality-specific between the data spec a
   (:class:`StepHook`; the image runs': the online probe and the images counter), or None;
 - ``embedding_map_data()``: the data whose held-out split the trackers' embedding map shows
   with the run's ``encoder.pt`` (image runs), or None;
+- ``handoff()``: what the method may know of the data besides the step counts (tokenizer, task,
+  teacher, number of classes, pipeline), the kit's fields of the
+  :class:`~contrastive.engine.handoff.DataInfo` the recipe's ``build_method(cfg, data)`` gets;
 - optionally ``collate(items)``: the loader's collate function (in the workers), when torch's
   default stacking does not fit (text: tokenise a batch and pad it to its longest sentence).
 
 :class:`ImageAdapter` is today's image path (views from an augmentation pipeline);
 :class:`ImageTextAdapter` serves image-text pairs (CLIP: one centre-cropped image in [0, 1] and
 the caption's token ids); :class:`TextAdapter` serves examples of 1-3 sentences as token
-tensors (SimCSE), with no image fields, and counts tokens; :class:`LabelledTextAdapter` (a
-:class:`TextAdapter` with other data) serves labelled sentences or sentence pairs (GLUE, the
-generated tasks) as (B, T) token tensors and ``labels`` (fine-tuning, LRC-BERT).
+tensors (SimCSE), with no image fields, and counts tokens; :class:`LabelledTextAdapter` serves
+labelled sentences or sentence pairs (GLUE, the generated tasks) as (B, T) token tensors and
+``labels`` (fine-tuning, LRC-BERT), with the teacher a recipe names; both are
+:class:`TokenAdapter` s (the token batch on the device, tokens/s).
 """
 
 from __future__ import annotations
@@ -48,12 +52,15 @@ from contrastive.engine.artefacts import (
     SentenceModelArtefacts,
 )
 from contrastive.engine.checkpoint import TrainState
+from contrastive.engine.config import DualEncoderConfig
 from contrastive.engine.extras import add_extras, split_item
 from contrastive.engine.loader import step_generator
 from contrastive.engine.probe import ImageStepHook, build_probe
+from contrastive.eval.teacher import labelled_classes
 
 __all__ = ["BATCH_KEYS", "DataAdapter", "StepHook", "ImageAdapter", "ImageTextAdapter",
-           "TextAdapter", "LabelledTextAdapter", "prepare_views", "make_batch"]
+           "dual_encoder_kwargs", "TokenAdapter", "TextAdapter", "LabelledTextAdapter",
+           "prepare_views", "make_batch"]
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +97,8 @@ class DataAdapter(Protocol):
                   device: torch.device) -> StepHook | None: ...
 
     def embedding_map_data(self) -> str | None: ...
+
+    def handoff(self) -> dict[str, Any]: ...
 
 
 class StepHook(Protocol):
@@ -173,6 +182,7 @@ class ImageAdapter:
         self._decode = "worker"
         self._told = False  # warned that the workers decoded a whole micro-batch
         self._size = 0
+        self._num_classes: int | None = None
 
     def train_set(self, cfg: Any, accelerator: Any) -> Any:
         from contrastive.data import get_dataset
@@ -187,6 +197,7 @@ class ImageAdapter:
             transform, self.device_fn = self.pipeline.split(decode=self._decode)
         ds: Any = get_dataset(cfg.data, "train", transform=transform, strict=cfg.strict_data)
         self._size = len(ds)
+        self._num_classes = labelled_classes(ds)
         logger.info("JPEG decoding: %s", "on the training device (the workers read the bytes "
                     "and draw the crop boxes; other images are cropped in the workers)"
                     if self._decode == "device" else "in the loader workers")
@@ -240,6 +251,9 @@ class ImageAdapter:
     def embedding_map_data(self) -> str | None:
         return self._cfg.data
 
+    def handoff(self) -> dict[str, Any]:
+        return {"num_classes": self._num_classes, "pipeline": self.pipeline}
+
 
 def eval_pipeline(image_size: int) -> Any:
     """The image-text runs' image transform: resize the shorter side and centre-crop to
@@ -258,9 +272,9 @@ class ImageTextAdapter(NothingBesideSteps):
     Throughput in samples/s (pairs); the zero-shot / retrieval evaluator; ``clip.pt``,
     ``tokenizer/`` and the image tower's ``encoder.pt``.
 
-    ``model_config(cfg, tokenizer)`` (from the recipe) is recorded in ``clip.pt``, so evaluation
-    rebuilds the model from it. ``tokenizer`` is the training set's, known after
-    :meth:`train_set` (the recipe's ``build_method`` reads it).
+    ``model_config(cfg, tokenizer)`` (from the recipe, on :func:`dual_encoder_kwargs`) is
+    recorded in ``clip.pt``, so evaluation rebuilds the model from it. ``tokenizer`` is the
+    training set's, known after :meth:`train_set` (handed to the recipe's ``build_method``).
     """
 
     unit = "samples"
@@ -311,6 +325,21 @@ class ImageTextAdapter(NothingBesideSteps):
     def describe(self) -> str:
         return "image-text pairs, centre crops on device"
 
+    def handoff(self) -> dict[str, Any]:
+        return {"tokenizer": self.tokenizer, "pipeline": self.pipeline}
+
+
+def dual_encoder_kwargs(cfg: DualEncoderConfig, tokenizer: Any) -> dict[str, Any]:
+    """The two towers' keyword arguments of :class:`~contrastive.methods.CLIP` and its kin:
+    the image encoder, a BERT text encoder of ``cfg``'s sizes over ``tokenizer``'s vocabulary
+    (mean pooled), the shared width."""
+    from contrastive.nn.text_encoders import bert_options
+
+    return dict(encoder=cfg.encoder, encoder_kwargs=cfg.encoder_options(), text_encoder="bert",
+                dim=cfg.dim, text_kwargs=bert_options(
+                    **cfg.bert_sizes(), vocab_size=tokenizer.vocab_size,
+                    max_position_embeddings=int(tokenizer.max_length), pooling="mean"))
+
 
 class TextExamples(Dataset):
     """Examples of S sentences (a :class:`~contrastive.data.text_batches.SentenceGroups`) as the
@@ -347,7 +376,38 @@ class TokenCollate:
         return fields, torch.tensor([item[-1] for item in items], dtype=torch.long)
 
 
-class TextAdapter(NothingBesideSteps):
+class TokenAdapter(NothingBesideSteps):
+    """What the text kits share: items tokenised in the loader workers (``collate``, set by
+    ``train_set``) and padded per batch; the method's batch holds the token tensors it
+    ``needs`` (and ``indices``), on the device; throughput in tokens/s (the attention mask's
+    sum); the tokenizer handed to the method."""
+
+    unit = "tokens"
+
+    def __init__(self) -> None:
+        self.tokenizer: Any = None
+        self.collate: Callable[[list[tuple[Any, ...]]], Any] | None = None
+        self._cfg: Any = None
+        self._data: Any = None
+
+    def batch(self, sample: tuple[Any, ...], needs: tuple[str, ...], sched: dict[str, float], *,
+              device: torch.device, step: int, micro: int, rank: int) -> dict[str, Any]:
+        fields, indices = sample
+        batch: dict[str, Any] = dict(sched)
+        if "indices" in needs:
+            batch["indices"] = indices.to(device, non_blocking=True)
+        add_extras(batch, fields, needs, device)
+        return batch
+
+    def count(self, batch: dict[str, Any]) -> Tensor | None:
+        mask = batch.get("attention_mask")
+        return None if mask is None else mask.sum()
+
+    def handoff(self) -> dict[str, Any]:
+        return {"tokenizer": self.tokenizer}
+
+
+class TextAdapter(TokenAdapter):
     """Text examples of 1-3 sentences (SimCSE: one sentence; (anchor, positive); (anchor,
     positive, hard negative)), tokenised in the loader workers and padded per batch; the
     method's batch holds the token tensors it ``needs`` ((B, S, T), on the device).
@@ -359,18 +419,13 @@ class TextAdapter(NothingBesideSteps):
     :class:`~contrastive.data.text_batches.SentenceGroups`. The tokenizer is ``--tokenizer`` (a
     folder) or a WordPiece vocabulary of ``--vocab-size`` trained on the training sentences
     (deterministic, so every process builds the same one); it is known after :meth:`train_set`
-    (the recipe's ``build_method`` reads its ``vocab_size``).
+    (handed to the recipe's ``build_method``).
     """
 
-    unit = "tokens"
-
     def __init__(self, groups: Callable[[Any], Any]) -> None:
+        super().__init__()
         self.groups = groups
-        self.tokenizer: Any = None
-        self.collate: Callable[[list[tuple[Any, ...]]], Any] | None = None
         self.artefacts: Artefacts = SentenceModelArtefacts(self)
-        self._cfg: Any = None
-        self._data: Any = None
 
     def train_set(self, cfg: Any, accelerator: Any) -> Any:
         from contrastive.data.tokenizer import load_tokenizer, train_wordpiece
@@ -386,19 +441,6 @@ class TextAdapter(NothingBesideSteps):
         self.collate = TokenCollate(self.tokenizer)
         self._data = TextExamples(groups)
         return self._data
-
-    def batch(self, sample: tuple[Any, ...], needs: tuple[str, ...], sched: dict[str, float], *,
-              device: torch.device, step: int, micro: int, rank: int) -> dict[str, Any]:
-        fields, indices = sample
-        batch: dict[str, Any] = dict(sched)
-        if "indices" in needs:
-            batch["indices"] = indices.to(device, non_blocking=True)
-        add_extras(batch, fields, needs, device)
-        return batch
-
-    def count(self, batch: dict[str, Any]) -> Tensor | None:
-        mask = batch.get("attention_mask")
-        return None if mask is None else mask.sum()
 
     def evaluators(self, cfg: Any, world: int) -> list[Any]:
         from contrastive.engine.evaluators import build_sts_evaluator
@@ -448,31 +490,40 @@ class LabelledCollate:
         return fields, torch.tensor([item[-1] for item in items], dtype=torch.long)
 
 
-class LabelledTextAdapter(TextAdapter):
+class LabelledTextAdapter(TokenAdapter):
     """Labelled sentences or sentence pairs of a task (``--task``: GLUE under ``--glue-dir``,
     or a generated one; :func:`~contrastive.data.text_tasks.load_task`), tokenised in the loader
     and padded per batch: the method's batch holds ``input_ids`` / ``attention_mask`` /
     ``token_type_ids`` (B, T) and ``labels`` (B,) as it ``needs``. Throughput in tokens/s and
-    the batch seam are :class:`TextAdapter`'s. The evaluator is the task's official dev metric
+    the batch seam are :class:`TokenAdapter`'s. The evaluator is the task's official dev metric
     (:class:`~contrastive.engine.evaluators.GlueEvaluator`); the artefacts ``model/`` (the
     classifier: safetensors + JSON + tokenizer) and ``results.json`` (the dev metric)
     (:class:`~contrastive.engine.artefacts.ClassifierArtefacts`).
 
     The tokenizer is ``--tokenizer``, else the folder ``model_folder(cfg)`` names (the recipe's:
     an ``hf:`` model's, the LRC-BERT teacher's), else the generated tasks' own WordPiece.
-    :meth:`prepare` reads task and tokenizer; a recipe calls it before :func:`run` so that bad
-    input fails before the run folder exists (the engine calls it otherwise).
+    A recipe that distils names its teacher's folder (``teacher_folder(cfg)``, a classifier
+    folder) and checks it against the task (``check_teacher(cfg, task, teacher)`` raises
+    ``ValueError``); the teacher is handed to the method.
+    :meth:`prepare` reads task, teacher and tokenizer; a recipe calls it before :func:`run` so
+    that bad input fails before the run folder exists (the engine calls it otherwise).
     """
 
-    def __init__(self, model_folder: Callable[[Any], str | None]) -> None:
-        super().__init__(lambda cfg: None)
+    def __init__(self, model_folder: Callable[[Any], str | None], *,
+                 teacher_folder: Callable[[Any], str] | None = None,
+                 check_teacher: Callable[[Any, Any, Any], None] | None = None) -> None:
+        super().__init__()
         self.model_folder = model_folder
+        self.teacher_folder = teacher_folder
+        self.check_teacher = check_teacher
         self.task: Any = None
+        self.teacher: Any = None
         self.evaluator: Any = None
-        self.artefacts = ClassifierArtefacts(self)
+        self.artefacts: Artefacts = ClassifierArtefacts(self)
 
     def prepare(self, cfg: Any) -> None:
-        """Check and read ``--task`` and the tokenizer (errors name the flag to fix)."""
+        """Check and read ``--task``, the teacher and the tokenizer, in that order (errors name
+        the flag to fix)."""
         from contrastive.data.text_tasks import (
             GENERATED_TASKS,
             check_task,
@@ -480,8 +531,12 @@ class LabelledTextAdapter(TextAdapter):
             load_task,
         )
         from contrastive.data.tokenizer import load_tokenizer
+        from contrastive.eval.classifier_folder import load_classifier
 
         key = check_task(cfg.task, cfg.glue_dir or None)
+        teacher = None
+        if self.teacher_folder is not None:
+            teacher, _ = load_classifier(self.teacher_folder(cfg))
         folder = self.model_folder(cfg)
         if cfg.tokenizer or folder:
             tokenizer = load_tokenizer(str(cfg.tokenizer or folder), max_length=cfg.max_length)
@@ -495,7 +550,9 @@ class LabelledTextAdapter(TextAdapter):
         self.task = load_task(cfg.task, cfg.glue_dir or None, n_train=cfg.n_train,
                               n_dev=cfg.n_dev, seed=cfg.data_seed, train_rows=cfg.train_rows,
                               held_out=cfg.held_out, eval_on=cfg.eval_on)
-        self.tokenizer = tokenizer
+        if teacher is not None and self.check_teacher is not None:
+            self.check_teacher(cfg, self.task, teacher)
+        self.tokenizer, self.teacher = tokenizer, teacher
         self._cfg = cfg
 
     def train_set(self, cfg: Any, accelerator: Any) -> Any:
@@ -525,3 +582,6 @@ class LabelledTextAdapter(TextAdapter):
             "sentences"
         return (f"task {self.task.name}: labelled {pairs}, tokenised in the loader (max length "
                 f"{self._cfg.max_length})")
+
+    def handoff(self) -> dict[str, Any]:
+        return {"tokenizer": self.tokenizer, "task": self.task, "teacher": self.teacher}

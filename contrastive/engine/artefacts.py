@@ -185,7 +185,7 @@ class ClassifierArtefacts:
         if a.task.eval_split != "dev":  # the metrics are of held-out training rows, not dev
             info["held_out"] = result["held_out"] = info.pop("dev")
             del result["dev"]
-        teacher = getattr(cfg, "teacher", "")
+        teacher = a.teacher_folder(cfg) if a.teacher_folder is not None else ""
         if teacher:
             info["distilled_from"] = str(teacher)
             meta = Path(teacher) / CLASSIFIER_FILE

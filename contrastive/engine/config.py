@@ -365,15 +365,6 @@ class TrainConfig(RunConfig):
         so that evaluation rebuilds the same architecture."""
         return parse_json_object("encoder_kwargs", self.encoder_kwargs)
 
-    def steps_per_epoch(self) -> int:
-        """Optimiser steps in one pass over the training split at the global batch (the last
-        partial batch dropped): what a recipe multiplies a paper's epochs by (teacher warm-ups,
-        frozen layers) when the method counts in steps. Reads the data set's index."""
-        from contrastive.data import get_dataset
-
-        train: Any = get_dataset(self.data, "train")  # a map-style data set: it has a length
-        return max(1, len(train) // self.batch_size)
-
     def validate(self) -> None:
         """The checks of every run, and the image fields'."""
         super().validate()
@@ -456,7 +447,7 @@ class DualEncoderConfig(BertSizes, ImageTextConfig):
     family: recipes/clip.py, recipes/siglip.py): the schedule both recipes share (so that the
     methods compare on the same budget) and the text tower's sizes (:class:`BertSizes`: the
     image tower has none of its own, it is sized by ``--encoder`` / ``--encoder-kwargs``). A
-    recipe adds its loss's fields and builds its method from :meth:`tower_kwargs`."""
+    recipe adds its loss's fields and builds its method from :func:`~contrastive.engine.adapters.dual_encoder_kwargs`."""
 
     steps: int = override(300, "optimiser steps (the budget the schedule follows); "
                           "--steps 0 --epochs N for an epoch budget")
@@ -480,17 +471,6 @@ class DualEncoderConfig(BertSizes, ImageTextConfig):
         """The image-text checks and the text tower's sizes."""
         super().validate()
         self.check_bert_sizes()
-
-    def tower_kwargs(self, tokenizer: Any) -> dict[str, Any]:
-        """The two towers' keyword arguments of :class:`~contrastive.methods.CLIP` and its
-        kin: the image encoder, a BERT text encoder of these sizes over ``tokenizer``'s
-        vocabulary (mean pooled), the shared width."""
-        from contrastive.nn.text_encoders import bert_options
-
-        return dict(encoder=self.encoder, encoder_kwargs=self.encoder_options(),
-                    text_encoder="bert", dim=self.dim, text_kwargs=bert_options(
-                        **self.bert_sizes(), vocab_size=tokenizer.vocab_size,
-                        max_position_embeddings=int(tokenizer.max_length), pooling="mean"))
 
 
 @dataclass

@@ -22,13 +22,17 @@ from torch import nn
 from contrastive.engine.adapters import DataAdapter
 from contrastive.engine.config import RunConfig, parse_config
 from contrastive.engine.grad_cache import GradCacheError
+from contrastive.engine.handoff import DataInfo
 from contrastive.engine.run_folder import RunFolderError, os_error_message
 from contrastive.engine.step import ClipPartsError
 from contrastive.engine.trainer import TrainResult, train
 from contrastive.nn.encoders import EncoderArgumentError
+from contrastive.nn.text_encoders import UnsafeCheckpointError
 
 __all__ = ["run", "setup_logging", "bad_input", "cli"]
 
+# what bad_input marks as the user's input
+_INPUT_ERRORS = (ValueError, OSError, UnsafeCheckpointError)
 # a full disk, a read-only folder: the user's to fix, reported in one line (exit status 1)
 _DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM})
 
@@ -42,7 +46,7 @@ def setup_logging(level: int = logging.INFO) -> None:
     logging.getLogger("accelerate").setLevel(max(level, logging.WARNING))  # per-file save logs
 
 
-def run(config_cls: type[RunConfig], build_method: Callable[[Any], nn.Module],
+def run(config_cls: type[RunConfig], build_method: Callable[[Any, DataInfo], nn.Module],
         build_pipeline: Callable[[Any], Any] | None = None, *,
         adapter: DataAdapter | None = None, argv: Sequence[str] | None = None,
         name: str | None = None) -> TrainResult:
@@ -51,7 +55,8 @@ def run(config_cls: type[RunConfig], build_method: Callable[[Any], nn.Module],
 
     ``name`` (default: the calling script's file name) names the run folder ``runs/<name>`` and
     is recorded in ``config.json`` and checkpoints (a checkpoint of another recipe is refused).
-    Bad input (unknown flag, impossible value) exits with status 2 before anything is built;
+    Bad input (unknown flag, impossible value) exits with status 2 before anything is built,
+    a model file that would run code to load (a pickle) with status 2 when it is refused;
     errors found while setting up (missing data, incompatible checkpoint) raise before the first
     training step. A run stopped by SIGTERM / SIGINT or by its launcher's exit saves a
     checkpoint and exits with status 75 (:data:`~contrastive.engine.run_state.EXIT_STOPPED`,
@@ -67,6 +72,9 @@ def run(config_cls: type[RunConfig], build_method: Callable[[Any], nn.Module],
     except (RunFolderError, GradCacheError, ClipPartsError, EncoderArgumentError) as e:
         # the folder, a checkpoint file, options the method or the encoder refuses: one line
         raise SystemExit(f"{name}: error: {e}") from None
+    except UnsafeCheckpointError as e:  # the user's model file, refused unread: bad input
+        sys.stderr.write(f"{name}.py: error: {e}\n")
+        raise SystemExit(2) from None
     except OSError as e:
         if e.errno not in _DISK_ERRNOS:
             raise
@@ -83,12 +91,13 @@ def run(config_cls: type[RunConfig], build_method: Callable[[Any], nn.Module],
 
 @contextlib.contextmanager
 def bad_input() -> Iterator[None]:
-    """Mark the ``ValueError`` / ``OSError`` raised inside as the user's input (a missing
-    file, an unknown task, a folder that is not one), which :func:`cli` reports in one line.
-    Errors of training itself keep their traceback."""
+    """Mark the ``ValueError`` / ``OSError`` / ``UnsafeCheckpointError`` raised inside as the
+    user's input (a missing file, an unknown task, a folder that is not one, a pickle that would
+    run code), which :func:`cli` reports in one line. Errors of training itself keep their
+    traceback."""
     try:
         yield
-    except (ValueError, OSError) as e:
+    except _INPUT_ERRORS as e:
         e.bad_input = True  # type: ignore[union-attr]
         raise
 
@@ -99,7 +108,7 @@ def cli(main: Callable[[list[str] | None], Any], prog: str,
     ``prog: error: ...`` on stderr and exit status 2; returns 0 otherwise."""
     try:
         main(argv)
-    except (ValueError, OSError) as e:
+    except _INPUT_ERRORS as e:
         if not getattr(e, "bad_input", False):
             raise
         sys.stderr.write(f"{prog}: error: {e}\n")

@@ -20,6 +20,7 @@ from contrastive.engine.adapters import BATCH_KEYS
 from contrastive.engine.checkpoint import model_signature, read_meta, resolve_resume
 from contrastive.engine.config import RunConfig
 from contrastive.engine.grad_cache import GradCache, check_grad_cache
+from contrastive.engine.handoff import DataInfo, data_info
 from contrastive.engine.loader import GlobalBatchSampler, build_train_loader
 from contrastive.engine.optim import build_optimizer
 from contrastive.engine.run_state import RUN_STATE_FILE, read_run_state
@@ -130,28 +131,35 @@ def _failed_in_setup(state: dict[str, Any] | None) -> bool:
 
 @dataclass
 class TrainData:
-    """The training data of a run and the step counts it implies."""
+    """The training data of a run, the step counts it implies and the hand-off to the method."""
 
     train_set: Any
     sampler: GlobalBatchSampler
     loader: Any
-    steps_per_epoch: int
+    info: DataInfo  # what build_method(cfg, data) is given
     micro_per_epoch: int
-    total_steps: int  # the budget: --steps, or --epochs x steps_per_epoch
     epochs: int  # epochs the budget spans (the last one may be partial with --steps)
     last_step: int  # total_steps, or --max-steps when smaller
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.info.steps_per_epoch
+
+    @property
+    def total_steps(self) -> int:
+        """The budget: ``--steps``, or ``--epochs`` x steps_per_epoch."""
+        return self.info.total_steps
 
 
 def build_data(cfg: RunConfig, adapter: Any, accelerator: Any) -> TrainData:
     """The adapter's training set (:mod:`contrastive.engine.adapters`), a deterministic
-    sampler and the loader; the budget in steps (``--steps``, else ``--epochs``)."""
+    sampler and the loader; the budget in steps (``--steps``, else ``--epochs``); the hand-off
+    to the method (:class:`~contrastive.engine.handoff.DataInfo`)."""
     world, rank = accelerator.num_processes, accelerator.process_index
     accum = cfg.grad_accum_steps
     train_set: Any = adapter.train_set(cfg, accelerator)
-    steps_per_epoch = len(train_set) // cfg.batch_size
-    if steps_per_epoch == 0:
-        raise ValueError(f"--data {cfg.data} has {len(train_set)} training samples, fewer than "
-                         f"one --batch-size {cfg.batch_size}: lower the batch size")
+    info = data_info(cfg, len(train_set), world, **adapter.handoff())
+    steps_per_epoch, total_steps = info.steps_per_epoch, info.total_steps
     micro_per_epoch = steps_per_epoch * accum
     sampler = GlobalBatchSampler(len(train_set), cfg.batch_size // accum, rank=rank,
                                  world_size=world, seed=cfg.seed,
@@ -159,11 +167,9 @@ def build_data(cfg: RunConfig, adapter: Any, accelerator: Any) -> TrainData:
     loader = build_train_loader(train_set, sampler, seed=cfg.seed, num_workers=cfg.num_workers,
                                 pin_memory=accelerator.device.type == "cuda",
                                 collate_fn=getattr(adapter, "collate", None))  # text: tokenise
-    total_steps = cfg.steps or steps_per_epoch * cfg.epochs
     epochs = -(-total_steps // steps_per_epoch)
     last_step = min(total_steps, cfg.max_steps) if cfg.max_steps else total_steps
-    return TrainData(train_set, sampler, loader, steps_per_epoch, micro_per_epoch,
-                     total_steps, epochs, last_step)
+    return TrainData(train_set, sampler, loader, info, micro_per_epoch, epochs, last_step)
 
 
 def method_inputs(method: nn.Module, extra: tuple[str, ...] = ()
@@ -202,16 +208,16 @@ class Model:
     cache: GradCache | None = None  # --grad-cache-chunk / cached --grad-accum-steps, else None
 
 
-def build_model(cfg: RunConfig, build_method: Callable[[Any], nn.Module],
-                accelerator: Any, extra: tuple[str, ...] = ()) -> Model:
-    """``build_method(cfg)`` (seeded with ``cfg.seed``), converted for the run's options, its
-    optimiser at the scaled peak lr, both ``prepare``d. ``extra``: the data set's per-sample
+def build_model(cfg: RunConfig, build_method: Callable[[Any, DataInfo], nn.Module],
+                accelerator: Any, data: DataInfo, extra: tuple[str, ...] = ()) -> Model:
+    """``build_method(cfg, data)`` (seeded with ``cfg.seed``), converted for the run's options,
+    its optimiser at the scaled peak lr, both ``prepare``d. ``extra``: the data set's per-sample
     fields beyond image and label (:func:`contrastive.engine.extras.extra_keys`)."""
     from accelerate.utils import set_seed
 
     world, device = accelerator.num_processes, accelerator.device
     set_seed(cfg.seed)
-    method = build_method(cfg)
+    method = build_method(cfg, data)
     needs, schedules = method_inputs(method, extra)
     signature = model_signature(method)  # as built: what a checkpoint must match
     # accumulation where the loss couples samples, caching without a backbone: refused here

@@ -65,6 +65,7 @@ from contrastive.engine.checkpoint import (
 from contrastive.engine.config import RunConfig, config_to_dict
 from contrastive.engine.evaluators import BestKeeper, Evaluator
 from contrastive.engine.extras import extra_keys
+from contrastive.engine.handoff import DataInfo
 from contrastive.engine.loader import start_workers
 from contrastive.engine.optim import optimizer_kernel, set_lr, set_weight_decay
 from contrastive.engine.run_folder import check_output_dir
@@ -136,15 +137,17 @@ class TrainResult:
         return measured[-1][1] if measured else None
 
 
-def train(cfg: RunConfig, build_method: Callable[[Any], nn.Module],
+def train(cfg: RunConfig, build_method: Callable[[Any, DataInfo], nn.Module],
           build_pipeline: Callable[[Any], Any] | None = None, *,
           adapter: DataAdapter | None = None, recipe: str = "custom") -> TrainResult:
-    """Train ``build_method(cfg)`` on ``cfg.data``: images augmented by
+    """Train ``build_method(cfg, data)`` on ``cfg.data``: images augmented by
     ``build_pipeline(cfg)``, or whatever the data ``adapter`` serves.
 
     ``build_method`` returns a method (:class:`contrastive.methods.Method`: ``forward(batch) ->
     dict`` with ``loss`` and metrics, ``needs``, ``schedules()``, ``param_groups()``, attribute
-    ``encoder``); it is called after the adapter built the training set.
+    ``encoder``); it is called after the adapter built the training set, with ``data`` the
+    hand-off (:class:`~contrastive.engine.handoff.DataInfo`: step counts, batch geometry and the
+    kit's tokenizer, task, teacher, classes, pipeline).
     ``build_pipeline`` returns a :class:`contrastive.augment.Pipeline` (per-image ``__call__``
     and ``split()`` for the batched path): the :class:`~contrastive.engine.adapters.ImageAdapter`
     (give it or ``adapter``). See the module docstring for the steps.
@@ -183,7 +186,7 @@ def train(cfg: RunConfig, build_method: Callable[[Any], nn.Module],
         raise
 
 
-def _train(cfg: RunConfig, build_method: Callable[[Any], nn.Module],
+def _train(cfg: RunConfig, build_method: Callable[[Any, DataInfo], nn.Module],
            build_pipeline: Callable[[Any], Any] | None, adapter: DataAdapter | None,
            recipe: str, out: Path, accelerator: Any, stop: StopRequests, *,
            precision_reason: str = "") -> TrainResult:
@@ -194,7 +197,7 @@ def _train(cfg: RunConfig, build_method: Callable[[Any], nn.Module],
         adapter = ImageAdapter(build_pipeline(cfg))
     data = build_data(cfg, adapter, accelerator)
     evaluators = adapter.evaluators(cfg, accelerator.num_processes)
-    m = build_model(cfg, build_method, accelerator, extra_keys(data.train_set))
+    m = build_model(cfg, build_method, accelerator, data.info, extra_keys(data.train_set))
     hook = adapter.step_hook(cfg, m.module, data.train_set, accelerator.device)  # image: probe
     best = BestKeeper(cfg.keep_best) if cfg.keep_best else None
     config = {"recipe": recipe, **config_to_dict(cfg)}

@@ -170,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from contrastive.data.tokenizer import load_tokenizer
     from contrastive.nn.hf_folders import SentencePooling, read_sentence_pooling
-    from contrastive.nn.text_encoders import POOLINGS, load_text_encoder
+    from contrastive.nn.text_encoders import POOLINGS, UnsafeCheckpointError, load_text_encoder
 
     folder = Path(args.model)
     pooling, why = args.pooling, "--pooling"
@@ -191,7 +191,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if pooling == "max":  # not a TextEncoder pooling: sentence-transformers' max over tokens
         pipeline = SentencePooling(("max",))
     model_dir = pipeline.transformer_dir if pipeline and pipeline.transformer_dir else folder
-    encoder = load_text_encoder(model_dir, pooling=pooling if pooling in POOLINGS else "auto")
+    try:
+        encoder = load_text_encoder(model_dir, pooling=pooling if pooling in POOLINGS else "auto")
+    except UnsafeCheckpointError as e:  # refused unread: one line, no traceback
+        p.exit(2, f"{p.prog}: error: {e}\n")
     encoder = encoder.to(args.device)
     max_length = args.max_length or (pipeline.max_seq_length if pipeline else None) or 128
     tokenizer = load_tokenizer(args.tokenizer or model_dir, max_length=max_length)

@@ -59,6 +59,7 @@ __all__ = [
     "TextEncoderOutput",
     "UnsafeCheckpointError",
     "bert_options",
+    "check_safe_weights",
     "build_text_encoder",
     "encoder_from_layers",
     "hf_folder",
@@ -422,6 +423,15 @@ def _unsafe(path: Path) -> UnsafeCheckpointError:
         f"{path}: refused to load, the pickle needs code to run (torch.load weights_only=True "
         "rejected it); get the model as model.safetensors from a source you trust"
     )
+
+
+def check_safe_weights(path: str | Path) -> None:
+    """Refuse (:class:`UnsafeCheckpointError`) a checkpoint folder whose pickled weights would
+    need to run code to load, before anything is built (a program's input check); a folder with
+    safetensors weights passes unread."""
+    folder = _checkpoint_folder(path, what="folder")
+    if not any((folder / f).is_file() for f in _SAFETENSORS):
+        _check_pickles(folder)
 
 
 def _check_pickles(folder: Path) -> None:

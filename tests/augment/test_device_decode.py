@@ -296,7 +296,7 @@ def test_a_run_decodes_on_the_device(tmp_path, fresh_accelerate, monkeypatch):
                       steps=2, epochs=1, num_workers=0, progress=False, mixed_precision="no",
                       log_every=1, save_every_steps=0, save_every_epochs=0, decode="device",
                       output_dir=str(tmp_path / "run"))
-    train(cfg, lambda c: SimCLR(encoder="small_cnn", dim=16, mlp_hidden=32),
+    train(cfg, lambda c, data: SimCLR(encoder="small_cnn", dim=16, mlp_hidden=32),
           lambda c: get_pipeline("simclr", image_size=16), recipe="toy")
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["decode"] == "device"

@@ -201,7 +201,7 @@ def test_training_with_strict_data_fails_before_the_model_is_built(with_corrupt,
                       num_workers=0, progress=False, mixed_precision="no", strict_data=True, knn_every=0,
                       output_dir=str(tmp_path / "run"))
     with pytest.raises(CorruptImageError, match="1.jpg"):
-        train(cfg, lambda c: pytest.fail("training started"), lambda c: get_pipeline("mocov2", image_size=16),
+        train(cfg, lambda c, data: pytest.fail("training started"), lambda c: get_pipeline("mocov2", image_size=16),
               recipe="strict-check")
 
 

@@ -11,8 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from contrastive.engine import parse_config
-from contrastive.eval.teacher import single_linear_head
+from contrastive.data import get_dataset
+from contrastive.engine import data_info, parse_config
+from contrastive.eval.teacher import labelled_classes, single_linear_head
 from contrastive.nn import create_encoder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +46,9 @@ def _teacher_file(tmp_path: Path, head_out: int | None = 10, mlp: bool = False) 
 
 
 def _build(recipe, argv):
-    return recipe.build_method(parse_config(recipe.DistillCosNCE, TINY + argv))
+    cfg = parse_config(recipe.DistillCosNCE, TINY + argv)
+    train = get_dataset(cfg.data, "train")
+    return recipe.build_method(cfg, data_info(cfg, len(train), num_classes=labelled_classes(train)))
 
 
 def test_recipe_end_to_end(tmp_path: Path) -> None:

@@ -317,7 +317,7 @@ def _simclr_run(tmp_path, **kw: Any):
         save_every_steps: int = 1
 
     cfg = Cfg(output_dir=str(tmp_path / "run"), **kw)
-    return train(cfg, lambda c: SimCLR(encoder="small_cnn", dim=8, mlp_hidden=16),
+    return train(cfg, lambda c, data: SimCLR(encoder="small_cnn", dim=8, mlp_hidden=16),
                  lambda c: get_pipeline("mocov2", image_size=16), recipe="gc")
 
 

@@ -89,7 +89,7 @@ def test_the_knn_monitor_does_not_change_training(tmp_path, fresh_accelerate):
                           batch_size=16, epochs=2, num_workers=1, progress=False,
                           mixed_precision="no", save_every_epochs=0, log_every=1,
                           knn_every=knn_every, knn_k=5, output_dir=str(tmp_path / out))
-        return train(cfg, lambda c: SimCLR(encoder=c.encoder, dim=8, mlp_hidden=16),
+        return train(cfg, lambda c, data: SimCLR(encoder=c.encoder, dim=8, mlp_hidden=16),
                      lambda c: get_pipeline("simclr", image_size=c.image_size), recipe="knn-test")
 
     with_knn, without = run("knn", 1), run("plain", 0)

@@ -17,7 +17,7 @@ TINY = dict(data="shapes:n=64,size=16", encoder="small_cnn", image_size=16, batc
             save_every_epochs=0, log_every=1, probe_lr=0.5)
 
 
-def _method(cfg):
+def _method(cfg, data):
     from contrastive.methods import SimCLR
 
     return SimCLR(encoder=cfg.encoder, dim=8, mlp_hidden=16, temperature=0.5)

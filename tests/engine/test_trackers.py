@@ -73,10 +73,10 @@ def _crash_then_resume(tmp_path: Path, report_to: str) -> Path:
     out = tmp_path / "run"
     cfg = _Cfg(output_dir=str(out), report_to=report_to)
     with pytest.raises(_Crash):
-        train(cfg, lambda c: _SimCLR(CRASH_AT), _pipeline, recipe="tracked")
+        train(cfg, lambda c, data: _SimCLR(CRASH_AT), _pipeline, recipe="tracked")
     assert max(json.loads(ln)["step"] for ln in (out / "metrics.jsonl").open()) == CRASH_AT - 1
     cfg = dataclasses.replace(cfg, resume="auto")
-    result = train(cfg, lambda c: _SimCLR(-1), _pipeline, recipe="tracked")
+    result = train(cfg, lambda c, data: _SimCLR(-1), _pipeline, recipe="tracked")
     assert result.status == "completed" and result.step == 4
     return out
 
@@ -298,13 +298,13 @@ def test_mlflow_sqlite_scalars_pictures_and_resume(tmp_path, fresh_accelerate, m
     out = tmp_path / "run"
     cfg = _Cfg(output_dir=str(out), report_to="mlflow")
     with pytest.raises(_Crash):
-        train(cfg, lambda c: _SimCLR(CRASH_AT), _pipeline, recipe="tracked")
+        train(cfg, lambda c, data: _SimCLR(CRASH_AT), _pipeline, recipe="tracked")
     ids = json.loads((out / "trackers.json").read_text())["mlflow"]
     uri = f"sqlite:///{(out / 'mlflow.db').resolve()}"
     assert ids["tracking_uri"] == uri and ids["in_run_folder"] is True
     client = MlflowClient(tracking_uri=uri)
     assert client.get_run(ids["run_id"]).info.status == "FAILED"
-    result = train(dataclasses.replace(cfg, resume="auto"), lambda c: _SimCLR(-1), _pipeline,
+    result = train(dataclasses.replace(cfg, resume="auto"), lambda c, data: _SimCLR(-1), _pipeline,
                    recipe="tracked")
     assert result.status == "completed"
     assert json.loads((out / "trackers.json").read_text())["mlflow"]["run_id"] == ids["run_id"]

@@ -92,7 +92,7 @@ def _pipeline(cfg):
     return get_pipeline("mocov2", image_size=cfg.image_size)
 
 
-def _build(cfg):
+def _build(cfg, data):
     toy = _Toy(cfg.nan_at, signal_at=cfg.signal_at, signals=cfg.signals)
     toy.uses_in_batch_negatives = cfg.coupled
     return toy
@@ -327,7 +327,7 @@ def test_the_batch_holds_exactly_the_needs_and_the_schedules(tmp_path, fresh_acc
 
     made = []
     cfg = _Cfg(output_dir=str(tmp_path / "run"), max_steps=2)
-    train(cfg, lambda c: made.append(_Toy(-1)) or made[-1], _pipeline, recipe="toy")
+    train(cfg, lambda c, data: made.append(_Toy(-1)) or made[-1], _pipeline, recipe="toy")
     data = get_dataset(cfg.data, "train")
     for seen in made[0].seen:
         assert seen["keys"] == ["indices", "labels", "progress", "step_seen", "views"]
@@ -341,14 +341,14 @@ def test_a_need_the_loader_cannot_provide_fails_before_training(tmp_path, fresh_
         needs = ("views", "token_ids")
 
     with pytest.raises(ValueError, match=r"needs batch key\(s\) \['token_ids'\]"):
-        train(_Cfg(output_dir=str(tmp_path / "run")), lambda c: NeedsText(-1), _pipeline,
+        train(_Cfg(output_dir=str(tmp_path / "run")), lambda c, data: NeedsText(-1), _pipeline,
               recipe="toy")
 
 
 def test_a_frozen_parameter_group_does_not_move_for_its_steps(tmp_path, fresh_accelerate):
     made = []
     cfg = _Cfg(output_dir=str(tmp_path / "run"), max_steps=4, weight_decay=0.1)
-    train(cfg, lambda c: made.append(_Toy(-1, frozen_steps=2)) or made[-1], _pipeline,
+    train(cfg, lambda c, data: made.append(_Toy(-1, frozen_steps=2)) or made[-1], _pipeline,
           recipe="toy")
     w = [s["proj"] for s in made[0].seen]  # the weights each step's forward saw
     # optimiser steps 0 and 1 drop its gradients (no weight decay, no momentum either), step 2

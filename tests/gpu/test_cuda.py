@@ -36,7 +36,7 @@ class _Cfg(TrainConfig):
     log_every: int = 1000
 
 
-def _method(cfg):
+def _method(cfg, data):
     from contrastive.methods import MoCo
 
     return MoCo(encoder=cfg.encoder, version=2, dim=64, mlp_hidden=256, queue_size=1024,
@@ -123,7 +123,7 @@ def test_split_bn_keeps_nchw_by_default(tmp_path, fresh_accelerate):
     class _Split(_Cfg):
         split_bn: int = 4
 
-    def method(cfg):
+    def method(cfg, data):
         from contrastive.methods import MoCo
 
         return MoCo(encoder=cfg.encoder, version=2, dim=64, mlp_hidden=256, queue_size=1024,

@@ -70,7 +70,7 @@ class _Recording(CLIP):
         return super().forward(batch)
 
 
-def _build(cfg):
+def _build(cfg, data):
     model = _Recording(encoder="small_cnn", dim=8, text_kwargs=dict(
         num_layers=1, hidden_size=16, num_heads=2, vocab_size=200, max_position_embeddings=12))
     with torch.no_grad():
@@ -82,8 +82,8 @@ def test_the_engine_carries_each_samples_tokens(tmp_path, fresh_accelerate):
     cfg = _Cfg(output_dir=str(tmp_path / "run"), seed=5)
     seen: list = []
 
-    def build(c):
-        m = _build(c)
+    def build(c, data):
+        m = _build(c, data)
         seen.append(m)
         return m
 
@@ -109,8 +109,8 @@ def test_the_post_step_hook_runs_once_per_optimiser_step_with_the_cache(tmp_path
     cfg = _Cfg(output_dir=str(tmp_path / "run"), grad_cache_chunk=8, max_steps=2, knn_every=0)
     seen: list = []
 
-    def build(c):
-        m = _build(c)
+    def build(c, data):
+        m = _build(c, data)
         seen.append(m)
         return m
 

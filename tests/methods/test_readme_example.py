@@ -37,7 +37,7 @@ def test_readme_method_example_registers_and_trains(tmp_path, monkeypatch, fresh
     cfg = TrainConfig(data="synthetic:n=32,size=16", encoder="small_cnn", image_size=16,
                       batch_size=16, epochs=1, max_steps=2, num_workers=0, progress=False,
                       mixed_precision="no", log_every=1, output_dir=str(tmp_path / "run"))
-    result = train(cfg, lambda c: get_method("align_uniform", encoder=c.encoder, dim=8),
+    result = train(cfg, lambda c, data: get_method("align_uniform", encoder=c.encoder, dim=8),
                    lambda c: get_pipeline("simclr", c.image_size), recipe="readme")
     assert result.status == "max_steps" and result.step == 2
     assert "align" in result.last_metrics and result.encoder_path.is_file()

@@ -117,3 +117,16 @@ def load_recipe(name: str):
 def rx():
     """The helpers above (tests import nothing from conftest under --import-mode=importlib)."""
     return sys.modules[__name__]
+
+
+def build_alone(mod, cfg):
+    """``mod.build_method(cfg, data)`` outside a run: ``data`` the hand-off an image run of
+    ``cfg`` would give (its training set read from ``--data``; a set smaller than one batch
+    counts as one step, where a run would refuse it)."""
+    from contrastive.data import get_dataset
+    from contrastive.engine import data_info
+    from contrastive.eval.teacher import labelled_classes
+
+    train = get_dataset(cfg.data, "train")
+    return mod.build_method(cfg, data_info(cfg, max(len(train), cfg.batch_size),
+                                           num_classes=labelled_classes(train)))

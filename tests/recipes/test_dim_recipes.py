@@ -63,7 +63,7 @@ def test_defaults_are_the_papers(name, encoder, local, epochs, size, rx):
         "adamw", 1e-4, "none", "constant", 0)
     assert (cfg.weight_decay, tuple(cfg.betas), cfg.mi_units, cfg.estimator) == (
         0.0, (0.5, 0.999), 2048, "infonce")
-    method = mod.build_method(cfg)
+    method = rx.build_alone(mod, cfg)
     stage, channels, side = local
     assert method.local_stage == stage and method.encoder.num_features == 64
     assert method.mi_local.block[0].in_channels == channels
@@ -168,4 +168,4 @@ def test_local_stage_that_is_not_a_map_is_refused(rx):
     mod, cfg = _config(rx, "dim_cifar", ["--data", "shapes", "--local-stage", "-1",
                                          "--encoder-kwargs", '{"hidden": [8]}'])
     with pytest.raises(ValueError, match="local_stage -1 is not a feature map"):
-        mod.build_method(cfg)
+        rx.build_alone(mod, cfg)

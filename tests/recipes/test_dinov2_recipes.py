@@ -69,7 +69,7 @@ def test_dinov2_in1k_defaults_are_the_configs(rx):
             cfg.momentum) == (0.9, 0.2, 0.1, 65536, 0.992)
     small = parse_config(mod.DINOv2ImageNet, ["--data", "shapes", "--image-size", "16",
                                               "--encoder-kwargs", VIT16, "--out-dim", "16"])
-    method = mod.build_method(small)
+    method = rx.build_alone(mod, small)
     assert method.centering == "mean" and method.patch_center_tokens == "masked"
     # train.py: clip_grad_norm_ per student part, the last layer frozen by a zero lr; the
     # config's drop_path_uniform (0.3 in every block) in the default encoder kwargs
@@ -91,11 +91,11 @@ def test_dinov2_in1k_defaults_are_the_configs(rx):
 def test_dinov2_cifar_defaults(rx):
     mod = rx.load_recipe("dinov2_cifar")
     cfg = parse_config(mod.DINOv2Cifar, ["--data", "shapes:n=512"])
-    method = mod.build_method(cfg)
+    method = rx.build_alone(mod, cfg)
     assert tuple(method.encoder.patch_embed.grid_size) == (8, 8)
     assert method.centering == "sinkhorn" and method.weights == (1.0, 1.0, 0.1)
     assert method.clip_mode == "part" and method.freeze_last_layer_by == "lr"
-    off = mod.build_method(parse_config(mod.DINOv2Cifar, [
+    off = rx.build_alone(mod, parse_config(mod.DINOv2Cifar, [
         "--data", "shapes:n=512", "--clip-mode", "all", "--freeze-last-layer-by", "grad"]))
     assert off.clip_mode == "all" and off.freeze_last_layer_by == "grad"
     assert off.clip_parts() == {}

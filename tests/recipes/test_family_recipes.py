@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from contrastive.engine import parse_config
+from contrastive.engine import data_info, parse_config
 
 CIFAR = ["byol_cifar", "simsiam_cifar", "barlow_twins_cifar", "vicreg_cifar", "supcon_cifar",
          "nnclr_cifar", "swav_cifar", "dino_cifar"]
@@ -64,7 +64,7 @@ def test_imagenet_recipe_builds_the_papers_model(name, rx):
     cfg = parse_config(cls, ["--data", "shapes"])
     assert cfg.encoder == "torchvision:resnet50" and cfg.image_size == 224
     small = parse_config(cls, ["--data", "shapes", "--encoder", "small_cnn"])
-    method = mod.build_method(small)
+    method = rx.build_alone(mod, small)
     expected = {"byol_r50": ("BYOL", 0.996), "simsiam_r50": ("SimSiam", None),
                 "barlow_twins_r50": ("BarlowTwins", None), "vicreg_r50": ("VICReg", None),
                 "swav_r50": ("SwAV", None), "supcon_r50": ("SupCon", None),
@@ -96,11 +96,10 @@ def test_stateful_family_members_resume_bit_exactly(name, tmp_path, rx):
 
 def test_dino_vit_recipe_declares_the_official_schedules(rx, monkeypatch):
     mod = rx.load_recipe("dino_vit_small")
-    monkeypatch.setattr(mod.DINOViTSmall, "steps_per_epoch", lambda cfg: 10)
     cfg = parse_config(mod.DINOViTSmall, ["--data", "shapes", "--encoder", "small_cnn",
                                           "--encoder-kwargs", "{}", "--out-dim", "32", "--warmup-teacher-epochs", "3",
                                           "--teacher-temperature", "0.07"])
-    method = mod.build_method(cfg)
+    method = mod.build_method(cfg, data_info(cfg, 10 * cfg.batch_size))  # 10 steps per epoch
     sched = method.schedules()
     assert sched["weight_decay"](0, 100) == pytest.approx(0.04)
     assert sched["weight_decay"](100, 100) == pytest.approx(0.4)
@@ -116,15 +115,15 @@ def test_dino_cifar_freezes_the_last_layer_for_solo_learns_first_epoch(rx, monke
     epoch; no gradient clip (``clip_grad`` default 0); ``--freeze-last-layer-epochs 0`` turns it
     off."""
     mod = rx.load_recipe("dino_cifar")
-    monkeypatch.setattr(mod.DINOCifar, "steps_per_epoch", lambda cfg: 7)
     base = ["--data", "shapes", "--encoder", "small_cnn", "--out-dim", "32"]
-    method = mod.build_method(parse_config(mod.DINOCifar, base))
+    cfg = parse_config(mod.DINOCifar, base)
+    method = mod.build_method(cfg, data_info(cfg, 7 * cfg.batch_size))  # 7 steps per epoch
     (group,) = method.param_groups()
     assert group.name == "last_layer" and group.frozen_steps == 7 and group.frozen_by == "grad"
     assert {id(p) for p in group.params} == {
         id(p) for p in method.head.last_layer.parameters() if p.requires_grad}
     cfg = parse_config(mod.DINOCifar, [*base, "--freeze-last-layer-epochs", "0"])
-    assert mod.build_method(cfg).param_groups() == [] and cfg.clip_grad_norm == 0
+    assert rx.build_alone(mod, cfg).param_groups() == [] and cfg.clip_grad_norm == 0
 
 
 # the papers' / official code's ImageNet settings (see each recipe's docstring for the sources)
@@ -150,7 +149,7 @@ def test_imagenet_recipe_defaults_are_the_papers(name, rx):
     cfg = parse_config(cls, ["--data", "shapes"])
     for field, value in PAPER[name].items():
         assert getattr(cfg, field) == value, field
-    method = mod.build_method(parse_config(cls, ["--data", "shapes", "--encoder", "small_cnn"]))
+    method = rx.build_alone(mod, parse_config(cls, ["--data", "shapes", "--encoder", "small_cnn"]))
     if name == "supcon_r50":  # the code's scale_by_temperature: loss x 0.1
         assert method.factor == pytest.approx(0.1) and method.needs == ("views", "labels")
     if name == "nnclr_r50":

@@ -41,7 +41,7 @@ def test_ibot_cifar_trains_and_leaves_a_timm_encoder(tmp_path, rx):
 def test_ibot_cifar_defaults_build_vit_tiny_with_64_tokens(rx):
     mod = rx.load_recipe("ibot_cifar")
     cfg = parse_config(mod.IBOTCifar, ["--data", "shapes:n=512"])
-    method = mod.build_method(cfg)
+    method = rx.build_alone(mod, cfg)
     assert tuple(method.encoder.patch_embed.grid_size) == (8, 8)
     assert method.encoder.dynamic_img_size and method.centering == "mean"
     spe = 512 // 256
@@ -51,7 +51,7 @@ def test_ibot_cifar_defaults_build_vit_tiny_with_64_tokens(rx):
     assert len(pipeline.views) == 12 and pipeline.views[2].size == 16
     # the code's head (2048 hidden, 256 bottleneck); --hidden-dim / --bottleneck-dim reach it
     assert (method.head.mlp[0].out_features, method.head.last_layer.in_features) == (2048, 256)
-    small = mod.build_method(parse_config(mod.IBOTCifar, ["--data", "shapes:n=512",
+    small = rx.build_alone(mod, parse_config(mod.IBOTCifar, ["--data", "shapes:n=512",
                                                          "--hidden-dim", "48",
                                                          "--bottleneck-dim", "8"]))
     assert (small.head.mlp[0].out_features, small.head.mlp[2].out_features,
@@ -69,7 +69,7 @@ def test_ibot_in1k_defaults_are_the_papers(rx):
         0.04, 0.4, 3.0, 8192, 0.996, 0.07, 10)
     small = parse_config(mod.IBOTImageNet, ["--data", "shapes", "--image-size", "16",
                                             "--encoder-kwargs", VIT16, "--out-dim", "16"])
-    method = mod.build_method(small)
+    method = rx.build_alone(mod, small)
     assert method.patch_head is None and method.mask_ratio == (0.1, 0.5)
     assert method.weights == (1.0, 1.0, 0.0)  # no KoLeo in iBOT
     assert method.head.last_layer.parametrizations.weight.original0.requires_grad  # trainable
@@ -96,9 +96,9 @@ def test_authors_recipes_clip_each_parameter_and_all_together_on_request(rx, nam
     tiny += (["--encoder-kwargs", VIT16] if "ibot" in name else
              ["--encoder", "small_cnn", "--encoder-kwargs", "{}"])
     cfg = parse_config(getattr(mod, cls), tiny)
-    method = mod.build_method(cfg)
+    method = rx.build_alone(mod, cfg)
     assert cfg.clip_grad_norm == 3.0 and cfg.clip_mode == method.clip_mode == "parameter"
     trainable = [p for p in method.parameters() if p.requires_grad]
     assert len(method.clip_parts()) == len(trainable)
-    off = mod.build_method(parse_config(getattr(mod, cls), [*tiny, "--clip-mode", "all"]))
+    off = rx.build_alone(mod, parse_config(getattr(mod, cls), [*tiny, "--clip-mode", "all"]))
     assert off.clip_mode == "all" and off.clip_parts() == {}

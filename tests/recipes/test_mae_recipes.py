@@ -46,7 +46,7 @@ def test_mae_cifar_defaults_build_vit_tiny_with_64_tokens(rx):
     cfg = parse_config(mod.MAECifar, ["--data", "shapes"])
     assert (cfg.lr, cfg.betas, cfg.weight_decay, cfg.crop_min) == (1.5e-4, (0.9, 0.95), 0.05,
                                                                    0.2)
-    method = mod.build_method(cfg)
+    method = rx.build_alone(mod, cfg)
     assert method.num_patches == 64 and method.patch_size == 4 and method.mask_ratio == 0.75
 
 
@@ -62,7 +62,7 @@ def test_mae_in1k_defaults_are_the_papers(rx):
             cfg.norm_pix) == (0.75, 512, 8, 16, True)
     small = parse_config(mod.MAEImageNet, ["--data", "shapes", "--image-size", "16",
                                            "--encoder-kwargs", VIT16, "--decoder-depth", "1"])
-    method = mod.build_method(small)
+    method = rx.build_alone(mod, small)
     assert type(method).__name__ == "MAE" and method.decoder.embed.out_features == 512
     pipeline = mod.build_pipeline(small)
     assert len(pipeline.views) == 1 and pipeline.views[0].scale == (0.2, 1.0)

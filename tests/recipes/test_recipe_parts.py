@@ -16,14 +16,14 @@ def test_mocov3_momentum_matches_official_formula(rx):
     mod = rx.load_recipe("mocov3_r50")
     cfg = parse_config(mod.MoCoV3R50, ["--data", "shapes", "--encoder", "small_cnn",
                                         "--mlp-hidden", "16", "--dim", "8"])
-    momentum = mod.build_method(cfg).schedules()["momentum"]  # the recipe's m0, the method's law
+    momentum = rx.build_alone(mod, cfg).schedules()["momentum"]  # the recipe's m0, the method's law
     epochs, spe = cfg.epochs, 7
     for step in range(0, epochs * spe, 37):
         epoch = step / spe  # main_moco.py: epoch + i / iters_per_epoch
         ref = 1.0 - 0.5 * (1.0 + math.cos(math.pi * epoch / epochs)) * (1.0 - 0.99)
         assert momentum(step, epochs * spe) == pytest.approx(ref, abs=1e-12)
     cfg.momentum_cosine = False
-    assert mod.build_method(cfg).schedules()["momentum"](5 * spe, epochs * spe) == 0.99
+    assert rx.build_alone(mod, cfg).schedules()["momentum"](5 * spe, epochs * spe) == 0.99
 
 
 def test_sincos_position_embedding_matches_formula():
@@ -50,7 +50,7 @@ def test_vit_recipe_fixes_every_position_embedding(rx):
     cfg = parse_config(mod.MoCoV3ViTSmall, ["--data", "shapes", "--encoder",
                                             "timm:vit_tiny_patch16_224", "--mlp-hidden", "32",
                                             "--dim", "16"])
-    method = mod.build_method(cfg)
+    method = rx.build_alone(mod, cfg)
     embeds = [m.pos_embed for m in method.modules() if hasattr(m, "pos_embed")]
     assert len(embeds) == 2  # query and key ViTs
     for pe in embeds:
@@ -140,7 +140,7 @@ def _constructor_arguments(rx, monkeypatch, recipe: str, cls) -> dict:
     recipe's default configuration; nothing is built."""
     import inspect
 
-    from contrastive.engine import RunConfig, parse_config
+    from contrastive.engine import RunConfig, data_info, parse_config
 
     seen: dict = {}
     init = cls.__init__
@@ -156,14 +156,12 @@ def _constructor_arguments(rx, monkeypatch, recipe: str, cls) -> dict:
     config_class = next(v for v in vars(mod).values() if isinstance(v, type)
                         and v.__module__ == mod.__name__ and issubclass(v, RunConfig))
     with pytest.raises(_Built):
-        if hasattr(mod, "build_method"):
-            mod.build_method(parse_config(config_class, ["--data", "shapes"]))
-        elif hasattr(mod, "make"):  # an image-text recipe: a stand-in for the run's tokenizer
-            _, build_method, adapter = mod.make()
-            adapter.tokenizer = SimpleNamespace(vocab_size=100, max_length=16)
-            build_method(parse_config(config_class, []))
-        else:  # a text recipe: its method's arguments, the tokenizer's vocabulary aside
-            cls(**mod.method_kwargs(parse_config(config_class, []), 100))
+        if hasattr(mod, "make"):  # image-text and text: a stand-in for the run's tokenizer
+            cfg = parse_config(config_class, [])
+            mod.build_method(cfg, data_info(cfg, cfg.batch_size, tokenizer=SimpleNamespace(
+                vocab_size=100, max_length=16)))
+        else:
+            rx.build_alone(mod, parse_config(config_class, ["--data", "shapes"]))
     return seen
 
 
@@ -228,11 +226,12 @@ def test_every_preset_has_a_recipe_or_is_listed():
 
 def test_dcl_recipe_builds_dclw_with_vmf_weighting(rx):
     """recipes/dcl_cifar.py is both of the paper's methods: --weighting vmf is DCLW."""
+    from contrastive.engine import data_info
     from contrastive.methods import DCL, DCLW
 
     mod = rx.load_recipe("dcl_cifar")
-    built = {w: mod.build_method(mod.DCLCifar(encoder="small_cnn", weighting=w, sigma=0.7))
-             for w in ("none", "vmf")}
+    cfgs = {w: mod.DCLCifar(encoder="small_cnn", weighting=w, sigma=0.7) for w in ("none", "vmf")}
+    built = {w: mod.build_method(cfg, data_info(cfg, cfg.batch_size)) for w, cfg in cfgs.items()}
     assert type(built["none"]) is DCL and type(built["vmf"]) is DCLW
     assert built["vmf"].criterion.sigma == 0.7
 

@@ -55,7 +55,7 @@ def test_recipe_runs_and_leaves_encoder_and_metrics(name, tmp_path, rx):
                        ["--data", "shapes", "--batch-size", "16", "--epochs", "2",
                         *rx.SMALL[name]])
     spe = 64 // 16
-    method = rx.load_recipe(name).build_method(cfg)
+    method = rx.build_alone(rx.load_recipe(name), cfg)
     peak = scaled_lr(cfg.lr, 16, cfg.lr_scaling)
     for r in records:
         expected = lr_at(r["step"] - 1, steps_per_epoch=spe, epochs=2, peak=peak,

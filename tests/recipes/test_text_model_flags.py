@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from contrastive.engine import parse_config
+from contrastive.engine import dual_encoder_kwargs, parse_config
 from contrastive.nn.text_encoders import bert_options, hf_folder, text_encoder
 
 SIZES = ["--layers", "1", "--hidden", "16", "--heads", "2", "--intermediate-size", "24",
@@ -35,7 +35,7 @@ def test_the_recipes_hand_the_sizes_to_the_one_builder(rx):
     kwargs = simcse.method_kwargs(_config(rx, "simcse", SIZES), 50)["encoder_kwargs"]
     assert kwargs == wanted
     tokenizer = SimpleNamespace(vocab_size=50, max_length=512)
-    towers = _config(rx, "clip", SIZES).tower_kwargs(tokenizer)["text_kwargs"]
+    towers = dual_encoder_kwargs(_config(rx, "clip", SIZES), tokenizer)["text_kwargs"]
     assert towers == {**wanted, "pooling": "mean"}
     finetune = _config(rx, "bert_finetune", SIZES)
     encoder = text_encoder(finetune.model, vocab_size=50, **finetune.bert_sizes())

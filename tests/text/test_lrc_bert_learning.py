@@ -39,7 +39,7 @@ def test_cosnce_aligns_student_layers_on_held_out_sentences(tmp_path: Path) -> N
     from lrc_check import recipe, run_recipe
     from safetensors.torch import load_file
 
-    from contrastive.engine import parse_config
+    from contrastive.engine import data_info, parse_config
 
     tok = generated_tokenizer()
     torch.manual_seed(0)  # a random teacher: its layers still tell sentences apart
@@ -58,7 +58,7 @@ def test_cosnce_aligns_student_layers_on_held_out_sentences(tmp_path: Path) -> N
     cfg = parse_config(cls, [*argv, "--output-dir", str(tmp_path / "run")])
     adapter.prepare(cfg)
     torch.manual_seed(cfg.seed)
-    method = build_method(cfg)
+    method = build_method(cfg, data_info(cfg, len(adapter.task.train), **adapter.handoff()))
     task = load_task("generated", n_train=640, n_dev=64)
     held_out = tok.collate([task.dev[i] for i in range(32)])
 

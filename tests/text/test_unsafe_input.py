@@ -1,0 +1,65 @@
+"""A planted pickle is refused unread, in one line: ``recipes/simcse.py --encoder hf:FOLDER``
+and ``contrastive-sts-eval --model FOLDER`` on a folder whose ``pytorch_model.bin`` would
+write a marker file if it were unpickled exit with status 2 and one stderr line
+``prog: error: ...``, and the marker never appears."""
+
+from __future__ import annotations
+
+import builtins
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class _Payload:
+    """Unpickling this calls open(marker, "w"): the file appears if the pickle's code runs."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (builtins.open, (self.marker, "w"))
+
+
+def _planted(tmp_path: Path) -> tuple[Path, Path]:
+    """(a BERT folder whose pytorch_model.bin carries the payload, the payload's marker)."""
+    import transformers
+
+    folder, marker = tmp_path / "evil", tmp_path / "pwned"
+    transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
+                            num_attention_heads=2, intermediate_size=32).save_pretrained(folder)
+    torch.save({"embeddings.word_embeddings.weight": _Payload(marker)},
+               folder / "pytorch_model.bin")
+    return folder, marker
+
+
+def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": "",
+           "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=240)
+
+
+@pytest.mark.parametrize("program", ["simcse.py", "contrastive-sts-eval"])
+def test_a_planted_pickle_is_refused_in_one_line(tmp_path: Path, program: str) -> None:
+    folder, marker = _planted(tmp_path)
+    if program == "simcse.py":
+        args = [str(ROOT / "recipes" / "simcse.py"), "--encoder", f"hf:{folder}", "--steps", "1",
+                "--output-dir", str(tmp_path / "run")]
+    else:
+        args = ["-m", "contrastive.eval.sts", "--model", str(folder)]
+    done = _run(args, tmp_path)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith(f"{program}: error: "), done.stderr[-2000:]
+    assert "pytorch_model.bin" in lines[0] and "refused" in lines[0]
+    assert not marker.exists()
+    assert not (tmp_path / "run").exists()  # refused before the run folder
