@@ -243,10 +243,12 @@ class LearningRuns:
     idle (single-threaded Python, waits on other programs) and the checks that read them wait
     only for what is left. Each run is pinned to one thread, so neither the load nor the runs
     beside it change a figure. A test module declares what its selected tests need with
-    ``planned_runs(item) -> [(key, program, args)]``: ``program`` a recipe's name
+    ``planned_runs(item) -> [(key, program, args, cpu_s)]``: ``program`` a recipe's name
     (``recipes/<name>.py``) or the path of a ``.py`` script; each is started as
-    ``python program *args --output-dir DIR``. ``get(key)`` waits for that run and returns DIR
-    (a failed run raises in the tests that use it)."""
+    ``python program *args --output-dir DIR``; ``cpu_s`` is the run's measured CPU seconds
+    alone (nice 5, one thread, AVX2 kind), by which the session starts the longest runs first,
+    so that the last one to finish is a short one. ``get(key)`` waits for that run and returns
+    DIR (a failed run raises in the tests that use it)."""
 
     def __init__(self, root: Path, nice: int = 10) -> None:
         self.root, self.nice = root, nice
@@ -319,7 +321,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             planned += plan(item)
     if planned:
         runs = _SESSION["runs"] = LearningRuns(Path(tempfile.mkdtemp(prefix="learning-")))
-        for key, program, args in planned:
+        for key, program, args, _ in sorted(planned, key=lambda plan: -plan[3]):  # longest first
             runs.submit(key, program, args)
 
 

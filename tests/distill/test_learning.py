@@ -140,11 +140,14 @@ LIGHT = dict(teacher_widths=(16, 32, 64, 128), student_widths=(8, 16, 32, 64), t
              distill_steps=150)
 
 
-def planned_runs(item: pytest.Item) -> list[tuple[str, str, list[str]]]:
+CPU_S = 24.0  # the light run's CPU seconds (one thread)
+
+
+def planned_runs(item: pytest.Item) -> list[tuple[str, str, list[str], float]]:
     """The light check runs as this file's program in the session's ``learning_runs`` pool
     (tests/conftest.py): one thread, in the background, while other tests run."""
     light = item.name == "test_cosnce_distillation_learns_light"
-    return [("cosnce-light", __file__, [])] if light else []
+    return [("cosnce-light", __file__, [], CPU_S)] if light else []
 
 
 def test_cosnce_distillation_learns_light(learning_runs) -> None:

@@ -226,12 +226,25 @@ def _plan(key: Key) -> tuple[Key, str, list[str]]:
     return key, recipe, [*BUDGET, *extra, "--seed", str(seed)]
 
 
-def planned_runs(item: pytest.Item) -> list[tuple[Key, str, list[str]]]:
+# recipe -> seconds of one BUDGET run, for the pool's order (the longest first): the docstring's
+# "Cost" (1 thread, two runs at once on 2 cores: about CPU seconds); 0 where not measured
+# (started after the rest). A longer run costs in proportion to its epochs.
+CPU_S: dict[str, float] = {"supcon_cifar": 63.0, "barlow_twins_cifar": 100.0,
+                           "vicreg_cifar": 127.0, "simsiam_cifar": 83.0}
+
+
+def _cpu_s(key: Key) -> float:
+    recipe, _, extra = key
+    epochs = float(extra[extra.index("--epochs") + 1]) if "--epochs" in extra else 2.0
+    return CPU_S.get(recipe, 0.0) * epochs / 2
+
+
+def planned_runs(item: pytest.Item) -> list[tuple[Key, str, list[str], float]]:
     """What the session's ``learning_runs`` pool (tests/conftest.py) starts for a
-    selected test of this file. Each run has one thread (OMP_NUM_THREADS=1, whatever the
-    caller's environment says): float reductions depend on the thread count, and every MEASURED
-    figure was taken at 1 thread."""
-    return [_plan(key) for key in _keys(item)]
+    selected test of this file, with each run's CPU seconds. Each run has one thread
+    (OMP_NUM_THREADS=1, whatever the caller's environment says): float reductions depend on the
+    thread count, and every MEASURED figure was taken at 1 thread."""
+    return [(*_plan(key), _cpu_s(key)) for key in _keys(item)]
 
 
 class Runs:

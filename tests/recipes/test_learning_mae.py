@@ -64,7 +64,10 @@ def unpacked_cifar(tar_path: Path) -> Path:
     return unpack_image_folder(tar_path, cache / "cifar10-jpeg")
 
 
-def planned_runs(item: pytest.Item) -> list[tuple[str, str, list[str]]]:
+CPU_S = 590.0  # one run's seconds, two at a time at load 5-6 (29.5 minutes for the six)
+
+
+def planned_runs(item: pytest.Item) -> list[tuple[str, str, list[str], float]]:
     """MAE and the copy task for each seed, started by the session's ``learning_runs`` pool (one
     thread each, as many at a time as there are cores); none without the real data (the test
     then skips)."""
@@ -72,7 +75,7 @@ def planned_runs(item: pytest.Item) -> list[tuple[str, str, list[str]]]:
         return []
     data = f"imagefolder:{unpacked_cifar(SHARED)}"
     return [(f"mae-{loss_on}-{seed}", "mae_cifar",
-             ["--data", data, *ARGS, "--loss-on", loss_on, "--seed", str(seed)])
+             ["--data", data, *ARGS, "--loss-on", loss_on, "--seed", str(seed)], CPU_S)
             for seed in SEEDS for loss_on in LOSS_ON]
 
 
