@@ -27,7 +27,7 @@ class _Cfg(TrainConfig):
     save_every_epochs: int = 0
 
 
-def _moco(cfg=None, split_bn: int = 0):
+def _moco(cfg=None, data=None, *, split_bn: int = 0):
     from contrastive.methods import MoCo
 
     return MoCo(encoder="small_cnn", version=2, dim=16, mlp_hidden=32, queue_size=64,
