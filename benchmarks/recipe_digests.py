@@ -27,6 +27,9 @@ what ran before it). ``--extra '--flag value'`` appends arguments to each recipe
 brings the old behaviour back: its digests against the saved ones; with ``--check`` only, never
 ``--out``).
 
+``results/recipe_digests_avx2.json`` is the same baseline made on the AVX2 kind (AMD EPYC Zen 3,
+torch 2.14.1) at main ab30eff, before issue 48's refactoring; every step of it checked against it.
+
 The digests hold only on the machine kind that made them: fp32 kernels round differently on
 another CPU (AVX2 vs AVX-512) or another torch, so the file records both (``cpu``, ``torch``) and
 ``--check`` against a file from another refuses, saying how to make a baseline here.
