@@ -51,7 +51,7 @@ def main(argv: list[str]) -> None:
     from contrastive.augment import get_pipeline
     from contrastive.data import get_dataset, num_classes
     from contrastive.engine import run
-    from contrastive.engine.evaluators import KNNEvaluator
+    from contrastive.engine.kits.image import KNNEvaluator
 
     recipe, args = argv[0], argv[1:]
     mod = load_recipe(recipe)

@@ -69,11 +69,13 @@ class FinetuneConfig(LabelledTextConfig):
 
 def make() -> tuple[type[FinetuneConfig], Any, LabelledTextAdapter]:
     """(config class, build_method, adapter): what ``run`` needs (tests call it too)."""
-    return FinetuneConfig, build_method, LabelledTextAdapter(model_folder)
+    return FinetuneConfig, build_method, LabelledTextAdapter(model_folder,
+                                                             weights_folder=model_folder)
 
 
 def model_folder(cfg: FinetuneConfig) -> str | None:
-    """The ``hf:`` model's folder (its tokenizer), or None for a BERT from sizes."""
+    """The ``hf:`` model's folder (its tokenizer and the starting weights), or None for a BERT
+    from sizes."""
     return hf_folder(cfg.model)
 
 

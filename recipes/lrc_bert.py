@@ -103,10 +103,16 @@ class LRCBertConfig(LabelledTextConfig):
 
 def make() -> tuple[type[LRCBertConfig], Any, LabelledTextAdapter]:
     """(config class, build_method, adapter): what ``run`` needs (tests call it too). The
-    tokenizer is the teacher's; the adapter loads the teacher and :func:`check_teacher` checks
-    it against the task."""
+    tokenizer is the teacher's; the adapter checks the ``--student hf:`` folder's weights, loads
+    the teacher and :func:`check_teacher` checks it against the task."""
     return LRCBertConfig, build_method, LabelledTextAdapter(
-        teacher_folder, teacher_folder=teacher_folder, check_teacher=check_teacher)
+        teacher_folder, weights_folder=student_folder, teacher_folder=teacher_folder,
+        check_teacher=check_teacher)
+
+
+def student_folder(cfg: LRCBertConfig) -> str | None:
+    """The ``--student hf:`` folder (a pretrained start), or None for a BERT from sizes."""
+    return hf_folder(cfg.student)
 
 
 def teacher_folder(cfg: LRCBertConfig) -> str:

@@ -124,6 +124,10 @@ class SimCSEConfig(BertSizes, TextConfig):
             if not getattr(self, name):
                 setattr(self, name, value)
 
+    def model_info(self) -> dict[str, Any]:
+        """``model/simcse.json`` records the preset (``--mode``)."""
+        return {"mode": self.mode}
+
     def validate(self) -> None:
         """The text checks, the encoder's name and the BERT's sizes."""
         super().validate()

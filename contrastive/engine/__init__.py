@@ -10,23 +10,23 @@ the paper's hyper-parameters (a :class:`TrainConfig` subclass) plus one call::
     run(MyConfig, build_method, adapter=LabelledTextAdapter(model_folder))  # labelled text
 
 - :mod:`~contrastive.engine.config`: dataclass -> argparse, every field a flag
-  (:class:`RunConfig` what every run has; :class:`TrainConfig` images, :class:`ImageTextConfig`
-  image-text pairs, :class:`TextConfig` sentences and :class:`LabelledTextConfig` labelled
-  sentences / pairs, on :class:`TextRunConfig`'s text fields); :func:`run`, and :func:`cli` /
-  :func:`bad_input` for recipes that read their own input first (one-line errors);
-- :mod:`~contrastive.engine.adapters`: the data seam (data set, batch on the device,
-  throughput unit, default evaluators and artefacts) a recipe chooses;
+  (:class:`RunConfig`, what every run has; fields declared with :mod:`~contrastive.engine.fields`);
+  :func:`run`, and :func:`cli` / :func:`bad_input` for recipes that read their own input first
+  (one-line errors);
+- :mod:`~contrastive.engine.kits`: one kit per modality, each its configuration, data adapter,
+  evaluators and artefacts in one module (:class:`TrainConfig` images, :class:`DualEncoderConfig`
+  image-text pairs, :class:`TextConfig` sentences, :class:`LabelledTextConfig` labelled
+  sentences / pairs); the engine sees them through :class:`DataAdapter`;
 - :mod:`~contrastive.engine.handoff`: :class:`DataInfo`, what the method is given of the data
   (steps per epoch, batch geometry, tokenizer, task, teacher ...);
-- :mod:`~contrastive.engine.evaluators`: monitors (kNN, ``contrastive-knn-eval``'s computation;
-  zero-shot and retrieval; STS Spearman; the GLUE dev metric), keep-best;
+- :mod:`~contrastive.engine.evaluators`: the monitors' protocol (each kit has its own: kNN,
+  zero-shot and retrieval, STS Spearman, the GLUE dev metric) and keep-best;
 - :mod:`~contrastive.engine.optim`: SGD / AdamW / LARS with bias and norm parameters excluded;
 - :mod:`~contrastive.engine.schedules`: lr schedules as plain functions of the step;
 - :mod:`~contrastive.engine.loader`: deterministic, resumable data order (built on the seeded
   loader stack of :mod:`contrastive.data.loader`);
 - :mod:`~contrastive.engine.checkpoint`: atomic checkpoints in safe formats (safetensors,
   ``weights_only`` torch files, JSON with each file's hash), compatibility and exactness checks;
-- :mod:`~contrastive.engine.probe`: the online linear probe, the image runs' step hook;
 - :mod:`~contrastive.engine.trainer`: the loop, told top to bottom, with its pieces in
   :mod:`~contrastive.engine.setup` (set-up), :mod:`~contrastive.engine.step` (the step),
   :mod:`~contrastive.engine.run_log` (metrics.jsonl) and :mod:`~contrastive.engine.stop`
@@ -38,14 +38,6 @@ What a run leaves on disk (``encoder.pt``, the run-folder layout) is defined in
 :mod:`contrastive.records`, which evaluation reads.
 """
 
-from contrastive.engine.adapters import (
-    DataAdapter,
-    ImageAdapter,
-    ImageTextAdapter,
-    LabelledTextAdapter,
-    TextAdapter,
-    dual_encoder_kwargs,
-)
 from contrastive.engine.checkpoint import (
     IncompatibleCheckpointError,
     ResumeMismatchError,
@@ -53,24 +45,32 @@ from contrastive.engine.checkpoint import (
     model_signature,
 )
 from contrastive.engine.config import (
+    RunConfig,
+    config_from_dict,
+    config_to_dict,
+    parse_config,
+)
+from contrastive.engine.evaluators import Evaluator
+from contrastive.engine.fields import help_field, override
+from contrastive.engine.handoff import DataInfo, data_info
+from contrastive.engine.kits import (
     BertSizes,
     CifarConfig,
+    DataAdapter,
     DIMConfig,
     DualEncoderConfig,
+    ImageAdapter,
+    ImageTextAdapter,
     ImageTextConfig,
+    LabelledTextAdapter,
     LabelledTextConfig,
-    RunConfig,
+    TextAdapter,
     TextConfig,
     TextRunConfig,
     TrainConfig,
-    config_from_dict,
-    config_to_dict,
-    help_field,
-    override,
-    parse_config,
+    dual_encoder_kwargs,
 )
-from contrastive.engine.evaluators import Evaluator, GlueEvaluator
-from contrastive.engine.handoff import DataInfo, data_info
+from contrastive.engine.kits.labelled_text import GlueEvaluator
 from contrastive.engine.optim import build_optimizer, param_groups
 from contrastive.engine.run import bad_input, cli, run, setup_logging
 from contrastive.engine.schedules import cosine_lr, linear_lr, lr_at, scaled_lr, step_lr

@@ -1,12 +1,14 @@
 """Training configuration: one dataclass, every field a command-line flag.
 
-A recipe subclasses :class:`RunConfig` (what every run has) or, on images, :class:`TrainConfig`
-(plus the image fields), sets the paper's values as defaults (:func:`override`: a declared
-field's choices and help are kept, so each choice list has one home) and adds the method's own
-fields (:func:`help_field`); :func:`parse_config` turns the dataclass into an ``argparse``
-parser where every field ``foo_bar`` is ``--foo-bar`` (``--foo_bar`` works too), ``--help``
-lists each field with its default, and an unknown flag is an error that names the closest
-field.
+:class:`RunConfig` holds what every run has. A recipe subclasses its kit's configuration
+(:mod:`contrastive.engine.kits`: ``TrainConfig`` on images, ``DualEncoderConfig`` on image-text
+pairs, ``TextConfig`` on sentences, ``LabelledTextConfig`` on labelled text), sets the paper's
+values as defaults (:func:`~contrastive.engine.fields.override`: a declared field's choices and
+help are kept, so each choice list has one home) and adds the method's own fields
+(:func:`~contrastive.engine.fields.help_field`); :func:`parse_config` turns the dataclass into
+an ``argparse`` parser where every field ``foo_bar`` is ``--foo-bar`` (``--foo_bar`` works
+too), ``--help`` lists each field with its default, and an unknown flag is an error that names
+the closest field.
 
 Field help comes from ``field(metadata={"help": ...})``; booleans take ``--flag`` /
 ``--no-flag`` or ``--flag true|false``; tuples take several values (``--lr-milestones 120 160``).
@@ -24,16 +26,15 @@ import types
 import typing
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeVar
 
 from contrastive.engine.compat import RENAMED_FIELDS, renamed_to
+from contrastive.engine.fields import field_options, help_field
 from contrastive.hardware import PRECISIONS
 
-__all__ = ["RunConfig", "TrainConfig", "ImageTextConfig", "TextRunConfig", "TextConfig",
-           "BertSizes", "LabelledTextConfig", "CifarConfig", "SCHEDULES", "parse_config",
-           "config_to_dict", "config_from_dict", "help_field", "override", "field_options",
-           "parse_json_object"]
+__all__ = ["RunConfig", "SCHEDULES", "parse_config", "config_to_dict", "config_from_dict",
+           "parse_json_object", "as_flag"]
 
 C = TypeVar("C", bound="RunConfig")
 
@@ -41,78 +42,13 @@ C = TypeVar("C", bound="RunConfig")
 SCHEDULES = ("cosine", "linear", "step", "constant")
 
 
-def help_field(default: Any, help: str, **kwargs: Any) -> Any:
-    """A new field: ``dataclasses.field`` with a help text (shown by ``--help``) and options
-    such as ``choices``. A subclass changes a field its base declares with :func:`override`."""
-    _check_default(default)
-    return field(default=default, metadata={"help": help, **kwargs})
-
-
-def override(default: Any, note: str = "", *, only: tuple[Any, ...] = (), why: str = "") -> Any:
-    """A subclass's default for a field that a base configuration declares, keeping the base's
-    choices and help (each choice list is written once, where the field is declared).
-
-    ``note`` says what the new default is (``--help`` shows it before the base's help). ``only``
-    narrows the choices to a subset, for a recipe that cannot run the others; ``why`` (required
-    with ``only``) says why, in ``--help``. A bare new
-    default (``batch_size: int = 128``) also keeps the base's choices and help.
-
-        lr_schedule: str = override("linear", "BERT's: linear decay to 0 after the warm-up")
-    """
-    _check_default(default)
-    if bool(only) != bool(why):
-        raise TypeError("override: narrowing the choices (only=...) needs why=..., the reason")
-    return field(default=default, metadata={"note": note, "only": tuple(only), "why": why})
-
-
-def _check_default(default: Any) -> None:
-    if isinstance(default, (list, dict, set)):
-        raise TypeError("use a tuple for sequence defaults (dataclass fields must be immutable)")
-
-
-def field_options(cls: type, name: str) -> dict[str, Any]:
-    """The command-line options of field ``name`` of ``cls`` (``help``, ``choices``): those of
-    the class that declares it first, with each subclass's :func:`override` applied (its note
-    before the declared help, its narrowed choices and their reason). A subclass that declares
-    the field again with :func:`help_field` is refused: it would drop or copy the choices."""
-    options: dict[str, Any] = {}
-    for klass in reversed(cls.__mro__):
-        f = vars(klass).get("__dataclass_fields__", {}).get(name)
-        if f is None or name not in vars(klass).get("__annotations__", {}):
-            continue  # klass inherits the field or does not have it
-        meta = dict(f.metadata)
-        if not options and "note" in meta:
-            raise TypeError(f"{klass.__qualname__}.{name}: override() changes a field that a "
-                            "base configuration declares, and none does: use help_field")
-        if not options:
-            options = meta or {"help": ""}
-        elif "help" in meta:
-            raise TypeError(f"{klass.__qualname__}.{name} declares a field that a base "
-                            f"configuration declares: write `{name}: ... = override(default, "
-                            "note)`, which keeps its choices and help")
-        elif meta:
-            declared = options.get("declared_help", options["help"])
-            options["declared_help"] = declared
-            note = meta["note"].rstrip(".")
-            options["help"] = f"{note}. {declared}" if note else declared
-            if meta["only"]:
-                base = options.get("choices")
-                if base is not None and not set(meta["only"]) <= set(base):
-                    raise TypeError(f"{klass.__qualname__}.{name}: only={meta['only']} is not a "
-                                    f"subset of the declared choices {tuple(base)}")
-                options["choices"] = meta["only"]
-                options["help"] += f" (here only {' | '.join(map(str, meta['only']))}: " \
-                                   f"{meta['why']})"
-    return options
-
-
 @dataclass
 class RunConfig:
     """Fields every run has, whatever it trains on (images, text, image-text pairs).
 
-    Image recipes subclass :class:`TrainConfig` (these fields plus the image ones: encoder, crop
-    size, augmentation path, kNN monitor, online probe); text and image-text recipes subclass
-    this class with their own fields, so they carry no image fields.
+    Each kit (:mod:`contrastive.engine.kits`) subclasses it with its modality's fields (the
+    image kit's ``TrainConfig``: encoder, crop size, augmentation path, kNN monitor, online
+    probe), so text and image-text runs carry no image fields.
 
     Budget: ``--epochs`` or ``--steps`` (optimiser steps; when set it is the budget and the
     schedules follow it, and ``--epochs`` is unused). ``--epochs`` given on the command line (or
@@ -284,11 +220,11 @@ class RunConfig:
         """Raise ``ValueError`` naming the field for values that can never work."""
         for name in ("epochs", "batch_size", "grad_accum_steps", "log_every", "keep_last"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
+                raise ValueError(f"--{as_flag(name)} must be positive, got {getattr(self, name)}")
         for name in ("steps", "max_steps", "num_workers", "save_every_steps",
                      "save_every_epochs", "warmup_epochs", "warmup_steps", "grad_cache_chunk"):
             if getattr(self, name) < 0:
-                raise ValueError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
+                raise ValueError(f"--{as_flag(name)} must be >= 0, got {getattr(self, name)}")
         if self.lr < 0 or self.weight_decay < 0:
             raise ValueError(f"--lr and --weight-decay must be >= 0, got {self.lr}, "
                              f"{self.weight_decay}")
@@ -312,392 +248,21 @@ class RunConfig:
                              "--data /path/to/imagenet)")
 
 
-@dataclass
-class TrainConfig(RunConfig):
-    """A run on images: the fields every run has (:class:`RunConfig`) and the image ones.
-    Image recipes subclass it and change defaults / add fields."""
-
-    encoder: str = help_field("cifar_resnet18", "backbone name for create_encoder (timm:<m>, "
-                              "torchvision:<m>, cifar_resnet18, cifar_resnet50, small_cnn)")
-    encoder_kwargs: str = help_field(
-        "", "create_encoder keyword arguments as a JSON object, e.g. a ViT at 32 px: "
-        "'{\"img_size\": 32, \"patch_size\": 8}' (recorded in encoder.pt for evaluation)")
-    image_size: int = help_field(224, "training crop size in pixels")
-    batched_augment: str = help_field(
-        "auto", "where the colour/blur/flip/normalise part of the augmentation runs: 'on' = "
-        "batched on the training device (workers only decode + crop to uint8), 'off' = per "
-        "image in the loader workers, 'auto' = on (faster on the CPU and the GPU alike)",
-        choices=("auto", "on", "off"),
-    )
-    channels_last: bool | None = help_field(
-        None, "channels_last memory format for convnets (faster on GPUs, and on AVX-512 CPUs with "
-        "torch 2.14: +10 %% measured; not with split BN, which works in NCHW). Unset: on for "
-        "CUDA devices unless the recipe uses split BN, off on the CPU; config.json records the "
-        "resolved value")
-    pass_indices: bool = help_field(
-        False, "MoCo recipes: store each queued key's data-set index beside it (queue_labels; "
-        "the method then needs batch['indices']): diagnostics, tests")
-    decode: str = help_field(
-        "worker", "where JPEGs are decoded: 'worker' = in the loader workers (libjpeg-turbo), "
-        "'device' = on the training device in one batched call per step (nvJPEG on CUDA through "
-        "torchvision; the workers only read the file bytes and draw the crop boxes); needs "
-        "--batched-augment on/auto", choices=("worker", "device"))
-
-    # --- online kNN monitor ---------------------------------------------------------------
-    knn_every: int = help_field(0, "weighted-kNN top-1 on the held-out labelled split every N "
-                                "epochs (0 = off; also off when the data has no labels)")
-    knn_at_start: bool = help_field(True, "also measure kNN before training (random init)")
-    knn_k: int = help_field(200, "kNN neighbours")
-    knn_t: float = help_field(0.1, "kNN temperature: weights exp(sim / t)")
-    knn_max_train: int = help_field(0, "memory-bank images for kNN (0 = whole train split)")
-    knn_max_test: int = help_field(0, "held-out images for kNN (0 = whole split)")
-    knn_feature: str = help_field("backbone", "kNN on 'backbone' features or the method's "
-                                  "'head' output when it has one", choices=("backbone", "head"))
-    online_probe: bool = help_field(
-        False, "train a linear classifier on detached backbone features of the first view beside "
-        "the method (its own SGD; the encoder is untouched) and log its top-1 on each batch "
-        "before it learns from it (probe_top1); costs one extra forward pass per step")
-    probe_lr: float = help_field(0.1, "online probe: SGD learning rate (momentum 0.9, no decay)")
-
-    def encoder_options(self) -> dict[str, Any]:
-        """Keyword arguments the recipe passes to ``create_encoder`` beyond the name: the
-        ``--encoder-kwargs`` JSON (recipes may add their own fields); recorded in ``encoder.pt``
-        so that evaluation rebuilds the same architecture."""
-        return parse_json_object("encoder_kwargs", self.encoder_kwargs)
-
-    def validate(self) -> None:
-        """The checks of every run, and the image fields'."""
-        super().validate()
-        for name in ("image_size", "knn_k"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
-        for name in ("knn_every", "knn_max_train", "knn_max_test"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
-        if self.decode == "device" and self.batched_augment == "off":
-            raise ValueError("--decode device needs the batched augmentation: use --batched-augment "
-                             "on (or auto) with it, or --decode worker with --batched-augment off")
-        self.encoder_options()  # a bad --encoder-kwargs JSON fails here
-
-
-@dataclass
-class ImageTextConfig(RunConfig):
-    """A run on image-text pairs (CLIP): the fields every run has and the image tower's name,
-    options and crop size, and the zero-shot / retrieval evaluator's cadence. No augmentation,
-    kNN or probe fields: the images are centre crops (captions name colour and position)."""
-
-    data: str = override(
-        "shapes-captions", "image-text data spec: shapes-captions[:n=..,size=..] | "
-        "captions:ROOT (images + captions.tsv/.jsonl) | wds-captions:DIR (.jpg + .txt shards)")
-    encoder: str = help_field("small_cnn", "image backbone name for create_encoder")
-    encoder_kwargs: str = help_field("", "create_encoder keyword arguments as a JSON object")
-    image_size: int = help_field(32, "centre-crop size in pixels (shorter side resized to it)")
-    eval_every: int = help_field(
-        0, "zero-shot top-1 and retrieval recall every N optimiser steps (0 = at the end only)")
-    eval_at_start: bool = help_field(False, "also evaluate before training (random init)")
-    eval_max: int = help_field(1000, "held-out pairs the evaluator uses (0 = no evaluator)")
-
-    def encoder_options(self) -> dict[str, Any]:
-        """The ``--encoder-kwargs`` JSON (recorded in ``encoder.pt`` and ``clip.pt``)."""
-        return parse_json_object("encoder_kwargs", self.encoder_kwargs)
-
-    def validate(self) -> None:
-        """The checks of every run, a positive crop size and a valid ``--encoder-kwargs``."""
-        super().validate()
-        if self.image_size <= 0 or self.eval_every < 0 or self.eval_max < 0:
-            raise ValueError("--image-size must be positive, --eval-every and --eval-max >= 0")
-        self.encoder_options()
-
-
-@dataclass
-class BertSizes:
-    """The sizes of a BERT built from a configuration (random weights: a recipe's model named
-    ``bert``), one spelling in every recipe; :meth:`bert_sizes` hands them to
-    :func:`contrastive.nn.text_encoders.text_encoder` (or ``bert_options``). Declared here once
-    for the text and image-text configurations (the recipes :func:`override` the defaults)."""
-
-    layers: int = help_field(12, "layers of a 'bert' model (random weights; an hf: folder has "
-                             "its own sizes)")
-    hidden: int = help_field(768, "bert: hidden size")
-    heads: int = help_field(12, "bert: attention heads")
-    intermediate_size: int = help_field(0, "bert: feed-forward width (0 = 4 x hidden)")
-    dropout: float = help_field(0.1, "bert: dropout of the hidden states and the attention "
-                                "(BERT 0.1)")
-
-    def bert_sizes(self) -> dict[str, Any]:
-        """The sizes as :func:`~contrastive.nn.text_encoders.bert_options` takes them."""
-        return dict(layers=self.layers, hidden=self.hidden, heads=self.heads,
-                    intermediate_size=self.intermediate_size, dropout=self.dropout)
-
-    def check_bert_sizes(self) -> None:
-        """Positive sizes (``--intermediate-size`` >= 0) and a dropout in [0, 1)."""
-        for name in ("layers", "hidden", "heads"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
-        if self.intermediate_size < 0:
-            raise ValueError(f"--intermediate-size must be >= 0 (0 = 4 x hidden), got "
-                             f"{self.intermediate_size}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
-
-
-@dataclass
-class DualEncoderConfig(BertSizes, ImageTextConfig):
-    """An image tower and a text tower trained on image-caption pairs at CPU scale (the CLIP
-    family: recipes/clip.py, recipes/siglip.py): the schedule both recipes share (so that the
-    methods compare on the same budget) and the text tower's sizes (:class:`BertSizes`: the
-    image tower has none of its own, it is sized by ``--encoder`` / ``--encoder-kwargs``). A
-    recipe adds its loss's fields and builds its method from :func:`~contrastive.engine.adapters.dual_encoder_kwargs`."""
-
-    steps: int = override(300, "optimiser steps (the budget the schedule follows); "
-                          "--steps 0 --epochs N for an epoch budget")
-    batch_size: int = 128
-    optimizer: str = override("adamw", "AdamW with decoupled weight decay (CLIP)")
-    lr: float = 2e-3
-    lr_scaling: str = override("none", "lr is absolute")
-    weight_decay: float = override(0.1, "CLIP uses 0.2 at scale; 0.1 at this size")
-    betas: tuple[float, float] = override((0.9, 0.98), "CLIP's AdamW betas")
-    warmup_steps: int = 50
-    save_every_steps: int = 100
-    num_workers: int = 0
-    log_every: int = 50
-    # model
-    dim: int = help_field(64, "shared embedding width")
-    layers: int = override(2, "the text tower")
-    hidden: int = override(64, "the text tower")
-    heads: int = override(2, "the text tower")
-
-    def validate(self) -> None:
-        """The image-text checks and the text tower's sizes."""
-        super().validate()
-        self.check_bert_sizes()
-
-
-@dataclass
-class TextRunConfig(RunConfig):
-    """What every run on text has besides :class:`RunConfig`'s fields: the tokenizer folder, the
-    sentence length, the seed of generated data and the evaluator's cadence. Its two
-    subclasses add their data: :class:`TextConfig` (sentences, SimCSE) and
-    :class:`LabelledTextConfig` (labelled sentences and pairs, GLUE)."""
-
-    data_seed: int = help_field(0, "seed of generated data (--seed drives model and order)")
-    tokenizer: str = help_field("", "folder with tokenizer.json or vocab.txt")
-    max_length: int = help_field(128, "tokens per sentence (longer ones are truncated)")
-    eval_every: int = help_field(0, "evaluation every N optimiser steps (0 = at the end only)")
-    eval_at_start: bool = help_field(True, "also evaluate before training (random init)")
-
-    def validate(self) -> None:
-        """The checks of every run, a positive length and cadence >= 0."""
-        super().validate()
-        if self.max_length <= 0:
-            raise ValueError(f"--max-length must be positive, got {self.max_length}")
-        if self.eval_every < 0:
-            raise ValueError(f"--eval-every must be >= 0, got {self.eval_every}")
-
-
-@dataclass
-class TextConfig(TextRunConfig):
-    """A run on sentences (SimCSE): the text fields, the tokenizer (a saved one or a WordPiece
-    vocabulary trained on the training sentences) and the STS evaluator's pairs and cadence. No
-    image fields. Recipes add their data and model fields."""
-
-    data: str = override("generated", "training text (the recipe says which forms it reads)")
-    tokenizer: str = override(
-        "", "folder with tokenizer.json or vocab.txt; empty = train a WordPiece vocabulary on "
-        "the training sentences (deterministic)")
-    vocab_size: int = help_field(1000, "trained WordPiece vocabulary size")
-    eval: str = help_field(
-        "generated", "STS pairs the evaluator scores (Spearman of cosine similarities): "
-        "generated | a GLUE STS-B folder or TSV | none")
-    eval_split: str = help_field("dev", "STS-B split (dev; test has no scores)")
-    n_eval: int = help_field(2000, "generated STS pairs (the test stream, --data-seed)")
-    eval_every: int = override(0, "STS evaluation every N optimiser steps (0 = at the end only)")
-
-    def validate(self) -> None:
-        """The checks of every text run, and positive sizes."""
-        super().validate()
-        for name in ("vocab_size", "n_eval"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
-
-
-@dataclass
-class LabelledTextConfig(BertSizes, TextRunConfig):
-    """A run on labelled sentences or sentence pairs (fine-tuning an encoder with a prediction
-    layer, distilling one): the task (GLUE, read from ``--glue-dir``, or a generated one), the
-    sizes of a BERT built from a configuration, and BERT's fine-tuning optimiser (Devlin et al.
-    2019, sec. A.3; the authors' google-research/bert ``run_classifier.py`` and
-    ``optimization.py``): AdamW (betas 0.9 / 0.999; eps 1e-8, torch's and the Hugging Face
-    Trainer's, where the authors' TensorFlow code has 1e-6), linear warm-up over
-    ``--warmup-fraction`` (``warmup_proportion`` 0.1) of the steps then linear decay to 0,
-    weight decay 0.01 except biases and LayerNorm, gradient norm clipped to 1.0. The evaluator
-    is the task's official dev metric (``glue_*`` in metrics.jsonl). The recipes set the model
-    flags' names and sizes."""
-
-    data: str = override("task", "the training data are --task's (and --glue-dir's)",
-                         only=("task",), why="--task and --glue-dir name the data")
-    task: str = help_field("generated", "a GLUE task (sst2, mnli, stsb, ...; with --glue-dir) "
-                           "or generated | generated-nli | generated-sts")
-    glue_dir: str = help_field("", "folder of the GLUE TSV files (glue_data: SST-2/, MNLI/ ...)")
-    n_train: int = help_field(4000, "generated task: training examples")
-    n_dev: int = help_field(1000, "generated task: dev examples (the independent test stream)")
-    train_rows: int = help_field(0, "GLUE: train on a stratified subset of this many training "
-                                 "rows (0 = all; drawn with --data-seed)")
-    held_out: int = help_field(0, "GLUE: hold this many training rows out (stratified, "
-                               "--data-seed), never trained on")
-    eval_on: str = help_field("dev", "what the GLUE evaluator scores: dev | held_out (the "
-                              "held-out training rows: choose hyper-parameters there, report dev)",
-                              choices=("dev", "held_out"))
-    tokenizer: str = override(
-        "", "folder with tokenizer.json or vocab.txt; empty = the model folder's, or the "
-        "generated tasks' own WordPiece")
-    keep_layers: str = help_field(
-        "", "hf: model: keep only these 0-based layers, e.g. 1,3,5 (a student initialised from "
-        "a deeper model's layers, as DistilBERT's)")
-    dropout: float = override(0.1, "also the prediction layer's")
-    eval_at_start: bool = override(False, "also evaluate before training")
-    # BERT fine-tuning (Devlin et al. 2019; the Hugging Face Trainer's AdamW)
-    steps: int = override(1000, "optimiser steps (the budget; 0 = --epochs decide: "
-                          "--steps 0 --epochs N)")
-    batch_size: int = override(32, "GLOBAL examples per optimiser step")
-    optimizer: str = override("adamw", "AdamW (BERT's)")
-    lr: float = override(2e-5, "peak AdamW learning rate, absolute")
-    lr_scaling: str = override("none", "lr is absolute")
-    lr_schedule: str = override("linear", "linear decay to 0 after the warm-up (BERT's)")
-    warmup_fraction: float = help_field(
-        0.1, "linear warm-up over this fraction of the budget (sets --warmup-steps, or "
-        "--warmup-epochs with an --epochs budget, when those are 0)")
-    weight_decay: float = override(0.01, "AdamW weight decay (none on biases and LayerNorm)")
-    clip_grad_norm: float = override(1.0, "max gradient norm (0 = off)")
-    num_workers: int = override(0, "loader workers (tokenising is cheap: 0 = in the main "
-                                "process)")
-    log_every: int = 50
-
-    derived_fields: ClassVar[tuple[str, ...]] = ("warmup_steps", "warmup_epochs")
-
-    def __post_init__(self) -> None:
-        """``--warmup-fraction`` into the engine's warm-up in steps (or epochs)."""
-        if self.warmup_fraction > 0 and not (self.warmup_steps or self.warmup_epochs):
-            if self.steps:
-                self.warmup_steps = int(self.warmup_fraction * self.steps)
-            else:
-                self.warmup_epochs = self.warmup_fraction * self.epochs
-
-    def validate(self) -> None:
-        """The checks of every text run, the sizes and the warm-up fraction."""
-        super().validate()
-        if not 0.0 <= self.warmup_fraction < 1.0:
-            raise ValueError(f"--warmup-fraction must be in [0, 1), got {self.warmup_fraction}")
-        self.check_bert_sizes()
-        for name in ("n_train", "n_dev"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"--{_flag(name)} must be positive, got {getattr(self, name)}")
-        if self.train_rows < 0 or self.held_out < 0:
-            raise ValueError(f"--train-rows and --held-out must be >= 0, got {self.train_rows}, "
-                             f"{self.held_out}")
-        if self.keep_layers and not all(p.strip().isdigit() for p in self.keep_layers.split(",")):
-            raise ValueError(f"--keep-layers must be 0-based layer numbers like 1,3,5, got "
-                             f"{self.keep_layers!r}")
-        if self.eval_on == "held_out" and not self.held_out:
-            raise ValueError("--eval-on held_out needs --held-out N (training rows to hold out)")
-
-
-@dataclass
-class CifarConfig(TrainConfig):
-    """The CIFAR-10 training setup that solo-learn's configurations share (vturrisi/solo-learn,
-    ``scripts/pretrain/cifar/*.yaml``), the source of our CIFAR recipes where a paper gives none:
-    CIFAR-stem ResNet-18 at 32 px, batch 256, 1000 epochs, 10 warmup epochs then cosine, LARS
-    with trust coefficient 0.02 where a recipe picks LARS, SyncBN across GPU processes, a kNN
-    monitor every 10 epochs. Recipes subclass it with their optimiser, lr, decay and heads."""
-
-    data: str = "cifar10"
-    encoder: str = "cifar_resnet18"
-    image_size: int = 32
-    epochs: int = 1000
-    batch_size: int = 256
-    warmup_epochs: float = 10
-    lars_trust_coeff: float = override(0.02, "solo-learn: eta 0.02")
-    sync_bn: bool = override(True, "global BN across GPU processes")
-    knn_every: int = 10
-    crop_min: float = help_field(
-        0.08, "RandomResizedCrop minimum scale of the two views (solo-learn's CIFAR "
-        "configurations: 0.08, SimSiam and VICReg 0.2); 1.0 keeps the whole image (learning "
-        "checks on shapes). The multi-crop pipelines (--local-crops) keep their own scales")
-
-    #: the scales a recipe's multi-crop pipeline keeps (``--local-crops`` > 0), where it does
-    #: not read ``--crop-min``: a --crop-min given then is refused, not silently ignored
-    multicrop_scales: ClassVar[str | None] = None
-
-    def validate(self) -> None:
-        """The base checks, ``--crop-min`` in (0, 1], and no --crop-min a multi-crop pipeline
-        would ignore."""
-        super().validate()
-        if not 0.0 < self.crop_min <= 1.0:
-            raise ValueError(f"--crop-min must be in (0, 1] (a fraction of the image area), "
-                             f"got {self.crop_min}")
-        default = next(f.default for f in dataclasses.fields(self) if f.name == "crop_min")
-        if (self.multicrop_scales and getattr(self, "local_crops", 0) > 0
-                and self.crop_min != default):
-            raise ValueError(f"--crop-min {self.crop_min} is not used with --local-crops: the "
-                             f"multi-crop views keep their scales ({self.multicrop_scales}); "
-                             "drop --crop-min, or --local-crops 0 for two views")
-
-
-@dataclass
-class DIMConfig(TrainConfig):
-    """What Deep InfoMax's recipes share (Hjelm et al., ICLR 2019; the authors' rdevon/DIM):
-    Adam at a constant lr 1e-4 with cortex's betas (0.5, 0.999) and no weight decay (AdamW with
-    weight decay 0 is Adam exactly), batch 64, and the method's fields (MI units, estimator,
-    local stage). ``recipes/dim_cifar.py`` and ``recipes/dim_stl.py`` add their data and views."""
-
-    batch_size: int = override(64, "the code's batch_size=64")
-    optimizer: str = override("adamw", "Adam: AdamW with --weight-decay 0 is Adam exactly")
-    lr: float = override(1e-4, "absolute (--lr-scaling none): the code's learning_rate")
-    lr_scaling: str = override("none", "lr is absolute")
-    lr_schedule: str = override("constant", "the code keeps the lr constant")
-    weight_decay: float = override(0.0, "none in the code")
-    betas: tuple[float, float] = override((0.5, 0.999), "cortex's Adam betas")
-
-    mi_units: int = help_field(2048, "units of the MI networks (models/dim.py LocalDIM)")
-    estimator: str = help_field("infonce", "MI estimator: infonce (the paper's best DIM(L)) or "
-                                "jsd (the code's default)", choices=("infonce", "jsd"))
-    local_stage: str = help_field(
-        "auto", "stage of the local feature map: 'auto' = the encoder's own (dcgan32: 1, "
-        "dcgan64 and alexnet64: 2; other encoders: -2) or an index into its stages")
-
-    def local_stage_index(self) -> int | None:
-        """``--local-stage``: 'auto' -> None (the encoder's own), else the int stage index."""
-        if self.local_stage == "auto":
-            return None
-        try:
-            return int(self.local_stage)
-        except ValueError:
-            raise ValueError(f"--local-stage must be 'auto' or an int stage index, got "
-                             f"{self.local_stage!r}") from None
-
-    def validate(self) -> None:
-        """The base checks, a valid ``--local-stage``, ``--mi-units`` >= 1, batch >= 2."""
-        super().validate()
-        self.local_stage_index()
-        if self.mi_units < 1:
-            raise ValueError(f"--mi-units must be positive, got {self.mi_units}")
-        if self.batch_size < 2:
-            raise ValueError("--batch-size must be >= 2: DIM's negatives are the other images")
-
 
 def parse_json_object(name: str, text: str) -> dict[str, Any]:
     """``text`` (the value of field ``name``) as a JSON object; empty = {}."""
     try:
         value = json.loads(text) if text else {}
     except json.JSONDecodeError as e:
-        raise ValueError(f"--{_flag(name)} must be a JSON object, got {text!r} ({e})") from e
+        raise ValueError(f"--{as_flag(name)} must be a JSON object, got {text!r} ({e})") from e
     if not isinstance(value, dict):
-        raise ValueError(f"--{_flag(name)} must be a JSON object such as '{{\"img_size\": 32}}', "
+        raise ValueError(f"--{as_flag(name)} must be a JSON object such as '{{\"img_size\": 32}}', "
                          f"got {text!r}")
     return value
 
 
-def _flag(name: str) -> str:
+def as_flag(name: str) -> str:
+    """The command-line flag of field ``name`` (``batch_size`` -> ``batch-size``)."""
     return name.replace("_", "-")
 
 
@@ -717,8 +282,8 @@ def _new_flags(args: list[str], defaults: dict[str, Any]) -> list[str]:
         new = renamed_to(name, value if eq else (args[i + 1] if i + 1 < len(args) else ""),
                          defaults)
         if new is not None:
-            _warn_renamed(f"--{_flag(name)}", f"--{_flag(new)}", stacklevel=4)
-            out[i] = f"{prefix}{_flag(new)}{eq}{value}"
+            _warn_renamed(f"--{as_flag(name)}", f"--{as_flag(new)}", stacklevel=4)
+            out[i] = f"{prefix}{as_flag(new)}{eq}{value}"
     return out
 
 
@@ -752,7 +317,7 @@ def _add_field(parser: argparse.ArgumentParser, f: dataclasses.Field, tp: Any,
     """``--foo-bar`` / ``--foo_bar`` for field ``foo_bar`` with its ``options``
     (:func:`field_options`)."""
     name = f.name
-    flags = [f"--{_flag(name)}"]
+    flags = [f"--{as_flag(name)}"]
     if "_" in name:
         flags.append(f"--{name}")
     help_text = options.get("help", "")
@@ -763,7 +328,7 @@ def _add_field(parser: argparse.ArgumentParser, f: dataclasses.Field, tp: Any,
     if tp is bool:
         parser.add_argument(*flags, nargs="?", const=True, type=_parse_bool, metavar="BOOL",
                             help=f"{help_text} (default: {str(default).lower()})", **kwargs)
-        parser.add_argument(f"--no-{_flag(name)}", dest=f.name, action="store_false",
+        parser.add_argument(f"--no-{as_flag(name)}", dest=f.name, action="store_false",
                             default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         return
     if origin is tuple:
@@ -817,7 +382,7 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, *, prog: str |
     fields = [f for f in dataclasses.fields(cls) if f.init]
     known = []
     for f in fields:
-        known.append(f"--{_flag(f.name)}")
+        known.append(f"--{as_flag(f.name)}")
     parser = _Parser(prog=prog, description=description or (cls.__doc__ or "").strip(),
                      allow_abbrev=False,
                      formatter_class=argparse.RawDescriptionHelpFormatter, known=known)
@@ -893,11 +458,8 @@ def _underived(cls: type[C], base: dict[str, Any]) -> dict[str, Any]:
 
 def config_to_dict(cfg: RunConfig) -> dict[str, Any]:
     """Plain JSON-able dict of the fields (tuples become lists)."""
-    out = {}
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        out[f.name] = list(value) if isinstance(value, tuple) else value
-    return out
+    return {name: list(value) if isinstance(value, tuple) else value
+            for name, value in dataclasses.asdict(cfg).items()}
 
 
 def config_from_dict(cls: type[C], values: dict[str, Any], *, ignore_unknown: bool = False) -> C:

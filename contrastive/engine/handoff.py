@@ -10,9 +10,16 @@ and patch nothing onto them, and configurations stay free of I/O.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from contrastive.engine.config import RunConfig
+
+if TYPE_CHECKING:
+    from contrastive.augment.pipeline import Pipeline
+    from contrastive.data.text_tasks import TextTask
+    from contrastive.data.tokenizer import TextTokenizer
+    from contrastive.engine.kits.base import HandOff
+    from contrastive.methods.text_classifier import TextClassifier
 
 __all__ = ["DataInfo", "data_info"]
 
@@ -28,15 +35,16 @@ class DataInfo:
     micro_batch: int  # examples per process and micro-batch (accumulation splits a step)
     world_size: int  # processes
     num_classes: int | None = None  # image sets with labels; None when unlabelled
-    tokenizer: Any = None  # text and image-text: the run's tokenizer
-    task: Any = None  # labelled text: the task (labels, regression, splits)
-    teacher: Any = None  # labelled text: the teacher classifier the recipe asked for
-    pipeline: Any = None  # images: the augmentation pipeline
+    tokenizer: TextTokenizer | None = None  # text and image-text: the run's tokenizer
+    task: TextTask | None = None  # labelled text: the task (labels, regression, splits)
+    teacher: TextClassifier | None = None  # labelled text: the teacher the recipe asked for
+    pipeline: Pipeline | None = None  # images and image-text: the (augmentation) pipeline
 
 
-def data_info(cfg: RunConfig, train_size: int, world_size: int = 1, **kit: Any) -> DataInfo:
+def data_info(cfg: RunConfig, train_size: int, world_size: int = 1,
+              kit: HandOff | None = None) -> DataInfo:
     """The :class:`DataInfo` of ``train_size`` examples under ``cfg``'s batch and budget in
-    ``world_size`` processes; ``kit``: the adapter's fields (tokenizer, task, ...). A training
+    ``world_size`` processes; ``kit``: the kit's part (its adapter's ``handoff()``). A training
     set smaller than one batch is refused (the fix: a smaller ``--batch-size``)."""
     steps_per_epoch = train_size // cfg.batch_size
     if steps_per_epoch == 0:
@@ -46,5 +54,5 @@ def data_info(cfg: RunConfig, train_size: int, world_size: int = 1, **kit: Any) 
                     total_steps=cfg.steps or steps_per_epoch * cfg.epochs,
                     global_batch=cfg.batch_size,
                     micro_batch=cfg.batch_size // (world_size * cfg.grad_accum_steps),
-                    world_size=world_size, **kit)
+                    world_size=world_size, **(kit or {}))
 

@@ -19,10 +19,10 @@ from typing import Any
 
 from torch import nn
 
-from contrastive.engine.adapters import DataAdapter
 from contrastive.engine.config import RunConfig, parse_config
 from contrastive.engine.grad_cache import GradCacheError
 from contrastive.engine.handoff import DataInfo
+from contrastive.engine.kits.base import DataAdapter
 from contrastive.engine.run_folder import RunFolderError, os_error_message
 from contrastive.engine.step import ClipPartsError
 from contrastive.engine.trainer import TrainResult, train
@@ -48,7 +48,7 @@ def setup_logging(level: int = logging.INFO) -> None:
 
 def run(config_cls: type[RunConfig], build_method: Callable[[Any, DataInfo], nn.Module],
         build_pipeline: Callable[[Any], Any] | None = None, *,
-        adapter: DataAdapter | None = None, argv: Sequence[str] | None = None,
+        adapter: DataAdapter[Any] | None = None, argv: Sequence[str] | None = None,
         name: str | None = None) -> TrainResult:
     """Parse ``argv`` (default ``sys.argv[1:]``) into ``config_cls`` and :func:`train` it (on
     images augmented by ``build_pipeline``, or on what the data ``adapter`` serves).

@@ -16,11 +16,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from contrastive.engine.adapters import BATCH_KEYS
 from contrastive.engine.checkpoint import model_signature, read_meta, resolve_resume
 from contrastive.engine.config import RunConfig
 from contrastive.engine.grad_cache import GradCache, check_grad_cache
 from contrastive.engine.handoff import DataInfo, data_info
+from contrastive.engine.kits.base import BATCH_KEYS
 from contrastive.engine.loader import GlobalBatchSampler, build_train_loader
 from contrastive.engine.optim import build_optimizer
 from contrastive.engine.run_state import RUN_STATE_FILE, read_run_state
@@ -28,7 +28,9 @@ from contrastive.engine.schedules import scaled_lr
 from contrastive.hardware import resolve_precision, warn_if_emulated_bf16
 from contrastive.methods.base import encoder_of
 
-__all__ = ["reset_accelerate_state", "resolve_run_precision", "default_channels_last", "compile_encoders", "make_accelerator", "check_fresh_output_dir", "TrainData", "build_data", "Model", "build_model", "method_inputs"]
+__all__ = ["reset_accelerate_state", "resolve_run_precision", "compile_encoders",
+           "make_accelerator", "check_fresh_output_dir", "TrainData", "build_data", "Model",
+           "build_model", "method_inputs"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,13 +48,6 @@ def resolve_run_precision(cfg: RunConfig, out: Path) -> tuple[str, str]:
     if cfg.float64 and cfg.mixed_precision == "auto":
         return "no", "auto: --float64 trains in float64"
     return resolve_precision(cfg.mixed_precision, on_cpu=on_cpu, recorded=recorded)
-
-
-def default_channels_last(cfg: Any, device: torch.device) -> bool:
-    """``--channels-last`` when unset: on CUDA devices (cuDNN's fast convolution layout, the
-    tensor cores' too), except with split BN (``split_bn > 1``), which computes in NCHW and
-    would convert the layout twice per BN layer; off on the CPU."""
-    return device.type == "cuda" and getattr(cfg, "split_bn", 0) <= 1
 
 
 def reset_accelerate_state() -> None:
@@ -152,13 +147,13 @@ class TrainData:
 
 
 def build_data(cfg: RunConfig, adapter: Any, accelerator: Any) -> TrainData:
-    """The adapter's training set (:mod:`contrastive.engine.adapters`), a deterministic
+    """The kit's training set (:mod:`contrastive.engine.kits`), a deterministic
     sampler and the loader; the budget in steps (``--steps``, else ``--epochs``); the hand-off
     to the method (:class:`~contrastive.engine.handoff.DataInfo`)."""
     world, rank = accelerator.num_processes, accelerator.process_index
     accum = cfg.grad_accum_steps
     train_set: Any = adapter.train_set(cfg, accelerator)
-    info = data_info(cfg, len(train_set), world, **adapter.handoff())
+    info = data_info(cfg, len(train_set), world, adapter.handoff())
     steps_per_epoch, total_steps = info.steps_per_epoch, info.total_steps
     micro_per_epoch = steps_per_epoch * accum
     sampler = GlobalBatchSampler(len(train_set), cfg.batch_size // accum, rank=rank,
@@ -209,10 +204,14 @@ class Model:
 
 
 def build_model(cfg: RunConfig, build_method: Callable[[Any, DataInfo], nn.Module],
-                accelerator: Any, data: DataInfo, extra: tuple[str, ...] = ()) -> Model:
-    """``build_method(cfg, data)`` (seeded with ``cfg.seed``), converted for the run's options,
-    its optimiser at the scaled peak lr, both ``prepare``d. ``extra``: the data set's per-sample
-    fields beyond image and label (:func:`contrastive.engine.extras.extra_keys`)."""
+                accelerator: Any, data: DataInfo, extra: tuple[str, ...] = (), *,
+                prepare: Callable[[Any, nn.Module, torch.device], nn.Module] | None = None
+                ) -> Model:
+    """``build_method(cfg, data)`` (seeded with ``cfg.seed``), converted for the run's options
+    and by the kit (``prepare(cfg, method, device)``: its
+    :meth:`~contrastive.engine.kits.base.DataAdapter.prepare_method`), its optimiser at the
+    scaled peak lr, both ``prepare``d. ``extra``: the data set's per-sample fields beyond image
+    and label (:func:`contrastive.engine.extras.extra_keys`)."""
     from accelerate.utils import set_seed
 
     world, device = accelerator.num_processes, accelerator.device
@@ -231,14 +230,8 @@ def build_model(cfg: RunConfig, build_method: Callable[[Any, DataInfo], nn.Modul
             logger.warning("--sync-bn ignored: SyncBatchNorm needs GPU processes")
     if cfg.float64:
         method = method.double()  # inputs follow in the step and the kNN monitor
-    if getattr(cfg, "channels_last", False):  # resolved by train(): None counts as off here
-        method = method.to(memory_format=torch.channels_last)
-        from contrastive.nn.norm import SplitBatchNorm2d
-
-        if any(isinstance(m, SplitBatchNorm2d) for m in method.modules()):
-            logger.warning("--channels-last with split BN is slower, not faster: split BN "
-                           "computes in NCHW, so every BN layer converts the layout twice "
-                           "(measured 0.7-0.95x on the CPU); use one or the other")
+    if prepare is not None:
+        method = prepare(cfg, method, device)
     if cfg.compile:
         logger.info("compiled: %s", ", ".join(compile_encoders(method)))
     peak_lr = scaled_lr(cfg.lr, cfg.batch_size, cfg.lr_scaling)

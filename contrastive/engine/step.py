@@ -1,6 +1,6 @@
 """One training step: forward, backward, optimiser step, the method's post-step hook.
 
-The method's ``batch`` comes from the data adapter (:mod:`contrastive.engine.adapters`).
+The method's ``batch`` comes from the data adapter (its kit: :mod:`contrastive.engine.kits`).
 """
 
 from __future__ import annotations

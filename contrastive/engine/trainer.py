@@ -1,7 +1,7 @@
 """The training loop, told top to bottom: set-up, resume, the step, the run log, the end.
 
 ``train(cfg, build_method, build_pipeline)`` (images) or ``train(cfg, build_method,
-adapter=...)`` (any data: :mod:`~contrastive.engine.adapters`):
+adapter=...)`` (any data: :mod:`~contrastive.engine.kits`):
 
 1. checks the inputs (precision vs device, output folder vs ``--resume``, batch divisibility)
    before anything is built, so bad input fails in seconds;
@@ -16,7 +16,7 @@ adapter=...)`` (any data: :mod:`~contrastive.engine.adapters`):
    method's ``needs`` (``views``, ``labels``, ``indices``, per-sample fields such as
    ``input_ids``) plus the schedule values (see :mod:`contrastive.methods`), backward, drop the
    gradients of groups still frozen, clip, step, the method's post-step hook; then the
-   adapter's step hook (:class:`~contrastive.engine.adapters.StepHook`: the online probe
+   adapter's step hook (:class:`~contrastive.engine.kits.base.StepHook`: the online probe
    learns from detached features);
 5. keeps the run log (:mod:`~contrastive.engine.run_log`): ``metrics.jsonl`` every
    ``log_every`` steps (every 0-d tensor the method returns, as a window mean, and the
@@ -26,7 +26,7 @@ adapter=...)`` (any data: :mod:`~contrastive.engine.adapters`):
    best value); stops cleanly on SIGTERM/SIGINT, its launcher's exit (:mod:`~contrastive.engine.stop`),
    ``max_steps`` or the end of the budget (``--epochs`` or ``--steps``; a resume with nothing
    left to train changes nothing);
-6. ends: the adapter's artefacts (:mod:`~contrastive.engine.artefacts`, formats in
+6. ends: the kit's artefacts (:class:`~contrastive.engine.kits.base.Artefacts`, formats in
    :mod:`contrastive.records`: ``encoder.pt``; image-text runs also ``clip.pt``) and
    ``run_state.json`` (running / stopped / completed / failed, see
    :mod:`contrastive.engine.run_state`); the trackers get the curves and embedding pictures
@@ -53,8 +53,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from contrastive.engine.adapters import DataAdapter, ImageAdapter, StepHook
-from contrastive.engine.artefacts import write_encoder
 from contrastive.engine.checkpoint import (
     CheckpointManager,
     TrainState,
@@ -66,6 +64,8 @@ from contrastive.engine.config import RunConfig, config_to_dict
 from contrastive.engine.evaluators import BestKeeper, Evaluator
 from contrastive.engine.extras import extra_keys
 from contrastive.engine.handoff import DataInfo
+from contrastive.engine.kits.base import DataAdapter, StepHook
+from contrastive.engine.kits.image import ImageAdapter, write_encoder
 from contrastive.engine.loader import start_workers
 from contrastive.engine.optim import optimizer_kernel, set_lr, set_weight_decay
 from contrastive.engine.run_folder import check_output_dir
@@ -86,7 +86,6 @@ from contrastive.engine.setup import (
     build_data,
     build_model,
     check_fresh_output_dir,
-    default_channels_last,
     make_accelerator,
     resolve_run_precision,
 )
@@ -139,7 +138,7 @@ class TrainResult:
 
 def train(cfg: RunConfig, build_method: Callable[[Any, DataInfo], nn.Module],
           build_pipeline: Callable[[Any], Any] | None = None, *,
-          adapter: DataAdapter | None = None, recipe: str = "custom") -> TrainResult:
+          adapter: DataAdapter[Any] | None = None, recipe: str = "custom") -> TrainResult:
     """Train ``build_method(cfg, data)`` on ``cfg.data``: images augmented by
     ``build_pipeline(cfg)``, or whatever the data ``adapter`` serves.
 
@@ -149,7 +148,7 @@ def train(cfg: RunConfig, build_method: Callable[[Any, DataInfo], nn.Module],
     hand-off (:class:`~contrastive.engine.handoff.DataInfo`: step counts, batch geometry and the
     kit's tokenizer, task, teacher, classes, pipeline).
     ``build_pipeline`` returns a :class:`contrastive.augment.Pipeline` (per-image ``__call__``
-    and ``split()`` for the batched path): the :class:`~contrastive.engine.adapters.ImageAdapter`
+    and ``split()`` for the batched path): the :class:`~contrastive.engine.kits.image.ImageAdapter`
     (give it or ``adapter``). See the module docstring for the steps.
     """
     if (build_pipeline is None) == (adapter is None):
@@ -162,8 +161,6 @@ def train(cfg: RunConfig, build_method: Callable[[Any, DataInfo], nn.Module],
     cfg = copy.copy(cfg)
     cfg.mixed_precision = precision  # config.json and the checkpoints record the resolved value
     accelerator = make_accelerator(cfg, out)
-    if hasattr(cfg, "channels_last") and cfg.channels_last is None:
-        cfg.channels_last = default_channels_last(cfg, accelerator.device)
     is_main = accelerator.is_main_process
     if not is_main:  # nothing printed from other ranks
         logging.getLogger().setLevel(logging.ERROR)
@@ -187,18 +184,20 @@ def train(cfg: RunConfig, build_method: Callable[[Any, DataInfo], nn.Module],
 
 
 def _train(cfg: RunConfig, build_method: Callable[[Any, DataInfo], nn.Module],
-           build_pipeline: Callable[[Any], Any] | None, adapter: DataAdapter | None,
+           build_pipeline: Callable[[Any], Any] | None, adapter: DataAdapter[Any] | None,
            recipe: str, out: Path, accelerator: Any, stop: StopRequests, *,
            precision_reason: str = "") -> TrainResult:
     """The body of :func:`train` once the output folder and the accelerator exist."""
     # ---- set-up ---------------------------------------------------------------------------
     if adapter is None:
         assert build_pipeline is not None
-        adapter = ImageAdapter(build_pipeline(cfg))
+        images: DataAdapter[Any] = ImageAdapter(build_pipeline(cfg))  # the image kit's
+        adapter = images
     data = build_data(cfg, adapter, accelerator)
-    evaluators = adapter.evaluators(cfg, accelerator.num_processes)
-    m = build_model(cfg, build_method, accelerator, data.info, extra_keys(data.train_set))
+    m = build_model(cfg, build_method, accelerator, data.info, extra_keys(data.train_set),
+                    prepare=adapter.prepare_method)  # image: the memory format
     hook = adapter.step_hook(cfg, m.module, data.train_set, accelerator.device)  # image: probe
+    evaluators = adapter.evaluators(cfg, accelerator.num_processes)
     best = BestKeeper(cfg.keep_best) if cfg.keep_best else None
     config = {"recipe": recipe, **config_to_dict(cfg)}
     state = TrainState()
@@ -260,7 +259,7 @@ def _resume(cfg: RunConfig, out: Path, ckpt: CheckpointManager, m: Model,
 class _Run:
     """One call's training: its pieces, and the named parts of the loop in reading order."""
 
-    def __init__(self, cfg: Any, recipe: str, out: Path, accelerator: Any, adapter: DataAdapter,
+    def __init__(self, cfg: Any, recipe: str, out: Path, accelerator: Any, adapter: DataAdapter[Any],
                  data: TrainData, m: Model, state: TrainState, ckpt: CheckpointManager,
                  stop: StopRequests, evaluators: list[Evaluator], hook: StepHook | None,
                  best: BestKeeper | None, resume_path: Path | None) -> None:
@@ -575,7 +574,7 @@ class _Run:
 
 def _nothing_to_do(cfg: RunConfig, state: TrainState, data: TrainData, out: Path,
                    resume_path: Path, accelerator: Any, module: nn.Module,
-                   adapter: DataAdapter, recipe: str) -> TrainResult:
+                   adapter: DataAdapter[Any], recipe: str) -> TrainResult:
     """A resume of a run that already reached ``--max-steps`` or its last epoch (a requeued job).
 
     Trains nothing and rewrites nothing (checkpoints, metrics.jsonl, config.json, encoder.pt);

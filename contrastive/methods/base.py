@@ -5,7 +5,7 @@
 - ``forward(batch) -> dict``: ``batch`` is a mapping of named inputs (``"views"``, ``"labels"``,
   ``"indices"``, one entry per schedule, ...); it returns ``loss`` and cheap detached metrics;
 - ``needs``: the batch keys it reads besides its schedules; the engine provides exactly those
-  (:data:`contrastive.engine.adapters.BATCH_KEYS` and the data set's fields);
+  (:data:`contrastive.engine.kits.base.BATCH_KEYS` and the data set's fields);
 - :meth:`schedules`: name -> function ``(step, total_steps) -> float`` that the training loop
   evaluates once per optimiser step and passes as ``batch[name]`` (and logs);
 - :meth:`param_groups`: optional :class:`ParamGroup` s (weight decay, fixed lr, frozen steps) the

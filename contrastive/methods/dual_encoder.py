@@ -13,7 +13,7 @@ loss with its learnt t' and b) and writes ``forward``. Every parameter with ``nd
 norm parameters, the subclass's scalars) gets no weight decay (open_clip ``main.py`` excludes
 ``p.ndim < 2``, ``bn``, ``ln``, ``bias`` and ``logit_scale``): :meth:`DualEncoder.param_groups`.
 The zero-shot evaluation (:mod:`contrastive.eval.zeroshot`) reads only ``encode_image`` /
-``encode_text``; the run folder (:class:`~contrastive.engine.artefacts.ClipArtefacts`) the
+``encode_text``; the run folder (:class:`~contrastive.engine.kits.image_text.ClipArtefacts`) the
 state_dict, ``encoder`` and the registered name (and CLIP's clamp where the method has one).
 """
 

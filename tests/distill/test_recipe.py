@@ -48,7 +48,7 @@ def _teacher_file(tmp_path: Path, head_out: int | None = 10, mlp: bool = False) 
 def _build(recipe, argv):
     cfg = parse_config(recipe.DistillCosNCE, TINY + argv)
     train = get_dataset(cfg.data, "train")
-    return recipe.build_method(cfg, data_info(cfg, len(train), num_classes=labelled_classes(train)))
+    return recipe.build_method(cfg, data_info(cfg, len(train), kit={"num_classes": labelled_classes(train)}))
 
 
 def test_recipe_end_to_end(tmp_path: Path) -> None:

@@ -7,16 +7,16 @@ import json
 
 import pytest
 
-from contrastive.engine.config import (
+from contrastive.engine import (
     LabelledTextConfig,
     TrainConfig,
     config_from_dict,
     config_to_dict,
-    field_options,
     help_field,
     override,
     parse_config,
 )
+from contrastive.engine.fields import field_options
 
 
 @dataclasses.dataclass
@@ -129,7 +129,7 @@ def test_epochs_beside_a_positive_steps_budget_is_refused_not_ignored(capsys):
     siglip) to 300, so 'lrc_bert.py --epochs 5' trained 1000 steps without a word. An --epochs
     given on the command line is refused whenever --steps is positive (the default or given
     too: the flag, not its value, counts); --steps 0 --epochs N and --steps N alone work."""
-    from contrastive.engine.config import DualEncoderConfig
+    from contrastive.engine import DualEncoderConfig
 
     err = _refusal(capsys, LabelledTextConfig, ["--epochs", "5"])
     assert err.endswith("--epochs 5 is ignored: the budget is --steps 1000 (this recipe's "

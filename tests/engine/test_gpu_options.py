@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from contrastive.engine import TrainConfig, train
-from contrastive.engine.setup import compile_encoders, default_channels_last
+from contrastive.engine.kits.image import default_channels_last
+from contrastive.engine.setup import compile_encoders
 
 
 @dataclasses.dataclass
@@ -36,15 +37,10 @@ def _moco(cfg=None, data=None, *, split_bn: int = 0):
 
 def test_channels_last_defaults_to_on_for_cuda_without_split_bn():
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert default_channels_last(_Cfg(), cuda) is True
-    assert default_channels_last(_Cfg(), cpu) is False
-
-    @dataclasses.dataclass
-    class Split(_Cfg):
-        split_bn: int = 8
-
-    assert default_channels_last(Split(), cuda) is False
-    assert default_channels_last(Split(split_bn=1), cuda) is True
+    assert default_channels_last(_moco(), cuda) is True
+    assert default_channels_last(_moco(), cpu) is False
+    assert default_channels_last(_moco(split_bn=8), cuda) is False
+    assert default_channels_last(_moco(split_bn=1), cuda) is True
 
 
 def test_unset_channels_last_is_resolved_and_recorded(tmp_path, fresh_accelerate):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.utils.data import TensorDataset
 
-from contrastive.engine.evaluators import KNNEvaluator
+from contrastive.engine.kits.image import KNNEvaluator
 from contrastive.eval.knn import knn_accuracy
 
 

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from contrastive.engine import TrainConfig, train
-from contrastive.engine.probe import OnlineProbe
+from contrastive.engine.kits.image_probe import OnlineProbe
 
 # small_cnn has batch norm: a train-mode probe forward would move its running statistics
 TINY = dict(data="shapes:n=64,size=16", encoder="small_cnn", image_size=16, batch_size=16,

@@ -430,7 +430,7 @@ def test_a_resume_keeps_the_best_value_its_step_and_its_artefacts(tmp_path, fres
                                                                   monkeypatch):
     """``--keep-best``: the best value is checkpointed, so a lower value after a resume
     neither becomes the best nor overwrites ``best/``."""
-    from contrastive.engine import adapters
+    from contrastive.engine.kits import image as adapters
 
     values = iter([0.5, 0.9])  # epochs 1 and 2; every later evaluation scores 0.1
 

@@ -52,7 +52,8 @@ def _pipeline(cfg):
 def _guarded(monkeypatch, seen: dict, guard_batch: bool = True) -> None:
     """Raise on any synchronising CUDA call inside the batch preparation (``guard_batch``) and
     the step (from the third step on: the first steps may initialise lazily)."""
-    from contrastive.engine import adapters, trainer
+    from contrastive.engine import trainer
+    from contrastive.engine.kits import image as adapters
 
     step_fn, batch_fn = trainer.optimisation_step, adapters.ImageAdapter.batch
 

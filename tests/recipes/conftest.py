@@ -129,4 +129,4 @@ def build_alone(mod, cfg):
 
     train = get_dataset(cfg.data, "train")
     return mod.build_method(cfg, data_info(cfg, max(len(train), cfg.batch_size),
-                                           num_classes=labelled_classes(train)))
+                                           kit={"num_classes": labelled_classes(train)}))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from contrastive.engine import RunConfig, parse_config
-from contrastive.engine.config import field_options
+from contrastive.engine.fields import field_options
 
 RECIPES = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "recipes").glob("*.py"))
 

@@ -158,8 +158,8 @@ def _constructor_arguments(rx, monkeypatch, recipe: str, cls) -> dict:
     with pytest.raises(_Built):
         if hasattr(mod, "make"):  # image-text and text: a stand-in for the run's tokenizer
             cfg = parse_config(config_class, [])
-            mod.build_method(cfg, data_info(cfg, cfg.batch_size, tokenizer=SimpleNamespace(
-                vocab_size=100, max_length=16)))
+            mod.build_method(cfg, data_info(cfg, cfg.batch_size, kit={"tokenizer": SimpleNamespace(
+                vocab_size=100, max_length=16)}))
         else:
             rx.build_alone(mod, parse_config(config_class, ["--data", "shapes"]))
     return seen

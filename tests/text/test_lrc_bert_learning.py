@@ -58,7 +58,7 @@ def test_cosnce_aligns_student_layers_on_held_out_sentences(tmp_path: Path) -> N
     cfg = parse_config(cls, [*argv, "--output-dir", str(tmp_path / "run")])
     adapter.prepare(cfg)
     torch.manual_seed(cfg.seed)
-    method = build_method(cfg, data_info(cfg, len(adapter.task.train), **adapter.handoff()))
+    method = build_method(cfg, data_info(cfg, len(adapter.task.train), kit=adapter.handoff()))
     task = load_task("generated", n_train=640, n_dev=64)
     held_out = tok.collate([task.dev[i] for i in range(32)])
 

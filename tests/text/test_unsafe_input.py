@@ -63,3 +63,33 @@ def test_a_planted_pickle_is_refused_in_one_line(tmp_path: Path, program: str) -
     assert "pytorch_model.bin" in lines[0] and "refused" in lines[0]
     assert not marker.exists()
     assert not (tmp_path / "run").exists()  # refused before the run folder
+
+
+def _recipe(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"unsafe_{name}", ROOT / "recipes" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("recipe, flag", [("bert_finetune", "--model"), ("lrc_bert", "--student")])
+def test_a_planted_pickle_as_the_starting_weights_is_refused_before_the_run_folder(
+        tmp_path: Path, capsys, recipe: str, flag: str) -> None:
+    """The labelled-text kit checks the ``hf:`` folder a run starts from while it prepares (no
+    run folder yet): one line through ``cli``, status 2, the pickle never run (in-process: the
+    subprocess path of ``cli`` is the simcse case's)."""
+    folder, marker = _planted(tmp_path)
+    argv = [flag, f"hf:{folder}", "--task", "generated", "--steps", "1", "--output-dir",
+            str(tmp_path / "run"), "--teacher", str(tmp_path / "teacher")]
+    if recipe == "bert_finetune":
+        argv = argv[:-2]
+    module = _recipe(recipe)
+    code = module.cli(module.main, f"{recipe}.py", argv)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(f"{recipe}.py: error: "), lines
+    assert "pytorch_model.bin" in lines[0] and "refused" in lines[0]
+    assert not marker.exists()
+    assert not (tmp_path / "run").exists()

@@ -14,14 +14,14 @@ processes the head's gradients are averaged, so every process holds the same hea
 (head and optimiser) is saved in every checkpoint and restored on resume.
 
 :class:`ImageStepHook` is how the probe (and the images counter) hook into the training loop:
-the image adapter's :meth:`~contrastive.engine.adapters.ImageAdapter.step_hook`, a
-:class:`~contrastive.engine.adapters.StepHook`.
+the image adapter's :meth:`~contrastive.engine.kits.image.ImageAdapter.step_hook`, a
+:class:`~contrastive.engine.kits.base.StepHook`.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +29,9 @@ from torch import Tensor, nn
 
 from contrastive.engine.checkpoint import TrainState
 from contrastive.methods.base import encoder_of
+
+if TYPE_CHECKING:
+    from contrastive.engine.kits.image import TrainConfig
 
 __all__ = ["OnlineProbe", "ImageStepHook", "build_probe"]
 
@@ -111,7 +114,7 @@ class OnlineProbe(nn.Module):
         self.optimizer.load_state_dict(state["optimizer"])
 
 
-def build_probe(cfg: Any, module: nn.Module, train_set: Any,
+def build_probe(cfg: TrainConfig, module: nn.Module, train_set: Any,
                 device: torch.device) -> OnlineProbe | None:
     """The online linear probe (``--online-probe``, image runs), or None when off or without
     labels."""
@@ -130,7 +133,7 @@ def build_probe(cfg: Any, module: nn.Module, train_set: Any,
 
 class ImageStepHook:
     """The image runs' work beside the loop's steps (a
-    :class:`~contrastive.engine.adapters.StepHook`): the online probe (when on) learns from the
+    :class:`~contrastive.engine.kits.base.StepHook`): the online probe (when on) learns from the
     backbone's detached features of each micro-batch's first view and adds ``probe_top1`` to
     the step records; the images counter (``images_seen`` in the checkpoints) counts
     ``batch_size`` images per optimiser step."""
