@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +22,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from contrastive.engine.fields import as_flag
+
 __all__ = ["FORMAT_VERSION", "OPERATIONAL_FIELDS", "RENAMED_FIELDS", "IncompatibleCheckpointError",
            "ResumeMismatchError", "tensor_digest", "rng_digest", "model_signature",
-           "check_compatible", "renamed_to"]
+           "check_compatible", "renamed_to", "new_flags", "warn_renamed"]
 
 FORMAT_VERSION = 2  # 1: accelerate's save_state (pickled custom state), not read any more
 
@@ -216,3 +219,31 @@ def check_compatible(meta: dict[str, Any], signature: dict[str, Any], config: di
             "Pass the same values, start a new --output-dir, or add --allow-config-change to "
             "continue anyway (the resumed run is then not the same run).")
     return changed
+
+
+def new_flags(args: list[str], defaults: dict[str, Any]) -> list[str]:
+    """``args`` with each old field name's flag (:data:`~contrastive.engine.compat.
+    RENAMED_FIELDS`, ``--old``, ``--old=V``, ``--no-old``) written as its field's, with the
+    one-time notice; ``defaults``: field -> default (an old name two fields shared goes to the
+    one its value fits). Old names that are fields themselves stay."""
+    out = list(args)
+    for i, arg in enumerate(args):
+        flag, eq, value = arg.partition("=")
+        name, prefix = flag[2:].replace("-", "_"), "--"
+        if name.startswith("no_") and name[3:] in RENAMED_FIELDS:
+            name, prefix = name[3:], "--no-"
+        if not flag.startswith("--") or name not in RENAMED_FIELDS or name in defaults:
+            continue
+        new = renamed_to(name, value if eq else (args[i + 1] if i + 1 < len(args) else ""),
+                         defaults)
+        if new is not None:
+            warn_renamed(f"--{as_flag(name)}", f"--{as_flag(new)}", stacklevel=4)
+            out[i] = f"{prefix}{as_flag(new)}{eq}{value}"
+    return out
+
+
+def warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
+    """A deprecation warning, shown once per old name and process (the ``warnings`` default),
+    pointing at the caller of the function (``stacklevel`` frames up) that read the old name."""
+    warnings.warn(f"{old} is renamed {new}; the old name still works for now", FutureWarning,
+                  stacklevel=stacklevel)

@@ -24,17 +24,16 @@ import os
 import sys
 import types
 import typing
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeVar
 
-from contrastive.engine.compat import RENAMED_FIELDS, renamed_to
-from contrastive.engine.fields import field_options, help_field
+from contrastive.engine.compat import RENAMED_FIELDS, new_flags, renamed_to, warn_renamed
+from contrastive.engine.fields import as_flag, field_options, help_field
 from contrastive.hardware import PRECISIONS
 
 __all__ = ["RunConfig", "SCHEDULES", "parse_config", "config_to_dict", "config_from_dict",
-           "parse_json_object", "as_flag"]
+           "parse_json_object"]
 
 C = TypeVar("C", bound="RunConfig")
 
@@ -248,7 +247,6 @@ class RunConfig:
                              "--data /path/to/imagenet)")
 
 
-
 def parse_json_object(name: str, text: str) -> dict[str, Any]:
     """``text`` (the value of field ``name``) as a JSON object; empty = {}."""
     try:
@@ -259,39 +257,6 @@ def parse_json_object(name: str, text: str) -> dict[str, Any]:
         raise ValueError(f"--{as_flag(name)} must be a JSON object such as '{{\"img_size\": 32}}', "
                          f"got {text!r}")
     return value
-
-
-def as_flag(name: str) -> str:
-    """The command-line flag of field ``name`` (``batch_size`` -> ``batch-size``)."""
-    return name.replace("_", "-")
-
-
-def _new_flags(args: list[str], defaults: dict[str, Any]) -> list[str]:
-    """``args`` with each old field name's flag (:data:`~contrastive.engine.compat.
-    RENAMED_FIELDS`, ``--old``, ``--old=V``, ``--no-old``) written as its field's, with the
-    one-time notice; ``defaults``: field -> default (an old name two fields shared goes to the
-    one its value fits). Old names that are fields themselves stay."""
-    out = list(args)
-    for i, arg in enumerate(args):
-        flag, eq, value = arg.partition("=")
-        name, prefix = flag[2:].replace("-", "_"), "--"
-        if name.startswith("no_") and name[3:] in RENAMED_FIELDS:
-            name, prefix = name[3:], "--no-"
-        if not flag.startswith("--") or name not in RENAMED_FIELDS or name in defaults:
-            continue
-        new = renamed_to(name, value if eq else (args[i + 1] if i + 1 < len(args) else ""),
-                         defaults)
-        if new is not None:
-            _warn_renamed(f"--{as_flag(name)}", f"--{as_flag(new)}", stacklevel=4)
-            out[i] = f"{prefix}{as_flag(new)}{eq}{value}"
-    return out
-
-
-def _warn_renamed(old: str, new: str, stacklevel: int = 3) -> None:
-    """A deprecation warning, shown once per old name and process (the ``warnings`` default),
-    pointing at the caller of the function (``stacklevel`` frames up) that read the old name."""
-    warnings.warn(f"{old} is renamed {new}; the old name still works for now", FutureWarning,
-                  stacklevel=stacklevel)
 
 
 def _parse_bool(text: str) -> bool:
@@ -394,7 +359,7 @@ def parse_config(cls: type[C], argv: Sequence[str] | None = None, *, prog: str |
         _add_field(parser, f, hints[f.name], getattr(defaults, f.name), options[f.name])
     args = list(sys.argv[1:] if argv is None else argv)
     # old flags still work (resume a run's command line), with a notice
-    args = _new_flags(args, {f.name: getattr(defaults, f.name) for f in fields})
+    args = new_flags(args, {f.name: getattr(defaults, f.name) for f in fields})
     ns = parser.parse_args(args)
     values = vars(ns)
     config_file = values.pop("__config", None)
@@ -473,7 +438,7 @@ def config_from_dict(cls: type[C], values: dict[str, Any], *, ignore_unknown: bo
     for old in [k for k in values if k in RENAMED_FIELDS and k not in names]:
         new = renamed_to(old, values[old], defaults)
         if new is not None:
-            _warn_renamed(repr(old), repr(new))
+            warn_renamed(repr(old), repr(new))
             values.setdefault(new, values.pop(old))
     unknown = sorted(set(values) - names)
     if unknown and not ignore_unknown:

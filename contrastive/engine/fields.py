@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import field
 from typing import Any
 
-__all__ = ["help_field", "override", "field_options"]
+__all__ = ["help_field", "override", "field_options", "as_flag"]
 
 
 def help_field(default: Any, help: str, **kwargs: Any) -> Any:
@@ -74,3 +74,8 @@ def field_options(cls: type, name: str) -> dict[str, Any]:
                 options["help"] += f" (here only {' | '.join(map(str, meta['only']))}: " \
                                    f"{meta['why']})"
     return options
+
+
+def as_flag(name: str) -> str:
+    """The command-line flag of field ``name`` (``batch_size`` -> ``batch-size``)."""
+    return name.replace("_", "-")

@@ -27,9 +27,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Subset
 
-from contrastive.engine.config import RunConfig, as_flag, parse_json_object
+from contrastive.engine.config import RunConfig, parse_json_object
 from contrastive.engine.extras import add_extras, split_item
-from contrastive.engine.fields import help_field, override
+from contrastive.engine.fields import as_flag, help_field, override
 from contrastive.engine.kits.base import Artefacts, HandOff, StepHook
 from contrastive.engine.kits.image_probe import ImageStepHook, build_probe
 from contrastive.engine.loader import step_generator

@@ -23,8 +23,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
-from contrastive.engine.config import as_flag
-from contrastive.engine.fields import help_field, override
+from contrastive.engine.fields import as_flag, help_field, override
 from contrastive.engine.kits.base import Artefacts, HandOff
 from contrastive.engine.kits.text import BertSizes, TextRunConfig, TokenAdapter
 from contrastive.records import CLASSIFIER_FILE, MODEL_DIR, RESULTS_FILE

@@ -19,8 +19,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
-from contrastive.engine.config import as_flag
-from contrastive.engine.fields import help_field, override
+from contrastive.engine.fields import as_flag, help_field, override
 from contrastive.engine.kits.base import Artefacts
 from contrastive.engine.kits.text import TextRunConfig, TokenAdapter
 from contrastive.records import MODEL_DIR, SENTENCE_CONFIG, sentence_model_step

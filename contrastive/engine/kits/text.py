@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from contrastive.engine.config import RunConfig, as_flag
+from contrastive.engine.config import RunConfig
 from contrastive.engine.extras import add_extras
-from contrastive.engine.fields import help_field
+from contrastive.engine.fields import as_flag, help_field
 from contrastive.engine.kits.base import HandOff, KitDefaults
 
 __all__ = ["TextRunConfig", "BertSizes", "TokenAdapter"]
