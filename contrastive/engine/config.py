@@ -45,9 +45,10 @@ SCHEDULES = ("cosine", "linear", "step", "constant")
 class RunConfig:
     """Fields every run has, whatever it trains on (images, text, image-text pairs).
 
-    Each kit (:mod:`contrastive.engine.kits`) subclasses it with its modality's fields (the
-    image kit's ``TrainConfig``: encoder, crop size, augmentation path, kNN monitor, online
-    probe), so text and image-text runs carry no image fields.
+    Each kit (:mod:`contrastive.engine.kits`) subclasses it with its modality's fields, its
+    data among them (the image kit's ``TrainConfig``: ``--data``, encoder, crop size,
+    augmentation path, kNN monitor, online probe), so text and image-text runs carry no image
+    fields and labelled text, whose data ``--task`` names, no ``--data``.
 
     Budget: ``--epochs`` or ``--steps`` (optimiser steps; when set it is the budget and the
     schedules follow it, and ``--epochs`` is unused). ``--epochs`` given on the command line (or
@@ -72,12 +73,6 @@ class RunConfig:
     epoch_steps: ClassVar[int] = 0
 
     # --- data and run ---------------------------------------------------------------------
-    data: str = help_field(
-        "",
-        "data spec: shapes | shapes:n=2000,size=32,seed=0 | synthetic | cifar10 | cifar10:/path "
-        "| imagefolder:/path | /path (a folder; train/ and val/ or test/ inside are used when "
-        "present)",
-    )
     output_dir: str = help_field(
         "", "run folder (config.json, metrics.jsonl, checkpoints/, encoder.pt); "
         "default runs/<recipe>"
@@ -242,9 +237,6 @@ class RunConfig:
         if self.float64 and self.mixed_precision in ("bf16", "fp16"):
             raise ValueError(f"--float64 with --mixed-precision {self.mixed_precision}: pick one "
                              "(--float64 is for numerical checks, mixed precision for speed)")
-        if not self.data:
-            raise ValueError("--data is required (e.g. --data shapes, --data cifar10, "
-                             "--data /path/to/imagenet)")
 
 
 def parse_json_object(name: str, text: str) -> dict[str, Any]:

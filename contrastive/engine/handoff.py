@@ -48,8 +48,8 @@ def data_info(cfg: RunConfig, train_size: int, world_size: int = 1,
     set smaller than one batch is refused (the fix: a smaller ``--batch-size``)."""
     steps_per_epoch = train_size // cfg.batch_size
     if steps_per_epoch == 0:
-        raise ValueError(f"--data {cfg.data} has {train_size} training samples, "
-                         f"fewer than one --batch-size {cfg.batch_size}: lower the batch size")
+        raise ValueError(f"the training set has {train_size} samples, fewer than one "
+                         f"--batch-size {cfg.batch_size}: lower the batch size")
     return DataInfo(train_size=train_size, steps_per_epoch=steps_per_epoch,
                     total_steps=cfg.steps or steps_per_epoch * cfg.epochs,
                     global_batch=cfg.batch_size,

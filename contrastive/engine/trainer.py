@@ -139,7 +139,7 @@ class TrainResult:
 def train(cfg: RunConfig, build_method: Callable[[Any, DataInfo], nn.Module],
           build_pipeline: Callable[[Any], Any] | None = None, *,
           adapter: DataAdapter[Any] | None = None, recipe: str = "custom") -> TrainResult:
-    """Train ``build_method(cfg, data)`` on ``cfg.data``: images augmented by
+    """Train ``build_method(cfg, data)`` on the run's data: images augmented by
     ``build_pipeline(cfg)``, or whatever the data ``adapter`` serves.
 
     ``build_method`` returns a method (:class:`contrastive.methods.Method`: ``forward(batch) ->

@@ -105,7 +105,7 @@ def test_text_recipe_without_tokenizer_is_one_line(rx, tmp_path):
     ("bert_finetune", ["--task", "sst2", "--glue-dir", "{glue}", "--model", "roberta"],
      "'bert' or 'hf:FOLDER'"),
     ("bert_finetune", ["--task", "sst2", "--glue-dir", "{glue}", "--model", "hf:{empty}/bert"],
-     "empty/bert does not exist; give a folder holding tokenizer.json"),
+     "empty/bert' is not a folder. Give the path of a local Hugging Face checkpoint folder"),
     ("bert_finetune", ["--task", "sst2", "--glue-dir", "{glue}", "--tokenizer", "{empty}"],
      "holds neither tokenizer.json nor vocab.txt"),
     ("lrc_bert", ["--task", "sst2", "--glue-dir", "{glue}", "--teacher", "{empty}"],

@@ -53,6 +53,10 @@ class TrainConfig(RunConfig):
     """A run on images: the fields every run has (:class:`RunConfig`) and the image ones.
     Image recipes subclass it and change defaults / add fields."""
 
+    data: str = help_field(
+        "", "data spec: shapes | shapes:n=2000,size=32,seed=0 | synthetic | cifar10 | "
+        "cifar10:/path | imagefolder:/path | /path (a folder; train/ and val/ or test/ inside "
+        "are used when present); required")
     encoder: str = help_field("cifar_resnet18", "backbone name for create_encoder (timm:<m>, "
                               "torchvision:<m>, cifar_resnet18, cifar_resnet50, small_cnn)")
     encoder_kwargs: str = help_field(
@@ -104,6 +108,9 @@ class TrainConfig(RunConfig):
     def validate(self) -> None:
         """The checks of every run, and the image fields'."""
         super().validate()
+        if not self.data:
+            raise ValueError("--data is required (e.g. --data shapes, --data cifar10, "
+                             "--data /path/to/imagenet)")
         for name in ("image_size", "knn_k"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{as_flag(name)} must be positive, got {getattr(self, name)}")

@@ -48,7 +48,7 @@ class ImageTextConfig(RunConfig):
     options and crop size, and the zero-shot / retrieval evaluator's cadence. No augmentation,
     kNN or probe fields: the images are centre crops (captions name colour and position)."""
 
-    data: str = override(
+    data: str = help_field(
         "shapes-captions", "image-text data spec: shapes-captions[:n=..,size=..] | "
         "captions:ROOT (images + captions.tsv/.jsonl) | wds-captions:DIR (.jpg + .txt shards)")
     encoder: str = help_field("small_cnn", "image backbone name for create_encoder")

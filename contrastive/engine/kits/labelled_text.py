@@ -52,8 +52,6 @@ class LabelledTextConfig(BertSizes, TextRunConfig):
     is the task's official dev metric (``glue_*`` in metrics.jsonl). The recipes set the model
     flags' names and sizes."""
 
-    data: str = override("task", "the training data are --task's (and --glue-dir's)",
-                         only=("task",), why="--task and --glue-dir name the data")
     task: str = help_field("generated", "a GLUE task (sst2, mnli, stsb, ...; with --glue-dir) "
                            "or generated | generated-nli | generated-sts")
     glue_dir: str = help_field("", "folder of the GLUE TSV files (glue_data: SST-2/, MNLI/ ...)")

@@ -40,7 +40,7 @@ class TextConfig(TextRunConfig):
     vocabulary trained on the training sentences) and the STS evaluator's pairs and cadence. No
     image fields. Recipes add their data and model fields."""
 
-    data: str = override("generated", "training text (the recipe says which forms it reads)")
+    data: str = help_field("generated", "training text (the recipe says which forms it reads)")
     tokenizer: str = override(
         "", "folder with tokenizer.json or vocab.txt; empty = train a WordPiece vocabulary on "
         "the training sentences (deterministic)")
