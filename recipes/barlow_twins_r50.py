@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, ImageConfig, help_field, override, run
 from contrastive.methods import BarlowTwins
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -28,7 +28,7 @@ PRESET = BarlowTwins.presets["resnet50"]
 
 
 @dataclass
-class BarlowTwinsR50(TrainConfig):
+class BarlowTwinsR50(ImageConfig):
     """Barlow Twins, ResNet-50, ImageNet (ICML 2021; official facebookresearch/barlowtwins)."""
 
     encoder: str = PRESET["encoder"]

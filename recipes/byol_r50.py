@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, ImageConfig, help_field, override, run
 from contrastive.methods import BYOL
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -24,7 +24,7 @@ PRESET = BYOL.presets["resnet50"]
 
 
 @dataclass
-class BYOLR50(TrainConfig):
+class BYOLR50(ImageConfig):
     """BYOL, ResNet-50, ImageNet (NeurIPS 2020, Sec. 3.3)."""
 
     encoder: str = PRESET["encoder"]

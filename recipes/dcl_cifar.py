@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, ImageConfig, help_field, override, run
 from contrastive.methods import DCL, DCLW
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -32,7 +32,7 @@ WEIGHTED = DCLW.presets["cifar"]  # DCLW's: the same plus sigma
 
 
 @dataclass
-class DCLCifar(TrainConfig):
+class DCLCifar(ImageConfig):
     """DCL / DCLW, CIFAR-10 (SimCLR's CIFAR-10 schedule, batch 256, 200 epochs)."""
 
     data: str = "cifar10"

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, ImageConfig, help_field, override, run
 from contrastive.methods import DINO
 from contrastive.methods.base import CLIP_MODES
 
@@ -35,7 +35,7 @@ PRESET = DINO.presets["vit_small"]
 
 
 @dataclass
-class DINOViTSmall(TrainConfig):
+class DINOViTSmall(ImageConfig):
     """DINO, ViT-S/16, ImageNet (ICCV 2021; official facebookresearch/dino defaults)."""
 
     encoder: str = PRESET["encoder"]

@@ -53,7 +53,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, ImageConfig, help_field, override, run
 from contrastive.methods import IBOT
 from contrastive.methods.base import CLIP_MODES, FROZEN_BY
 
@@ -65,7 +65,7 @@ EPOCH = 1250
 
 
 @dataclass
-class DINOv2ImageNet(TrainConfig):
+class DINOv2ImageNet(ImageConfig):
     """DINOv2, ViT-L/16, ImageNet-1k (vitl16_short.yaml = ssl_default_config.yaml)."""
 
     encoder: str = PRESET["encoder"]

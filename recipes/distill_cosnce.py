@@ -30,7 +30,7 @@ from typing import Any
 
 from torch import nn
 
-from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, ImageConfig, help_field, override, run
 from contrastive.engine.config import parse_json_object
 from contrastive.eval.teacher import load_teacher
 
@@ -38,7 +38,7 @@ log = logging.getLogger("distill_cosnce")
 
 
 @dataclass
-class DistillCosNCE(TrainConfig):
+class DistillCosNCE(ImageConfig):
     """COS-NCE distillation (LRC-BERT) of --teacher into --student; see the module docstring."""
 
     data: str = "shapes"

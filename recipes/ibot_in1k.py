@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, ImageConfig, help_field, override, run
 from contrastive.methods import IBOT
 from contrastive.methods.base import CLIP_MODES
 
@@ -34,7 +34,7 @@ PRESET = IBOT.presets["vit_small"]
 
 
 @dataclass
-class IBOTImageNet(TrainConfig):
+class IBOTImageNet(ImageConfig):
     """iBOT, ViT-S/16, ImageNet-1k (ICLR 2022; bytedance/ibot)."""
 
     encoder: str = PRESET["encoder"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, ImageConfig, help_field, override, run
 from contrastive.methods import MAE
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -29,7 +29,7 @@ PRESET = MAE.presets["vit_large"]
 
 
 @dataclass
-class MAEImageNet(TrainConfig):
+class MAEImageNet(ImageConfig):
     """MAE, ViT-L/16, ImageNet-1k (CVPR 2022; official facebookresearch/mae)."""
 
     encoder: str = PRESET["encoder"]

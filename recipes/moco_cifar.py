@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, ImageConfig, help_field, override, run
 from contrastive.methods import MoCo
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -37,7 +37,7 @@ CIFAR_STD = (0.2023, 0.1994, 0.2010)
 
 
 @dataclass
-class MoCoCifar(TrainConfig):
+class MoCoCifar(ImageConfig):
     """MoCo CIFAR-10 demo (see the module docstring for the sources)."""
 
     data: str = "cifar10"

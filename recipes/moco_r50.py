@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, ImageConfig, help_field, override, run
 from contrastive.methods import MoCo
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -31,7 +31,7 @@ PRESET = MoCo.presets["v2"]
 
 
 @dataclass
-class MoCoV2R50(TrainConfig):
+class MoCoV2R50(ImageConfig):
     """MoCo v2, ResNet-50, ImageNet (arXiv:2003.04297; official facebookresearch/moco)."""
 
     encoder: str = PRESET["encoder"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, ImageConfig, help_field, override, run
 from contrastive.methods import MoCo
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -25,7 +25,7 @@ PRESET = MoCo.presets["v1"]
 
 
 @dataclass
-class MoCoV1R50(TrainConfig):
+class MoCoV1R50(ImageConfig):
     """MoCo v1, ResNet-50, ImageNet (He et al. CVPR 2020; official facebookresearch/moco)."""
 
     encoder: str = PRESET["encoder"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, ImageConfig, help_field, override, run
 from contrastive.methods import MoCoV3
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -29,7 +29,7 @@ PRESET = MoCoV3.presets["vit_small"]
 
 
 @dataclass
-class MoCoV3ViTSmall(TrainConfig):
+class MoCoV3ViTSmall(ImageConfig):
     """MoCo v3, ViT-Small/16, ImageNet (ICCV 2021; official facebookresearch/moco-v3)."""
 
     encoder: str = PRESET["encoder"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, ImageConfig, help_field, override, run
 from contrastive.methods import NNCLR
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -29,7 +29,7 @@ PRESET = NNCLR.presets["resnet50"]
 
 
 @dataclass
-class NNCLRR50(TrainConfig):
+class NNCLRR50(ImageConfig):
     """NNCLR, ResNet-50, ImageNet (ICCV 2021, Sec. 4.1)."""
 
     encoder: str = PRESET["encoder"]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, ImageConfig, help_field, override, run
 from contrastive.methods import SimCLR
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -29,7 +29,7 @@ PRESET = SimCLR.presets["cifar"]
 
 
 @dataclass
-class SimCLRCifar(TrainConfig):
+class SimCLRCifar(ImageConfig):
     """SimCLR, CIFAR-10 (appendix B.9; official README CIFAR-10 command)."""
 
     data: str = "cifar10"

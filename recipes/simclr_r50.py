@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, ImageConfig, help_field, override, run
 from contrastive.methods import SimCLR
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -27,7 +27,7 @@ PRESET = SimCLR.presets["imagenet"]
 
 
 @dataclass
-class SimCLRR50(TrainConfig):
+class SimCLRR50(ImageConfig):
     """SimCLR, ResNet-50, ImageNet (ICML 2020; google-research/simclr)."""
 
     encoder: str = PRESET["encoder"]

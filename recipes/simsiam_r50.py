@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, ImageConfig, help_field, override, run
 from contrastive.engine.schedules import scaled_lr
 from contrastive.methods import SimSiam
 
@@ -25,7 +25,7 @@ PRESET = SimSiam.presets["resnet50"]
 
 
 @dataclass
-class SimSiamR50(TrainConfig):
+class SimSiamR50(ImageConfig):
     """SimSiam, ResNet-50, ImageNet (CVPR 2021; official facebookresearch/simsiam)."""
 
     encoder: str = PRESET["encoder"]

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, ImageConfig, help_field, override, run
 from contrastive.methods import SupCon
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -39,7 +39,7 @@ PRESET = SupCon.presets["resnet50"]
 
 
 @dataclass
-class SupConR50(TrainConfig):
+class SupConR50(ImageConfig):
     """SupCon, ResNet-50, ImageNet (NeurIPS 2020; official google-research supcon script)."""
 
     encoder: str = PRESET["encoder"]

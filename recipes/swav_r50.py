@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, ImageConfig, help_field, override, run
 from contrastive.methods import SwAV
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -26,7 +26,7 @@ PRESET = SwAV.presets["resnet50"]
 
 
 @dataclass
-class SwAVR50(TrainConfig):
+class SwAVR50(ImageConfig):
     """SwAV, ResNet-50, ImageNet (NeurIPS 2020; official facebookresearch/swav, 800 epochs)."""
 
     encoder: str = PRESET["encoder"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from contrastive.engine import DataInfo, TrainConfig, help_field, override, run
+from contrastive.engine import DataInfo, ImageConfig, help_field, override, run
 from contrastive.methods import VICReg
 
 #: the method's keyword arguments in the paper's setting: the one home of these values
@@ -24,7 +24,7 @@ PRESET = VICReg.presets["resnet50"]
 
 
 @dataclass
-class VICRegR50(TrainConfig):
+class VICRegR50(ImageConfig):
     """VICReg, ResNet-50, ImageNet (ICLR 2022; official facebookresearch/vicreg)."""
 
     encoder: str = PRESET["encoder"]

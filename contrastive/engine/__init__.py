@@ -1,9 +1,9 @@
 """The training engine: config -> data, method, optimiser on ``accelerate`` -> checkpoints, logs.
 
 Only this package (and :mod:`contrastive.eval`) imports accelerate. A recipe is a dataclass of
-the paper's hyper-parameters (a :class:`TrainConfig` subclass) plus one call::
+the paper's hyper-parameters (an :class:`ImageConfig` subclass) plus one call::
 
-    from contrastive.engine import TrainConfig, run
+    from contrastive.engine import ImageConfig, run
     run(MyConfig, build_method, build_pipeline)          # images; build_method(cfg, data)
     run(MyConfig, build_method, adapter=ImageTextAdapter(model_config))  # image-text
     run(MyConfig, build_method, adapter=TextAdapter(training_groups))    # text
@@ -14,7 +14,7 @@ the paper's hyper-parameters (a :class:`TrainConfig` subclass) plus one call::
   :func:`run`, and :func:`cli` / :func:`bad_input` for recipes that read their own input first
   (one-line errors);
 - :mod:`~contrastive.engine.kits`: one kit per modality, each its configuration, data adapter,
-  evaluators and artefacts in one module (:class:`TrainConfig` images, :class:`DualEncoderConfig`
+  evaluators and artefacts in one module (:class:`ImageConfig` images, :class:`DualEncoderConfig`
   image-text pairs, :class:`TextConfig` sentences, :class:`LabelledTextConfig` labelled
   sentences / pairs); the engine sees them through :class:`DataAdapter`;
 - :mod:`~contrastive.engine.handoff`: :class:`DataInfo`, what the method is given of the data
@@ -60,6 +60,7 @@ from contrastive.engine.kits import (
     DIMConfig,
     DualEncoderConfig,
     ImageAdapter,
+    ImageConfig,
     ImageTextAdapter,
     ImageTextConfig,
     LabelledTextAdapter,
@@ -67,7 +68,6 @@ from contrastive.engine.kits import (
     TextAdapter,
     TextConfig,
     TextRunConfig,
-    TrainConfig,
     dual_encoder_kwargs,
 )
 from contrastive.engine.kits.labelled_text import GlueEvaluator
@@ -98,7 +98,7 @@ __all__ = [
     "TextAdapter",
     "TextConfig",
     "TextRunConfig",
-    "TrainConfig",
+    "ImageConfig",
     "TrainResult",
     "bad_input",
     "build_optimizer",
@@ -124,3 +124,17 @@ __all__ = [
     "train",
     "write_encoder",
 ]
+
+#: names renamed since: old -> new (still importable from here, with a one-time notice)
+_RENAMED = {"TrainConfig": "ImageConfig"}
+
+
+def __getattr__(name: str) -> object:
+    """``TrainConfig``, the image kit's configuration's old name: ``ImageConfig`` with a
+    ``FutureWarning`` (recipes written before the kits keep working)."""
+    if name in _RENAMED:
+        from contrastive.engine.compat import warn_renamed
+
+        warn_renamed(f"contrastive.engine.{name}", _RENAMED[name])
+        return globals()[_RENAMED[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,7 +1,7 @@
 """Training configuration: one dataclass, every field a command-line flag.
 
 :class:`RunConfig` holds what every run has. A recipe subclasses its kit's configuration
-(:mod:`contrastive.engine.kits`: ``TrainConfig`` on images, ``DualEncoderConfig`` on image-text
+(:mod:`contrastive.engine.kits`: ``ImageConfig`` on images, ``DualEncoderConfig`` on image-text
 pairs, ``TextConfig`` on sentences, ``LabelledTextConfig`` on labelled text), sets the paper's
 values as defaults (:func:`~contrastive.engine.fields.override`: a declared field's choices and
 help are kept, so each choice list has one home) and adds the method's own fields
@@ -46,7 +46,7 @@ class RunConfig:
     """Fields every run has, whatever it trains on (images, text, image-text pairs).
 
     Each kit (:mod:`contrastive.engine.kits`) subclasses it with its modality's fields, its
-    data among them (the image kit's ``TrainConfig``: ``--data``, encoder, crop size,
+    data among them (the image kit's ``ImageConfig``: ``--data``, encoder, crop size,
     augmentation path, kNN monitor, online probe), so text and image-text runs carry no image
     fields and labelled text, whose data ``--task`` names, no ``--data``.
 

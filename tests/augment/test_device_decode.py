@@ -274,16 +274,16 @@ def test_shards_hand_full_size_bytes_to_a_device_decoding_transform(tmp_path):
 
 
 def test_decode_device_needs_the_batched_augmentation():
-    from contrastive.engine import TrainConfig
+    from contrastive.engine import ImageConfig
 
     with pytest.raises(ValueError, match="--decode device.*--batched-augment"):
-        TrainConfig(data="shapes", decode="device", batched_augment="off").validate()
-    TrainConfig(data="shapes", decode="device", batched_augment="auto").validate()
+        ImageConfig(data="shapes", decode="device", batched_augment="off").validate()
+    ImageConfig(data="shapes", decode="device", batched_augment="auto").validate()
 
 
 def test_a_run_decodes_on_the_device(tmp_path, fresh_accelerate, monkeypatch):
     from contrastive.augment import device_decode
-    from contrastive.engine import TrainConfig, train
+    from contrastive.engine import ImageConfig, train
     from contrastive.methods import SimCLR
 
     calls = []
@@ -292,7 +292,7 @@ def test_a_run_decodes_on_the_device(tmp_path, fresh_accelerate, monkeypatch):
                         lambda *a, **kw: calls.append(a[0]) or real(*a, **kw))
 
     root = _folder(tmp_path / "imgs")
-    cfg = TrainConfig(data=str(root), encoder="small_cnn", image_size=16, batch_size=8,
+    cfg = ImageConfig(data=str(root), encoder="small_cnn", image_size=16, batch_size=8,
                       steps=2, epochs=1, num_workers=0, progress=False, mixed_precision="no",
                       log_every=1, save_every_steps=0, save_every_epochs=0, decode="device",
                       output_dir=str(tmp_path / "run"))

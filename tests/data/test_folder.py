@@ -195,9 +195,9 @@ def test_split_rule(tmp_path):
 
 def test_training_with_strict_data_fails_before_the_model_is_built(with_corrupt, tmp_path, fresh_accelerate):
     from contrastive.augment import get_pipeline
-    from contrastive.engine import TrainConfig, train
+    from contrastive.engine import ImageConfig, train
 
-    cfg = TrainConfig(data=str(with_corrupt), encoder="small_cnn", image_size=16, batch_size=2, epochs=1,
+    cfg = ImageConfig(data=str(with_corrupt), encoder="small_cnn", image_size=16, batch_size=2, epochs=1,
                       num_workers=0, progress=False, mixed_precision="no", strict_data=True, knn_every=0,
                       output_dir=str(tmp_path / "run"))
     with pytest.raises(CorruptImageError, match="1.jpg"):

@@ -4,7 +4,7 @@ old name) resumes; the field counts as its default (contrastive.engine.compat.up
 The checkpoint "written before the change" is a real one whose ``meta.json`` config is put back
 into the form the code before issue 27 wrote: the same fields minus those issue 27 added
 (``steps``, ``warmup_steps``, ``keep_best``; the list below was taken from that code's
-``TrainConfig``, commit 12ac714). Before the fix such a resume was refused ("belongs to a run with
+``ImageConfig``, commit 12ac714). Before the fix such a resume was refused ("belongs to a run with
 other settings: keep_best: None -> ''; steps: None -> 0 ...")."""
 
 from __future__ import annotations
@@ -98,11 +98,11 @@ def test_old_field_names_in_a_config_file_and_on_the_command_line(tmp_path):
     """``--config`` of an older run's config.json and the old flags fill the renamed field; the
     old flags stay out of --help; an old name is never read for a recipe's own field of that
     name."""
-    from contrastive.engine import RunConfig, TrainConfig, parse_config
+    from contrastive.engine import ImageConfig, RunConfig, parse_config
     from contrastive.engine.config import config_from_dict
 
     @dataclasses.dataclass
-    class Recipe(TrainConfig):
+    class Recipe(ImageConfig):
         momentum: float = 0.99
 
     old = tmp_path / "config.json"
@@ -115,7 +115,7 @@ def test_old_field_names_in_a_config_file_and_on_the_command_line(tmp_path):
             assert parse_config(Recipe, ["--data", "shapes", flag, "0.8"]).momentum == 0.8
 
     @dataclasses.dataclass
-    class Distil(TrainConfig):  # distill_cosnce's KD temperature, once kd_temperature
+    class Distil(ImageConfig):  # distill_cosnce's KD temperature, once kd_temperature
         temperature: float = 1.1
 
     with pytest.warns(FutureWarning, match="is renamed --temperature"):
@@ -124,7 +124,7 @@ def test_old_field_names_in_a_config_file_and_on_the_command_line(tmp_path):
         config_from_dict(RunConfig, {"moco_momentum": 0.9})
 
     @dataclasses.dataclass
-    class Keeps(TrainConfig):  # a recipe whose own field has an old name keeps it
+    class Keeps(ImageConfig):  # a recipe whose own field has an old name keeps it
         momentum: float = 0.99
         tau_base: float = 0.5
 

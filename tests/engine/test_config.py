@@ -8,8 +8,8 @@ import json
 import pytest
 
 from contrastive.engine import (
+    ImageConfig,
     LabelledTextConfig,
-    TrainConfig,
     config_from_dict,
     config_to_dict,
     help_field,
@@ -20,7 +20,7 @@ from contrastive.engine.fields import field_options
 
 
 @dataclasses.dataclass
-class _Recipe(TrainConfig):
+class _Recipe(ImageConfig):
     """A test recipe."""
 
     data: str = "shapes"
@@ -175,7 +175,7 @@ def test_a_config_files_budget_counts_where_it_differs_from_the_default(tmp_path
 
 
 @dataclasses.dataclass
-class _Narrow(TrainConfig):
+class _Narrow(ImageConfig):
     """A recipe that changes defaults of declared fields."""
 
     data: str = "shapes"
@@ -186,9 +186,9 @@ class _Narrow(TrainConfig):
 
 def test_override_keeps_the_declared_choices_and_help(capsys):
     scaling = field_options(_Narrow, "lr_scaling")
-    assert scaling["choices"] == field_options(TrainConfig, "lr_scaling")["choices"]
+    assert scaling["choices"] == field_options(ImageConfig, "lr_scaling")["choices"]
     assert scaling["help"].startswith("lr is absolute here. linear: used lr = lr * batch_size")
-    assert field_options(_Narrow, "optimizer") == field_options(TrainConfig, "optimizer")
+    assert field_options(_Narrow, "optimizer") == field_options(ImageConfig, "optimizer")
     assert parse_config(_Narrow, ["--lr-scaling", "sqrt"]).lr_scaling == "sqrt"
     assert parse_config(_Narrow, []).lr_scaling == "none"
     schedule = field_options(_Narrow, "lr_schedule")
@@ -203,21 +203,21 @@ def test_override_refuses_a_copied_or_unreasoned_choice_list():
         override("sgd", only=("sgd",))
 
     @dataclasses.dataclass
-    class Copied(TrainConfig):
+    class Copied(ImageConfig):
         optimizer: str = help_field("sgd", "SGD", choices=("sgd", "adamw"))
 
     with pytest.raises(TypeError, match="override"):
         field_options(Copied, "optimizer")
 
     @dataclasses.dataclass
-    class Wider(TrainConfig):
+    class Wider(ImageConfig):
         optimizer: str = override("sgd", only=("sgd", "adam"), why="a typo")
 
     with pytest.raises(TypeError, match="not a subset"):
         field_options(Wider, "optimizer")
 
     @dataclasses.dataclass
-    class New(TrainConfig):
+    class New(ImageConfig):
         queue: int = override(16, "no base declares it")
 
     with pytest.raises(TypeError, match="use help_field"):
@@ -258,3 +258,14 @@ def test_a_resumed_run_reads_old_names_by_their_values():
     old = {"text_layers": 3, "hidden": 64, "intermediate_size": 1200, "intermediate": "mse"}
     assert upgrade_config(old, defaults) == {"layers": 3, "hidden": 64,
                                              "intermediate_size": 1200, "layer_loss": "mse"}
+
+
+def test_the_image_configuration_s_old_name_still_imports_with_a_notice():
+    """``TrainConfig`` (before the kits) is ``ImageConfig`` with a FutureWarning."""
+    import contrastive.engine as engine
+
+    with pytest.warns(FutureWarning, match="TrainConfig is renamed ImageConfig"):
+        old = engine.TrainConfig
+    assert old is ImageConfig
+    with pytest.raises(AttributeError):
+        engine.NoSuchConfig  # noqa: B018

@@ -9,13 +9,13 @@ import json
 import torch
 from torch import nn
 
-from contrastive.engine import TrainConfig, train
+from contrastive.engine import ImageConfig, train
 from contrastive.engine.kits.image import default_channels_last
 from contrastive.engine.setup import compile_encoders
 
 
 @dataclasses.dataclass
-class _Cfg(TrainConfig):
+class _Cfg(ImageConfig):
     data: str = "synthetic:n=32,size=16"
     encoder: str = "small_cnn"
     image_size: int = 16

@@ -301,11 +301,11 @@ def _simclr_run(tmp_path, **kw: Any):
     import dataclasses
 
     from contrastive.augment import get_pipeline
-    from contrastive.engine import TrainConfig, train
+    from contrastive.engine import ImageConfig, train
     from contrastive.methods import SimCLR
 
     @dataclasses.dataclass
-    class Cfg(TrainConfig):
+    class Cfg(ImageConfig):
         data: str = "synthetic:n=32,size=16"
         encoder: str = "small_cnn"
         image_size: int = 16

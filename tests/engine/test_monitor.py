@@ -81,11 +81,11 @@ def test_the_knn_monitor_does_not_change_training(tmp_path, fresh_accelerate):
     from safetensors.torch import load_file
 
     from contrastive.augment import get_pipeline
-    from contrastive.engine import TrainConfig, train
+    from contrastive.engine import ImageConfig, train
     from contrastive.methods import SimCLR
 
     def run(out, knn_every):
-        cfg = TrainConfig(data="shapes:n=32,n_test=16,size=16", encoder="small_cnn", image_size=16,
+        cfg = ImageConfig(data="shapes:n=32,n_test=16,size=16", encoder="small_cnn", image_size=16,
                           batch_size=16, epochs=2, num_workers=1, progress=False,
                           mixed_precision="no", save_every_epochs=0, log_every=1,
                           knn_every=knn_every, knn_k=5, output_dir=str(tmp_path / out))

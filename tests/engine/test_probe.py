@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from contrastive.engine import TrainConfig, train
+from contrastive.engine import ImageConfig, train
 from contrastive.engine.kits.image_probe import OnlineProbe
 
 # small_cnn has batch norm: a train-mode probe forward would move its running statistics
@@ -30,7 +30,7 @@ def _pipeline(cfg):
 
 
 def _run(out, **kw):
-    return train(TrainConfig(output_dir=str(out), **{**TINY, **kw}), _method, _pipeline,
+    return train(ImageConfig(output_dir=str(out), **{**TINY, **kw}), _method, _pipeline,
                  recipe="probe-test")
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from contrastive.engine import TrainConfig, parse_config, train
+from contrastive.engine import ImageConfig, parse_config, train
 from contrastive.engine.trackers import parse_report_to, scalars
 from contrastive.methods import SimCLR
 
@@ -27,7 +27,7 @@ CRASH_AT = 4  # the optimiser step whose forward raises (the run has 4 steps)
 
 
 @dataclasses.dataclass
-class _Cfg(TrainConfig):
+class _Cfg(ImageConfig):
     data: str = "shapes:n=32,n_test=16,size=16"  # labelled, with a held-out split: the map
     encoder: str = "small_cnn"
     image_size: int = 16

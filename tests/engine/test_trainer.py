@@ -15,12 +15,12 @@ import pytest
 import torch
 from torch import nn
 
-from contrastive.engine import NonFiniteLossError, TrainConfig, reset_accelerate_state, run, train
+from contrastive.engine import ImageConfig, NonFiniteLossError, reset_accelerate_state, run, train
 from contrastive.methods import Method, ParamGroup
 
 
 @dataclasses.dataclass
-class _Cfg(TrainConfig):
+class _Cfg(ImageConfig):
     data: str = "synthetic:n=64,size=16"
     encoder: str = "small_cnn"
     image_size: int = 16

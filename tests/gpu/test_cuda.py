@@ -15,14 +15,14 @@ import logging
 import pytest
 import torch
 
-from contrastive.engine import TrainConfig, train
+from contrastive.engine import ImageConfig, train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="needs a CUDA device (GPU-only code paths)")
 
 
 @dataclasses.dataclass
-class _Cfg(TrainConfig):
+class _Cfg(ImageConfig):
     data: str = "synthetic:n=512,size=40"
     encoder: str = "torchvision:resnet18"
     image_size: int = 32

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from contrastive.data import get_dataset
-from contrastive.engine import TrainConfig, train
+from contrastive.engine import ImageConfig, train
 from contrastive.engine.extras import split_item
 from contrastive.engine.loader import SeededDataset
 from contrastive.methods import CLIP
@@ -22,7 +22,7 @@ DATA = "shapes-captions:n=48,n_test=20,size=16,max_length=12"
 
 
 @dataclasses.dataclass
-class _Cfg(TrainConfig):
+class _Cfg(ImageConfig):
     data: str = DATA
     encoder: str = "small_cnn"
     image_size: int = 16

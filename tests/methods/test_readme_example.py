@@ -32,9 +32,9 @@ def test_readme_method_example_registers_and_trains(tmp_path, monkeypatch, fresh
     assert out["loss"].requires_grad and torch.isfinite(out["loss"])
 
     from contrastive.augment import get_pipeline
-    from contrastive.engine import TrainConfig, train
+    from contrastive.engine import ImageConfig, train
 
-    cfg = TrainConfig(data="synthetic:n=32,size=16", encoder="small_cnn", image_size=16,
+    cfg = ImageConfig(data="synthetic:n=32,size=16", encoder="small_cnn", image_size=16,
                       batch_size=16, epochs=1, max_steps=2, num_workers=0, progress=False,
                       mixed_precision="no", log_every=1, output_dir=str(tmp_path / "run"))
     result = train(cfg, lambda c, data: get_method("align_uniform", encoder=c.encoder, dim=8),

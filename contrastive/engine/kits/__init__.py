@@ -6,7 +6,7 @@ evaluators, its artefact writers and its part of the hand-off to the method
 (:class:`~contrastive.engine.kits.base.HandOff`); the engine sees a kit only through
 :class:`~contrastive.engine.kits.base.DataAdapter` and reads no modality's field by name.
 
-- :mod:`~contrastive.engine.kits.image`: augmented views of images (``TrainConfig``,
+- :mod:`~contrastive.engine.kits.image`: augmented views of images (``ImageConfig``,
   ``ImageAdapter``, kNN monitor, ``encoder.pt``; the online probe in
   :mod:`~contrastive.engine.kits.image_probe`);
 - :mod:`~contrastive.engine.kits.image_text`: image-caption pairs (``DualEncoderConfig``,
@@ -23,7 +23,7 @@ How to add one: CONTRIBUTING.md, "Add a modality".
 """
 
 from contrastive.engine.kits.base import BATCH_KEYS, Artefacts, DataAdapter, HandOff, StepHook
-from contrastive.engine.kits.image import CifarConfig, DIMConfig, ImageAdapter, TrainConfig
+from contrastive.engine.kits.image import CifarConfig, DIMConfig, ImageAdapter, ImageConfig
 from contrastive.engine.kits.image_text import (
     DualEncoderConfig,
     ImageTextAdapter,
@@ -34,7 +34,7 @@ from contrastive.engine.kits.labelled_text import LabelledTextAdapter, LabelledT
 from contrastive.engine.kits.sentences import TextAdapter, TextConfig
 from contrastive.engine.kits.text import BertSizes, TextRunConfig
 
-__all__ = ["BATCH_KEYS", "Artefacts", "DataAdapter", "HandOff", "StepHook", "TrainConfig",
+__all__ = ["BATCH_KEYS", "Artefacts", "DataAdapter", "HandOff", "StepHook", "ImageConfig",
            "CifarConfig", "DIMConfig", "ImageAdapter", "ImageTextConfig", "DualEncoderConfig",
            "ImageTextAdapter", "dual_encoder_kwargs", "TextRunConfig", "BertSizes", "TextConfig",
            "TextAdapter", "LabelledTextConfig", "LabelledTextAdapter"]

@@ -1,6 +1,6 @@
 """The image kit: runs on augmented views of images (every image recipe).
 
-- configuration: :class:`TrainConfig` (what every run has, :class:`~contrastive.engine.config.RunConfig`,
+- configuration: :class:`ImageConfig` (what every run has, :class:`~contrastive.engine.config.RunConfig`,
   plus the encoder, crop size, augmentation path, kNN monitor and online probe), the recipe
   families :class:`CifarConfig` (solo-learn's CIFAR setup) and :class:`DIMConfig` (Deep InfoMax);
 - data: :class:`ImageAdapter`, views from an augmentation pipeline, per image in the loader
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from contrastive.augment.pipeline import Pipeline
     from contrastive.engine.kits.image_text import ImageTextConfig
 
-__all__ = ["TrainConfig", "CifarConfig", "DIMConfig", "ImageAdapter", "KNNEvaluator",
+__all__ = ["ImageConfig", "CifarConfig", "DIMConfig", "ImageAdapter", "KNNEvaluator",
            "EncoderArtefacts", "build_knn_evaluator", "default_channels_last", "feature_fn",
            "make_batch", "prepare_views", "write_encoder"]
 
@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class TrainConfig(RunConfig):
+class ImageConfig(RunConfig):
     """A run on images: the fields every run has (:class:`RunConfig`) and the image ones.
     Image recipes subclass it and change defaults / add fields."""
 
@@ -124,7 +124,7 @@ class TrainConfig(RunConfig):
 
 
 @dataclass
-class CifarConfig(TrainConfig):
+class CifarConfig(ImageConfig):
     """The CIFAR-10 training setup that solo-learn's configurations share (vturrisi/solo-learn,
     ``scripts/pretrain/cifar/*.yaml``), the source of our CIFAR recipes where a paper gives none:
     CIFAR-stem ResNet-18 at 32 px, batch 256, 1000 epochs, 10 warmup epochs then cosine, LARS
@@ -165,7 +165,7 @@ class CifarConfig(TrainConfig):
 
 
 @dataclass
-class DIMConfig(TrainConfig):
+class DIMConfig(ImageConfig):
     """What Deep InfoMax's recipes share (Hjelm et al., ICLR 2019; the authors' rdevon/DIM):
     Adam at a constant lr 1e-4 with cortex's betas (0.5, 0.999) and no weight decay (AdamW with
     weight decay 0 is Adam exactly), batch 64, and the method's fields (MI units, estimator,
@@ -248,19 +248,19 @@ class ImageAdapter:
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
         self.device_fn: Callable[..., list[Tensor]] | None = None
-        self.artefacts: Artefacts[TrainConfig] = EncoderArtefacts(pipeline)
-        self._cfg: TrainConfig | None = None
+        self.artefacts: Artefacts[ImageConfig] = EncoderArtefacts(pipeline)
+        self._cfg: ImageConfig | None = None
         self._told = False  # warned that the workers decoded a whole micro-batch
         self._size = 0
         self._num_classes: int | None = None
 
     @property
-    def cfg(self) -> TrainConfig:
+    def cfg(self) -> ImageConfig:
         """The run's configuration (known from :meth:`train_set` on)."""
         assert self._cfg is not None, "ImageAdapter: train_set() first"
         return self._cfg
 
-    def train_set(self, cfg: TrainConfig, accelerator: Any) -> Any:
+    def train_set(self, cfg: ImageConfig, accelerator: Any) -> Any:
         from contrastive.data import get_dataset
 
         self._cfg = cfg  # validated: --decode device comes with the batched augmentation
@@ -301,7 +301,7 @@ class ImageAdapter:
     def count(self, batch: dict[str, Any]) -> Tensor | None:
         return None
 
-    def prepare_method(self, cfg: TrainConfig, method: nn.Module,
+    def prepare_method(self, cfg: ImageConfig, method: nn.Module,
                        device: torch.device) -> nn.Module:
         """``--channels-last``: resolved on ``cfg`` (the run's copy, which config.json records)
         when unset (:func:`default_channels_last`), then applied to the method."""
@@ -315,7 +315,7 @@ class ImageAdapter:
                            "(measured 0.7-0.95x on the CPU); use one or the other")
         return method.to(memory_format=torch.channels_last)
 
-    def evaluators(self, cfg: TrainConfig, world: int) -> list[Any]:
+    def evaluators(self, cfg: ImageConfig, world: int) -> list[Any]:
         knn = build_knn_evaluator(cfg, self.pipeline, world)
         return [] if knn is None else [knn]
 
@@ -328,7 +328,7 @@ class ImageAdapter:
                                   else "per image")
         return text + (", decode on device" if self.cfg.decode == "device" else "")
 
-    def step_hook(self, cfg: TrainConfig, module: torch.nn.Module, train_set: Any,
+    def step_hook(self, cfg: ImageConfig, module: torch.nn.Module, train_set: Any,
                   device: torch.device) -> StepHook:
         return ImageStepHook(build_probe(cfg, module, train_set, device), cfg.batch_size)
 
@@ -434,7 +434,7 @@ def _subset(ds: Any, limit: int) -> Any:
     return Subset(ds, sorted(torch.randperm(n, generator=g)[:limit].tolist()))
 
 
-def build_knn_evaluator(cfg: TrainConfig, pipeline: Any, world: int) -> KNNEvaluator | None:
+def build_knn_evaluator(cfg: ImageConfig, pipeline: Any, world: int) -> KNNEvaluator | None:
     """The kNN evaluator (``--knn-every``), or None when off or the data has no labelled
     held-out split. Bank and queries use the evaluation transform with the pipeline's
     normalisation, as ``contrastive-knn-eval`` on the finished run does."""
@@ -461,7 +461,7 @@ def build_knn_evaluator(cfg: TrainConfig, pipeline: Any, world: int) -> KNNEvalu
                         channels_last=bool(cfg.channels_last))
 
 
-def write_encoder(out: Path, cfg: TrainConfig | ImageTextConfig, module: nn.Module,
+def write_encoder(out: Path, cfg: ImageConfig | ImageTextConfig, module: nn.Module,
                   pipeline: Any, recipe: str,
                   step: int) -> Path:
     """``<out>/encoder.pt``: the method's backbone as a :class:`~contrastive.records.EncoderRecord`
@@ -490,7 +490,7 @@ class EncoderArtefacts:
     def __init__(self, pipeline: Any) -> None:
         self.pipeline = pipeline
 
-    def write(self, out: Path, cfg: TrainConfig, module: nn.Module, recipe: str,
+    def write(self, out: Path, cfg: ImageConfig, module: nn.Module, recipe: str,
               step: int) -> Path:
         out.mkdir(parents=True, exist_ok=True)
         return write_encoder(out, cfg, module, self.pipeline, recipe, step)

@@ -31,7 +31,7 @@ from contrastive.engine.checkpoint import TrainState
 from contrastive.methods.base import encoder_of
 
 if TYPE_CHECKING:
-    from contrastive.engine.kits.image import TrainConfig
+    from contrastive.engine.kits.image import ImageConfig
 
 __all__ = ["OnlineProbe", "ImageStepHook", "build_probe"]
 
@@ -114,7 +114,7 @@ class OnlineProbe(nn.Module):
         self.optimizer.load_state_dict(state["optimizer"])
 
 
-def build_probe(cfg: TrainConfig, module: nn.Module, train_set: Any,
+def build_probe(cfg: ImageConfig, module: nn.Module, train_set: Any,
                 device: torch.device) -> OnlineProbe | None:
     """The online linear probe (``--online-probe``, image runs), or None when off or without
     labels."""
