@@ -94,10 +94,12 @@ class InitReport:
     new: list[str] = field(default_factory=list)  # the module's heads the weights lack
     unused: list[str] = field(default_factory=list)  # the weights' heads and other copies
     found_under: str = ""  # the source key prefix the backbone was matched under
+    stripped: str = ""  # the wrapper prefix resolve_init removed from every key
 
     def line(self) -> str:
         """The one-line summary the recipes log."""
-        where = f" (found under {self.found_under!r} by matching the module's keys)" if self.found_under else ""
+        where = (f" (found under {self.found_under!r} by matching the module's keys)" if self.found_under
+                 else f" ({self.stripped!r} stripped: every key carries it)" if self.stripped else "")
         return (f"--init {self.source}: loaded {self.loaded} tensors{where}; new in the module: "
                 f"{_some(self.new)}; unused: {_some(self.unused)}")
 
@@ -183,16 +185,23 @@ def load_into(module: nn.Module, init: InitWeights, *, prefix: str | None = None
         InitError: a shape mismatch (names the key and both shapes), a key set that does not
             match (names both sides' keys), backbone tensors missing or left over.
     """
-    try:
-        result = load_aligned(module, init.state_dict, what=f"--init {init.source}",
-                              model=f"the {type(module).__name__} backbone", prefix=prefix,
-                              new_heads=True,
-                              hint="give the weights of this architecture (or the --encoder they were "
-                                   "trained with)")
-    except CheckpointMismatchError as e:
-        raise InitError(str(e)) from None
+    candidates = [init.state_dict]
+    if init.stripped:  # a module whose own keys start with the wrapper's name: the keys as saved
+        candidates.append({init.stripped + k: v for k, v in init.state_dict.items()})
+    errors: list[CheckpointMismatchError] = []
+    for state in candidates:
+        try:  # check_fit raises before anything is copied
+            result = load_aligned(module, state, what=f"--init {init.source}",
+                                  model=f"the {type(module).__name__} backbone", prefix=prefix,
+                                  new_heads=True, hint="give the weights of this architecture (or "
+                                  "the --encoder they were trained with)")
+            break
+        except CheckpointMismatchError as e:
+            errors.append(e)
+    else:
+        raise InitError(str(errors[0])) from None
     report = InitReport(init.source, len(result.state_dict), list(result.missing), result.ignored,
-                        result.source_prefix)
+                        result.source_prefix, "" if errors else init.stripped)
     log.info("%s", report.line())
     return report
 
@@ -204,8 +213,8 @@ def _normalisation(spec: str, given: tuple[tuple[float, ...] | None, tuple[float
     known_pair = tuple(tuple(float(v) for v in t) if t else None for t in known)
     if given[0] is not None:
         if known_pair[0] is not None and known_pair != given:
-            log.warning("--init %s: using the given mean %s / std %s, not the %s %s / %s", spec,
-                        given[0], given[1], recorded_by, known_pair[0], known_pair[1])
+            log.warning("--init %s: using the given mean %s / std %s, not %s / %s (%s)", spec,
+                        given[0], given[1], known_pair[0], known_pair[1], recorded_by)
         return given[0], given[1], "given (--init-mean/--init-std)"
     if known_pair[0] is not None and known_pair[1] is not None:
         return known_pair[0], known_pair[1], recorded_by

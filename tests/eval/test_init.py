@@ -88,6 +88,28 @@ def test_a_prefix_every_key_carries_is_stripped(tmp_path, wrapper):
     assert_loaded(module, state)
 
 
+class Holder(nn.Module):
+    """A module whose own backbone keys start with ``encoder.``, beside a new head."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = Tiny()
+        self.fc = nn.Linear(4, 2)
+
+
+def test_a_stripped_prefix_the_module_itself_uses_still_loads(tmp_path):
+    state = tiny_state(seed=7)
+    torch.save({f"encoder.{k}": v for k, v in state.items()}, tmp_path / "w.pt")
+    init = resolve_init(tmp_path / "w.pt")
+    module = Holder()
+    report = load_into(module, init)
+    assert init.stripped == "encoder." and report.new == ["fc.weight", "fc.bias"]
+    assert_loaded(module.encoder, state)
+    assert "stripped: every key" not in report.line()
+    plain = Tiny()
+    assert "'encoder.' stripped: every key carries it" in load_into(plain, init).line()
+
+
 def test_lightning_checkpoint_finds_the_backbone_by_its_keys(tmp_path):
     state = tiny_state(seed=1)
     nested = {f"backbone.{k}": v for k, v in state.items()}
@@ -125,6 +147,29 @@ def test_torchvision_reference_checkpoint_and_a_new_head(tmp_path):
     assert sorted(report.new) == ["fc.bias", "fc.weight"] and report.loaded == len(state)
     assert_loaded(module, state)
     assert_loaded(module.fc, fc_before)  # the head keeps its initialisation
+
+
+def test_run_folder_brings_its_recorded_normalisation(tmp_path, caplog):
+    from contrastive.records import EncoderRecord
+
+    state = tiny_state(seed=6)
+    source = Tiny()
+    source.load_state_dict(state)
+    (tmp_path / "run").mkdir()
+    EncoderRecord.from_module(source, "tiny", mean=[0.1, 0.2, 0.3], std=[0.4, 0.5, 0.6]).save(
+        tmp_path / "run" / "encoder.pt")
+    init = resolve_init(tmp_path / "run")
+    assert (init.kind, init.encoder, init.path) == ("encoder.pt", "tiny", tmp_path / "run" / "encoder.pt")
+    assert init.mean == (0.1, 0.2, 0.3) and init.std == (0.4, 0.5, 0.6)
+    assert init.norm_from == "recorded in the checkpoint" and init.sha256 == sha(init.path)
+    module = Tiny()
+    load_into(module, init)
+    assert_loaded(module, state)
+    with caplog.at_level("WARNING", logger="contrastive.eval.init"):
+        given = resolve_init(tmp_path / "run", mean=[0.5], std=[0.5])
+    assert given.mean == (0.5,) and given.norm_from.startswith("given") and "not (0.1, 0.2, 0.3)" in caplog.text
+    assert resolve_init(tmp_path / "run" / "encoder.pt", mean=[0.1, 0.2, 0.3],
+                        std=[0.4, 0.5, 0.6]).mean == init.mean
 
 
 # -- one-line errors ----------------------------------------------------------------------------
