@@ -256,6 +256,25 @@ def test_timm_name_downloads_through_the_hub_and_takes_timm_normalisation(tmp_pa
     assert described["sha256"] == init.sha256 and described["mean"] == list(cfg.mean)
 
 
+def test_torchvision_name_downloads_into_the_hub_cache_once(tmp_path, monkeypatch):
+    import torchvision.models as tvm
+
+    weights = tvm.get_model_weights("resnet18").DEFAULT
+    state, calls = tiny_state(seed=8), []
+
+    def fake_download(url, dst, **kwargs):
+        calls.append(url)
+        torch.save(state, dst)
+
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))
+    monkeypatch.setattr(torch.hub, "download_url_to_file", fake_download)
+    init = resolve_init("torchvision:resnet18")
+    assert calls == [weights.url] and init.path == tmp_path / "hub" / "checkpoints" / Path(weights.url).name
+    preset = weights.transforms()
+    assert init.mean == tuple(preset.mean) and init.std == tuple(preset.std) and init.sha256 == sha(init.path)
+    assert resolve_init("torchvision:resnet18").sha256 == init.sha256 and len(calls) == 1  # cached
+
+
 def test_offline_names_the_local_file_form_in_one_line(tmp_path, monkeypatch):
     import huggingface_hub
     from huggingface_hub.errors import LocalEntryNotFoundError
