@@ -9,25 +9,34 @@ Accepted ``checkpoint`` arguments (see :func:`read_checkpoint`):
   the copy of the configuration in the folder's ``meta.json``); both layouts are defined once,
   in :mod:`contrastive.records`;
 - an official MoCo v1/v2 checkpoint (``state_dict`` with ``module.encoder_q.*`` keys and ``arch``),
-  or MoCo v3 (``module.base_encoder.*``); any other file holding a plain state dict;
+  or MoCo v3 (``module.base_encoder.*``); any other file holding a plain state dict, or a
+  checkpoint dict nesting one (timm's order, ``timm/models/_helpers.py``: ``state_dict_ema``,
+  ``model_ema``, ``state_dict`` (also Lightning's), ``model`` (torchvision's references), then
+  ``module``);
 - a model name with its own weights, ``timm:<model>`` / ``torchvision:<model>`` (downloads);
 - ``random`` (with an encoder name): a randomly initialised encoder, the baseline.
 
 Every file is read with ``torch.load(weights_only=True)`` (or safetensors): a checkpoint cannot run
-code. Keys are matched by :func:`align_state_dict`: it finds the prefix under which the checkpoint
+code. The one class allowed beyond tensors and plain values is ``argparse.Namespace`` (the
+``args`` of timm's and torchvision's training checkpoints; timm allows it too), which holds
+attributes and runs nothing. Keys are matched by :func:`align_state_dict`: it finds the prefix under which the checkpoint
 holds the backbone (``module.encoder_q.``, ``encoder.model.`` ...; momentum/key encoders lose ties),
 then requires every backbone tensor to be present with the right shape, and every left-over entry
 under that prefix to be a head (``fc``, ``head``, ``classifier``, projector, predictor): the MoCo v3
 "only the classifier differs" check, in both directions. A mismatch raises
-:class:`CheckpointMismatchError` naming the missing, surplus and mis-shaped keys.
+:class:`CheckpointMismatchError`, one line naming the missing, surplus and mis-shaped keys.
+:func:`load_aligned` is that match, check and load for any module (:func:`load_encoder` and
+``--init``'s :func:`contrastive.eval.init.load_into` both use it).
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import io
 import json
 import logging
+import pickle
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +65,8 @@ __all__ = [
     "AlignResult",
     "HEAD_NAMES",
     "align_state_dict",
+    "check_fit",
+    "load_aligned",
     "read_checkpoint",
     "load_encoder",
     "file_sha256",
@@ -68,6 +79,9 @@ HEAD_NAMES = ("fc", "head", "heads", "classifier", "projector", "predictor", "he
 _SECONDARY = ("momentum", "encoder_k", "key_encoder", "key_net", "target", "teacher", "ema", "k_encoder")
 _PREFERRED = ("encoder_q", "base_encoder", "encoder", "backbone", "student", "model")
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.bin", "model.pt")
+# Keys under which a checkpoint dict nests the state dict, in timm's order of preference
+# (timm/models/_helpers.py load_state_dict: the EMA weights first); "module": older wrappers.
+STATE_KEYS = ("state_dict_ema", "model_ema", "state_dict", "model", "module")
 # MoCo's `arch` (torchvision names) -> our encoder names
 _ARCH_TO_ENCODER = {
     "vit_base": "timm:vit_base_patch16_224",
@@ -93,6 +107,7 @@ class RawCheckpoint:
     files: list[dict[str, str]] = field(default_factory=list)  # every file read: path, sha256 of its bytes
     #: what the weights were trained with: encoder_kwargs, image_size (and mean, std from encoder.pt)
     settings: dict[str, Any] = field(default_factory=dict)
+    state_key: str = ""  # the key of a checkpoint dict that held the state dict ("" : top level)
 
 
 @dataclass
@@ -106,6 +121,13 @@ class AlignResult:
     mismatched: list[str] = field(default_factory=list)  # "key: checkpoint (..) vs model (..)"
     unused_backbone: list[str] = field(default_factory=list)
     unused_heads: list[str] = field(default_factory=list)
+    outside: list[str] = field(default_factory=list)  # source keys not under source_prefix
+
+    @property
+    def ignored(self) -> list[str]:
+        """The source's keys left unloaded without error: heads, and everything outside the
+        prefix (a momentum copy, a queue, a projector of the method)."""
+        return self.unused_heads + self.outside
 
 
 @dataclass
@@ -178,14 +200,34 @@ def _load_file(path: Path) -> tuple[Any, str]:
     if path.suffix == ".safetensors":
         from safetensors.torch import load
 
-        return load(data), sha
+        try:
+            return load(data), sha
+        except Exception as e:  # a truncated or foreign file
+            raise ValueError(f"{path}: not a readable safetensors file ({e}); give the weights "
+                             "file as saved (safetensors.torch.save_file)") from None
     try:
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True), sha
-    except Exception as e:  # pickle with code in it, or not a torch file
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True), sha
+    except pickle.UnpicklingError:  # a pickle that needs code to run (refused, unrun), or no pickle
+        try:
+            found = torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(data))
+        except Exception:  # not a torch.save file at all (torch's message is about pickles)
+            raise _not_weights(path, None) from None
         raise ValueError(
-            f"cannot read checkpoint {path} with torch.load(weights_only=True): {e}. Only "
-            "tensor/dict checkpoints are accepted (never arbitrary pickles)"
-        ) from e
+            f"{path}: refused to load, torch.load(weights_only=True) found code it would have to "
+            f"run ({', '.join(found) or 'an unsupported global'}); only tensors and plain values "
+            "load (never arbitrary pickles): save the weights as .safetensors or a plain state dict"
+        ) from None
+    except Exception as e:  # not a torch file
+        raise _not_weights(path, e) from None
+
+
+def _not_weights(path: Path, e: Exception | None) -> ValueError:
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0] if e is not None else ""
+    return ValueError(
+        f"{path}: not a weights file that torch.load or safetensors reads{f' ({first})' if first else ''}; "
+        "give a .safetensors, .pt / .pth (a state dict or a checkpoint dict) or a run folder"
+    )
 
 
 def _read_config(path: Path) -> tuple[dict[str, Any] | None, list[dict[str, str]]]:
@@ -279,10 +321,10 @@ def read_checkpoint(checkpoint: str | Path, *, encoder: str | None = None) -> Ra
         return RawCheckpoint(record.state_dict, encoder or record.encoder, "encoder.pt",
                              path, sha, config, record.encoder, meta, files, settings)
     if isinstance(obj, Mapping):
-        state = obj
-        for key in ("state_dict", "model", "module"):
+        state, state_key = obj, ""
+        for key in STATE_KEYS:
             if isinstance(obj.get(key), Mapping):
-                state = obj[key]
+                state, state_key = obj[key], key
                 break
         state = _tensors_only(state, path)
         arch = obj.get("arch") if isinstance(obj.get("arch"), str) else None
@@ -302,7 +344,7 @@ def read_checkpoint(checkpoint: str | Path, *, encoder: str | None = None) -> Ra
                     "timm's 6): pass --encoder NAME"
                 )
         return RawCheckpoint(state, encoder or recorded, kind, path, sha, config, recorded, files=files,
-                             settings=settings)
+                             settings=settings, state_key=state_key)
     raise ValueError(f"{path}: expected a dict of tensors, got {type(obj).__name__}")
 
 
@@ -392,18 +434,36 @@ def align_state_dict(
             out[tk] = source[sk]
     used = {prefix + u for u in rel}
     for sk in source:
-        if sk.startswith(prefix) and sk not in used:
+        if not sk.startswith(prefix):
+            result.outside.append(sk)
+        elif sk not in used:
             (result.unused_heads if _is_head(sk[len(prefix) :]) else result.unused_backbone).append(sk)
     return result
 
 
-def check_fit(result: AlignResult, *, what: str, model: str, hint: str = "") -> None:
-    """Raise :class:`CheckpointMismatchError` unless the backbone fits exactly (heads aside)."""
+def _is_new_head(result: AlignResult, key: str) -> bool:
+    return _is_head(key[len(result.target_prefix) :])
+
+
+def check_fit(result: AlignResult, *, what: str, model: str, hint: str = "",
+              new_heads: bool = False) -> None:
+    """Raise :class:`CheckpointMismatchError` (one line) unless the backbone fits exactly, heads
+    aside: the source's heads may go unused, and with ``new_heads`` the model's heads may be
+    missing from the source (they keep their initialisation)."""
+    missing = [k for k in result.missing if not (new_heads and _is_new_head(result, k))]
+    fix = f": {hint}" if hint else ": pass --encoder NAME matching the checkpoint"
+    if missing and not result.state_dict and not result.mismatched:
+        source = sorted(result.unused_backbone + result.unused_heads + result.outside)
+        raise CheckpointMismatchError(
+            f"{what} does not fit {model}: none of its {len(source)} tensors matches the model's "
+            f"{len(result.missing)} keys (its keys look like {source[:3]}, the model's like "
+            f"{result.missing[:3]}). It is probably another architecture, or not a backbone{fix}"
+        )
     problems = []
-    if result.missing:
-        problems.append(f"{len(result.missing)} model tensors missing from it (e.g. {result.missing[:4]})")
     if result.mismatched:
         problems.append(f"{len(result.mismatched)} of another shape (e.g. {result.mismatched[:3]})")
+    if missing:
+        problems.append(f"{len(missing)} model tensors missing from it (e.g. {missing[:4]})")
     if result.unused_backbone:
         problems.append(
             f"{len(result.unused_backbone)} backbone tensors the model lacks (e.g. {result.unused_backbone[:4]})"
@@ -411,10 +471,21 @@ def check_fit(result: AlignResult, *, what: str, model: str, hint: str = "") -> 
     if problems:
         raise CheckpointMismatchError(
             f"{what} does not fit {model} (looked under key prefix {result.source_prefix!r}): "
-            + "; ".join(problems)
-            + ". It is probably another architecture"
-            + (f": {hint}" if hint else ": pass --encoder NAME matching the checkpoint")
+            + "; ".join(problems) + f". It is probably another architecture{fix}"
         )
+
+
+def load_aligned(module: nn.Module, source: Mapping[str, Tensor], *, what: str, model: str,
+                 hint: str = "", prefix: str | None = None, new_heads: bool = False) -> AlignResult:
+    """Match ``source`` to ``module``'s keys (:func:`align_state_dict`), check the fit
+    (:func:`check_fit`) and copy the tensors into the module, bit for bit (in its dtype and
+    device). With ``new_heads``, heads the source lacks keep their initialisation."""
+    result = align_state_dict(source, module.state_dict(), prefix=prefix)
+    check_fit(result, what=what, model=model, hint=hint, new_heads=new_heads)
+    outcome = module.load_state_dict(result.state_dict, strict=not new_heads)
+    if set(outcome.missing_keys) != set(result.missing) or outcome.unexpected_keys:  # a bug of ours
+        raise RuntimeError(f"loading {what}: expected missing {result.missing}, got {outcome}")
+    return result
 
 
 # ---------------------------------------------------------------------------------------------
@@ -469,17 +540,15 @@ def load_encoder(
     if raw.kind == "random":
         return LoadedEncoder(model.eval(), raw.encoder_name, raw.kind, None, raw.sha256, meta=raw.meta,
                              settings=raw.settings)
-    target = model.state_dict()
-    result = align_state_dict(raw.state_dict, target, prefix=prefix)
     trained_with = raw.recorded_encoder
     hint = (
         f"it records encoder {trained_with!r}; pass --encoder {trained_with}"
         if trained_with and trained_with != raw.encoder_name
         else ""
     )
-    check_fit(result, what=f"checkpoint {raw.path}", model=f"encoder {raw.encoder_name!r}", hint=hint)
-    model.load_state_dict(result.state_dict, strict=True)
-    ignored = result.unused_heads + [k for k in raw.state_dict if not k.startswith(result.source_prefix)]
+    result = load_aligned(model, raw.state_dict, what=f"checkpoint {raw.path}",
+                          model=f"encoder {raw.encoder_name!r}", hint=hint, prefix=prefix)
+    ignored = result.ignored
     if result.unused_heads:
         log.info("ignored %d head tensors of %s: %s", len(result.unused_heads), raw.path, result.unused_heads[:6])
     return LoadedEncoder(model.eval(), raw.encoder_name, raw.kind, raw.path, raw.sha256, ignored, raw.config,
