@@ -25,7 +25,8 @@ from contrastive.engine.handoff import DataInfo
 from contrastive.engine.kits.base import DataAdapter
 from contrastive.engine.run_folder import RunFolderError, os_error_message
 from contrastive.engine.step import ClipPartsError
-from contrastive.engine.trainer import TrainResult, train
+from contrastive.engine.trainer import TrainResult, kit_of, train
+from contrastive.eval.init import InitError
 from contrastive.nn.encoders import EncoderArgumentError
 from contrastive.nn.text_encoders import UnsafeCheckpointError
 
@@ -67,9 +68,18 @@ def run(config_cls: type[RunConfig], build_method: Callable[[Any, DataInfo], nn.
     cfg = parse_config(config_cls, argv, prog=f"{name}.py")
     setup_logging()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if (build_pipeline is None) == (adapter is None):
+        raise TypeError("run: give build_pipeline (images) or adapter, not both")
+    kit = kit_of(build_pipeline, adapter, cfg)
+    try:  # the kit's input (--init, --task, a teacher), before the run folder: one line
+        kit.prepare(cfg)
+    except _INPUT_ERRORS as e:
+        sys.stderr.write(f"{name}.py: error: {e}\n")
+        raise SystemExit(2) from None
     try:
-        result = train(cfg, build_method, build_pipeline, adapter=adapter, recipe=name)
-    except (RunFolderError, GradCacheError, ClipPartsError, EncoderArgumentError) as e:
+        result = train(cfg, build_method, adapter=kit, recipe=name)
+    except (RunFolderError, GradCacheError, ClipPartsError, EncoderArgumentError,
+            InitError) as e:
         # the folder, a checkpoint file, options the method or the encoder refuses: one line
         raise SystemExit(f"{name}: error: {e}") from None
     except UnsafeCheckpointError as e:  # the user's model file, refused unread: bad input

@@ -6,6 +6,7 @@ seconds with a message that names the fix.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from contrastive.engine.checkpoint import model_signature, read_meta, resolve_re
 from contrastive.engine.config import RunConfig
 from contrastive.engine.grad_cache import GradCache, check_grad_cache
 from contrastive.engine.handoff import DataInfo, data_info
-from contrastive.engine.kits.base import BATCH_KEYS
+from contrastive.engine.kits.base import BATCH_KEYS, DataAdapter
 from contrastive.engine.loader import GlobalBatchSampler, build_train_loader
 from contrastive.engine.optim import build_optimizer
 from contrastive.engine.run_state import RUN_STATE_FILE, read_run_state
@@ -205,18 +206,18 @@ class Model:
 
 def build_model(cfg: RunConfig, build_method: Callable[[Any, DataInfo], nn.Module],
                 accelerator: Any, data: DataInfo, extra: tuple[str, ...] = (), *,
-                prepare: Callable[[Any, nn.Module, torch.device], nn.Module] | None = None
-                ) -> Model:
-    """``build_method(cfg, data)`` (seeded with ``cfg.seed``), converted for the run's options
-    and by the kit (``prepare(cfg, method, device)``: its
-    :meth:`~contrastive.engine.kits.base.DataAdapter.prepare_method`), its optimiser at the
-    scaled peak lr, both ``prepare``d. ``extra``: the data set's per-sample fields beyond image
-    and label (:func:`contrastive.engine.extras.extra_keys`)."""
+                kit: DataAdapter[Any] | None = None) -> Model:
+    """``build_method(cfg, data)`` (seeded with ``cfg.seed``; inside the ``kit``'s
+    ``method_building(cfg)``: the image kit's ``--init``), converted for the run's options and
+    by the kit (its ``prepare_method``), its optimiser at the scaled peak lr, both ``prepare``d.
+    ``extra``: the data set's per-sample fields beyond image and label
+    (:func:`contrastive.engine.extras.extra_keys`)."""
     from accelerate.utils import set_seed
 
     world, device = accelerator.num_processes, accelerator.device
     set_seed(cfg.seed)
-    method = build_method(cfg, data)
+    with kit.method_building(cfg) if kit is not None else contextlib.nullcontext():
+        method = build_method(cfg, data)
     needs, schedules = method_inputs(method, extra)
     signature = model_signature(method)  # as built: what a checkpoint must match
     # accumulation where the loss couples samples, caching without a backbone: refused here
@@ -230,8 +231,8 @@ def build_model(cfg: RunConfig, build_method: Callable[[Any, DataInfo], nn.Modul
             logger.warning("--sync-bn ignored: SyncBatchNorm needs GPU processes")
     if cfg.float64:
         method = method.double()  # inputs follow in the step and the kNN monitor
-    if prepare is not None:
-        method = prepare(cfg, method, device)
+    if kit is not None:
+        method = kit.prepare_method(cfg, method, device)
     if cfg.compile:
         logger.info("compiled: %s", ", ".join(compile_encoders(method)))
     peak_lr = scaled_lr(cfg.lr, cfg.batch_size, cfg.lr_scaling)

@@ -150,10 +150,15 @@ def train(cfg: RunConfig, build_method: Callable[[Any, DataInfo], nn.Module],
     ``build_pipeline`` returns a :class:`contrastive.augment.Pipeline` (per-image ``__call__``
     and ``split()`` for the batched path): the :class:`~contrastive.engine.kits.image.ImageAdapter`
     (give it or ``adapter``). See the module docstring for the steps.
+
+    The kit reads and checks its input (``adapter.prepare(cfg)``: the image kit's ``--init``,
+    the labelled-text kit's task and teacher) before the run folder exists.
     """
     if (build_pipeline is None) == (adapter is None):
         raise TypeError("train: give build_pipeline (images) or adapter, not both")
     cfg.validate()
+    kit = kit_of(build_pipeline, adapter, cfg)
+    kit.prepare(cfg)
     out = Path(cfg.output_dir or os.path.join("runs", recipe))
     check_output_dir(out)  # a file, read-only: one line, before anything is built
     check_fresh_output_dir(out, cfg.resume)  # before any process writes anything
@@ -175,27 +180,32 @@ def train(cfg: RunConfig, build_method: Callable[[Any, DataInfo], nn.Module],
         out.mkdir(parents=True, exist_ok=True)
     try:  # from here on the folder is this run's: its run_state.json says how the run ended
         with StopRequests(watch_parent(cfg.stop_if_orphaned)) as stop:
-            return _train(cfg, build_method, build_pipeline, adapter, recipe, out,
-                          accelerator, stop, precision_reason=why)
+            return _train(cfg, build_method, kit, recipe, out, accelerator, stop,
+                          precision_reason=why)
     except BaseException as exc:
         if is_main:
             record_failure(out, exc)
         raise
 
 
+def kit_of(build_pipeline: Callable[[Any], Any] | None, adapter: DataAdapter[Any] | None,
+           cfg: RunConfig) -> DataAdapter[Any]:
+    """The run's kit: ``adapter``, or the image kit's over ``build_pipeline(cfg)``."""
+    if adapter is not None:
+        return adapter
+    assert build_pipeline is not None
+    images: DataAdapter[Any] = ImageAdapter(build_pipeline(cfg))
+    return images
+
+
 def _train(cfg: RunConfig, build_method: Callable[[Any, DataInfo], nn.Module],
-           build_pipeline: Callable[[Any], Any] | None, adapter: DataAdapter[Any] | None,
-           recipe: str, out: Path, accelerator: Any, stop: StopRequests, *,
-           precision_reason: str = "") -> TrainResult:
+           adapter: DataAdapter[Any], recipe: str, out: Path, accelerator: Any,
+           stop: StopRequests, *, precision_reason: str = "") -> TrainResult:
     """The body of :func:`train` once the output folder and the accelerator exist."""
     # ---- set-up ---------------------------------------------------------------------------
-    if adapter is None:
-        assert build_pipeline is not None
-        images: DataAdapter[Any] = ImageAdapter(build_pipeline(cfg))  # the image kit's
-        adapter = images
     data = build_data(cfg, adapter, accelerator)
     m = build_model(cfg, build_method, accelerator, data.info, extra_keys(data.train_set),
-                    prepare=adapter.prepare_method)  # image: the memory format
+                    kit=adapter)  # image: --init, the memory format
     hook = adapter.step_hook(cfg, m.module, data.train_set, accelerator.device)  # image: probe
     evaluators = adapter.evaluators(cfg, accelerator.num_processes)
     best = BestKeeper(cfg.keep_best) if cfg.keep_best else None

@@ -33,11 +33,13 @@ children of a torchvision ``features`` Sequential (VGG, MobileNet, EfficientNet,
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
 import fnmatch
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Any
 
 from torch import Tensor, nn
@@ -48,6 +50,7 @@ __all__ = [
     "EncoderArgumentError",
     "UnknownEncoderError",
     "create_encoder",
+    "starting_weights",
     "list_encoders",
     "register_encoder",
     "resolve_encoder",
@@ -244,7 +247,34 @@ def create_encoder(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Mod
         if error is None:
             raise
         raise error from e
-    return _checked(net, name)
+    net = _checked(net, name)
+    start = _STARTING.get()
+    if start is not None and start.name == name:
+        start.load(net)
+        start.loaded += 1
+    return net
+
+
+class _Start:
+    def __init__(self, name: str, load: Callable[[nn.Module], None]) -> None:
+        self.name, self.load, self.loaded = name, load, 0
+
+
+_STARTING: ContextVar[_Start | None] = ContextVar("starting_weights", default=None)
+
+
+@contextlib.contextmanager
+def starting_weights(name: str, load: Callable[[nn.Module], None]) -> Iterator[_Start]:
+    """Inside the block, every :func:`create_encoder` of ``name`` calls ``load(encoder)`` on
+    the new encoder before returning it: a method built there starts its backbone from those
+    weights, and every copy it makes of it afterwards (a momentum encoder, a teacher) starts
+    equal to it (``--init``). The yielded object's ``loaded`` counts the encoders loaded."""
+    start = _Start(name, load)
+    token = _STARTING.set(start)
+    try:
+        yield start
+    finally:
+        _STARTING.reset(token)
 
 
 # Python's message for a keyword that a function or class does not take

@@ -6,6 +6,11 @@ in one module. The engine knows kits only through these protocols.
 
 A :class:`DataAdapter` owns everything modality-specific between the data spec and the method:
 
+- ``prepare(cfg)``: read and check the kit's input before the run folder exists (a refusal is
+  one line from :func:`contrastive.engine.run`); called again with an equal configuration it
+  does nothing;
+- ``method_building(cfg)``: a context the recipe's ``build_method`` runs in (the image kit's
+  ``--init``: every backbone the method creates starts from those weights, before any copy);
 - ``train_set(cfg, accelerator)``: the training data set (the engine wraps it in its seeded,
   resumable sampler and loader, :mod:`contrastive.engine.loader`);
 - ``batch(sample, needs, sched, ...)``: one collated loader sample -> the method's ``batch``
@@ -29,15 +34,14 @@ A :class:`DataAdapter` owns everything modality-specific between the data spec a
   (:class:`HandOff`), the kit's fields of the :class:`~contrastive.engine.handoff.DataInfo`
   the recipe's ``build_method(cfg, data)`` gets;
 - optionally ``collate(items)``: the loader's collate function (in the workers), when torch's
-  default stacking does not fit (text: tokenise a batch and pad it to its longest sentence);
-- optionally ``prepare(cfg)``: read and check the kit's input before the run folder exists
-  (a refusal is one line: :func:`contrastive.engine.cli`).
+  default stacking does not fit (text: tokenise a batch and pad it to its longest sentence).
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypedDict, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -101,6 +105,10 @@ class DataAdapter(Protocol[KitConfig]):
     @property
     def artefacts(self) -> Artefacts[KitConfig]: ...  # the writer (known after train_set)
 
+    def prepare(self, cfg: KitConfig) -> None: ...
+
+    def method_building(self, cfg: KitConfig) -> contextlib.AbstractContextManager[Any]: ...
+
     def train_set(self, cfg: KitConfig, accelerator: Any) -> Any: ...
 
     def batch(self, sample: tuple[Any, ...], needs: tuple[str, ...], sched: dict[str, float], *,
@@ -148,15 +156,22 @@ class StepHook(Protocol):
         may sit here)."""
 
 
-class KitDefaults:
-    """The :class:`DataAdapter` methods of a kind of run that converts nothing in the built
-    method, has no work beside the loop's steps and no embedding map (image-text, text)."""
+class KitDefaults(Generic[KitConfig]):
+    """The :class:`DataAdapter` methods of a kind of run that reads nothing before the run
+    folder, takes no part in building the method and converts nothing in it, has no work
+    beside the loop's steps and no embedding map (image-text, text)."""
 
-    def prepare_method(self, cfg: RunConfig, method: nn.Module,
+    def prepare(self, cfg: KitConfig) -> None:
+        return None
+
+    def method_building(self, cfg: KitConfig) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def prepare_method(self, cfg: KitConfig, method: nn.Module,
                        device: torch.device) -> nn.Module:
         return method
 
-    def step_hook(self, cfg: RunConfig, module: torch.nn.Module, train_set: Any,
+    def step_hook(self, cfg: KitConfig, module: torch.nn.Module, train_set: Any,
                   device: torch.device) -> StepHook | None:
         return None
 

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -113,7 +113,7 @@ def eval_pipeline(image_size: int) -> Any:
                         std=(1.0, 1.0, 1.0))
 
 
-class ImageTextAdapter(KitDefaults, Generic[C]):
+class ImageTextAdapter(KitDefaults[C]):
     """Image-text pairs (:class:`contrastive.data.captions.ImageTextDataset`, e.g. ``--data
     shapes-captions | captions:ROOT | wds-captions:DIR``): uint8 centre crops from the workers,
     scaled to [0, 1] on the device, and the caption's ``input_ids`` / ``attention_mask``.

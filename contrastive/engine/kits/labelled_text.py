@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -228,7 +228,7 @@ class ClassifierArtefacts:
 
     def main_file(self, out: Path) -> Path:
         return out / MODEL_DIR / CLASSIFIER_FILE
-class LabelledTextAdapter(TokenAdapter, Generic[C]):
+class LabelledTextAdapter(TokenAdapter[C]):
     """Labelled sentences or sentence pairs of a task (``--task``: GLUE under ``--glue-dir``,
     or a generated one; :func:`~contrastive.data.text_tasks.load_task`), tokenised in the loader
     and padded per batch: the method's batch holds ``input_ids`` / ``attention_mask`` /
@@ -263,10 +263,13 @@ class LabelledTextAdapter(TokenAdapter, Generic[C]):
         self.task: TextTask | None = None
         self.teacher: Any = None
         self.evaluator: GlueEvaluator | None = None
+        self._prepared: C | None = None
 
     def prepare(self, cfg: C) -> None:
         """Check and read ``--task``, the starting weights, the teacher and the tokenizer, in
-        that order (errors name the flag to fix)."""
+        that order (errors name the flag to fix); nothing to do again for an equal ``cfg``."""
+        if self._prepared is not None and self._prepared == cfg:
+            return
         from contrastive.data.text_tasks import (
             GENERATED_TASKS,
             check_task,
@@ -300,10 +303,10 @@ class LabelledTextAdapter(TokenAdapter, Generic[C]):
         if teacher is not None and self.check_teacher is not None:
             self.check_teacher(cfg, self.task, teacher)
         self.tokenizer, self.teacher = tokenizer, teacher
+        self._prepared = cfg
 
     def train_set(self, cfg: C, accelerator: Any) -> Any:
-        if self.task is None:
-            self.prepare(cfg)
+        self.prepare(cfg)
         assert self.task is not None
         self.max_length = cfg.max_length
         self.collate = LabelledCollate(self.tokenizer)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -100,7 +100,7 @@ class TokenCollate:
         return fields, torch.tensor([item[-1] for item in items], dtype=torch.long)
 
 
-class TextAdapter(TokenAdapter, Generic[C]):
+class TextAdapter(TokenAdapter[C]):
     """Text examples of 1-3 sentences (SimCSE: one sentence; (anchor, positive); (anchor,
     positive, hard negative)), tokenised in the loader workers and padded per batch; the
     method's batch holds the token tensors it ``needs`` ((B, S, T), on the device).

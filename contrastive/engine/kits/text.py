@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -18,6 +18,9 @@ from contrastive.engine.fields import as_flag, help_field
 from contrastive.engine.kits.base import HandOff, KitDefaults
 
 __all__ = ["TextRunConfig", "BertSizes", "TokenAdapter"]
+
+#: a text kit's configuration
+T = TypeVar("T", bound="TextRunConfig", contravariant=True)
 
 
 @dataclass
@@ -74,7 +77,7 @@ class BertSizes:
             raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
 
 
-class TokenAdapter(KitDefaults):
+class TokenAdapter(KitDefaults[T]):
     """What the text kits share: items tokenised in the loader workers (``collate``, set by
     ``train_set``) and padded per batch; the method's batch holds the token tensors it
     ``needs`` (and ``indices``), on the device; throughput in tokens/s (the attention mask's
