@@ -3,11 +3,15 @@ ViT's fixed 2-D sin-cos position embedding; the hyper-parameters the papers fix.
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_mocov3_momentum_matches_official_formula(rx):
@@ -243,3 +247,42 @@ def test_dcl_recipe_reads_dclw_sigma_from_its_preset(rx, monkeypatch):
 
     monkeypatch.setitem(DCLW.presets["cifar"], "sigma", 0.25)
     assert rx.load_recipe("dcl_cifar").DCLCifar().sigma == 0.25
+
+
+def _image_recipes() -> list[str]:
+    """Every recipe on the image kit (its configuration an ImageConfig)."""
+    import ast
+
+    names = []
+    for path in sorted(ROOT.glob("recipes/*.py")):
+        tree = ast.parse(path.read_text())
+        bases = {getattr(b, "id", getattr(b, "attr", "")) for node in ast.walk(tree)
+                 if isinstance(node, ast.ClassDef) for b in node.bases}
+        if bases & {"ImageConfig", "CifarConfig", "DIMConfig"}:
+            names.append(path.stem)
+    return names
+
+
+@pytest.mark.parametrize("recipe", _image_recipes())
+def test_every_image_recipe_builds_its_backbone_by_name_so_init_reaches_it(recipe, rx):
+    """``--init`` loads into each ``--encoder`` backbone a method creates
+    (:func:`~contrastive.nn.encoders.starting_weights`), before the method copies it: every
+    image recipe's build_method creates one, at its default configuration (the build stops
+    there: the rest of the method is not needed)."""
+    from contrastive.engine import RunConfig, parse_config
+    from contrastive.nn.encoders import starting_weights
+
+    class Reached(Exception):
+        pass
+
+    def stop(net):
+        raise Reached
+
+    mod = rx.load_recipe(recipe)
+    config_class = next(v for v in vars(mod).values() if isinstance(v, type)
+                        and v.__module__ == mod.__name__ and issubclass(v, RunConfig))
+    cfg = parse_config(config_class, ["--data", "shapes:n=64,n_test=16"])
+    if "vit" in cfg.encoder:  # one block is enough to see the name (ViT-L builds in seconds)
+        cfg.encoder_kwargs = json.dumps({**cfg.encoder_options(), "depth": 1})
+    with pytest.raises(Reached), starting_weights(cfg.encoder, stop):
+        rx.build_alone(mod, cfg)
