@@ -1,0 +1,76 @@
+"""The one program of the recipe-level two-process tests; not a test module itself.
+
+Started as ``accelerate launch --multi_gpu --num_processes 2 launch_worker.py OUT RUNS...`` by
+the ``two_process_runs`` fixture of tests/conftest.py, ONCE for all the session's runs files
+(each start of the launcher and its two ranks costs ~30 CPU s of imports, more than the tiny
+runs themselves). Each ``RUNS`` is a module file that defines
+
+- ``run(folder, name)``: its recipes through their ``main`` in this process, into
+  ``folder/name`` (the test calls the same function in one process for the reference);
+- ``mutations() -> [(owner, attribute, replacement)]``: the bugs the comparison must catch;
+- optionally ``prepare(folder)``: what its runs read, made once in the test's process before
+  the launch (a teacher to distil, say).
+
+The i-th runs file gets the folder ``OUT/i``: ``run(folder, "two")``, then with its mutations
+planted ``run(folder, "mutant")`` (removed again after it), each checked to have run in a group
+of 2 processes; ``OUT/i/done`` marks the file's end. The runs share one process group: the
+engine closes it after a run, and gloo's second rendezvous on the launcher's store is not
+reliable (seen: "connectFullMesh failed"), so it stays open until the last run has ended.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+from dist_worker import load_case
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_recipe_main(name: str, argv: list[str], out: Path) -> None:
+    """``recipes/<name>.py``'s ``main`` in this process, into ``out``, accelerate's
+    process-wide state reset around it (what a runs file's ``run`` calls)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from lrc_check import recipe
+
+    from contrastive.engine import reset_accelerate_state
+
+    reset_accelerate_state()
+    try:
+        recipe(name).main([*argv, "--output-dir", str(out)])
+    finally:
+        reset_accelerate_state()
+
+
+def run_all(out: Path, paths: list[str]) -> None:
+    import torch.distributed as dist
+
+    engine_run = importlib.import_module("contrastive.engine.run")  # the module, not run()
+    close = engine_run.close_process_group
+    engine_run.close_process_group = lambda: None
+    try:
+        for i, path in enumerate(paths):
+            runs, folder = load_case(path), out / str(i)
+            for name, planted in (("two", []), ("mutant", runs.mutations())):
+                saved = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in planted]
+                for owner, attr, bug in planted:
+                    setattr(owner, attr, bug)
+                try:
+                    runs.run(folder, name)
+                finally:
+                    for owner, attr, value in saved:
+                        setattr(owner, attr, value)
+                world = dist.get_world_size() if dist.is_initialized() else 1
+                if world != 2:
+                    raise SystemExit(f"{path} {name}: ran in {world} process(es), not 2")
+            if dist.get_rank() == 0:
+                (folder / "done").touch()
+    finally:
+        engine_run.close_process_group = close
+    close()
+
+
+if __name__ == "__main__":
+    run_all(Path(sys.argv[1]), sys.argv[2:])
