@@ -7,13 +7,14 @@ runs themselves). Each ``RUNS`` is a module file that defines
 
 - ``run(folder, name)``: its recipes through their ``main`` in this process, into
   ``folder/name`` (the test calls the same function in one process for the reference);
-- ``mutations() -> [(owner, attribute, replacement)]``: the bugs the comparison must catch;
+- optionally ``mutations() -> [(owner, attribute, replacement)]``: the bugs the comparison
+  must catch;
 - optionally ``prepare(folder)``: what its runs read, made once in the test's process before
   the launch (a teacher to distil, say).
 
-The i-th runs file gets the folder ``OUT/i``: ``run(folder, "two")``, then with its mutations
-planted ``run(folder, "mutant")`` (removed again after it), each checked to have run in a group
-of 2 processes; ``OUT/i/done`` marks the file's end. The runs share one process group: the
+The i-th runs file gets the folder ``OUT/i``: ``run(folder, "two")``, then (if it has
+mutations) with them planted ``run(folder, "mutant")`` (removed again after it), each checked
+to have run in a group of 2 processes; ``OUT/i/done`` marks the file's end. The runs share one process group: the
 engine closes it after a run, and gloo's second rendezvous on the launcher's store is not
 reliable (seen: "connectFullMesh failed"), so it stays open until the last run has ended.
 """
@@ -21,6 +22,7 @@ reliable (seen: "connectFullMesh failed"), so it stays open until the last run h
 from __future__ import annotations
 
 import importlib
+import runpy
 import sys
 from pathlib import Path
 
@@ -30,17 +32,22 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_recipe_main(name: str, argv: list[str], out: Path) -> None:
-    """``recipes/<name>.py``'s ``main`` in this process, into ``out``, accelerate's
-    process-wide state reset around it (what a runs file's ``run`` calls)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from lrc_check import recipe
-
+    """``recipes/<name>.py`` run as its program runs (``__main__``, ``sys.argv`` set) in this
+    process, into ``out``, accelerate's process-wide state reset around it (what a runs file's
+    ``run`` calls)."""
     from contrastive.engine import reset_accelerate_state
 
+    script = str(ROOT / "recipes" / f"{name}.py")
+    saved = sys.argv
     reset_accelerate_state()
+    sys.argv = [script, *argv, "--output-dir", str(out)]
     try:
-        recipe(name).main([*argv, "--output-dir", str(out)])
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:  # a text recipe's program ends with sys.exit(status)
+        if e.code not in (0, None):
+            raise
     finally:
+        sys.argv = saved
         reset_accelerate_state()
 
 
@@ -53,7 +60,9 @@ def run_all(out: Path, paths: list[str]) -> None:
     try:
         for i, path in enumerate(paths):
             runs, folder = load_case(path), out / str(i)
-            for name, planted in (("two", []), ("mutant", runs.mutations())):
+            mutations = getattr(runs, "mutations", None)
+            plans = [("two", [])] + ([("mutant", mutations())] if mutations else [])
+            for name, planted in plans:
                 saved = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in planted]
                 for owner, attr, bug in planted:
                     setattr(owner, attr, bug)
