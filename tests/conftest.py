@@ -198,17 +198,19 @@ class TwoProcessRecipeRuns:
     """The recipe-level two-process runs of a session, as ONE ``accelerate launch`` of
     ``tests/launch_worker.py`` for all the runs files that the session's selected tests name (a
     module's ``RUNS`` file, where its tests use ``two_process_runs``): each launch costs the
-    launcher and both ranks their imports (~30 CPU s), more than the tiny runs train. Each runs
+    launcher and both ranks their imports (~20 CPU s), more than the tiny runs train. Each runs
     file's ``prepare`` (if any) runs in this process first. ``runs(RUNS) -> folder`` holding
-    ``two/`` and ``mutant/`` (launch_worker.py); a runs file the launch did not finish fails
-    its own tests with the ranks' log."""
+    ``two/`` and ``mutant/`` (launch_worker.py). A runs file that fails, or a launch that
+    passes ``timeout`` seconds a file, fails that file's tests with the ranks' log; the files
+    after it start again in a new launch."""
 
-    def __init__(self, launcher: TwoProcessLauncher, root: Path, planned: list[Path]) -> None:
-        self.launcher, self.root = launcher, root
+    def __init__(self, launcher: TwoProcessLauncher, root: Path, planned: list[Path],
+                 timeout: float = 300.0) -> None:
+        self.launcher, self.root, self.timeout = launcher, root, timeout
         self.planned = list(dict.fromkeys(path.resolve() for path in planned))
         self.folders: dict[Path, Path] = {}
         self.modules: dict[Path, ModuleType] = {}
-        self.failure = ""
+        self.failures: dict[Path, str] = {}
 
     def __call__(self, runs: Path) -> Path:
         runs = runs.resolve()
@@ -216,8 +218,8 @@ class TwoProcessRecipeRuns:
             self._launch([p for p in self.planned if p not in self.folders] + [runs] * (
                 runs not in self.planned))
         folder = self.folders[runs]
-        if not (folder / "done").exists():
-            pytest.fail(f"two-process runs {runs.name}: {self.failure or 'no results'}",
+        if not self._done(folder):
+            pytest.fail(f"two-process runs {runs.name}: {self.failures.get(runs, 'no results')}",
                         pytrace=False)
         return folder
 
@@ -232,18 +234,38 @@ class TwoProcessRecipeRuns:
         return self.modules[runs]
 
     def _launch(self, paths: list[Path]) -> None:
-        out = self.root / f"launch{len(self.folders)}"
-        for i, path in enumerate(paths):
-            self.folders[path] = out / str(i)
+        for path in paths:
+            self.folders[path] = self.root / f"{len(self.folders)}-{path.stem}"
             self.folders[path].mkdir(parents=True)
             prepare = getattr(self.module(path), "prepare", None)
             if prepare is not None:
                 prepare(self.folders[path])
-        proc = subprocess.run([*self.launcher.prefix(), str(LAUNCH_WORKER), str(out),
-                               *map(str, paths)], env=child_env(1), capture_output=True,
-                              text=True, timeout=300 * len(paths))
-        if proc.returncode != 0:
-            self.failure = f"the launch failed ({proc.returncode}):\n{proc.stderr[-6000:]}"
+        while paths:
+            why = self._start([str(x) for path in paths for x in (path, self.folders[path])],
+                              self.timeout * len(paths))
+            failed = next((p for p in paths if not self._done(self.folders[p])), None)
+            if failed is None:
+                return
+            self.failures[failed] = why or "the launch ended without its results"
+            paths = paths[paths.index(failed) + 1:]
+
+    @staticmethod
+    def _done(folder: Path) -> bool:
+        return all((folder / f"done{rank}").exists() for rank in range(2))
+
+    def _start(self, args: list[str], timeout: float) -> str | None:
+        """One launch; what went wrong (with the ranks' log), None when it exited 0."""
+        proc = subprocess.Popen([*self.launcher.prefix(), str(LAUNCH_WORKER), *args],
+                                env=child_env(1), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            log, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)  # the launcher and both ranks
+            log, _ = proc.communicate()
+            return f"no end in {timeout:.0f} s:\n{log[-6000:]}"
+        return None if proc.returncode == 0 else (
+            f"the launch failed ({proc.returncode}):\n{log[-6000:]}")
 
 
 LAUNCH_WORKER = ROOT / "tests" / "launch_worker.py"

@@ -1,21 +1,21 @@
 """The one program of the recipe-level two-process tests; not a test module itself.
 
-Started as ``accelerate launch --multi_gpu --num_processes 2 launch_worker.py OUT RUNS...`` by
-the ``two_process_runs`` fixture of tests/conftest.py, ONCE for all the session's runs files
-(each start of the launcher and its two ranks costs ~30 CPU s of imports, more than the tiny
+Started as ``accelerate launch --multi_gpu --num_processes 2 launch_worker.py RUNS FOLDER ...``
+by the ``two_process_runs`` fixture of tests/conftest.py, ONCE for all the session's runs files
+(each start of the launcher and its two ranks costs ~20 CPU s of imports, more than the tiny
 runs themselves). Each ``RUNS`` is a module file that defines
 
-- ``run(folder, name)``: its recipes through their ``main`` in this process, into
-  ``folder/name`` (the test calls the same function in one process for the reference);
+- ``run(folder, name)``: its recipes (or tools) in this process, into ``folder/name`` (the
+  test calls the same function in one process for the reference);
 - optionally ``mutations() -> [(owner, attribute, replacement)]``: the bugs the comparison
   must catch;
 - optionally ``prepare(folder)``: what its runs read, made once in the test's process before
   the launch (a teacher to distil, say).
 
-The i-th runs file gets the folder ``OUT/i``: ``run(folder, "two")``, then (if it has
-mutations) with them planted ``run(folder, "mutant")`` (removed again after it), each checked
-to have run in a group of 2 processes; ``OUT/i/done`` marks the file's end. The runs share one process group: the
-engine closes it after a run, and gloo's second rendezvous on the launcher's store is not
+For each runs file and its folder: ``run(folder, "two")``, then (if it has mutations) with
+them planted ``run(folder, "mutant")`` (removed again after it), each checked to have run in a
+group of 2 processes; ``folder/done0`` and ``done1`` mark its end on each rank. The runs share one process group:
+the engine closes it after a run, and gloo's second rendezvous on the launcher's store is not
 reliable (seen: "connectFullMesh failed"), so it stays open until the last run has ended.
 """
 
@@ -51,15 +51,15 @@ def run_recipe_main(name: str, argv: list[str], out: Path) -> None:
         reset_accelerate_state()
 
 
-def run_all(out: Path, paths: list[str]) -> None:
+def run_all(runs_and_folders: list[str]) -> None:
     import torch.distributed as dist
 
     engine_run = importlib.import_module("contrastive.engine.run")  # the module, not run()
     close = engine_run.close_process_group
     engine_run.close_process_group = lambda: None
     try:
-        for i, path in enumerate(paths):
-            runs, folder = load_case(path), out / str(i)
+        for path, where in zip(runs_and_folders[::2], runs_and_folders[1::2]):
+            runs, folder = load_case(path), Path(where)
             mutations = getattr(runs, "mutations", None)
             plans = [("two", [])] + ([("mutant", mutations())] if mutations else [])
             for name, planted in plans:
@@ -74,12 +74,11 @@ def run_all(out: Path, paths: list[str]) -> None:
                 world = dist.get_world_size() if dist.is_initialized() else 1
                 if world != 2:
                     raise SystemExit(f"{path} {name}: ran in {world} process(es), not 2")
-            if dist.get_rank() == 0:
-                (folder / "done").touch()
+            (folder / f"done{dist.get_rank()}").touch()
     finally:
         engine_run.close_process_group = close
     close()
 
 
 if __name__ == "__main__":
-    run_all(Path(sys.argv[1]), sys.argv[2:])
+    run_all(sys.argv[1:])
