@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -11,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -190,6 +192,98 @@ def launch_two() -> TwoProcessLauncher:
     """``launch_two(script, *args)``: a program as two gloo CPU processes
     (:class:`TwoProcessLauncher`)."""
     return TwoProcessLauncher()
+
+
+class TwoProcessRecipeRuns:
+    """The recipe-level two-process runs of a session, as ONE ``accelerate launch`` of
+    ``tests/launch_worker.py`` for all the runs files that the session's selected tests name (a
+    module's ``RUNS`` file, where its tests use ``two_process_runs``): each launch costs the
+    launcher and both ranks their imports (~20 CPU s), more than the tiny runs train. Each runs
+    file's ``prepare`` (if any) runs in this process first. ``runs(RUNS) -> folder`` holding
+    ``two/`` and ``mutant/`` (launch_worker.py). A runs file that fails, or a launch that
+    passes ``timeout`` seconds a file, fails that file's tests with the ranks' log; the files
+    after it start again in a new launch."""
+
+    def __init__(self, launcher: TwoProcessLauncher, root: Path, planned: list[Path],
+                 timeout: float = 300.0) -> None:
+        self.launcher, self.root, self.timeout = launcher, root, timeout
+        self.planned = list(dict.fromkeys(path.resolve() for path in planned))
+        self.folders: dict[Path, Path] = {}
+        self.modules: dict[Path, ModuleType] = {}
+        self.failures: dict[Path, str] = {}
+
+    def __call__(self, runs: Path) -> Path:
+        runs = runs.resolve()
+        if runs not in self.folders:
+            self._launch([p for p in self.planned if p not in self.folders] + [runs] * (
+                runs not in self.planned))
+        folder = self.folders[runs]
+        if not self._done(folder):
+            pytest.fail(f"two-process runs {runs.name}: {self.failures.get(runs, 'no results')}",
+                        pytrace=False)
+        return folder
+
+    def module(self, runs: Path) -> ModuleType:
+        """The runs file as a module (its ``run`` gives a test the one-process reference)."""
+        runs = runs.resolve()
+        if runs not in self.modules:
+            spec = importlib.util.spec_from_file_location(runs.stem, runs)
+            assert spec is not None and spec.loader is not None
+            self.modules[runs] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(self.modules[runs])
+        return self.modules[runs]
+
+    def _launch(self, paths: list[Path]) -> None:
+        for path in paths:
+            self.folders[path] = self.root / f"{len(self.folders)}-{path.stem}"
+            self.folders[path].mkdir(parents=True)
+            prepare = getattr(self.module(path), "prepare", None)
+            if prepare is not None:
+                prepare(self.folders[path])
+        while paths:
+            why = self._start([str(x) for path in paths for x in (path, self.folders[path])],
+                              self.timeout * len(paths))
+            failed = next((p for p in paths if not self._done(self.folders[p])), None)
+            if failed is None:
+                return
+            self.failures[failed] = why or "the launch ended without its results"
+            paths = paths[paths.index(failed) + 1:]
+
+    @staticmethod
+    def _done(folder: Path) -> bool:
+        return all((folder / f"done{rank}").exists() for rank in range(2))
+
+    def _start(self, args: list[str], timeout: float) -> str | None:
+        """One launch; what went wrong (with the ranks' log), None when it exited 0."""
+        proc = subprocess.Popen([*self.launcher.prefix(), str(LAUNCH_WORKER), *args],
+                                env=child_env(1), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            log, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)  # the launcher and both ranks
+            log, _ = proc.communicate()
+            return f"no end in {timeout:.0f} s:\n{log[-6000:]}"
+        return None if proc.returncode == 0 else (
+            f"the launch failed ({proc.returncode}):\n{log[-6000:]}")
+
+
+LAUNCH_WORKER = ROOT / "tests" / "launch_worker.py"
+
+
+def _planned_runs_files(session: pytest.Session) -> list[Path]:
+    """The ``RUNS`` files of the selected tests that use ``two_process_runs``."""
+    return [item.module.RUNS for item in session.items  # type: ignore[attr-defined]
+            if isinstance(getattr(getattr(item, "module", None), "RUNS", None), Path)
+            and "two_process_runs" in getattr(item, "fixturenames", ())]
+
+
+@pytest.fixture(scope="session")
+def two_process_runs(request, tmp_path_factory, launch_two) -> TwoProcessRecipeRuns:
+    """``two_process_runs(RUNS) -> folder``: the recipe-level two-process runs of the session,
+    one launch for all (:class:`TwoProcessRecipeRuns`)."""
+    return TwoProcessRecipeRuns(launch_two, tmp_path_factory.mktemp("two_process_runs"),
+                                _planned_runs_files(request.session))
 
 
 def param_gap(run: dict, ref: dict) -> float:

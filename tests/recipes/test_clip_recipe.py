@@ -1,12 +1,14 @@
 """recipes/clip.py: CLIP through the engine on image-caption data (shapes-captions, a caption
 folder), its run folder (clip.pt + tokenizer/ that contrastive-zeroshot reads, encoder.pt,
 metrics with samples/s and the zero-shot evaluator's records), keep-best, and 2 processes
-(``accelerate launch --multi_gpu --num_processes 2``) equal to 1 with the same global batch in
+(``accelerate launch --multi_gpu --num_processes 2``, the session's one launch of
+tests/launch_worker.py) equal to 1 with the same global batch in
 float64 through the recipe, which a gather without gradient breaks."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -85,24 +87,11 @@ def test_a_caption_folder_and_keep_best(tmp_path, rx):
 
 # ---- 2 processes == 1 process, through the recipe, in float64 ---------------------------------
 
-# nothing that depends on the process: no batch statistics (a 1-block ViT, LayerNorm only,
-# instead of small_cnn's BN over each process's half) and no dropout (per-process RNG)
-DIST = [*TINY_CLIP, "--data", "shapes-captions:n=64,n_test=20,size=16,max_length=12",
-        "--encoder", "timm:vit_tiny_patch16_224", "--encoder-kwargs",
-        '{"img_size": 16, "patch_size": 8, "depth": 1, "embed_dim": 32, "num_heads": 2}',
-        "--dropout", "0", "--float64", "--steps", "3", "--eval-max", "0",
-        "--save-every-steps", "0"]
+RUNS = Path(__file__).with_name("clip_dist_runs.py")  # the runs, their settings and the bug
 
 
-def _launch(rx, launch_two, tmp_path, name, script, world):
-    """``script`` in ``world`` processes; 1 process runs in this one (float64 makes the thread
-    count irrelevant, and a new interpreter costs ~6 s of CPU on a 2-core box)."""
-    out = tmp_path / name
-    if world == 1:
-        _main(rx, [*DIST, "--output-dir", str(out)])
-        return torch.load(out / "clip.pt", weights_only=True)["state_dict"], out
-    launch_two(script, *DIST, "--output-dir", out)
-    return torch.load(out / "clip.pt", weights_only=True)["state_dict"], out
+def _weights(folder):
+    return torch.load(folder / "clip.pt", weights_only=True)["state_dict"]
 
 
 def _gap(a, b):
@@ -110,19 +99,18 @@ def _gap(a, b):
 
 
 @pytest.mark.distributed
-def test_two_processes_equal_one_through_the_recipe_and_a_gradless_gather_fails(tmp_path, rx,
-                                                                                launch_two):
-    recipe = rx.RECIPES / "clip.py"
-    one, one_dir = _launch(rx, launch_two, tmp_path, "one", recipe, 1)
-    two, two_dir = _launch(rx, launch_two, tmp_path, "two", recipe, 2)
+def test_two_processes_equal_one_through_the_recipe_and_a_gradless_gather_fails(rx,
+                                                                                two_process_runs):
+    folder = two_process_runs(RUNS)  # 2 processes, and 2 with the bug: the session's launch
+    two_process_runs.module(RUNS).run(folder, "one")  # 1 process, in this one
+    one, two, mutant = (_weights(folder / name) for name in ("one", "two", "mutant"))
     assert one["logit_scale"].dtype == torch.float64
     # float64: only rounding of sums taken in another order (~1e-13 after 3 AdamW steps); a
     # wrong gather, rank offset or gradient average moves weights by > 1e-4 at once
     assert _gap(one, two) < 1e-9
-    losses = [[r["loss"] for r in rx.read_metrics(d) if "loss" in r] for d in (one_dir, two_dir)]
-    assert losses[0] == pytest.approx(losses[1], abs=2e-6)  # metrics.jsonl keeps 6 decimals
-    mutant, _ = _launch(rx, launch_two, tmp_path, "mutant",
-                        rx.ROOT / "tests" / "recipes" / "clip_mutant.py", 2)
+    losses = [[r["loss"] for r in rx.read_metrics(folder / d) if "loss" in r]
+              for d in ("one", "two")]
+    assert len(losses[0]) == 3 and losses[0] == pytest.approx(losses[1], abs=2e-6)  # 6 decimals
     assert _gap(one, mutant) > 1e-6
     print(f"2 vs 1 process: max |weight difference| {_gap(one, two):.2e}; a gather without "
           f"gradient: {_gap(one, mutant):.2e}")

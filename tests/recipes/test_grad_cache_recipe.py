@@ -5,19 +5,16 @@ gradients' average over the processes (the engine's own, DDP's hooks being off) 
 
 from __future__ import annotations
 
+import runpy
 import subprocess
+from pathlib import Path
 
 import pytest
 import torch
 
-# nothing that depends on the process: a 1-block ViT (LayerNorm) and no dropout
-ARGS = ["--data", "shapes-captions:n=64,n_test=20,size=16,max_length=12", "--image-size", "16",
-        "--batch-size", "16", "--steps", "3", "--warmup-steps", "1", "--dim", "8",
-        "--layers", "1", "--hidden", "16", "--eval-max", "0", "--progress", "false",
-        "--log-every", "1", "--mixed-precision", "no", "--num-workers", "0",
-        "--encoder", "timm:vit_tiny_patch16_224", "--encoder-kwargs",
-        '{"img_size": 16, "patch_size": 8, "depth": 1, "embed_dim": 32, "num_heads": 2}',
-        "--dropout", "0", "--float64", "--save-every-steps", "0"]
+# nothing that depends on the process (a 1-block ViT, LayerNorm only; no dropout): the settings
+# of the recipe's own two-process check
+ARGS = runpy.run_path(str(Path(__file__).with_name("clip_dist_runs.py")))["DIST"]
 
 
 def _launch(rx, launch_two, tmp_path, name, script, world, extra=()):

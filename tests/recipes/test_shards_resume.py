@@ -2,31 +2,30 @@
 same parameters, queue and optimiser state as the uninterrupted run, bit for bit, with 1 process
 (batched augmentation) and with 2 processes (``accelerate launch --multi_gpu``, per-image
 augmentation) on UNEVEN shards (7 samples each: the shards do not split evenly between the
-processes, the map-style sampler does). The resumed run starts from the uninterrupted run's
+processes, the map-style sampler does; tests/recipes/shards_dist_runs.py, in the session's one
+launch of tests/launch_worker.py). The resumed run starts from the uninterrupted run's
 mid-epoch checkpoint (step 5: epoch 1, micro-batch 1) in a new folder."""
 
 from __future__ import annotations
+
+import json
+import runpy
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from contrastive.data.make_shards import main as make_shards
-
-N, K = 12, 5  # 64 images / batch 16 = 4 steps per epoch; the checkpoint at 5 is mid-epoch
+RUNS = Path(__file__).with_name("shards_dist_runs.py")  # the 2-process runs (and N, K, flags)
+SHARDS = runpy.run_path(str(RUNS))
+N, K, _args = SHARDS["N"], SHARDS["K"], SHARDS["shard_args"]
 
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
-    out = tmp_path_factory.mktemp("wds")
-    assert make_shards(["--data", "shapes:n=64,n_test=32,size=16", "--out", str(out),
-                        "--max-count", "7"]) == 0
-    return out
-
-
-def _args(shards):
-    return ["--data", f"wds:{shards}", "--epochs", "3", "--pass-indices", "--save-every-steps", str(K),
-            "--keep-last", "5", "--knn-every", "0"]
+    out = tmp_path_factory.mktemp("shards")
+    SHARDS["prepare"](out)
+    return out / "wds"
 
 
 def _assert_same_final(a_dir, b_dir):
@@ -52,11 +51,9 @@ def test_one_process_resume_from_shards_is_exact(shards, tmp_path, rx):
 
 
 @pytest.mark.distributed
-def test_two_process_resume_from_uneven_shards_is_exact(shards, tmp_path, rx, launch_two):
-    a, b = tmp_path / "a", tmp_path / "b"
-    common = [*_args(shards), "--batched-augment", "off", "--split-bn", "0"]
-    for out, extra in ((a, []), (b, ["--resume", str(a / "checkpoints" / f"step_{K:08d}")])):
-        proc = launch_two(*rx.recipe_cmd("moco_cifar", *common, "--output-dir", str(out),
-                                         *extra)[1:])
-    assert "resume verified" in proc.stderr
-    _assert_same_final(a, b)
+def test_two_process_resume_from_uneven_shards_is_exact(two_process_runs):
+    folder = two_process_runs(RUNS) / "two"  # in the session's one launch
+    _assert_same_final(folder / "a", folder / "b")
+    steps = [r["step"] for r in map(json.loads, (folder / "b" / "metrics.jsonl").read_text()
+                                    .splitlines()) if "loss" in r]
+    assert steps == list(range(K + 1, N + 1))  # b resumed at K (a run from scratch logs 1..N)

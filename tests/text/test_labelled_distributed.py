@@ -1,8 +1,9 @@
 """Teacher fine-tuning and LRC-BERT in 2 processes (``accelerate launch --multi_gpu
 --num_processes 2``, gloo on the CPU) equal 1 process with the same global batch, through the
-recipes (tests/text/labelled_dist_runs.py runs both in one launch), in float64 with dropout off.
+recipes (tests/text/labelled_dist_runs.py runs both, in the session's one launch of
+tests/launch_worker.py), in float64 with dropout off.
 
-Each comparison can fail: the mutant launch plants fine-tuning's loss summed per process
+Each comparison can fail: the mutant runs plant fine-tuning's loss summed per process
 instead of averaged over the global batch, and LRC-BERT's negatives from the process's own batch
 only; both move the weights by far more than float64 rounding. (A gather of LRC-BERT's
 negatives WITHOUT gradient is no mutation: they are the frozen teacher's features,
@@ -13,7 +14,6 @@ DDP, optimiser, schedules).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,14 +24,7 @@ pytest.importorskip("tokenizers")
 
 pytestmark = pytest.mark.distributed
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-DRIVER = HERE / "labelled_dist_runs.py"
-
-
-def _launch(launch_two, out: Path, teacher: Path, *extra: str) -> None:
-    proc = launch_two(DRIVER, out, teacher, *extra)
-    assert proc.stderr.count("on 2 process(es)") == 2, proc.stderr[-4000:]  # both trainings
+RUNS = Path(__file__).with_name("labelled_dist_runs.py")  # the runs, their settings, the bugs
 
 
 def _weights(out: Path, name: str) -> dict[str, torch.Tensor]:
@@ -46,27 +39,10 @@ def _gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, launch_two) -> Path:
-    sys.path.insert(0, str(HERE))
-    from labelled_dist_runs import main
-    from lrc_check import run_recipe
-
-    root = tmp_path_factory.mktemp("labelled_dist")
-    teacher = root / "teacher"
-    run_recipe("bert_finetune", ["--task", "generated", "--n-train", "64", "--n-dev", "16",
-                                 "--batch-size", "8", "--layers", "2", "--hidden", "16",
-                                 "--heads", "2", "--intermediate-size", "32", "--steps", "2",
-                                 "--progress", "false", "--mixed-precision", "no",
-                                 "--num-workers", "0"], teacher)
-    try:
-        main(root / "one", str(teacher / "model"), mutant=False)  # 1 process, in this one
-    finally:
-        from contrastive.engine import reset_accelerate_state
-
-        reset_accelerate_state()
-    _launch(launch_two, root / "two", teacher / "model")
-    _launch(launch_two, root / "mutant", teacher / "model", "mutant")
-    return root
+def runs(two_process_runs) -> Path:
+    folder = two_process_runs(RUNS)  # 2 processes, and 2 with the bugs: the session's launch
+    two_process_runs.module(RUNS).run(folder, "one")  # 1 process, in this one
+    return folder
 
 
 @pytest.mark.parametrize("name", ["finetune", "lrc"])

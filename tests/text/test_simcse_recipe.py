@@ -186,26 +186,13 @@ def test_no_training_loop_in_the_simcse_recipe():
 
 # ---- 2 processes == 1 process, through the recipe, in float64 ---------------------------------
 
-# supervised with hard negatives (3 sentences per example), dropout 0 (per-process RNG), the
-# MLP on [CLS], no evaluator, 3 AdamW steps with the gradient clip and linear decay
-DIST = ["--mode", "sup", "--n-train", "64", "--batch-size", "16", "--steps", "3", "--layers",
-        "1", "--hidden", "16", "--heads", "2", "--intermediate-size", "32", "--vocab-size", "100",
-        "--dropout", "0", "--lr", "1e-3", "--float64", "--eval", "none", "--keep-best", "",
-        "--log-every", "1", "--progress", "false", "--mixed-precision", "no",
-        "--num-workers", "0", "--save-every-steps", "0"]
+RUNS = Path(__file__).with_name("simcse_dist_runs.py")  # the runs, their settings and the bug
 
 
-def _launch(launch_two, tmp_path: Path, name: str, script: Path, world: int):
-    """``script`` in ``world`` processes; 1 process runs in this one (float64 makes the thread
-    count irrelevant, and a new interpreter costs ~6 s of CPU on a 2-core box)."""
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    out = tmp_path / name
-    if world == 1:
-        run(DIST, out)
-        return load_file(str(out / "checkpoints" / "step_00000003" / "model.safetensors")), out
-    launch_two(script, *DIST, "--output-dir", out)
-    return load_file(str(out / "checkpoints" / "step_00000003" / "model.safetensors")), out
+    return load_file(str(folder / "checkpoints" / "step_00000003" / "model.safetensors"))
 
 
 def _gap(a, b) -> float:
@@ -214,19 +201,17 @@ def _gap(a, b) -> float:
 
 
 @pytest.mark.distributed
-def test_two_processes_equal_one_through_the_recipe_and_a_gradless_gather_fails(tmp_path,
-                                                                                launch_two):
-    recipe = ROOT / "recipes" / "simcse.py"
-    one, one_dir = _launch(launch_two, tmp_path, "one", recipe, 1)
-    two, two_dir = _launch(launch_two, tmp_path, "two", recipe, 2)
+def test_two_processes_equal_one_through_the_recipe_and_a_gradless_gather_fails(two_process_runs):
+    folder = two_process_runs(RUNS)  # 2 processes, and 2 with the bug: the session's launch
+    two_process_runs.module(RUNS).run(folder, "one")  # 1 process, in this one
+    one, two, mutant = (_weights(folder / name) for name in ("one", "two", "mutant"))
     assert one["mlp.0.weight"].dtype == torch.float64
     # float64: only rounding of sums taken in another order; a wrong gather, rank offset or
     # gradient average moves the weights by > 1e-4 at once (lr 1e-3, Adam's unit steps)
     assert _gap(one, two) < 1e-9
-    losses = [[r["loss"] for r in map(json.loads, (d / "metrics.jsonl").read_text()
-                                      .splitlines()) if "loss" in r] for d in (one_dir, two_dir)]
+    losses = [[r["loss"] for r in map(json.loads, (folder / d / "metrics.jsonl").read_text()
+                                      .splitlines()) if "loss" in r] for d in ("one", "two")]
     assert len(losses[0]) == 3 and losses[0] == pytest.approx(losses[1], abs=2e-6)
-    mutant, _ = _launch(launch_two, tmp_path, "mutant", Path(__file__).with_name("simcse_mutant.py"), 2)
     assert _gap(one, mutant) > 1e-6
     print(f"SimCSE 2 vs 1 process: max |weight difference| {_gap(one, two):.2e}; keys gathered "
           f"without gradient: {_gap(one, mutant):.2e}")
