@@ -3,7 +3,7 @@
 table itself.
 
     python benchmarks/lrc_glue.py plan                       # the runs and their state
-    python benchmarks/lrc_glue.py run [--workers 2] [--phase teachers|lr|why|main|control]
+    python benchmarks/lrc_glue.py run [--workers 2] [--phase PHASE]     # PHASES, in order
     python benchmarks/lrc_glue.py table                      # results/lrc_glue_runs.json + table
     python benchmarks/lrc_glue.py speed                      # teacher vs student inference
     python benchmarks/lrc_glue.py targets                    # how soft the teachers' targets are
@@ -46,6 +46,12 @@ The design (the issue's phase 1, at CPU scale):
 - control (distillation known to help, DistilBERT-style): a 3 x 384 student initialised from
   the pretrained MiniLM's layers 2, 4, 6 (``--student hf:MiniLM --keep-layers 1,3,5``), trained
   with ``ce`` and with ``kd`` at lr 5e-5 (the teacher's), seeds 0, 1, 2.
+- lr-pre, main-pre (issue 51, step 2: the paper's claim is about a student that already knows
+  language): the pretrained student, a 4 x 384 from the MiniLM's layers 1, 2, 4, 5 (0-based:
+  the teacher's layers 2, 3, 5, 6, the uniform map's targets; ``STARTS["pre"]``), through the
+  lr search and the main phase's design: runs ``pre-TASK-VARIANT-lrLR-sSEED``, records whose
+  ``meaning`` names the start, its own section of the table. Like the control it steps with
+  the engine's fused kernel (a family of its own: its variants compared with each other).
 Every run: fp32 (``--mixed-precision no``: the same figures on every CPU kind, so the work can
 span sessions on machines of either kind), 1 thread per run, ``--workers`` runs at once.
 
@@ -116,6 +122,31 @@ VARIANT_MEANING = {  # what each variant trains, written into its records (flags
     "lrc_np_1stage": "LRC-BERT at 1:1:3 from the first step, no perturbation",
 }
 CONTROL_STUDENT = ("--student", f"hf:{MINILM}", "--keep-layers", "1,3,5")
+PRE_STUDENT = ("--student", f"hf:{MINILM}", "--keep-layers", "1,2,4,5")
+
+
+@dataclass(frozen=True)
+class Start:
+    """A family of students by their initialisation: its run names' prefix, the student flags,
+    whether it steps with the engine's fused AdamW kernel, the words a record's ``meaning``
+    adds, its phases (lr search, runs at the chosen lr) and the variants it runs."""
+
+    prefix: str
+    flags: tuple[str, ...]
+    fused: bool
+    meaning: str
+    search_phase: str | None
+    main_phase: str
+    variants: tuple[str, ...]
+
+
+STARTS = {  # "random" is issue 30's design; its records' meanings predate the others
+    "random": Start("student", (), False, "", "lr", "main", MAIN_VARIANTS),
+    "control": Start("control", CONTROL_STUDENT, True, "", None, "control", ("ce", "kd")),
+    "pre": Start("pre", PRE_STUDENT, True, "; student from the pretrained MiniLM's layers 1, 2, "
+                 "4, 5 (4 x 384, issue 51)", "lr-pre", "main-pre", MAIN_VARIANTS),
+}
+PHASES = ("teachers", "lr", "why", "main", "control", "lr-pre", "main-pre")  # in run order
 FLOORS = ROOT / "benchmarks" / "results" / "glue_floors.json"
 DIGESTS = ROOT / "benchmarks" / "results" / "recipe_digests.json"
 _DEFAULT_LEDGER = ROOT / "benchmarks" / "results" / "lrc_glue_runs.json"
@@ -167,7 +198,7 @@ def record(run: Run, root: Path) -> dict[str, Any]:
                            "final_step": final_step(f), "commit": git_commit(),
                            "digest": recipe_digest(run.recipe)}
     if "variant" in run.meta:
-        rec["meaning"] = VARIANT_MEANING[run.meta["variant"]]
+        rec["meaning"] = VARIANT_MEANING[run.meta["variant"]] + STARTS[run.meta["start"]].meaning
     if run.phase != "teachers":
         teacher = teacher_run(run.meta["task"]).folder(root) / "dev.json"
         rec["teacher_dev"] = json.loads(teacher.read_text())["score"] if teacher.is_file() else None
@@ -272,14 +303,14 @@ def teacher_run(task: str) -> Run:
 
 
 def student_run(task: str, variant: str, lr: float, seed: int, root: Path, *,
-                control: bool = False, phase: str = "main") -> Run:
-    prefix = "control" if control else "student"
-    extra = CONTROL_STUDENT if control else ()
-    return Run(f"{prefix}-{task}-{variant}-lr{lr:g}-s{seed}", "lrc_bert.py",
-               (*_split_flags(task, fused=control), "--teacher", str(teacher_run(task).folder(root) / "model"),
-                *extra, *VARIANTS[variant], "--epochs", str(STUDENT_EPOCHS), "--lr", f"{lr:g}",
-                "--seed", str(seed)), phase,
-               {"task": task, "variant": variant, "lr": lr, "seed": seed, "control": control})
+                start: str = "random", phase: str = "main") -> Run:
+    """A student of family ``start`` (``STARTS``) distilled from ``task``'s teacher."""
+    s = STARTS[start]
+    return Run(f"{s.prefix}-{task}-{variant}-lr{lr:g}-s{seed}", "lrc_bert.py",
+               (*_split_flags(task, fused=s.fused), "--teacher",
+                str(teacher_run(task).folder(root) / "model"), *s.flags, *VARIANTS[variant],
+                "--epochs", str(STUDENT_EPOCHS), "--lr", f"{lr:g}", "--seed", str(seed)), phase,
+               {"task": task, "variant": variant, "lr": lr, "seed": seed, "start": start})
 
 
 def held_out_score(run: Run, root: Path) -> float | None:
@@ -291,32 +322,58 @@ def held_out_score(run: Run, root: Path) -> float | None:
     return float(json.loads(f.read_text())["held_out"]["glue_score"])
 
 
-def chosen_lr(task: str, variant: str, root: Path) -> float | None:
-    """The grid's lr with the best held-out score at seed 0 (ties: the smaller lr), or None
-    while a search run is missing."""
-    base = LR_FROM[variant]
-    scores = {lr: held_out_score(student_run(task, base, lr, 0, root, phase="lr"), root)
-              for lr in LR_GRID}
+def chosen_lr(task: str, variant: str, root: Path, start: str = "random") -> float | None:
+    """The grid's lr with the best held-out score at seed 0 among family ``start``'s search
+    runs (ties: the smaller lr), or None while a search run is missing."""
+    base, phase = LR_FROM[variant], STARTS[start].search_phase
+    assert phase is not None, f"{start} has no lr search"
+    scores = {lr: held_out_score(student_run(task, base, lr, 0, root, start=start, phase=phase),
+                                 root) for lr in LR_GRID}
     if any(s is None for s in scores.values()):
         return None
     return max(LR_GRID, key=lambda lr: (scores[lr], -lr))
 
 
-def plan(root: Path) -> list[Run]:
-    """Every run, in the order they should go (later phases need earlier ones)."""
-    runs = [teacher_run(t) for t in TASKS]
-    runs += [student_run(t, v, lr, 0, root, phase="lr") for t in TASKS for v in ("ce", "lrc")
-             for lr in LR_GRID]
-    runs += [student_run(t, v, WHY_LR, 0, root, phase="why") for t in WHY_TASKS
-             for v in (*WHY_VARIANTS, "lrc_np")]
+def family_lr(task: str, variant: str, root: Path, start: str) -> float | None:
+    """The lr of family ``start``'s runs of ``variant``: the control's fixed one, the ``why``
+    diagnostics' (random init), else the one its search chose (None while it runs, and for a
+    variant the family does not run)."""
+    if start == "control":
+        return CONTROL_LR if variant in STARTS[start].variants else None
+    if start == "random" and variant in WHY_VARIANTS:
+        return WHY_LR
+    return chosen_lr(task, variant, root, start) if variant in STARTS[start].variants else None
+
+
+def searched_family(root: Path, start: str) -> tuple[list[Run], list[Run]]:
+    """Family ``start``'s lr search (``ce`` and ``lrc`` over the grid, seed 0) and its main
+    runs at the chosen lrs, every seed (those of a task whose search is unfinished are
+    missing)."""
+    s = STARTS[start]
+    assert s.search_phase is not None, f"{start} has no lr search"
+    search = [student_run(t, v, lr, 0, root, start=start, phase=s.search_phase) for t in TASKS
+              for v in ("ce", "lrc") for lr in LR_GRID]
+    main = []
     for seed in SEEDS:
         for t in TASKS:
-            for v in MAIN_VARIANTS:
-                lr = chosen_lr(t, v, root)
+            for v in s.variants:
+                lr = chosen_lr(t, v, root, start)
                 if lr is not None:
-                    runs.append(student_run(t, v, lr, seed, root))
-    runs += [student_run(t, v, CONTROL_LR, s, root, control=True, phase="control")
-             for s in SEEDS for t in TASKS for v in ("ce", "kd")]
+                    main.append(student_run(t, v, lr, seed, root, start=start,
+                                            phase=s.main_phase))
+    return search, main
+
+
+def plan(root: Path) -> list[Run]:
+    """Every run, in the order they should go (later phases need earlier ones)."""
+    search, main = searched_family(root, "random")
+    runs = [teacher_run(t) for t in TASKS] + search
+    runs += [student_run(t, v, WHY_LR, 0, root, phase="why") for t in WHY_TASKS
+             for v in (*WHY_VARIANTS, "lrc_np")]
+    runs += main
+    runs += [student_run(t, v, CONTROL_LR, s, root, start="control", phase="control")
+             for s in SEEDS for t in TASKS for v in STARTS["control"].variants]
+    runs += [r for family in searched_family(root, "pre") for r in family]
     unique: dict[str, Run] = {}
     for r in runs:  # an lr-search run at the chosen lr is also seed 0's main run
         unique.setdefault(r.name, r)
@@ -424,7 +481,7 @@ def run_phase(root: Path, phase: str | None, workers: int, threads: int,
     again while some runs were skipped (a teacher or another driver still busy), until every run
     is done or failed once (a failed run's log is ``ROOT/NAME.log``; the next call retries).
     ``tasks``: only these tasks' runs (a fresh machine then trains only their teachers)."""
-    phases = ("teachers", "lr", "why", "main", "control") if phase is None else (phase,)
+    phases = PHASES if phase is None else (phase,)
     failed: set[str] = set()
     said: dict[str, str] = {}  # what was last printed per phase / run: a waiting driver is quiet
 
@@ -516,20 +573,17 @@ def collect(root: Path) -> dict[str, Any]:
         teacher = out["runs"].get(teacher_run(task).name)
         rows["teacher"] = teacher and teacher["dev"]["score"]
         for v in VARIANTS:
-            lr = WHY_LR if v in WHY_VARIANTS else chosen_lr(task, v, root)
-            for control in (False, True):
-                if control and v not in ("ce", "kd"):
-                    continue
-                lr_v = CONTROL_LR if control else lr
+            for start in STARTS:
+                lr_v = family_lr(task, v, root, start)
                 if lr_v is None:
                     continue
-                names = {s: student_run(task, v, lr_v, s, root, control=control).name
+                names = {s: student_run(task, v, lr_v, s, root, start=start).name
                          for s in SEEDS}
                 by_seed = {s: out["runs"][n]["dev"]["score"] for s, n in names.items()
                            if n in out["runs"]}
                 digests = {s: out["runs"][n].get("digest") for s, n in names.items()
                            if n in out["runs"]}
-                rows[("control-" if control else "") + v] = {
+                rows[row_key(start, v)] = {
                     "lr": lr_v, **_summary(list(by_seed.values())), "by_seed": by_seed,
                     "digests": digests, "digests_agree": len(set(digests.values())) <= 1}
         rows["prior"] = label_prior(task)
@@ -538,9 +592,16 @@ def collect(root: Path) -> dict[str, Any]:
     return out
 
 
+def row_key(start: str, variant: str) -> str:
+    """A summary row's key in ``collect``'s tasks: the variant, prefixed by a family other than
+    the random init (``control-kd``, ``pre-lrc``)."""
+    return variant if start == "random" else f"{start}-{variant}"
+
+
 # (a, b): variant a's dev score minus b's, seed by seed (the same initialisation and data order)
-PAIRS = (("lrc", "ce"), ("lrc", "kd"), ("lrc", "lrc_np"), ("kd", "ce"),
-         ("control-kd", "control-ce"))
+_MAIN_PAIRS = (("lrc", "ce"), ("lrc", "kd"), ("lrc", "lrc_np"), ("kd", "ce"))
+PAIRS = (*_MAIN_PAIRS, ("control-kd", "control-ce"))
+PRE_PAIRS = tuple((row_key("pre", a), row_key("pre", b)) for a, b in _MAIN_PAIRS)
 
 
 def paired(rows: dict[str, Any], a: str, b: str) -> dict[int, float]:
@@ -599,30 +660,33 @@ def _pct(score: float | None) -> str:
     return "-" if score is None else f"{100 * score:.1f}"
 
 
-def table(root: Path) -> str:
-    """Write the collected summaries into the ledger and return the markdown table."""
-    data = collect(root)
-    update_ledger(lambda ledger: ledger.update(tasks=data["tasks"]))
-    head = "| variant | " + " | ".join(TASKS[t] for t in TASKS) + " |"
-    lines = [head, "|---" * (len(TASKS) + 1) + "|"]
+def _summary_cell(data: dict[str, Any], task: str, key: str) -> str:
+    """A table cell of ``collect``'s summary row ``key``: dev mean [min, max] (n, lr, % of
+    the teacher retained, % of its margin over the majority closed)."""
+    row = data["tasks"][task].get(key)
+    teacher = data["tasks"][task].get("teacher")
+    if key == "teacher":
+        return "-" if row is None else f"{100 * row:.1f}"
+    if not row or not row["n"]:
+        return "-"
+    if not row.get("digests_agree", True):
+        return f"digests differ (n {row['n']}): not summarised"
+    kept = f", {100 * row['mean'] / teacher:.0f} %" if teacher else ""
+    share = teacher and margin_share(row["mean"], teacher, data["tasks"][task]["majority"])
+    kept += f", margin {100 * share:.0f} %" if share is not None and teacher else ""
+    spread = f" [{100 * row['min']:.1f}, {100 * row['max']:.1f}]" if row["n"] > 1 else ""
+    return f"{100 * row['mean']:.1f}{spread} (n {row['n']}, lr {row['lr']:g}{kept})"
 
-    def cell(task: str, key: str) -> str:
-        row = data["tasks"][task].get(key)
-        teacher = data["tasks"][task].get("teacher")
-        if key == "teacher":
-            return "-" if row is None else f"{100 * row:.1f}"
-        if not row or not row["n"]:
-            return "-"
-        if not row.get("digests_agree", True):
-            return f"digests differ (n {row['n']}): not summarised"
-        kept = f", {100 * row['mean'] / teacher:.0f} %" if teacher else ""
-        share = teacher and margin_share(row["mean"], teacher, data["tasks"][task]["majority"])
-        kept += f", margin {100 * share:.0f} %" if share is not None and teacher else ""
-        spread = f" [{100 * row['min']:.1f}, {100 * row['max']:.1f}]" if row["n"] > 1 else ""
-        return f"{100 * row['mean']:.1f}{spread} (n {row['n']}, lr {row['lr']:g}{kept})"
 
-    for key in ("teacher", *MAIN_VARIANTS, "control-ce", "control-kd", *WHY_VARIANTS):
-        lines.append(f"| {key} | " + " | ".join(cell(t, key) for t in TASKS) + " |")
+def _summary_and_pairs(data: dict[str, Any], keys: tuple[str, ...],
+                       pairs: tuple[tuple[str, str], ...]) -> list[str]:
+    """The markdown of one family's summary rows ``keys`` and its paired differences."""
+    head = "| {} | " + " | ".join(TASKS[t] for t in TASKS) + " |"
+    rule = "|---" * (len(TASKS) + 1) + "|"
+    lines = [head.format("variant"), rule]
+    for key in keys:
+        lines.append(f"| {key} | " + " | ".join(_summary_cell(data, t, key) for t in TASKS)
+                     + " |")
     lines.append("")
     lines.append("Cells: dev mean [min, max] (n seeds, lr, % of the teacher retained, % of the "
                  "teacher's margin over the majority class closed; majority " + ", ".join(
@@ -633,19 +697,57 @@ def table(root: Path) -> str:
                  "the same initialisation and data order; 95 % t-interval of the mean, df = n - "
                  "1; only runs whose recipe digest keys agree):")
     lines.append("")
-    lines.append("| a - b | " + " | ".join(TASKS[t] for t in TASKS) + " |")
-    lines.append("|---" * (len(TASKS) + 1) + "|")
-    for a, b in PAIRS:
+    lines += [head.format("a - b"), rule]
+    for a, b in pairs:
         lines.append(f"| {a} - {b} | " + " | ".join(
             _paired_cell(paired(data["tasks"][t], a, b)) for t in TASKS) + " |")
+    return lines
+
+
+def _search_table(data: dict[str, Any], root: Path, start: str) -> list[str]:
+    """Family ``start``'s lr search: held-out (dev) per task, variant and lr at seed 0, the
+    chosen lr marked."""
+    lines = ["| task | variant | " + " | ".join(f"lr {lr:g}" for lr in LR_GRID) + " |",
+             "|---|---|" + "---|" * len(LR_GRID)]
+    for task in TASKS:
+        for v in ("ce", "lrc"):
+            chosen = chosen_lr(task, v, root, start)
+            cells = []
+            for lr in LR_GRID:
+                r = data["runs"].get(student_run(task, v, lr, 0, root, start=start).name)
+                mark = " (chosen)" if lr == chosen else ""
+                cells.append("-" if r is None else
+                             f"{_pct(r['held_out'])} ({100 * r['dev']['score']:.1f}){mark}")
+            lines.append(f"| {TASKS[task]} | {v} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def table(root: Path) -> str:
+    """Write the collected summaries into the ledger and return the markdown table."""
+    data = collect(root)
+    update_ledger(lambda ledger: ledger.update(tasks=data["tasks"]))
+    random_keys = (*MAIN_VARIANTS, *(row_key("control", v) for v in STARTS["control"].variants),
+                   *WHY_VARIANTS)
+    lines = _summary_and_pairs(data, ("teacher", *random_keys), PAIRS)
     runs = plan(root)
     lines.append("")
-    for phase in ("teachers", "lr", "why", "main", "control"):
+    for phase in PHASES:
         done = [r.name for r in runs if r.phase == phase and r.name in data["runs"]]
         train = sum(data["runs"][n]["train_s"] or 0.0 for n in done)
         lines.append(f"- {phase}: {len(done)} of {sum(r.phase == phase for r in runs)} runs "
                      f"done, {train / 3600:.2f} wall hours of training (1 thread each, the machine "
                      "shared)")
+    lines.append("")
+    lines.append("The pretrained student (issue 51: MiniLM's layers 1, 2, 4, 5, 4 x 384; phases "
+                 "lr-pre and main-pre; no run here mixes with the random-init rows above):")
+    lines.append("")
+    lines += _summary_and_pairs(
+        data, ("teacher", *(row_key("pre", v) for v in STARTS["pre"].variants)), PRE_PAIRS)
+    lines.append("")
+    lines.append("Its lr search, seed 0: held-out (dev) x 100; the chosen lr has the best "
+                 "held-out score (ties: the smaller lr), kd takes ce's, lrc_np lrc's:")
+    lines.append("")
+    lines += _search_table(data, root, "pre")
     lines.append("")
     lines.append(f"The `why` grid at lr {WHY_LR:g}, seed 0: dev (held-out) and the last "
                  "training window (accuracy / hard CE):")
@@ -773,7 +875,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("command", choices=("plan", "run", "table", "speed", "targets"))
     p.add_argument("--root", type=Path, default=ROOT / "runs" / "lrc_glue")
-    p.add_argument("--phase", choices=("teachers", "lr", "why", "main", "control"))
+    p.add_argument("--phase", choices=PHASES)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--tasks", default=",".join(TASKS),

@@ -58,8 +58,9 @@ def _fake_result(folder: Path, held_out: float, dev: float | None = None) -> Non
 def test_plan_chooses_lr_on_held_out_and_reuses_the_search_run(driver, tmp_path: Path) -> None:
     root = tmp_path
     names = [r.name for r in driver.plan(root)]
-    # teachers, searches, the why grid (2 tasks x 3 runs), control; no main runs before the search
-    assert len(names) == len(set(names)) == 3 + 18 + 6 + 18
+    # teachers, searches, the why grid (2 tasks x 3 runs), control, the pretrained student's
+    # searches; no main runs before the searches
+    assert len(names) == len(set(names)) == 3 + 18 + 6 + 18 + 18
     for lr, score in zip(driver.LR_GRID, (0.70, 0.75, 0.75)):  # a tie: the smaller lr wins
         _fake_result(driver.student_run("mrpc", "ce", lr, 0, root).folder(root), score, 0.5)
     assert driver.chosen_lr("mrpc", "ce", root) == 1e-4
@@ -72,6 +73,59 @@ def test_plan_chooses_lr_on_held_out_and_reuses_the_search_run(driver, tmp_path:
     rows = driver.collect(root)["tasks"]["mrpc"]
     assert rows["ce"]["values"] == [0.5] and rows["ce"]["lr"] == 1e-4
     assert rows["ce"]["by_seed"] == {0: 0.5}
+
+
+def _ledger_with(driver, records: dict[str, tuple[float, float]]) -> None:
+    """A hand-made ledger: run name -> (held-out, dev) scores, the rest of a record filled."""
+    driver.LEDGER.write_text(json.dumps({"tasks": {}, "runs": {
+        name: {"held_out": held, "dev": {"score": dev}, "train_s": 10.0, "cpu_s": 10.0,
+               "digest": "d"} for name, (held, dev) in records.items()}}))
+
+
+def test_the_pretrained_student_chooses_its_own_lr_and_never_mixes(driver, tmp_path: Path,
+                                                                   capsys) -> None:
+    """Issue 51's pretrained student: its search and main runs (MiniLM's layers 1, 2, 4, 5, the
+    fused kernel), its lrs chosen on its own search's held-out scores only (the random-init
+    family's, recorded beside them, choose another), its rows and pairs apart in ``collect``
+    and ``table``, its records' meaning naming the start; a run whose teacher is not trained
+    is skipped, not failed."""
+    root = tmp_path
+    pre, rand = ({lr: driver.student_run("mrpc", v, lr, 0, root, start=start,
+                                         phase=phase).name for lr in driver.LR_GRID}
+                 for start, phase, v in (("pre", "lr-pre", "lrc"), ("random", "lr", "lrc")))
+    _ledger_with(driver, {**{pre[lr]: (h, h) for lr, h in zip(driver.LR_GRID, (0.8, 0.7, 0.6))},
+                          **{rand[lr]: (h, h) for lr, h in zip(driver.LR_GRID, (0.6, 0.7, 0.8))}})
+    assert driver.chosen_lr("mrpc", "lrc_np", root, "pre") == 5e-5
+    assert driver.chosen_lr("mrpc", "lrc", root) == 3e-4  # the random init's own choice
+    assert driver.chosen_lr("mrpc", "ce", root, "pre") is None  # its ce search not run yet
+    runs = driver.plan(root)
+    search = [r for r in runs if r.phase == "lr-pre"]
+    assert len(search) == 18 and all(r.name.startswith("pre-") for r in search)
+    assert all(r.args[r.args.index("--keep-layers") + 1] == "1,2,4,5" for r in search)
+    main = [r for r in runs if r.phase == "main-pre"]
+    # seed 0 of lrc at its chosen lr is its search run; lrc_np takes lrc's lr; ce / kd wait
+    assert {(r.meta["variant"], r.meta["seed"], r.meta["lr"]) for r in main} == {
+        ("lrc", 1, 5e-5), ("lrc", 2, 5e-5), *(("lrc_np", s, 5e-5) for s in range(3))}
+    rows = driver.collect(root)["tasks"]["mrpc"]
+    assert rows["pre-lrc"]["by_seed"] == {0: 0.8} and rows["lrc"]["by_seed"] == {0: 0.8}
+    assert rows["pre-lrc"]["lr"] == 5e-5 and rows["lrc"]["lr"] == 3e-4
+    assert "pre-ce" not in rows and "pre-lrc_1stage" not in rows
+    (root / "teacher-cola").mkdir()  # CoLA's teacher not trained: its runs wait
+    assert driver.execute(search[len(search) // 3], root, 1) == {
+        "skipped": "its teacher is not trained yet"}
+    table = driver.table(root)
+    own = table[table.index("The pretrained student"):table.index("The `why` grid")]
+    assert "| pre-lrc | 80.0 (n 1, lr 5e-05" in own and "\n| lrc | " not in own
+    assert "| lrc | 80.0 (n 1, lr 0.0003" in table
+    assert "| MRPC | lrc | 80.0 (80.0) (chosen) | 70.0 (70.0) | 60.0 (60.0) |" in own
+    assert "- lr-pre: 3 of 18 runs done" in table and "- main-pre: 0 of 5 runs done" in table
+    run = driver.student_run("mrpc", "kd", 1e-4, 1, root, start="pre", phase="main-pre")
+    _fake_result(run.folder(root), 0.7, 0.71)
+    rec = driver.record(run, root)
+    assert rec["meaning"].startswith(driver.VARIANT_MEANING["kd"]) and "pretrained" in rec[
+        "meaning"]
+    assert driver.main(["plan", "--root", str(root)]) == 0
+    assert "todo  lr-pre   pre-mrpc-ce-lr5e-05-s0" in capsys.readouterr().out
 
 
 def test_paired_differences_match_seeds_and_skip_missing_ones(driver) -> None:
@@ -173,10 +227,11 @@ def test_the_compared_variants_step_with_the_loop_and_the_control_fused(driver,
                   for t in ("mrpc", "cola", "sst2") for v in driver.VARIANTS
                   for p in ("lr", "why", "main"))]
     assert {kernel(r) for r in compared} == {"false"}
-    controls = [driver.student_run(t, v, 5e-5, s, tmp_path, control=True, phase="control")
-                for t in ("mrpc", "cola", "sst2") for v in ("ce", "kd") for s in range(3)]
-    assert {kernel(r) for r in controls} == {None}
-    assert all("--keep-layers" in r.args for r in controls)
+    families = [driver.student_run(t, v, 5e-5, s, tmp_path, start=start, phase=start)
+                for t in ("mrpc", "cola", "sst2") for v in ("ce", "kd") for s in range(3)
+                for start in ("control", "pre")]
+    assert {kernel(r) for r in families} == {None}
+    assert all("--keep-layers" in r.args for r in families)
 
 
 def test_smoke_run_of_the_drivers_flags_on_real_glue(driver, tmp_path: Path) -> None:
