@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -33,6 +33,7 @@ from contrastive.engine.extras import add_extras, split_item
 from contrastive.engine.fields import as_flag, help_field, override
 from contrastive.engine.kits.base import Artefacts, HandOff, StepHook
 from contrastive.engine.kits.image_probe import ImageStepHook, build_probe
+from contrastive.engine.kits.init import BackboneInit, InitFields
 from contrastive.engine.loader import step_generator
 from contrastive.eval.teacher import labelled_classes
 from contrastive.methods.base import encoder_of
@@ -51,7 +52,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class ImageConfig(RunConfig):
+class ImageConfig(InitFields, RunConfig):
     """A run on images: the fields every run has (:class:`RunConfig`) and the image ones.
     Image recipes subclass it and change defaults / add fields."""
 
@@ -95,17 +96,6 @@ class ImageConfig(RunConfig):
     knn_max_test: int = help_field(0, "held-out images for kNN (0 = whole split)")
     knn_feature: str = help_field("backbone", "kNN on 'backbone' features or the method's "
                                   "'head' output when it has one", choices=("backbone", "head"))
-    init: str = help_field(
-        "", "start the backbone from these weights, and every copy the method makes of it "
-        "(momentum encoder, teacher) with it: timm:NAME | torchvision:NAME (the library's "
-        "published weights) | a weights file (.safetensors, a .pt/.pth state dict or training "
-        "checkpoint, our encoder.pt) | a run folder; empty = random weights. The source and its "
-        "sha256 go into config.json; a resume continues from its checkpoint")
-    init_mean: tuple[float, ...] = help_field(
-        (), "the per-channel mean the --init weights were trained with, for a file that does "
-        "not record it (e.g. 0.5 0.5 0.5); empty = the source's own record")
-    init_std: tuple[float, ...] = help_field(
-        (), "the per-channel std the --init weights were trained with (see --init-mean)")
     online_probe: bool = help_field(
         False, "train a linear classifier on detached backbone features of the first view beside "
         "the method (its own SGD; the encoder is untouched) and log its top-1 on each batch "
@@ -264,7 +254,7 @@ class ImageAdapter:
         self.artefacts: Artefacts[ImageConfig] = EncoderArtefacts(pipeline)
         self._cfg: ImageConfig | None = None
         self._prepared: ImageConfig | None = None
-        self.init: InitWeights | None = None  # --init, resolved by prepare
+        self.init = BackboneInit()  # --init, resolved by prepare
         self._told = False  # warned that the workers decoded a whole micro-batch
         self._size = 0
         self._num_classes: int | None = None
@@ -280,13 +270,9 @@ class ImageAdapter:
         before the run folder exists; nothing to do again for an equal ``cfg``."""
         if self._prepared is not None and self._prepared == cfg:
             return
-        self.init = None
-        if cfg.init:
-            from contrastive.eval.init import resolve_init
-
-            self.init = resolve_init(cfg.init, mean=cfg.init_mean or None,
-                                     std=cfg.init_std or None)
-            self._check_normalisation(self.init)
+        weights = self.init.resolve(cfg)
+        if weights is not None:
+            self._check_normalisation(weights)
         self._prepared = cfg
 
     def _check_normalisation(self, init: InitWeights) -> None:
@@ -296,29 +282,10 @@ class ImageAdapter:
                            "this recipe's pipeline normalises with mean %s, std %s",
                            init.source, init.mean, init.std, init.norm_from, *ours)
 
-    @contextlib.contextmanager
-    def method_building(self, cfg: ImageConfig) -> Iterator[None]:
+    def method_building(self, cfg: ImageConfig) -> contextlib.AbstractContextManager[None]:
         """With ``--init``: every ``--encoder`` backbone the recipe's method creates starts from
-        the weights (:func:`~contrastive.nn.encoders.starting_weights`), so its copies do too;
-        a method that creates none is refused."""
-        init = self.init
-        if init is None:
-            yield
-            return
-        from contrastive.eval.init import InitError, load_into
-        from contrastive.nn.encoders import starting_weights
-
-        def load(backbone: nn.Module) -> None:
-            report = load_into(backbone, init)
-            if not start.loaded:
-                logger.info("%s", report.line())
-
-        with starting_weights(cfg.encoder, load) as start:
-            yield
-        if not start.loaded:
-            raise InitError(f"--init {init.source}: the method built no --encoder {cfg.encoder} "
-                            "backbone to load it into (its recipe builds the backbone another "
-                            "way); --init works with the recipes that build --encoder")
+        the weights, so its copies do too (:meth:`BackboneInit.building`)."""
+        return self.init.building(cfg.encoder)
 
     def train_set(self, cfg: ImageConfig, accelerator: Any) -> Any:
         from contrastive.data import get_dataset
@@ -380,9 +347,9 @@ class ImageAdapter:
         return [] if knn is None else [knn]
 
     def resolved(self) -> dict[str, Any]:
-        init = {"init": self.init.describe()} if self.init is not None else {}
         return {"batched_augment": self.device_fn is not None, "decode": self.cfg.decode,
-                "train_images": self._size, "encoder_kwargs": self.cfg.encoder_options(), **init}
+                "train_images": self._size, "encoder_kwargs": self.cfg.encoder_options(),
+                **self.init.resolved()}
 
     def describe(self) -> str:
         text = "augmentation " + ("batched on device" if self.device_fn is not None
