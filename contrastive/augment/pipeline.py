@@ -67,6 +67,11 @@ class Pipeline:
     def view_sizes(self) -> list[int]:
         return [v.size for v in self.views]
 
+    def with_normalisation(self, mean: Sequence[float], std: Sequence[float]) -> Pipeline:
+        """The same views normalised with ``mean`` / ``std`` (the statistics pretrained weights
+        were trained with: ``--init``)."""
+        return Pipeline(self.views, mean, std, name=self.name)
+
     def __call__(self, img: ImageLike) -> list[Tensor]:
         t = prepare(img)  # one conversion (or one encoded image) for all views
         return [view(t) for view in self._per_image]

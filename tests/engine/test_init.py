@@ -137,16 +137,84 @@ def test_a_resumed_run_is_not_reinitialised(tmp_path, fresh_accelerate):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def _readme_command() -> list[str]:
+    """The README's one command under "Start from pretrained weights"."""
+    import re
+    import shlex
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = text[text.index("### Start from pretrained weights"):]
+    block = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert block is not None, "the README lost its --init command"
+    return shlex.split(block.group(1).strip())
+
+
 @pytest.mark.skipif(not EFFICIENTNET.is_file(), reason=f"{EFFICIENTNET} is absent: the shared "
                     "data's real EfficientNet-Lite0 (../shared/data/README.md)")
-def test_the_real_efficientnet_file_reaches_the_backbone(tmp_path, fresh_accelerate):
-    file = load_file(str(EFFICIENTNET))
-    result = train(_Cfg(output_dir=str(tmp_path / "run"), encoder="timm:efficientnet_lite0",
-                        image_size=32, data="shapes:n=16,n_test=8,size=32", steps=1,
-                        init=str(EFFICIENTNET), init_mean=(0.5, 0.5, 0.5),
-                        init_std=(0.5, 0.5, 0.5)), _moco, _pipeline, recipe="t")
-    state = _model_state(result)
+def test_the_readme_command_with_the_real_efficientnet_file(tmp_path, fresh_accelerate):
+    """The README's command, run as written but with the local EfficientNet-Lite0 file for
+    timm:resnet50 (no download here), tiny data and one step at lr 0: every learnt tensor of
+    the file but the classifier is the backbone's, and the views take its normalisation."""
+    import importlib.util
+    import sys
+
+    from PIL import Image
+
+    from contrastive.records import EncoderRecord
+
+    cmd = _readme_command()
+    assert cmd[:2] == ["python", "recipes/moco_r50.py"]
+    swap = {"/path/to/your/images": str(tmp_path / "images"), "timm:resnet50": None,
+            "runs/moco_continued": str(tmp_path / "run")}
+    for i in range(4):  # a small image folder: train/<class>/*.png
+        folder = tmp_path / "images" / "train" / f"c{i % 2}"
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (40, 40), (60 * i, 100, 200 - 40 * i)).save(folder / f"{i}.png")
+    argv: list[str] = []
+    for arg in cmd[2:]:
+        value = swap.get(arg, arg)
+        if value is None:  # the encoder and its weights: the local file
+            value = "timm:efficientnet_lite0" if argv[-1] == "--encoder" else str(EFFICIENTNET)
+        argv.append(value)
+    argv += ["--init-mean", "0.5", "0.5", "0.5", "--init-std", "0.5", "0.5", "0.5",
+             "--image-size", "32", "--batch-size", "4", "--steps", "1", "--lr", "0",
+             "--num-workers", "0", "--progress", "false", "--mixed-precision", "no",
+             "--queue-size", "8"]
+    path = Path(__file__).resolve().parents[2] / "recipes" / "moco_r50.py"
+    spec = importlib.util.spec_from_file_location("readme_moco_r50", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    result = run(mod.MoCoV2R50, mod.build_method, mod.build_pipeline, argv=argv, name="moco_r50")
+    file, state = load_file(str(EFFICIENTNET)), _model_state(result)
     loaded = [k for k in _params_keys(file) if f"encoder.{k}" in state]
     backbone = [k for k in _params_keys(file) if not k.startswith("classifier.")]
     assert loaded == backbone and len(loaded) == 147  # every learnt tensor but the classifier
     assert all(torch.equal(state[f"encoder.{k}"], file[k]) for k in loaded)
+    record = EncoderRecord.load(tmp_path / "run" / "encoder.pt")
+    assert tuple(record.mean) == (0.5, 0.5, 0.5) and tuple(record.std) == (0.5, 0.5, 0.5)
+
+
+def test_the_views_and_encoder_pt_take_the_init_normalisation(tmp_path, fresh_accelerate):
+    """--init-mean/--init-std (or the source's record) normalise the views, the kNN monitor's
+    and encoder.pt's (what the eval CLIs read); a file that records none keeps the recipe's."""
+    from contrastive.records import EncoderRecord
+
+    path = _weights(tmp_path)
+    seen = {}
+
+    def build(cfg, data):
+        seen["pipeline"] = data.pipeline
+        return _moco(cfg, data)
+
+    half = (0.5, 0.5, 0.5)
+    train(_Cfg(output_dir=str(tmp_path / "a"), init=str(path), init_mean=half, init_std=half,
+               steps=1), build, _pipeline, recipe="t")
+    record = EncoderRecord.load(tmp_path / "a" / "encoder.pt")
+    assert tuple(record.mean) == half and tuple(record.std) == half
+    assert seen["pipeline"].mean == half and seen["pipeline"].std == half
+    train(_Cfg(output_dir=str(tmp_path / "b"), init=str(path), steps=1), build, _pipeline,
+          recipe="t")
+    recipe_norm = _pipeline(_Cfg())
+    record = EncoderRecord.load(tmp_path / "b" / "encoder.pt")
+    assert tuple(record.mean) == recipe_norm.mean and tuple(record.std) == recipe_norm.std

@@ -249,7 +249,7 @@ class ImageAdapter:
     unit = "images"
 
     def __init__(self, pipeline: Pipeline) -> None:
-        self.pipeline = pipeline
+        self.pipeline = self._recipe_pipeline = pipeline
         self.device_fn: Callable[..., list[Tensor]] | None = None
         self.artefacts: Artefacts[ImageConfig] = EncoderArtefacts(pipeline)
         self._cfg: ImageConfig | None = None
@@ -270,17 +270,30 @@ class ImageAdapter:
         before the run folder exists; nothing to do again for an equal ``cfg``."""
         if self._prepared is not None and self._prepared == cfg:
             return
+        self.pipeline, self.artefacts = self._recipe_pipeline, EncoderArtefacts(
+            self._recipe_pipeline)
         weights = self.init.resolve(cfg)
         if weights is not None:
-            self._check_normalisation(weights)
+            self._normalise_as(weights)
         self._prepared = cfg
 
-    def _check_normalisation(self, init: InitWeights) -> None:
-        ours = (tuple(getattr(self.pipeline, "mean", ())), tuple(getattr(self.pipeline, "std", ())))
-        if init.mean is not None and ours != (init.mean, init.std):
-            logger.warning("--init %s was trained on inputs normalised with mean %s, std %s (%s); "
-                           "this recipe's pipeline normalises with mean %s, std %s",
-                           init.source, init.mean, init.std, init.norm_from, *ours)
+    def _normalise_as(self, init: InitWeights) -> None:
+        """The views normalised as the ``--init`` weights were trained (training, the kNN
+        monitor, the online probe and ``encoder.pt``, which the eval CLIs read), when the
+        source records it or ``--init-mean/--init-std`` give it; else the recipe's, with a
+        warning."""
+        ours = (self.pipeline.mean, self.pipeline.std)
+        if init.mean is None or init.std is None:
+            logger.warning("--init %s records no input normalisation: the views keep this "
+                           "recipe's (mean %s, std %s); give --init-mean and --init-std if the "
+                           "weights were trained with others", init.source, *ours)
+            return
+        if ours != (init.mean, init.std):
+            logger.info("--init %s: views normalised as its weights were trained (mean %s, std "
+                        "%s: %s) instead of the recipe's (mean %s, std %s)", init.source,
+                        init.mean, init.std, init.norm_from, *ours)
+            self.pipeline = self.pipeline.with_normalisation(init.mean, init.std)
+            self.artefacts = EncoderArtefacts(self.pipeline)
 
     def method_building(self, cfg: ImageConfig) -> contextlib.AbstractContextManager[None]:
         """With ``--init``: every ``--encoder`` backbone the recipe's method creates starts from
