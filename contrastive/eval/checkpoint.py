@@ -37,6 +37,7 @@ import io
 import json
 import logging
 import pickle
+import pickletools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -208,11 +209,14 @@ def _load_file(path: Path) -> tuple[Any, str]:
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
             return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True), sha
-    except pickle.UnpicklingError:  # a pickle that needs code to run (refused, unrun), or no pickle
+    except pickle.UnpicklingError:  # a pickle that needs code to run (refused), or none
         try:
             found = torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(data))
-        except Exception:  # not a torch.save file at all (torch's message is about pickles)
-            raise _not_weights(path, None) from None
+        except Exception:  # a legacy (non-zip) pickle, or not a torch.save file at all
+            legacy = _pickle_globals(data)
+            if legacy is None:
+                raise _not_weights(path, None) from None
+            found = legacy
         raise ValueError(
             f"{path}: refused to load, torch.load(weights_only=True) found code it would have to "
             f"run ({', '.join(found) or 'an unsupported global'}); only tensors and plain values "
@@ -220,6 +224,26 @@ def _load_file(path: Path) -> tuple[Any, str]:
         ) from None
     except Exception as e:  # not a torch file
         raise _not_weights(path, e) from None
+
+
+def _pickle_globals(data: bytes) -> list[str] | None:
+    """The globals a plain (non-zip) pickle names, read with :mod:`pickletools` (nothing runs);
+    None when ``data`` is not a pickle."""
+    if data[:1] != b"\x80":  # the PROTO opcode every pickle of protocol 2 or later starts with
+        return None
+    names: list[str] = []
+    strings: list[str] = []
+    try:
+        for op, arg, _ in pickletools.genops(data):
+            if op.name == "GLOBAL":
+                names.append(str(arg).replace(" ", "."))
+            elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                names.append(".".join(strings[-2:]))
+            elif isinstance(arg, str):
+                strings.append(arg)
+    except Exception:  # not a whole pickle
+        return None
+    return names
 
 
 def _not_weights(path: Path, e: Exception | None) -> ValueError:
