@@ -111,3 +111,25 @@ def test_lit_with_an_hf_text_tower_trains_on_shapes_captions(init_file, rx, tmp_
     assert recorded["sha256"] == hashlib.sha256(init_file.read_bytes()).hexdigest()
     again = evaluate_run([str(out), "--n-test", "16"])
     assert again["top1"] == pytest.approx(end[0]["zeroshot_top1"], abs=1e-3)
+
+
+@pytest.mark.skipif(not (MINILM / "model.safetensors").is_file(),
+                    reason=f"the MiniLM folder is absent ({MINILM})")
+def test_an_hf_text_tower_tokenises_a_caption_folder_with_its_tokenizer(rx, tmp_path):
+    from PIL import Image
+
+    from contrastive.data.captions import encode_fixed
+    from contrastive.data.tokenizer import load_tokenizer
+
+    root = tmp_path / "images"
+    root.mkdir()
+    Image.new("RGB", (8, 8), (255, 0, 0)).save(root / "0.png")
+    (root / "captions.tsv").write_text("image\tcaption\n0.png\ta red square\n")
+    cls, _, adapter = rx.load_recipe("siglip").make()
+    cfg = parse_config(cls, [*TINY, "--data", f"captions:{root},max_length=10",
+                             "--text-encoder", f"hf:{MINILM}"])
+    adapter.prepare(cfg)
+    ds = adapter.train_set(cfg, accelerator=None)
+    want = encode_fixed(load_tokenizer(MINILM, max_length=10), ["a red square"])[0][0]
+    assert torch.equal(ds[0][2]["input_ids"], want)
+    assert adapter.resolved()["model"]["text_encoder"] == f"hf:{MINILM}"
