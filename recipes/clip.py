@@ -2,6 +2,7 @@
 
     python recipes/clip.py                                   # the demo: shapes with captions, CPU minutes
     python recipes/clip.py --data captions:/path/to/images   # images + captions.tsv / .jsonl
+    python recipes/clip.py --init FILE --lock-image --text-encoder hf:FOLDER   # LiT
     accelerate launch --multi_gpu --num_processes 2 recipes/clip.py --data wds-captions:/shards
     contrastive-zeroshot runs/clip                           # zero-shot + retrieval again
 
@@ -13,14 +14,17 @@ caption per image is drawn per epoch, seeded by (seed, epoch, index). Images are
 scaled to [0, 1], without augmentation: the captions name colour and position, which crops and
 colour jitter would falsify.
 
-Model (:class:`contrastive.methods.CLIP`): the ``--encoder`` image backbone (``small_cnn``), a
-``--layers`` x ``--hidden`` BERT text encoder (random init, mean pooling), a ``--dim``
-shared space, the learnable logit scale clamped after every optimiser step. AdamW (CLIP:
+Model (:class:`contrastive.methods.CLIP`): the ``--encoder`` image backbone (``small_cnn``; from
+``--init SOURCE``'s weights when given), a ``--layers`` x ``--hidden`` BERT text encoder (random
+init, mean pooling; ``--text-encoder hf:FOLDER``: a local Hugging Face checkpoint, mean pooled,
+whose tokenizer then tokenises the captions), a ``--dim`` shared space, the learnable logit scale clamped after every optimiser step. AdamW (CLIP:
 decoupled weight decay 0.2, beta2 0.98; here 0.1 at this size), lr 2e-3 absolute, cosine schedule
 after a 50-step linear warm-up, a 300-step budget (``--steps``) at global batch 128. Every engine
 flag works (``--help``): ``--max-steps``, ``--resume auto``, ``--mixed-precision``, ``--float64``,
 checkpoints, SIGTERM (exit 75), several processes (the negatives are gathered with their
-gradient, so N processes train as one with the whole batch).
+gradient, so N processes train as one with the whole batch). ``--lock-image`` is LiT (Zhai et al.
+2022): the image tower frozen, BatchNorm statistics included, the text tower and both projections
+trained (:class:`~contrastive.methods.dual_encoder.DualEncoder` says what big_vision does).
 
 Evaluation: zero-shot top-1/top-5 on the held-out split's class names (prompts ``"a {}"``, ``"a
 picture of a {}"``, ``"there is a {}"``) and retrieval recall@1/5 both ways, at the end and every

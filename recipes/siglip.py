@@ -6,12 +6,13 @@ image-caption data: recipes/clip.py with the pairwise sigmoid loss.
     accelerate launch --multi_gpu --num_processes 2 recipes/siglip.py --data wds-captions:/shards
     contrastive-zeroshot runs/siglip                           # zero-shot + retrieval again
 
-Data, tokenizer, towers, optimiser, schedule, evaluation and run folder: recipes/clip.py's (see
-its docstring; ``clip.pt`` records ``"method": "siglip"``, so ``contrastive-zeroshot`` rebuilds
-this model). Model (:class:`contrastive.methods.SigLIP`): CLIP's towers; the loss is the registry's
-``siglip`` with its learnable scale t = exp(t') and bias b, initialised t = 10, b = -10 (the
-paper's, ``SigLIP.presets["paper"]``; ``--scale-init``, ``--bias-init``), no clamp, no weight
-decay on them. Several processes: the paper's chunked exchange (texts passed round the
+Data, tokenizer, towers (``--init``, ``--text-encoder hf:FOLDER``, ``--lock-image``), optimiser,
+schedule, evaluation and run folder: recipes/clip.py's (see its docstring; ``clip.pt`` records
+``"method": "siglip"``, so ``contrastive-zeroshot`` rebuilds this model). Model
+(:class:`contrastive.methods.SigLIP`): CLIP's towers; the loss is the registry's ``siglip`` with
+its learnable scale t = exp(t') and bias b, initialised t = 10, b = -10 (the paper's,
+``SigLIP.presets["paper"]``; ``--scale-init``, ``--bias-init``), no clamp, no weight decay on
+them. Several processes: the paper's chunked exchange (texts passed round the
 processes), no gather, so N processes train as one with the whole batch. The optimiser settings
 are CLIP's recipe's at this size (AdamW, beta2 0.98, lr 2e-3, batch 128), not the paper's
 (ScalingViT-Adafactor, beta2 0.95, batch 32k; see contrastive/methods/siglip.py), so that the

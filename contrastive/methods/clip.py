@@ -61,7 +61,8 @@ class CLIP(DualEncoder):
     learnt, clamped logit scale.
 
     Args:
-        encoder, text_encoder, dim, encoder_kwargs, text_kwargs: the towers (:class:`DualEncoder`).
+        encoder, text_encoder, dim, encoder_kwargs, text_kwargs, lock_image: the towers
+            (:class:`DualEncoder`).
         temperature: initial tau (0.07): ``logit_scale = log(1 / temperature)``.
         max_logit_scale: the clamp of ``exp(logit_scale)`` (100).
 
@@ -73,11 +74,11 @@ class CLIP(DualEncoder):
                  text_encoder: str | nn.Module = "bert", dim: int = 64,
                  temperature: float = 0.07, max_logit_scale: float = 100.0,
                  encoder_kwargs: dict[str, Any] | None = None,
-                 text_kwargs: dict[str, Any] | None = None) -> None:
+                 text_kwargs: dict[str, Any] | None = None, lock_image: bool = False) -> None:
         if not 0 < temperature or 1.0 / temperature > max_logit_scale:
             raise ValueError(f"CLIP: need temperature > 0 and 1 / temperature <= "
                              f"max_logit_scale; got {temperature}, {max_logit_scale}")
-        super().__init__(encoder, text_encoder, dim, encoder_kwargs, text_kwargs)
+        super().__init__(encoder, text_encoder, dim, encoder_kwargs, text_kwargs, lock_image)
         self.logit_scale = nn.Parameter(torch.tensor(math.log(1.0 / temperature)))
         self.max_logit_scale = float(max_logit_scale)
 

@@ -7,6 +7,17 @@ a bias-free linear projection to the shared space (CLIP's ``W_i``, ``W_t``; open
     i = normalize(image_proj(encoder(image)))                    # N x dim
     t = normalize(text_proj(text_encoder(input_ids, mask)))      # N x dim
 
+``lock_image`` is LiT's locked image tower (Zhai et al., "LiT: Zero-Shot Transfer with
+Locked-image text Tuning", CVPR 2022, arXiv 2111.07991): the pretrained image encoder gets no
+gradient (so the optimiser never holds it) and stays in eval mode (its BatchNorm statistics
+frozen), while the text tower and both projections train. google-research/big_vision
+``configs/proj/image_text/lit_coco.py`` freezes everything under ``img/`` (``schedule =
+[('img/.*', None), ...]``); by default its image tower has no head at all (``img_head=False``,
+``out_dim = (None, dim)``: the text head maps to the image features' width), and with
+``img_head`` the image head is the pretrained checkpoint's, frozen with the rest. Here the image
+projection is a new random map from the backbone's width to ``dim``: frozen, it would fix a
+random compression of the features, so it trains (the image side's only trained parameters).
+
 It holds no loss and no scale: a subclass adds those (:class:`~contrastive.methods.CLIP`: the
 softmax logit scale clamped after every step; :class:`~contrastive.methods.SigLIP`: the sigmoid
 loss with its learnt t' and b) and writes ``forward``. Every parameter with ``ndim < 2`` (biases,
@@ -22,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, cast
 
+import torch
 from torch import Tensor, nn
 
 from contrastive.methods._common import unit
@@ -42,6 +54,8 @@ class DualEncoder(Method):
         dim: shared embedding width (512 for CLIP ViT-B/32; small here).
         encoder_kwargs, text_kwargs: keyword arguments for the two encoders (e.g.
             ``dict(num_layers=2, hidden_size=64, num_heads=2, vocab_size=..., pooling="mean")``).
+        lock_image: LiT's locked image tower (module docstring): ``encoder`` frozen and kept
+            in eval mode; ``image_proj`` trains.
 
     A batch holds ``batch["views"]`` (one (N, C, H, W) image view; more are ignored),
     ``batch["input_ids"]`` and ``batch["attention_mask"]`` ((N, T) int64).
@@ -54,9 +68,12 @@ class DualEncoder(Method):
     def __init__(self, encoder: str | nn.Module = "small_cnn",
                  text_encoder: str | nn.Module = "bert", dim: int = 64,
                  encoder_kwargs: dict[str, Any] | None = None,
-                 text_kwargs: dict[str, Any] | None = None) -> None:
+                 text_kwargs: dict[str, Any] | None = None, lock_image: bool = False) -> None:
         super().__init__()
         self.encoder = resolve_encoder(encoder, **(encoder_kwargs or {}))
+        self.lock_image = bool(lock_image)
+        if self.lock_image:
+            self.encoder.requires_grad_(False).eval()
         self.text_encoder = resolve_encoder(text_encoder, **(text_kwargs or {}))
         # a text pooler the pooling does not use (BERT's, with "cls" / "mean") gets no gradient:
         # frozen, so that DDP does not wait for its gradient (several processes would fail)
@@ -67,6 +84,13 @@ class DualEncoder(Method):
         self.image_proj = nn.Linear(cast(int, self.encoder.num_features), dim, bias=False)
         self.text_proj = nn.Linear(cast(int, self.text_encoder.num_features), dim, bias=False)
 
+    def train(self, mode: bool = True) -> DualEncoder:
+        """Train mode, but a locked image tower (``lock_image``) stays in eval mode."""
+        super().train(mode)
+        if self.lock_image:
+            self.encoder.eval()
+        return self
+
     def param_groups(self) -> list[ParamGroup]:
         """Every parameter with ``ndim < 2`` (biases, norms, the loss's scale and bias): no
         weight decay. The group keeps CLIP's name, which resume checkpoints record."""
@@ -75,7 +99,9 @@ class DualEncoder(Method):
 
     def encode_image(self, images: Tensor) -> Tensor:
         """Unit image embeddings (N, dim) (float32 or wider)."""
-        return unit(self.image_proj(self.encoder(images)))
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.lock_image):
+            features = self.encoder(images)
+        return unit(self.image_proj(features))
 
     def encode_text(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Unit text embeddings (N, dim) of token ids (N, T)."""

@@ -51,7 +51,8 @@ class SigLIP(DualEncoder):
     """SigLIP with CLIP's towers (see :class:`DualEncoder` for the encoders and the batch keys).
 
     Args:
-        encoder, text_encoder, dim, encoder_kwargs, text_kwargs: the towers (:class:`DualEncoder`).
+        encoder, text_encoder, dim, encoder_kwargs, text_kwargs, lock_image: the towers
+            (:class:`DualEncoder`).
         scale_init: t = exp(t') at init (10, the paper's).
         bias_init: b at init (-10, the paper's).
     """
@@ -66,8 +67,8 @@ class SigLIP(DualEncoder):
                  text_encoder: str | nn.Module = "bert", dim: int = 64,
                  scale_init: float = 10.0, bias_init: float = -10.0,
                  encoder_kwargs: dict[str, Any] | None = None,
-                 text_kwargs: dict[str, Any] | None = None) -> None:
-        super().__init__(encoder, text_encoder, dim, encoder_kwargs, text_kwargs)
+                 text_kwargs: dict[str, Any] | None = None, lock_image: bool = False) -> None:
+        super().__init__(encoder, text_encoder, dim, encoder_kwargs, text_kwargs, lock_image)
         self.criterion = cast(SigLIPLoss, get_loss("siglip", scale_init=scale_init,
                                                    bias_init=bias_init, normalize=False))
 

@@ -50,7 +50,8 @@ def test_a_text_model_is_bert_or_an_hf_folder(rx, capsys):
     for bad in ("small_cnn", "hf:", "BERT"):
         with pytest.raises(ValueError, match="'bert' or 'hf:FOLDER'"):
             hf_folder(bad)
-    for name, flag in (("simcse", "--encoder"), ("lrc_bert", "--student")):
+    for name, flag in (("simcse", "--encoder"), ("lrc_bert", "--student"),
+                       ("clip", "--text-encoder"), ("siglip", "--text-encoder")):
         with pytest.raises(SystemExit):  # one line naming both forms, exit status 2
             _config(rx, name, [flag, "small_cnn"])
         assert "'bert' or 'hf:FOLDER'" in capsys.readouterr().err

@@ -93,3 +93,20 @@ def test_a_planted_pickle_as_the_starting_weights_is_refused_before_the_run_fold
     assert "pytorch_model.bin" in lines[0] and "refused" in lines[0]
     assert not marker.exists()
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("recipe", ["clip", "siglip"])
+def test_a_planted_pickle_as_the_text_tower_is_refused_before_the_run_folder(
+        tmp_path: Path, capsys, recipe: str) -> None:
+    """The image-text kit checks ``--text-encoder hf:FOLDER`` while it prepares: one line
+    through ``run``, status 2, the pickle never run, no run folder."""
+    folder, marker = _planted(tmp_path)
+    argv = ["--text-encoder", f"hf:{folder}", "--steps", "1", "--warmup-steps", "0", "--output-dir",
+            str(tmp_path / "run")]
+    with pytest.raises(SystemExit) as exit_:
+        _recipe(recipe).main(argv)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"{recipe}.py: error: ") and "refused" in lines[0], lines
+    assert "pytorch_model.bin" in lines[0] and not marker.exists()
+    assert not (tmp_path / "run").exists()

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from contrastive.engine.config import RunConfig, parse_json_object
 from contrastive.engine.fields import help_field, override
 from contrastive.engine.kits.base import Artefacts, HandOff, KitDefaults
 from contrastive.engine.kits.image import encoder_step, make_batch, prepare_views, write_encoder
+from contrastive.engine.kits.init import BackboneInit, InitFields
 from contrastive.engine.kits.text import BertSizes
 from contrastive.records import CLIP_FILE, save_clip_record
 
@@ -43,10 +45,11 @@ C = TypeVar("C", bound="ImageTextConfig")
 
 
 @dataclass
-class ImageTextConfig(RunConfig):
+class ImageTextConfig(InitFields, RunConfig):
     """A run on image-text pairs (CLIP): the fields every run has and the image tower's name,
-    options and crop size, and the zero-shot / retrieval evaluator's cadence. No augmentation,
-    kNN or probe fields: the images are centre crops (captions name colour and position)."""
+    options, starting weights (``--init``, ``--lock-image``) and crop size, the text tower's
+    source, and the zero-shot / retrieval evaluator's cadence. No augmentation, kNN or probe
+    fields: the images are centre crops (captions name colour and position)."""
 
     data: str = help_field(
         "shapes-captions", "image-text data spec: shapes-captions[:n=..,size=..] | "
@@ -58,17 +61,27 @@ class ImageTextConfig(RunConfig):
         0, "zero-shot top-1 and retrieval recall every N optimiser steps (0 = at the end only)")
     eval_at_start: bool = help_field(False, "also evaluate before training (random init)")
     eval_max: int = help_field(1000, "held-out pairs the evaluator uses (0 = no evaluator)")
+    text_encoder: str = help_field(
+        "bert", "the text tower: bert (random weights of --layers/--hidden/--heads, the "
+        "captions' own WordPiece tokenizer) | hf:FOLDER (a local Hugging Face checkpoint folder: "
+        "its weights, and its tokenizer for the captions; the sizes do not apply)")
+    lock_image: bool = help_field(
+        False, "LiT (Zhai et al. 2022): the image tower locked (no gradient, not optimised, "
+        "BatchNorm statistics frozen) while the text tower and both projections train; meant "
+        "with --init")
 
     def encoder_options(self) -> dict[str, Any]:
         """The ``--encoder-kwargs`` JSON (recorded in ``encoder.pt`` and ``clip.pt``)."""
         return parse_json_object("encoder_kwargs", self.encoder_kwargs)
 
     def validate(self) -> None:
-        """The checks of every run, a positive crop size and a valid ``--encoder-kwargs``."""
+        """The checks of every run, a positive crop size, a valid ``--encoder-kwargs`` and
+        ``--text-encoder``."""
         super().validate()
         if self.image_size <= 0 or self.eval_every < 0 or self.eval_max < 0:
             raise ValueError("--image-size must be positive, --eval-every and --eval-max >= 0")
         self.encoder_options()
+        text_folder(self)  # bert or hf:FOLDER, else one line naming both
 
 
 @dataclass
@@ -103,6 +116,14 @@ class DualEncoderConfig(BertSizes, ImageTextConfig):
         self.check_bert_sizes()
 
 
+def text_folder(cfg: ImageTextConfig) -> str | None:
+    """The folder of ``--text-encoder hf:FOLDER``, None for ``bert`` (a one-line ValueError
+    naming the two forms otherwise)."""
+    from contrastive.nn.text_encoders import hf_folder
+
+    return hf_folder(cfg.text_encoder)
+
+
 def eval_pipeline(image_size: int) -> Any:
     """The image-text runs' image transform: resize the shorter side and centre-crop to
     ``image_size`` (no augmentation: captions name colour and position, which crops and jitter
@@ -122,7 +143,15 @@ class ImageTextAdapter(KitDefaults[C]):
 
     ``model_config(cfg, tokenizer)`` (from the recipe, on :func:`dual_encoder_kwargs`) is
     recorded in ``clip.pt``, so evaluation rebuilds the model from it. ``tokenizer`` is the
-    training set's, known after :meth:`train_set` (handed to the recipe's ``build_method``).
+    training set's, known after :meth:`train_set` (handed to the recipe's ``build_method``);
+    with ``--text-encoder hf:FOLDER`` it is the folder's (at the data spec's ``max_length``),
+    which then tokenises the captions of every caption data set.
+
+    Pretrained towers (issue 49): :meth:`prepare` reads and checks ``--init`` (the image tower,
+    :class:`~contrastive.engine.kits.init.BackboneInit`) and the ``hf:`` text folder (a pickle
+    that would run code is refused unread, :func:`~contrastive.nn.text_encoders.
+    check_safe_weights`; its tokenizer read) before the run folder exists;
+    :meth:`method_building` loads the image tower as the method builds it.
     """
 
     unit = "samples"
@@ -136,6 +165,37 @@ class ImageTextAdapter(KitDefaults[C]):
         self.device_fn: Callable[..., list[Tensor]] | None = None
         self._seed, self._float64, self._size = 0, False, 0
         self._model: dict[str, Any] = {}
+        self.init = BackboneInit()  # --init, resolved by prepare
+        self._prepared: C | None = None
+
+    def prepare(self, cfg: C) -> None:
+        """``--init`` and an ``hf:`` text folder read and checked before the run folder exists
+        (one line when they cannot be used); nothing to do again for an equal ``cfg``."""
+        if self._prepared is not None and self._prepared == cfg:
+            return
+        from contrastive.data.tokenizer import load_tokenizer
+        from contrastive.nn.text_encoders import check_safe_weights
+
+        weights = self.init.resolve(cfg)
+        pixels = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))  # what eval_pipeline feeds
+        if weights is not None and weights.mean is not None and (
+                tuple(weights.mean), tuple(weights.std or ())) != pixels:
+            logger.warning("--init %s was trained on inputs normalised with mean %s, std %s (%s); "
+                           "the image-text runs feed [0, 1] pixels", weights.source,
+                           weights.mean, weights.std, weights.norm_from)
+        if cfg.lock_image and weights is None:
+            logger.warning("--lock-image without --init locks the image tower's starting "
+                           "weights (random unless --encoder-kwargs loads some)")
+        folder = text_folder(cfg)
+        if folder:
+            check_safe_weights(folder)  # a pickle that would run code: refused, unread
+            load_tokenizer(folder)  # the captions' tokenizer must be there
+        self._prepared = cfg
+
+    def method_building(self, cfg: C) -> contextlib.AbstractContextManager[None]:
+        """With ``--init``: the ``--encoder`` image tower the method creates starts from the
+        weights (:meth:`BackboneInit.building`)."""
+        return self.init.building(cfg.encoder)
 
     def train_set(self, cfg: C, accelerator: Any) -> Any:
         from contrastive.data import get_dataset
@@ -148,6 +208,12 @@ class ImageTextAdapter(KitDefaults[C]):
         if tokenizer is None:
             raise ValueError(f"--data {cfg.data} is not an image-text data set (captions): use "
                              "shapes-captions, captions:ROOT or wds-captions:DIR")
+        folder = text_folder(cfg)
+        if folder:  # the text tower's own tokenizer, at the data's token length
+            from contrastive.data.tokenizer import load_tokenizer
+
+            tokenizer = load_tokenizer(folder, max_length=int(tokenizer.max_length))
+            ds.tokenizer = tokenizer
         self.tokenizer, self._size = tokenizer, len(ds)
         self._model = self.model_config(cfg, tokenizer)
         self.artefacts = ClipArtefacts(self._model, tokenizer, self.pipeline)
@@ -167,7 +233,7 @@ class ImageTextAdapter(KitDefaults[C]):
         return [] if ev is None else [ev]
 
     def resolved(self) -> dict[str, Any]:
-        return {"train_samples": self._size, "model": self._model}
+        return {"train_samples": self._size, "model": self._model, **self.init.resolved()}
 
     def describe(self) -> str:
         return "image-text pairs, centre crops on device"
@@ -178,14 +244,17 @@ class ImageTextAdapter(KitDefaults[C]):
 
 def dual_encoder_kwargs(cfg: DualEncoderConfig, tokenizer: Any) -> dict[str, Any]:
     """The two towers' keyword arguments of :class:`~contrastive.methods.CLIP` and its kin:
-    the image encoder, a BERT text encoder of ``cfg``'s sizes over ``tokenizer``'s vocabulary
-    (mean pooled), the shared width."""
+    the image encoder, the text encoder (mean pooled): a BERT of ``cfg``'s sizes over
+    ``tokenizer``'s vocabulary, or ``--text-encoder hf:FOLDER``'s model; the shared width;
+    ``lock_image`` when ``--lock-image`` asks for it."""
     from contrastive.nn.text_encoders import bert_options
 
-    return dict(encoder=cfg.encoder, encoder_kwargs=cfg.encoder_options(), text_encoder="bert",
-                dim=cfg.dim, text_kwargs=bert_options(
-                    **cfg.bert_sizes(), vocab_size=tokenizer.vocab_size,
-                    max_position_embeddings=int(tokenizer.max_length), pooling="mean"))
+    text_kwargs = {"pooling": "mean"} if text_folder(cfg) else bert_options(
+        **cfg.bert_sizes(), vocab_size=tokenizer.vocab_size,
+        max_position_embeddings=int(tokenizer.max_length), pooling="mean")
+    locked = {"lock_image": True} if cfg.lock_image else {}
+    return dict(encoder=cfg.encoder, encoder_kwargs=cfg.encoder_options(),
+                text_encoder=cfg.text_encoder, dim=cfg.dim, text_kwargs=text_kwargs, **locked)
 
 
 class ZeroShotEvaluator:
