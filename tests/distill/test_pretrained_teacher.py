@@ -142,3 +142,32 @@ def test_efficientnet_teacher_into_a_student_from_init(tmp_path: Path, caplog) -
             assert torch.equal(saved[f"teacher.{k}"], v), k
     config = json.loads((out / "config.json").read_text())
     assert config["teacher_mean"] == [0.5] * 3 and config["init"] == str(tmp_path / "student.pt")
+
+
+# ---- 2 processes == 1 process, through the recipe, in float64 ---------------------------------
+
+RUNS = Path(__file__).with_name("distill_dist_runs.py")  # the runs, their settings and the bug
+
+
+@pytest.mark.distributed
+def test_two_processes_equal_one_with_the_efficientnet_teacher(two_process_runs) -> None:
+    from safetensors.torch import load_file
+
+    _efficientnet_lite0()  # before the launch: without the file its runs do nothing
+    folder = two_process_runs(RUNS)  # 2 processes, and 2 with the bug: the session's launch
+    two_process_runs.module(RUNS).run(folder, "one")  # 1 process, in this one
+    one, two, mutant = (load_file(str(folder / name / "checkpoints" / "step_00000003" /
+                                      "model.safetensors")) for name in ("one", "two", "mutant"))
+    init = torch.load(folder / "student_init.pt", weights_only=True)
+    assert one["encoder.pos_embed"].dtype == torch.float64
+    assert not torch.equal(one["encoder.pos_embed"], init["pos_embed"].double())  # it trained
+
+    def gap(a: dict, b: dict) -> float:
+        return max(float((a[k] - b[k]).abs().max()) for k in a if k.startswith(("encoder.", "head.", "projections.")))
+
+    # float64: only rounding of sums taken in another order; negatives from one process only,
+    # a wrong rank offset or gradient average move the weights by far more at once
+    assert gap(one, two) < 1e-9
+    assert gap(one, mutant) > 1e-6
+    print(f"2 vs 1 process: max |weight difference| {gap(one, two):.2e}; local negatives only: "
+          f"{gap(one, mutant):.2e}")
