@@ -144,6 +144,29 @@ def test_efficientnet_teacher_into_a_student_from_init(tmp_path: Path, caplog) -
     assert config["teacher_mean"] == [0.5] * 3 and config["init"] == str(tmp_path / "student.pt")
 
 
+def test_init_reaches_the_student_not_a_teacher_of_the_same_architecture(tmp_path: Path) -> None:
+    """Teacher and student both small_cnn [8, 8, 16, 16]: --init loads into every such backbone
+    built, the teacher too, but the teacher's own file then replaces it whole."""
+    from safetensors.torch import load_file
+
+    files = {}
+    for seed, name in ((1, "student"), (2, "teacher")):
+        torch.manual_seed(seed)
+        files[name] = create_encoder("small_cnn", widths=(8, 8, 16, 16)).state_dict()
+        torch.save({"encoder": "small_cnn", "encoder_kwargs": {"widths": [8, 8, 16, 16]},
+                    "state_dict": files[name]}, tmp_path / f"{name}.pt")
+    result = _recipe().main([
+        "--data", "shapes:n=16,size=16", "--image-size", "16", "--batch-size", "8",
+        "--num-workers", "0", "--no-progress", "--steps", "1", "--lr", "0",
+        "--teacher-checkpoint", str(tmp_path / "teacher.pt"), *STUDENT,
+        "--init", str(tmp_path / "student.pt"), "--output-dir", str(tmp_path / "run")])
+    saved = load_file(str(result.checkpoint / "model.safetensors"))
+    for k, _ in create_encoder("small_cnn", widths=(8, 8, 16, 16)).named_parameters():
+        assert torch.equal(saved[f"encoder.{k}"], files["student"][k]), k
+    for k, v in files["teacher"].items():
+        assert torch.equal(saved[f"teacher.{k}"], v), k
+
+
 # ---- 2 processes == 1 process, through the recipe, in float64 ---------------------------------
 
 RUNS = Path(__file__).with_name("distill_dist_runs.py")  # the runs, their settings and the bug
