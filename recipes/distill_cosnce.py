@@ -19,8 +19,8 @@ data) it is representation-only distillation.
 
     # the pretrained EfficientNet-Lite0 file (trained on inputs at mean = std = 0.5) into a small
     # student, itself started from --init weights (or left out: random)
-    python recipes/distill_cosnce.py --data /path/to/images --image-size 128 \
-        --teacher timm:efficientnet_lite0 --teacher-checkpoint efficientnet_lite0/model.safetensors \
+    python recipes/distill_cosnce.py --data /path/to/images --image-size 128 \\
+        --teacher timm:efficientnet_lite0 --teacher-checkpoint efficientnet_lite0/model.safetensors \\
         --teacher-mean 0.5 0.5 0.5 --teacher-std 0.5 0.5 0.5 --student timm:resnet18 --init FILE
 
 Normalisation: teacher and student see the same crop of each image from ONE pipeline, normalised
