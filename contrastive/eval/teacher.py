@@ -27,7 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Teacher", "load_teacher", "single_linear_head", "labelled_classes"]
+__all__ = ["Teacher", "load_teacher", "single_linear_head", "labelled_classes",
+           "published_normalisation"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,18 @@ def single_linear_head(state: Mapping[str, Tensor], keys: list[str],
         if b is not None:
             head.bias.copy_(b)
     return head
+
+
+def published_normalisation(name: str, model: nn.Module) -> tuple[Any, Any]:
+    """(mean, std) that a ``timm:`` / ``torchvision:`` model's published weights were trained
+    with: timm's ``pretrained_cfg`` on the model, torchvision's ``weights.transforms()``."""
+    if name.startswith("timm:"):
+        recorded: dict[str, Any] = dict(getattr(model, "pretrained_cfg", None) or {})
+        return recorded.get("mean"), recorded.get("std")
+    import torchvision
+
+    preset = torchvision.models.get_model_weights(name[len("torchvision:"):]).DEFAULT.transforms()
+    return preset.mean, preset.std
 
 
 def labelled_classes(dataset: Any) -> int | None:
@@ -102,15 +115,11 @@ def load_teacher(name: str = "", checkpoint: str = "", *, pretrained: bool = Fal
             import timm
 
             model = timm.create_model(name[len("timm:"):], pretrained=True)
-            recorded: dict[str, Any] = dict(getattr(model, "pretrained_cfg", None) or {})
-            norm = (recorded.get("mean"), recorded.get("std"))
         else:
             import torchvision
 
-            tv_name = name[len("torchvision:"):]
-            preset = torchvision.models.get_model_weights(tv_name).DEFAULT.transforms()
-            norm = (preset.mean, preset.std)
-            model = torchvision.models.get_model(tv_name, weights="DEFAULT")
+            model = torchvision.models.get_model(name[len("torchvision:"):], weights="DEFAULT")
+        norm = published_normalisation(name, model)
         encoder, classifier = split_classifier(model)
     elif checkpoint:
         from contrastive.eval.checkpoint import load_encoder, read_checkpoint
@@ -120,6 +129,8 @@ def load_teacher(name: str = "", checkpoint: str = "", *, pretrained: bool = Fal
         loaded = load_encoder(checkpoint, encoder=name if name and name != raw.recorded_encoder
                               else None, encoder_kwargs=dict(encoder_kwargs or {}) or None)
         encoder, name, norm = loaded.encoder, loaded.name, (loaded.mean, loaded.std)
+        if loaded.kind == "pretrained":  # --teacher-checkpoint timm:NAME / torchvision:NAME
+            norm = published_normalisation(name, encoder)
         if head != "none" and loaded.ignored:
             classifier = single_linear_head(raw.state_dict, loaded.ignored,
                                             int(getattr(encoder, "num_features", 0)))

@@ -81,6 +81,24 @@ def test_teacher_normalisation_flags_and_records(tmp_path: Path, capsys) -> None
     assert e.value.code == 2 and "give both --teacher-mean and --teacher-std" in capsys.readouterr().err
 
 
+def test_a_published_teacher_brings_its_normalisation(monkeypatch) -> None:
+    """--teacher-checkpoint timm:NAME (the download replaced): timm's record of the published
+    weights' normalisation (its TF-ported EfficientNet-Lite0 was trained at mean = std = 0.5;
+    timm's own efficientnet_lite0 weights, unlike the EfficientNet-PyTorch port in
+    ../shared/data, at ImageNet's)."""
+    import contrastive.nn as nn_module
+    from contrastive.eval.teacher import load_teacher, published_normalisation
+
+    real = nn_module.create_encoder
+    monkeypatch.setattr(nn_module, "create_encoder",
+                        lambda name, pretrained=False, **kwargs: real(name, **kwargs))
+    teacher = load_teacher("", "timm:tf_efficientnet_lite0")
+    assert (teacher.mean, teacher.std) == HALF
+    assert published_normalisation("timm:efficientnet_lite0", real("timm:efficientnet_lite0")) == IMAGENET
+    mean, std = published_normalisation("torchvision:resnet18", nn_module.create_encoder("small_cnn"))
+    assert (tuple(mean), tuple(std)) == IMAGENET  # torchvision's ImageNet weights
+
+
 def _efficientnet_lite0() -> Path:
     if not LITE0.is_file():
         pytest.skip(f"the pretrained EfficientNet-Lite0 file is not at {LITE0} (../shared/data)")
