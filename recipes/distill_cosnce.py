@@ -17,6 +17,19 @@ data) it is representation-only distillation.
     accelerate launch recipes/distill_cosnce.py --data /path/to/imagenet --image-size 224 \\
         --teacher timm:resnet50 --teacher-pretrained --student timm:resnet18
 
+    # the pretrained EfficientNet-Lite0 file (trained on inputs at mean = std = 0.5) into a small
+    # student, itself started from --init weights (or left out: random)
+    python recipes/distill_cosnce.py --data /path/to/images --image-size 128 \\
+        --teacher timm:efficientnet_lite0 --teacher-checkpoint efficientnet_lite0/model.safetensors \\
+        --teacher-mean 0.5 0.5 0.5 --teacher-std 0.5 0.5 0.5 --student timm:resnet18 --init FILE
+
+Normalisation: teacher and student see the same crop of each image from ONE pipeline, normalised
+with the recipe's ``--mean`` / ``--std`` (the student's); the method re-normalises the teacher's
+copy on the device to the statistics its weights were trained with, (x * std + mean - mean_t) /
+std_t: ``--teacher-mean`` / ``--teacher-std``, else what the teacher's source records (encoder.pt,
+a run folder, timm's ``pretrained_cfg``), else the student's (logged). ``--init`` starts the
+student (the exported backbone), never the teacher, which is built from its own name and file.
+
 Defaults build offline (``--data shapes``, a random ``small_cnn`` teacher: a smoke run only;
 pass ``--teacher-checkpoint``). The run's ``encoder.pt`` holds the student backbone. Every field
 below is a flag: ``python recipes/distill_cosnce.py --help``.
@@ -32,7 +45,7 @@ from torch import nn
 
 from contrastive.engine import DataInfo, ImageConfig, help_field, override, run
 from contrastive.engine.config import parse_json_object
-from contrastive.eval.teacher import load_teacher
+from contrastive.eval.teacher import Teacher, load_teacher
 
 log = logging.getLogger("distill_cosnce")
 
@@ -103,8 +116,13 @@ class DistillCosNCE(ImageConfig):
     crop_scale: tuple[float, float] = help_field((0.35, 1.0), "RandomResizedCrop area range")
     flip_p: float = help_field(0.5, "horizontal flip probability")
     mean: tuple[float, float, float] = help_field((0.485, 0.456, 0.406), "normalisation mean "
-                                                  "(the teacher's)")
+                                                  "of the pipeline (the student's)")
     std: tuple[float, float, float] = help_field((0.229, 0.224, 0.225), "normalisation std")
+    teacher_mean: tuple[float, ...] = help_field(
+        (), "the per-channel mean the teacher's weights were trained with (e.g. 0.5 0.5 0.5); "
+        "its input is re-normalised to it on the device; empty = the teacher source's record, "
+        "else --mean")
+    teacher_std: tuple[float, ...] = help_field((), "the same for the std (see --teacher-mean)")
 
     def __post_init__(self) -> None:
         self.encoder = self.student  # save_encoder names encoder.pt's backbone from it
@@ -122,23 +140,46 @@ class DistillCosNCE(ImageConfig):
                              f"got {self.teacher!r}")
         for name in ("student_kwargs", "teacher_kwargs"):
             parse_json_object(name, getattr(self, name))
+        if bool(self.teacher_mean) != bool(self.teacher_std):
+            raise ValueError("give both --teacher-mean and --teacher-std (or neither)")
+        for name in ("teacher_mean", "teacher_std"):
+            values = getattr(self, name)
+            if values and (len(values) not in (1, 3) or (name == "teacher_std" and min(values) <= 0)):
+                raise ValueError(f"--{name.replace('_', '-')} takes 1 or 3 numbers (std above 0), "
+                                 f"got {list(values)}")
         if not 0 <= self.stage1_fraction <= 1:
             raise ValueError(f"--stage1-fraction must be in [0, 1], got {self.stage1_fraction}")
 
 
-def build_teacher(cfg: DistillCosNCE, num_classes: int | None) -> tuple[nn.Module, nn.Module | None]:
-    """(teacher backbone, classifier or None) from --teacher / --teacher-checkpoint."""
+Norm = tuple[tuple[float, ...], tuple[float, ...]]
+
+
+def input_norm(cfg: DistillCosNCE) -> Norm:
+    """(mean, std) of the pipeline's images: the student's normalisation."""
+    return tuple(cfg.mean), tuple(cfg.std)
+
+
+def build_teacher(cfg: DistillCosNCE, num_classes: int | None) -> Teacher:
+    """The teacher (backbone, classifier or None, normalisation) from --teacher /
+    --teacher-checkpoint, its normalisation overridden by --teacher-mean / --teacher-std."""
     teacher = load_teacher(cfg.teacher, cfg.teacher_checkpoint, pretrained=cfg.teacher_pretrained,
                            encoder_kwargs=parse_json_object("teacher_kwargs", cfg.teacher_kwargs),
                            head=cfg.teacher_head, num_classes=num_classes)
-    return teacher.encoder, teacher.head
+    if cfg.teacher_mean:
+        teacher.mean, teacher.std = tuple(cfg.teacher_mean), tuple(cfg.teacher_std)
+    elif teacher.mean is None or teacher.std is None:
+        teacher.mean = teacher.std = None
+        log.info("the teacher's source records no normalisation: it sees the student's (--mean "
+                 "%s --std %s); --teacher-mean/--teacher-std give its own", cfg.mean, cfg.std)
+    return teacher
 
 
 def build_method(cfg: DistillCosNCE, data: DataInfo) -> nn.Module:
     from contrastive.methods.distill import Distiller
 
     n_cls = data.num_classes
-    teacher, teacher_head = build_teacher(cfg, n_cls)
+    loaded = build_teacher(cfg, n_cls)
+    teacher, teacher_head = loaded.encoder, loaded.head
     use_labels = cfg.use_labels and n_cls is not None  # the loader's batch["labels"], -1 unknown
     method = Distiller(
         teacher, cfg.student, teacher_head=teacher_head,
@@ -151,7 +192,12 @@ def build_method(cfg: DistillCosNCE, data: DataInfo) -> nn.Module:
         perturb=cfg.perturb, perturb_scale=cfg.perturb_scale, stem=cfg.stem or None,
         image_size=cfg.image_size,
         student_kwargs=cfg.encoder_options(),
+        input_norm=input_norm(cfg),
+        teacher_norm=(loaded.mean, loaded.std) if loaded.mean is not None and loaded.std is not None
+        else None,
     )
+    if method.teacher_input is not None:
+        log.info("the teacher's input is re-normalised: %s", method.teacher_input.extra_repr())
     log.info("distilling %s -> %s: student layers %s -> teacher layers %s; stage 2 after %.0f %% "
              "of the steps", type(method.teacher).__name__, cfg.student, method.student_layers,
              [method.teacher_layers[j] for j in method.layer_map], 100 * cfg.stage1_fraction)
@@ -162,7 +208,8 @@ def build_pipeline(cfg: DistillCosNCE):
     from contrastive.augment import Pipeline, ViewConfig
 
     view = ViewConfig(size=cfg.image_size, scale=tuple(cfg.crop_scale), flip_p=cfg.flip_p)
-    return Pipeline([view], mean=cfg.mean, std=cfg.std, name="distill")
+    mean, std = input_norm(cfg)
+    return Pipeline([view], mean=mean, std=std, name="distill")
 
 
 def main(argv: list[str] | None = None):

@@ -10,6 +10,11 @@ The teacher comes from (see :func:`load_teacher`):
 
 The KD soft loss needs the classifier to predict the data's classes: with ``head="auto"`` a
 classifier whose width differs from the data's number of classes is dropped.
+
+The teacher's input normalisation (``Teacher.mean`` / ``std``) is the one its source records:
+timm's ``pretrained_cfg``, torchvision's ``weights.transforms()``, the mean/std an encoder.pt or
+run folder records; None when the source records none (a bare weights file: the recipe's
+``--teacher-mean`` / ``--teacher-std`` give it).
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Teacher", "load_teacher", "single_linear_head", "labelled_classes"]
+__all__ = ["Teacher", "load_teacher", "single_linear_head", "labelled_classes",
+           "published_normalisation"]
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +37,14 @@ HEAD_CHOICES = ("auto", "use", "none")
 
 @dataclass
 class Teacher:
-    """The teacher backbone and its classifier (None: no KD soft loss)."""
+    """The teacher backbone, its classifier (None: no KD soft loss) and the input normalisation
+    its weights were trained with (None: its source records none)."""
 
     encoder: nn.Module
     head: nn.Module | None
     name: str
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
 
 
 def single_linear_head(state: Mapping[str, Tensor], keys: list[str],
@@ -53,6 +62,18 @@ def single_linear_head(state: Mapping[str, Tensor], keys: list[str],
         if b is not None:
             head.bias.copy_(b)
     return head
+
+
+def published_normalisation(name: str, model: nn.Module) -> tuple[Any, Any]:
+    """(mean, std) that a ``timm:`` / ``torchvision:`` model's published weights were trained
+    with: timm's ``pretrained_cfg`` on the model, torchvision's ``weights.transforms()``."""
+    if name.startswith("timm:"):
+        recorded: dict[str, Any] = dict(getattr(model, "pretrained_cfg", None) or {})
+        return recorded.get("mean"), recorded.get("std")
+    import torchvision
+
+    preset = torchvision.models.get_model_weights(name[len("torchvision:"):]).DEFAULT.transforms()
+    return preset.mean, preset.std
 
 
 def labelled_classes(dataset: Any) -> int | None:
@@ -83,6 +104,7 @@ def load_teacher(name: str = "", checkpoint: str = "", *, pretrained: bool = Fal
     if head not in HEAD_CHOICES:
         raise ValueError(f"teacher head {head!r} is not one of {HEAD_CHOICES}")
     classifier: nn.Module | None = None
+    norm: tuple[Any, Any] = (None, None)
     if pretrained:
         if not name.startswith(("timm:", "torchvision:")):
             raise ValueError(f"a pretrained teacher needs a timm:<m> or torchvision:<m> name, "
@@ -97,6 +119,7 @@ def load_teacher(name: str = "", checkpoint: str = "", *, pretrained: bool = Fal
             import torchvision
 
             model = torchvision.models.get_model(name[len("torchvision:"):], weights="DEFAULT")
+        norm = published_normalisation(name, model)
         encoder, classifier = split_classifier(model)
     elif checkpoint:
         from contrastive.eval.checkpoint import load_encoder, read_checkpoint
@@ -105,7 +128,9 @@ def load_teacher(name: str = "", checkpoint: str = "", *, pretrained: bool = Fal
         # the name the checkpoint records (with its encoder kwargs) unless `name` differs
         loaded = load_encoder(checkpoint, encoder=name if name and name != raw.recorded_encoder
                               else None, encoder_kwargs=dict(encoder_kwargs or {}) or None)
-        encoder, name = loaded.encoder, loaded.name
+        encoder, name, norm = loaded.encoder, loaded.name, (loaded.mean, loaded.std)
+        if loaded.kind == "pretrained":  # --teacher-checkpoint timm:NAME / torchvision:NAME
+            norm = published_normalisation(name, encoder)
         if head != "none" and loaded.ignored:
             classifier = single_linear_head(raw.state_dict, loaded.ignored,
                                             int(getattr(encoder, "num_features", 0)))
@@ -126,4 +151,5 @@ def load_teacher(name: str = "", checkpoint: str = "", *, pretrained: bool = Fal
     if head == "none":
         classifier = None
     log.info("KD soft loss: %s", "on" if classifier is not None else "off")
-    return Teacher(encoder, classifier, name)
+    mean, std = (tuple(float(v) for v in t) if t else None for t in norm)
+    return Teacher(encoder, classifier, name, mean, std)

@@ -31,6 +31,11 @@ sample i over all of its elements, g detached; the loss of pass 2 is returned an
 Pass 1 does not update BatchNorm running statistics (they are restored), so the only effect of
 the extra pass is the perturbation. The teacher runs once per step.
 
+Normalisation: ``input_norm`` (the batch's mean, std) and ``teacher_norm`` (those the teacher's
+weights were trained with), when both are given and differ, re-normalise the teacher's input
+only, ``(x * std_s + mean_s - mean_t) / std_t`` on the device (:class:`Renormalise`): one
+pipeline normalises the images for the student, the teacher sees them as it was trained to.
+
 Stage switch: the ``"stage"`` schedule (:meth:`Distiller.schedules`) is 1 before
 ``switch_step`` and 2 from it on, ``switch_step = round(stage1_fraction * total_steps)`` unless
 given; the training loop evaluates it once per optimiser step and passes ``batch["stage"]`` (so
@@ -60,6 +65,7 @@ from contrastive.losses import get_loss
 from contrastive.methods._common import in_batch_metrics, queue_metrics, unit, wide, width
 from contrastive.methods.base import read, views_of
 from contrastive.methods.distill_layers import (
+    Renormalise,
     armed_taps,
     attach_taps,
     bn_stats_kept,
@@ -73,6 +79,10 @@ from contrastive.methods.registry import register_method
 from contrastive.nn import KeyQueue, resolve_encoder, split_classifier
 
 __all__ = ["Distiller", "default_layers", "default_stem", "split_classifier", "uniform_layer_map"]
+
+
+def _floats(norm: tuple[Sequence[float], Sequence[float]]) -> tuple[tuple[float, ...], ...]:
+    return tuple(tuple(float(v) for v in t) for t in norm)
 
 
 @dataclass
@@ -115,6 +125,8 @@ class Distiller(ContrastiveDistillation):
         image_size: side of the dummy input used once to find the feature widths (default:
             the ViT's ``patch_embed.img_size``, else 32).
         teacher_kwargs, student_kwargs: ``create_encoder`` keyword arguments for names.
+        input_norm, teacher_norm: (mean, std) of the batch's images and of the teacher's
+            training inputs; the teacher's input is re-normalised when they differ (both given).
 
     ``forward(batch) -> dict``: ``batch["views"]`` holds one (N, 3, H, W) batch (teacher and
     student see the same images), ``batch["stage"]`` is 1 or 2 (the schedule), and with
@@ -149,6 +161,8 @@ class Distiller(ContrastiveDistillation):
         image_size: int | None = None,
         teacher_kwargs: dict[str, Any] | None = None,
         student_kwargs: dict[str, Any] | None = None,
+        input_norm: tuple[Sequence[float], Sequence[float]] | None = None,
+        teacher_norm: tuple[Sequence[float], Sequence[float]] | None = None,
     ) -> None:
         super().__init__()
         if token_pool not in ("auto", "cls", "mean"):
@@ -163,6 +177,10 @@ class Distiller(ContrastiveDistillation):
         for m in (self.teacher, self.teacher_head):
             if m is not None:
                 m.requires_grad_(False).eval()
+        self.teacher_input = (
+            Renormalise(*input_norm, *teacher_norm)
+            if input_norm is not None and teacher_norm is not None
+            and _floats(input_norm) != _floats(teacher_norm) else None)
 
         s_names = list(student_layers or default_layers(self.encoder))
         t_names = list(teacher_layers or default_layers(self.teacher))
@@ -230,6 +248,8 @@ class Distiller(ContrastiveDistillation):
     # -- passes --------------------------------------------------------------------------------
     @torch.no_grad()
     def _teacher_forward(self, x: Tensor) -> tuple[list[Tensor], Tensor | None]:
+        if self.teacher_input is not None:
+            x = self.teacher_input(x)
         with armed_taps(self._t_taps):
             pooled = self.teacher(x)
         logits = self.teacher_head(pooled) if self.teacher_head is not None else None

@@ -1,5 +1,6 @@
 """Where a distiller reads its features: stage discovery for common backbones, forward-hook taps
-that pool (and optionally perturb) a stage's output, and small context helpers.
+that pool (and optionally perturb) a stage's output, the teacher's input re-normalisation, and
+small context helpers.
 
 Used by :class:`contrastive.methods.distill.Distiller`; the public helpers are re-exported there.
 """
@@ -14,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["default_layers", "default_stem", "uniform_layer_map"]
+__all__ = ["Renormalise", "default_layers", "default_stem", "uniform_layer_map"]
 
 
 def uniform_layer_map(num_student: int, num_teacher: int) -> list[int]:
@@ -162,3 +163,40 @@ def bn_stats_kept(module: nn.Module) -> Iterator[None]:
             for m, bufs in zip(bns, saved):
                 for b, s in zip(m.buffers(), bufs):
                     b.copy_(s)
+
+
+class Renormalise(nn.Module):
+    """Images normalised one way, x = (u - mean_from) / std_from, normalised another way:
+    ``(x * std_from + mean_from - mean_to) / std_to`` (= (u - mean_to) / std_to), per channel.
+
+    Why: a distillation's teacher sees the normalisation its weights were trained with while
+    the student sees the recipe's, from ONE pipeline (one crop of each image for both): the
+    pipeline normalises for the student and the method re-normalises the teacher's copy on the
+    device. The statistics are float64 non-persistent buffers (they follow ``.to(device)``,
+    stay out of checkpoints) cast to the input's dtype when applied.
+    """
+
+    mean_from: Tensor
+    std_from: Tensor
+    mean_to: Tensor
+    std_to: Tensor
+
+    def __init__(self, mean_from: Sequence[float], std_from: Sequence[float],
+                 mean_to: Sequence[float], std_to: Sequence[float]) -> None:
+        super().__init__()
+        stats = {"mean_from": mean_from, "std_from": std_from, "mean_to": mean_to, "std_to": std_to}
+        for name, values in stats.items():
+            t = torch.tensor([float(v) for v in values], dtype=torch.float64)
+            if t.numel() not in (1, 3) or (name.startswith("std") and bool((t <= 0).any())):
+                raise ValueError(f"Renormalise: {name} must be 1 or 3 numbers (std above 0), "
+                                 f"got {list(values)}")
+            self.register_buffer(name, t.view(1, -1, 1, 1), persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        std_from, mean_from, mean_to, std_to = (
+            b.to(dtype=x.dtype) for b in (self.std_from, self.mean_from, self.mean_to, self.std_to))
+        return (x * std_from + mean_from - mean_to) / std_to
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{k}={[round(float(v), 4) for v in b.flatten()]}"
+                         for k, b in self.named_buffers())
