@@ -192,7 +192,8 @@ def build_method(cfg: DistillCosNCE, data: DataInfo) -> nn.Module:
         perturb=cfg.perturb, perturb_scale=cfg.perturb_scale, stem=cfg.stem or None,
         image_size=cfg.image_size,
         student_kwargs=cfg.encoder_options(),
-        input_norm=input_norm(cfg),
+        input_norm=(data.pipeline.mean, data.pipeline.std) if data.pipeline is not None
+        else input_norm(cfg),  # the views' normalisation: --init's when it records one
         teacher_norm=(loaded.mean, loaded.std) if loaded.mean is not None and loaded.std is not None
         else None,
     )

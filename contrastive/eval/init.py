@@ -45,6 +45,7 @@ from torch import Tensor, nn
 from contrastive.eval.checkpoint import CheckpointMismatchError, load_aligned, read_checkpoint
 
 __all__ = ["InitError", "InitWeights", "InitReport", "resolve_init", "load_into", "download_weights",
+           "published_normalisation",
            "WRAPPER_PREFIXES"]
 
 log = logging.getLogger(__name__)
@@ -295,6 +296,16 @@ def _torchvision_weights(name: str) -> _Published:
                         "(torchvision.models.list_models() lists the models)") from None
     preset = weights.transforms()
     return weights.url, None, f"torchvision {name} ({weights})", f"torchvision:{name}", (preset.mean, preset.std)
+
+
+def published_normalisation(spec: str) -> tuple[Any, Any]:
+    """(mean, std) that a ``timm:NAME`` / ``torchvision:NAME`` model's published weights were
+    trained with, as its library records it (timm's ``pretrained_cfg``, torchvision's
+    ``weights.transforms()``): what ``--init`` and a distillation teacher normalise with."""
+    kind, _, name = spec.partition(":")
+    if kind not in ("timm", "torchvision"):
+        raise InitError(f"{spec}: not a timm:NAME or torchvision:NAME model")
+    return (_timm_weights if kind == "timm" else _torchvision_weights)(name)[-1]
 
 
 def download_weights(where: str, filename: str | None = None) -> Path:

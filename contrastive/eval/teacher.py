@@ -27,8 +27,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Teacher", "load_teacher", "single_linear_head", "labelled_classes",
-           "published_normalisation"]
+from contrastive.eval.init import published_normalisation
+
+__all__ = ["Teacher", "load_teacher", "single_linear_head", "labelled_classes"]
 
 log = logging.getLogger(__name__)
 
@@ -62,18 +63,6 @@ def single_linear_head(state: Mapping[str, Tensor], keys: list[str],
         if b is not None:
             head.bias.copy_(b)
     return head
-
-
-def published_normalisation(name: str, model: nn.Module) -> tuple[Any, Any]:
-    """(mean, std) that a ``timm:`` / ``torchvision:`` model's published weights were trained
-    with: timm's ``pretrained_cfg`` on the model, torchvision's ``weights.transforms()``."""
-    if name.startswith("timm:"):
-        recorded: dict[str, Any] = dict(getattr(model, "pretrained_cfg", None) or {})
-        return recorded.get("mean"), recorded.get("std")
-    import torchvision
-
-    preset = torchvision.models.get_model_weights(name[len("torchvision:"):]).DEFAULT.transforms()
-    return preset.mean, preset.std
 
 
 def labelled_classes(dataset: Any) -> int | None:
@@ -119,7 +108,7 @@ def load_teacher(name: str = "", checkpoint: str = "", *, pretrained: bool = Fal
             import torchvision
 
             model = torchvision.models.get_model(name[len("torchvision:"):], weights="DEFAULT")
-        norm = published_normalisation(name, model)
+        norm = published_normalisation(name)
         encoder, classifier = split_classifier(model)
     elif checkpoint:
         from contrastive.eval.checkpoint import load_encoder, read_checkpoint
@@ -130,7 +119,7 @@ def load_teacher(name: str = "", checkpoint: str = "", *, pretrained: bool = Fal
                               else None, encoder_kwargs=dict(encoder_kwargs or {}) or None)
         encoder, name, norm = loaded.encoder, loaded.name, (loaded.mean, loaded.std)
         if loaded.kind == "pretrained":  # --teacher-checkpoint timm:NAME / torchvision:NAME
-            norm = published_normalisation(name, encoder)
+            norm = published_normalisation(name)
         if head != "none" and loaded.ignored:
             classifier = single_linear_head(raw.state_dict, loaded.ignored,
                                             int(getattr(encoder, "num_features", 0)))

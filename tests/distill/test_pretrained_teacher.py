@@ -87,15 +87,16 @@ def test_a_published_teacher_brings_its_normalisation(monkeypatch) -> None:
     timm's own efficientnet_lite0 weights, unlike the EfficientNet-PyTorch port in
     ../shared/data, at ImageNet's)."""
     import contrastive.nn as nn_module
-    from contrastive.eval.teacher import load_teacher, published_normalisation
+    from contrastive.eval.init import published_normalisation
+    from contrastive.eval.teacher import load_teacher
 
     real = nn_module.create_encoder
     monkeypatch.setattr(nn_module, "create_encoder",
                         lambda name, pretrained=False, **kwargs: real(name, **kwargs))
     teacher = load_teacher("", "timm:tf_efficientnet_lite0")
     assert (teacher.mean, teacher.std) == HALF
-    assert published_normalisation("timm:efficientnet_lite0", real("timm:efficientnet_lite0")) == IMAGENET
-    mean, std = published_normalisation("torchvision:resnet18", nn_module.create_encoder("small_cnn"))
+    assert published_normalisation("timm:efficientnet_lite0") == IMAGENET
+    mean, std = published_normalisation("torchvision:resnet18")
     assert (tuple(mean), tuple(std)) == IMAGENET  # torchvision's ImageNet weights
 
 

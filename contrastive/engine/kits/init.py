@@ -13,7 +13,6 @@ encoder, a teacher: :func:`contrastive.nn.encoders.starting_weights`).
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,7 +26,6 @@ if TYPE_CHECKING:
 
 __all__ = ["InitFields", "BackboneInit"]
 
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -67,7 +65,7 @@ class BackboneInit:
     @contextlib.contextmanager
     def building(self, encoder: str) -> Iterator[None]:
         """With ``--init``: every backbone named ``encoder`` created inside starts from the
-        weights (the first load's report logged in one line); a block that creates none is
+        weights (each load reported in one line); a block that creates none is
         refused (its recipe builds the backbone another way)."""
         weights = self.weights
         if weights is None:
@@ -77,9 +75,7 @@ class BackboneInit:
         from contrastive.nn.encoders import starting_weights
 
         def load(backbone: nn.Module) -> None:
-            report = load_into(backbone, weights)
-            if not start.loaded:
-                logger.info("%s", report.line())
+            load_into(backbone, weights)  # which logs what loaded, in one line
 
         with starting_weights(encoder, load) as start:
             yield
