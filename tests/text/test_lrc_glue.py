@@ -124,7 +124,7 @@ def test_the_pretrained_student_chooses_its_own_lr_and_never_mixes(driver, tmp_p
     rec = driver.record(run, root)
     assert rec["meaning"].startswith(driver.VARIANT_MEANING["kd"]) and "pretrained" in rec[
         "meaning"]
-    assert driver.main(["plan", "--root", str(root)]) == 0
+    assert driver.main(["plan", "--root", str(root), "--ledger", str(driver.LEDGER)]) == 0
     assert "todo  lr-pre   pre-mrpc-ce-lr5e-05-s0" in capsys.readouterr().out
 
 
