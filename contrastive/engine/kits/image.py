@@ -32,6 +32,7 @@ from contrastive.engine.config import RunConfig, parse_json_object
 from contrastive.engine.extras import add_extras, split_item
 from contrastive.engine.fields import as_flag, help_field, override
 from contrastive.engine.kits.base import Artefacts, HandOff, StepHook
+from contrastive.engine.kits.finetune import FinetuneFields, apply_finetune, resolve_finetune
 from contrastive.engine.kits.image_probe import ImageStepHook, build_probe
 from contrastive.engine.kits.init import BackboneInit, InitFields
 from contrastive.engine.loader import step_generator
@@ -52,7 +53,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class ImageConfig(InitFields, RunConfig):
+class ImageConfig(InitFields, FinetuneFields, RunConfig):
     """A run on images: the fields every run has (:class:`RunConfig`) and the image ones.
     Image recipes subclass it and change defaults / add fields."""
 
@@ -343,8 +344,12 @@ class ImageAdapter:
 
     def prepare_method(self, cfg: ImageConfig, method: nn.Module,
                        device: torch.device) -> nn.Module:
-        """``--channels-last``: resolved on ``cfg`` (the run's copy, which config.json records)
-        when unset (:func:`default_channels_last`), then applied to the method."""
+        """The fine-tuning controls (:mod:`~contrastive.engine.kits.finetune`) resolved on
+        ``cfg`` by ``--init`` and applied to the backbones; ``--channels-last``: resolved on
+        ``cfg`` (the run's copy, which config.json records) when unset
+        (:func:`default_channels_last`), then applied to the method."""
+        apply_finetune(method, self.init.backbones,
+                       resolve_finetune(cfg, pretrained=self.init.weights is not None))
         if cfg.channels_last is None:
             cfg.channels_last = default_channels_last(method, device)
         if not cfg.channels_last:
