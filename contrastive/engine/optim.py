@@ -18,15 +18,25 @@ neither the weights nor the optimiser state move, as SwAV freezes its prototypes
 layer; or, ``frozen_by="lr"``, their lr set to 0 while the optimiser state moves, as DINOv2 freezes
 its last layer). Each declared group is split by the same ``ndim`` rule into a
 decaying/LARS-adapted part and a norm/bias part.
+
+Groups may also be declared from outside the method (``extra_groups``: a kit's, as the image
+kit's ``--init`` backbone group of :mod:`~contrastive.engine.kits.finetune`); they are built
+after the method's own and take the same path (their settings are :data:`DECLARED_KEYS`, which
+a resume keeps). A method's group keeps its parameters: an extra group takes only those no
+group of the method declares.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from contrastive.methods.base import ParamGroup
 
 __all__ = ["param_groups", "build_optimizer", "set_lr", "set_weight_decay", "hold_frozen_groups",
            "LARS", "DECLARED_KEYS", "FLAG_KEYS", "FUSED_OPTIMIZERS", "FUSED_DEVICES",
@@ -62,26 +72,24 @@ def _split(name: str, params: list[nn.Parameter], weight_decay: float, exclude_f
     return groups
 
 
-def param_groups(model: nn.Module, weight_decay: float, *,
-                 exclude_from_wd: bool = True) -> list[dict]:
+def param_groups(model: nn.Module, weight_decay: float, *, exclude_from_wd: bool = True,
+                 extra_groups: Sequence[ParamGroup] = ()) -> list[dict]:
     """Optimiser groups: ``decay`` (weights, ndim >= 2) and ``no_decay`` (biases, norm params)
-    of every trainable parameter outside the model's declared groups, then the same split of
-    each group ``model.param_groups()`` declares (a method's :class:`ParamGroup` s).
+    of every trainable parameter outside the declared groups, then the same split of each group
+    ``model.param_groups()`` declares (a method's :class:`ParamGroup` s), then of each of
+    ``extra_groups`` (declared from outside the method: a kit's), which take only the parameters
+    no group of the method's claims.
 
     Each group carries ``"name"`` and ``"lars_adapt"`` (plus ``"fixed_lr"`` / ``"lr_scale"`` /
     ``"frozen_steps"``, with ``"frozen_by_lr"`` for those frozen by lr 0, for declared groups
     that set them); a no-decay group has weight decay 0 when
-    ``exclude_from_wd`` and never gets LARS adaptation. A parameter declared twice is an error.
+    ``exclude_from_wd`` and never gets LARS adaptation. A parameter in two of the method's
+    groups, or in two extra groups, is an error.
     """
     declare = getattr(model, "param_groups", None)
-    declared = list(declare()) if callable(declare) else []
     owner: dict[int, str] = {}
-    for pg in declared:
-        for p in pg.params:
-            if id(p) in owner:
-                raise ValueError(f"a parameter is in two declared groups: {owner[id(p)]!r} and "
-                                 f"{pg.name!r}")
-            owner[id(p)] = pg.name
+    declared = _claim(list(declare()) if callable(declare) else [], owner)
+    declared += _claim(extra_groups, owner)  # after the method's: those keep their parameters
     rest = [p for p in model.parameters() if p.requires_grad and id(p) not in owner]
     groups = _split("decay", rest, weight_decay, exclude_from_wd, {})
     for pg in declared:
@@ -100,6 +108,24 @@ def param_groups(model: nn.Module, weight_decay: float, *,
     if not groups:
         raise ValueError("the model has no trainable parameters (requires_grad=False everywhere)")
     return groups
+
+
+def _claim(declared: Sequence[ParamGroup], owner: dict[int, str]) -> list[ParamGroup]:
+    """``declared`` less the parameters ``owner`` holds already (earlier groups keep theirs),
+    each remaining one recorded in ``owner``; a parameter in two of ``declared`` is an error."""
+    from dataclasses import replace
+
+    before = set(owner)
+    kept = []
+    for pg in declared:
+        params = [p for p in pg.params if id(p) not in before]
+        for p in params:
+            if id(p) in owner:
+                raise ValueError(f"a parameter is in two declared groups: {owner[id(p)]!r} and "
+                                 f"{pg.name!r}")
+            owner[id(p)] = pg.name
+        kept.append(pg if len(params) == len(pg.params) else replace(pg, params=params))
+    return kept
 
 
 class LARS(torch.optim.Optimizer):
@@ -215,8 +241,10 @@ def build_optimizer(model: nn.Module, name: str, *, lr: float, weight_decay: flo
                     momentum: float = 0.9, nesterov: bool = False,
                     betas: tuple[float, float] = (0.9, 0.999), trust_coeff: float = 0.001,
                     exclude_from_wd: bool = True, fused: bool | None = None,
-                    device_type: str | None = None) -> torch.optim.Optimizer:
-    """``sgd`` (torch SGD), ``adamw`` (torch AdamW) or ``lars`` (:class:`LARS`).
+                    device_type: str | None = None,
+                    extra_groups: Sequence[ParamGroup] = ()) -> torch.optim.Optimizer:
+    """``sgd`` (torch SGD), ``adamw`` (torch AdamW) or ``lars`` (:class:`LARS`), over
+    :func:`param_groups` (``extra_groups``: groups declared from outside the method).
 
     For LARS the decay group adapts (even at weight decay 0) and the no-decay group (biases,
     norm parameters) does not, as the official MoCo v3 / SimCLR code. ``fused``: torch's fused
@@ -234,7 +262,8 @@ def build_optimizer(model: nn.Module, name: str, *, lr: float, weight_decay: flo
         raise ValueError(f"--fused-optimizer: {name} has no fused kernel (only "
                          f"{' and '.join(FUSED_OPTIMIZERS)}); leave it unset or pass false")
     kernel = {"fused": True} if fused else {}
-    groups = param_groups(model, weight_decay, exclude_from_wd=exclude_from_wd)
+    groups = param_groups(model, weight_decay, exclude_from_wd=exclude_from_wd,
+                          extra_groups=extra_groups)
     for g in groups:  # the lr before the first set_lr: as set_lr would write it
         g["lr"] = g.get("fixed_lr", lr * g.get("lr_scale", 1.0))
     if name == "sgd":

@@ -209,7 +209,8 @@ def build_model(cfg: RunConfig, build_method: Callable[[Any, DataInfo], nn.Modul
                 kit: DataAdapter[Any] | None = None) -> Model:
     """``build_method(cfg, data)`` (seeded with ``cfg.seed``; inside the ``kit``'s
     ``method_building(cfg)``: the image kit's ``--init``), converted for the run's options and
-    by the kit (its ``prepare_method``), its optimiser at the scaled peak lr, both ``prepare``d.
+    by the kit (its ``prepare_method``), its optimiser at the scaled peak lr (with the groups
+    the kit declares, its ``param_groups``), both ``prepare``d.
     ``extra``: the data set's per-sample fields beyond image and label
     (:func:`contrastive.engine.extras.extra_keys`)."""
     from accelerate.utils import set_seed
@@ -236,11 +237,13 @@ def build_model(cfg: RunConfig, build_method: Callable[[Any, DataInfo], nn.Modul
     if cfg.compile:
         logger.info("compiled: %s", ", ".join(compile_encoders(method)))
     peak_lr = scaled_lr(cfg.lr, cfg.batch_size, cfg.lr_scaling)
+    declared = kit.param_groups(cfg, method) if kit is not None else []
     optimizer = build_optimizer(method, cfg.optimizer, lr=peak_lr, weight_decay=cfg.weight_decay,
                                 momentum=cfg.sgd_momentum, nesterov=cfg.nesterov,
                                 betas=(cfg.betas[0], cfg.betas[1]), trust_coeff=cfg.lars_trust_coeff,
                                 exclude_from_wd=cfg.exclude_from_wd,
-                                fused=cfg.fused_optimizer, device_type=accelerator.device.type)
+                                fused=cfg.fused_optimizer, device_type=accelerator.device.type,
+                                extra_groups=declared)
     model, optimizer = accelerator.prepare(method, optimizer)
     module = accelerator.unwrap_model(model)
     after_step = getattr(module, "after_optimizer_step", None)

@@ -21,6 +21,13 @@ A :class:`DataAdapter` owns everything modality-specific between the data spec a
   the attention mask) or None when a sample is the unit (then ``batch_size`` per step);
 - ``prepare_method(cfg, method, device)``: the built method converted for this kind of run
   (the image kit's memory format, ``--channels-last``, resolved there when unset);
+- ``param_groups(cfg, method)``: parameter groups the kit declares to the optimiser besides the
+  method's own (:class:`~contrastive.methods.ParamGroup` s, after ``prepare_method``; the image
+  kit's ``--init`` backbone at its lr multiplier and warm start,
+  :mod:`~contrastive.engine.kits.finetune`). They are built like a method's groups
+  (:func:`~contrastive.engine.optim.param_groups`: a method's group keeps its parameters, the
+  kit's take the rest of theirs, the ungrouped rest comes last), so a checkpoint keeps their
+  settings and a resume restores this run's; none by default;
 - ``evaluators(cfg, world)``: the monitors this kind of run has by default
   (:mod:`contrastive.engine.evaluators`);
 - ``artefacts``: what the run leaves besides checkpoints (:class:`Artefacts`; formats in
@@ -53,6 +60,7 @@ if TYPE_CHECKING:
     from contrastive.augment.pipeline import Pipeline
     from contrastive.data.text_tasks import TextTask
     from contrastive.data.tokenizer import TextTokenizer
+    from contrastive.methods.base import ParamGroup
     from contrastive.methods.text_classifier import TextClassifier
 
 __all__ = ["BATCH_KEYS", "DataAdapter", "StepHook", "Artefacts", "HandOff", "KitDefaults"]
@@ -119,6 +127,8 @@ class DataAdapter(Protocol[KitConfig]):
     def prepare_method(self, cfg: KitConfig, method: nn.Module,
                        device: torch.device) -> nn.Module: ...
 
+    def param_groups(self, cfg: KitConfig, method: nn.Module) -> list[ParamGroup]: ...
+
     def evaluators(self, cfg: KitConfig, world: int) -> list[Any]: ...
 
     def resolved(self) -> dict[str, Any]: ...
@@ -158,8 +168,9 @@ class StepHook(Protocol):
 
 class KitDefaults(Generic[KitConfig]):
     """The :class:`DataAdapter` methods of a kind of run that reads nothing before the run
-    folder, takes no part in building the method and converts nothing in it, has no work
-    beside the loop's steps and no embedding map (image-text, text)."""
+    folder, takes no part in building the method, converts nothing in it and declares no
+    parameter group, has no work beside the loop's steps and no embedding map (image-text,
+    text)."""
 
     def prepare(self, cfg: KitConfig) -> None:
         return None
@@ -170,6 +181,9 @@ class KitDefaults(Generic[KitConfig]):
     def prepare_method(self, cfg: KitConfig, method: nn.Module,
                        device: torch.device) -> nn.Module:
         return method
+
+    def param_groups(self, cfg: KitConfig, method: nn.Module) -> list[ParamGroup]:
+        return []
 
     def step_hook(self, cfg: KitConfig, module: torch.nn.Module, train_set: Any,
                   device: torch.device) -> StepHook | None:

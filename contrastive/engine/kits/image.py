@@ -32,6 +32,12 @@ from contrastive.engine.config import RunConfig, parse_json_object
 from contrastive.engine.extras import add_extras, split_item
 from contrastive.engine.fields import as_flag, help_field, override
 from contrastive.engine.kits.base import Artefacts, HandOff, StepHook
+from contrastive.engine.kits.finetune import (
+    FinetuneFields,
+    backbone_groups,
+    freeze_backbone_bn,
+    resolve_finetune,
+)
 from contrastive.engine.kits.image_probe import ImageStepHook, build_probe
 from contrastive.engine.kits.init import BackboneInit, InitFields
 from contrastive.engine.loader import step_generator
@@ -43,6 +49,7 @@ if TYPE_CHECKING:
     from contrastive.augment.pipeline import Pipeline
     from contrastive.engine.kits.image_text import ImageTextConfig
     from contrastive.eval.init import InitWeights
+    from contrastive.methods.base import ParamGroup
 
 __all__ = ["ImageConfig", "CifarConfig", "DIMConfig", "ImageAdapter", "KNNEvaluator",
            "EncoderArtefacts", "build_knn_evaluator", "default_channels_last", "feature_fn",
@@ -52,7 +59,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class ImageConfig(InitFields, RunConfig):
+class ImageConfig(InitFields, FinetuneFields, RunConfig):
     """A run on images: the fields every run has (:class:`RunConfig`) and the image ones.
     Image recipes subclass it and change defaults / add fields."""
 
@@ -267,12 +274,14 @@ class ImageAdapter:
 
     def prepare(self, cfg: ImageConfig) -> None:
         """``--init``: the weights read and checked (one-line :class:`InitError` otherwise)
-        before the run folder exists; nothing to do again for an equal ``cfg``."""
+        before the run folder exists, and the fine-tuning flags resolved by it; nothing to do
+        again for an equal ``cfg``."""
         if self._prepared is not None and self._prepared == cfg:
             return
         self.pipeline, self.artefacts = self._recipe_pipeline, EncoderArtefacts(
             self._recipe_pipeline)
         weights = self.init.resolve(cfg)
+        resolve_finetune(cfg, pretrained=weights is not None)  # a bad value: one line, here
         if weights is not None:
             self._normalise_as(weights)
         self._prepared = cfg
@@ -343,8 +352,12 @@ class ImageAdapter:
 
     def prepare_method(self, cfg: ImageConfig, method: nn.Module,
                        device: torch.device) -> nn.Module:
-        """``--channels-last``: resolved on ``cfg`` (the run's copy, which config.json records)
-        when unset (:func:`default_channels_last`), then applied to the method."""
+        """``--freeze-bn-stats`` (:mod:`~contrastive.engine.kits.finetune`) applied to the
+        backbones and their copies; ``--channels-last``: resolved on ``cfg`` (the run's copy,
+        which config.json records) when unset (:func:`default_channels_last`), then applied to
+        the method."""
+        freeze_backbone_bn(method, self.init.backbones,
+                           resolve_finetune(cfg, pretrained=self.init.weights is not None))
         if cfg.channels_last is None:
             cfg.channels_last = default_channels_last(method, device)
         if not cfg.channels_last:
@@ -354,6 +367,12 @@ class ImageAdapter:
                            "computes in NCHW, so every BN layer converts the layout twice "
                            "(measured 0.7-0.95x on the CPU); use one or the other")
         return method.to(memory_format=torch.channels_last)
+
+    def param_groups(self, cfg: ImageConfig, method: nn.Module) -> list[ParamGroup]:
+        """``--backbone-lr-scale`` and ``--backbone-frozen-steps``: the backbones' group
+        (:func:`~contrastive.engine.kits.finetune.backbone_groups`; none when they are off)."""
+        return backbone_groups(self.init.backbones,
+                               resolve_finetune(cfg, pretrained=self.init.weights is not None))
 
     def evaluators(self, cfg: ImageConfig, world: int) -> list[Any]:
         knn = build_knn_evaluator(cfg, self.pipeline, world)

@@ -50,6 +50,7 @@ class BackboneInit:
 
     def __init__(self) -> None:
         self.weights: InitWeights | None = None
+        self.backbones: list[nn.Module] = []  # the --encoder backbones the last build created
 
     def resolve(self, cfg: InitFields) -> InitWeights | None:
         """Read and check ``cfg.init`` (a one-line :class:`~contrastive.eval.init.InitError`
@@ -64,22 +65,27 @@ class BackboneInit:
 
     @contextlib.contextmanager
     def building(self, encoder: str) -> Iterator[None]:
-        """With ``--init``: every backbone named ``encoder`` created inside starts from the
-        weights (each load reported in one line); a block that creates none is
+        """Every backbone named ``encoder`` created inside is recorded (``backbones``: what the
+        fine-tuning controls apply to) and, with ``--init``, starts from the weights (each load
+        reported in one line); with ``--init``, a block that creates none is
         refused (its recipe builds the backbone another way)."""
-        weights = self.weights
-        if weights is None:
-            yield
-            return
-        from contrastive.eval.init import InitError, load_into
         from contrastive.nn.encoders import starting_weights
 
+        weights = self.weights
+        self.backbones = []
+
         def load(backbone: nn.Module) -> None:
-            load_into(backbone, weights)  # which logs what loaded, in one line
+            if weights is not None:
+                from contrastive.eval.init import load_into
+
+                load_into(backbone, weights)  # which logs what loaded, in one line
+            self.backbones.append(backbone)
 
         with starting_weights(encoder, load) as start:
             yield
-        if not start.loaded:
+        if weights is not None and not start.loaded:
+            from contrastive.eval.init import InitError
+
             raise InitError(f"--init {weights.source}: the method built no --encoder {encoder} "
                             "backbone to load it into (its recipe builds the backbone another "
                             "way); --init works with the recipes that build --encoder")
