@@ -42,7 +42,6 @@ from contrastive.records import ENCODER_FILE, EncoderRecord, RecordError
 if TYPE_CHECKING:
     from contrastive.augment.pipeline import Pipeline
     from contrastive.engine.kits.image_text import ImageTextConfig
-    from contrastive.eval.init import InitWeights
 
 __all__ = ["ImageConfig", "CifarConfig", "DIMConfig", "ImageAdapter", "KNNEvaluator",
            "EncoderArtefacts", "build_knn_evaluator", "default_channels_last", "feature_fn",
@@ -272,27 +271,19 @@ class ImageAdapter:
             return
         self.pipeline, self.artefacts = self._recipe_pipeline, EncoderArtefacts(
             self._recipe_pipeline)
-        weights = self.init.resolve(cfg)
-        if weights is not None:
-            self._normalise_as(weights)
+        self.init.resolve(cfg)
+        self._normalise_as_init()
         self._prepared = cfg
 
-    def _normalise_as(self, init: InitWeights) -> None:
+    def _normalise_as_init(self) -> None:
         """The views normalised as the ``--init`` weights were trained (training, the kNN
         monitor, the online probe and ``encoder.pt``, which the eval CLIs read), when the
-        source records it or ``--init-mean/--init-std`` give it; else the recipe's, with a
-        warning."""
+        source records it or ``--init-mean/--init-std`` give it; else the recipe's
+        (:meth:`BackboneInit.normalisation`)."""
         ours = (self.pipeline.mean, self.pipeline.std)
-        if init.mean is None or init.std is None:
-            logger.warning("--init %s records no input normalisation: the views keep this "
-                           "recipe's (mean %s, std %s); give --init-mean and --init-std if the "
-                           "weights were trained with others", init.source, *ours)
-            return
-        if ours != (init.mean, init.std):
-            logger.info("--init %s: views normalised as its weights were trained (mean %s, std "
-                        "%s: %s) instead of the recipe's (mean %s, std %s)", init.source,
-                        init.mean, init.std, init.norm_from, *ours)
-            self.pipeline = self.pipeline.with_normalisation(init.mean, init.std)
+        mean, std = self.init.normalisation(ours)
+        if (mean, std) != ours:
+            self.pipeline = self.pipeline.with_normalisation(mean, std)
             self.artefacts = EncoderArtefacts(self.pipeline)
 
     def method_building(self, cfg: ImageConfig) -> contextlib.AbstractContextManager[None]:
