@@ -57,7 +57,7 @@ __all__ = [
     "resolve_run_path", "encoder_fields_from_config", "CLIP_FILE", "TOKENIZER_DIR",
     "BEST_DIR", "save_clip_record", "load_clip_record", "MODEL_DIR", "SENTENCE_CONFIG",
     "CLASSIFIER_FILE", "CLASSIFIER_HEAD_FILE", "RESULTS_FILE",
-    "sentence_model_step", "TRACKERS_FILE", "TENSORBOARD_DIR",
+    "sentence_model_step", "TRACKERS_FILE", "TENSORBOARD_DIR", "recorded_normalisation",
 ]
 
 ENCODER_FILE = "encoder.pt"
@@ -148,9 +148,7 @@ class EncoderRecord:
         if not tensors:
             raise RecordError(f"{where} holds no tensors in its state_dict")
         fields: dict[str, Any] = {k: obj.get(k) for k in _OPTIONAL}
-        for k in ("mean", "std"):
-            if fields[k] is not None:
-                fields[k] = [float(v) for v in fields[k]]
+        fields["mean"], fields["std"] = recorded_normalisation(obj)
         for k in ("image_size", "num_features", "step"):
             if fields[k] is not None:
                 fields[k] = int(fields[k])
@@ -173,6 +171,16 @@ def is_record(obj: Any) -> bool:
     """Whether a loaded payload is an encoder record (any schema)."""
     return (isinstance(obj, Mapping) and isinstance(obj.get("encoder"), str)
             and isinstance(obj.get("state_dict"), Mapping))
+
+
+def recorded_normalisation(fields: Mapping[str, Any]
+                           ) -> tuple[list[float] | None, list[float] | None]:
+    """(mean, std) of the input normalisation a file records in its plain fields: ``encoder.pt``'s,
+    or ``clip.pt``'s ``config`` (the image tower's); None for one it does not record (files
+    written before it was recorded: the reader's own default applies)."""
+    mean, std = (fields.get(k) for k in ("mean", "std"))
+    return (None if mean is None else [float(v) for v in mean],
+            None if std is None else [float(v) for v in std])
 
 
 def encoder_fields_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -259,8 +267,9 @@ def save_clip_record(folder: str | Path, state_dict: Mapping[str, Tensor],
                      config: Mapping[str, Any], tokenizer: Any) -> Path:
     """Write ``clip.pt`` (``{"config": ..., "state_dict": ...}``, tensors and plain values only:
     ``weights_only`` loads it; ``config["model"]`` holds the model's keyword arguments,
-    ``config["max_length"]`` the token length) and ``tokenizer/tokenizer.json``, each atomically;
-    returns ``clip.pt``'s path."""
+    ``config["max_length"]`` the token length, ``config["mean"]`` / ``["std"]`` the image
+    tower's input normalisation, :func:`recorded_normalisation`) and
+    ``tokenizer/tokenizer.json``, each atomically; returns ``clip.pt``'s path."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     json.dumps(config)  # only plain values: the file must not need code to load

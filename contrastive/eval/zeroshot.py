@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["DEFAULT_TEMPLATES", "zero_shot_classifier", "zero_shot_accuracy", "retrieval_recall",
+__all__ = ["DEFAULT_TEMPLATES", "PIXELS", "image_text_transform", "zero_shot_classifier", "zero_shot_accuracy", "retrieval_recall",
            "clip_embeddings", "heldout_pairs", "evaluate_pairs", "evaluate_shapes",
            "evaluate_run", "load_clip_run", "main"]
 
@@ -43,6 +43,23 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_TEMPLATES: tuple[str, ...] = ("a {}", "a picture of a {}", "there is a {}")
 """Prompts for class names (``{}`` is the name); choose phrasings the captions use."""
+
+PIXELS: tuple[tuple[float, ...], tuple[float, ...]] = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))
+"""(mean, std) of an image tower trained from scratch here: [0, 1] pixels, not normalised."""
+
+
+def image_text_transform(image_size: int, mean: Sequence[float] | None = None,
+                         std: Sequence[float] | None = None) -> Any:
+    """The image-text runs' image transform (training, the zero-shot evaluator, this module's
+    command): resize the shorter side and centre-crop to ``image_size`` (no augmentation:
+    captions name colour and position, which crops and jitter would falsify), normalised with
+    ``mean`` / ``std`` (an ``--init`` image tower's), else [0, 1] pixels (:data:`PIXELS`)."""
+    from contrastive.augment import get_pipeline
+
+    if mean is None or std is None:
+        mean, std = PIXELS
+    return get_pipeline("eval", image_size=image_size, crop_pct=1.0, mean=tuple(mean),
+                        std=tuple(std))
 
 
 def zero_shot_classifier(encode_text: Callable[[list[str]], Tensor], classnames: Sequence[str],
@@ -188,8 +205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def evaluate_run(argv: Sequence[str] | None = None) -> dict[str, float]:
     """``contrastive-zeroshot RUN [--data SPEC] [--n-test N] [--templates T ...] [--classes C
     ...]``: zero-shot top-1/top-5 and retrieval recall@1/5 on the held-out split of the run's
-    data (or ``--data``; its training split when it has none: retrieval only); prints one JSON
-    line."""
+    data (or ``--data``; its training split when it has none: retrieval only), the images
+    normalised as ``clip.pt`` records (the ``--init`` image tower's; [0, 1] pixels when it
+    records none); prints one JSON line."""
     p = argparse.ArgumentParser(prog="contrastive-zeroshot", description=evaluate_run.__doc__)
     p.add_argument("run", help="folder with clip.pt and tokenizer/ (recipes/clip.py)")
     p.add_argument("--data", default=None, help="image-text data spec (default: the run's)")
@@ -199,14 +217,14 @@ def evaluate_run(argv: Sequence[str] | None = None) -> dict[str, float]:
     p.add_argument("--classes", nargs="+", default=None, help="class names (default: the "
                    "data's)")
     args = p.parse_args(argv)
-    from contrastive.augment import get_pipeline
     from contrastive.data import get_dataset, has_split
+    from contrastive.records import recorded_normalisation
 
     model, tokenizer, config = load_clip_run(args.run)
     spec = args.data or config["data"]
     split = "test" if has_split(spec, "test") else "train"
-    tf = get_pipeline("eval", image_size=int(config["image_size"]), crop_pct=1.0,
-                      mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
+    # the image tower's normalisation as clip.pt records it ([0, 1] pixels when it records none)
+    tf = image_text_transform(int(config["image_size"]), *recorded_normalisation(config))
     images, labels, classes, captions = heldout_pairs(get_dataset(spec, split, transform=tf),
                                                       args.n_test)
     if args.classes is not None:

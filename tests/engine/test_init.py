@@ -104,6 +104,30 @@ def test_the_backbone_and_its_momentum_copy_start_from_the_file(tmp_path, fresh_
     assert config["resolved"]["init"]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.parametrize("method", ["DINO", "BYOL"])
+def test_a_teacher_and_a_target_start_from_the_file(tmp_path, method):
+    """DINO's teacher and BYOL's target (momentum copies of the backbone and its head), built
+    under --init, start bit for bit equal to the file, as the backbone does (step 0)."""
+    from contrastive import methods
+    from contrastive.engine.kits.init import BackboneInit
+
+    path = _weights(tmp_path)
+    file = load_file(str(path))
+    init = BackboneInit()
+    init.resolve(_Cfg(init=str(path)))
+    small = {"DINO": dict(out_dim=32, hidden_dim=16, bottleneck_dim=8),
+             "BYOL": dict(dim=8, mlp_hidden=16)}[method]
+    with init.building("small_cnn"):
+        built = getattr(methods, method)(encoder="small_cnn", **small)
+    state = built.state_dict()
+    first = _params_keys(file)[0]
+    prefixes = [k[:-len(first)] for k in state if k.endswith("." + first) or k == first]
+    copy_of = {"DINO": "teacher.", "BYOL": "target."}[method]
+    assert "encoder." in prefixes and any(p.startswith(copy_of) for p in prefixes), prefixes
+    for prefix in prefixes:
+        assert all(torch.equal(state[prefix + k], file[k]) for k in file), prefix
+
+
 @pytest.mark.parametrize("what", ["missing", "wrong_keys"])
 def test_bad_init_is_one_line_before_the_run_folder(tmp_path, capsys, fresh_accelerate, what):
     path = tmp_path / "nothing.safetensors" if what == "missing" else \

@@ -133,3 +133,76 @@ def test_an_hf_text_tower_tokenises_a_caption_folder_with_its_tokenizer(rx, tmp_
     want = encode_fixed(load_tokenizer(MINILM, max_length=10), ["a red square"])[0][0]
     assert torch.equal(ds[0][2]["input_ids"], want)
     assert adapter.resolved()["model"]["text_encoder"] == f"hf:{MINILM}"
+
+
+HALF = ["--init-mean", "0.5", "0.5", "0.5", "--init-std", "0.5", "0.5", "0.5"]
+
+
+def test_the_training_batch_takes_the_init_normalisation(init_file, rx):
+    """With --init-mean/--init-std 0.5, the image tower trains on (pixels - 0.5) / 0.5; the
+    zero-shot evaluator and the artefacts get the same pipeline."""
+    from torch.utils.data import default_collate
+
+    cls, _, adapter = rx.load_recipe("clip").make()
+    cfg = parse_config(cls, [*TINY, "--init", str(init_file), *HALF])
+    adapter.prepare(cfg)
+    ds = adapter.train_set(cfg, accelerator=None)
+    sample = default_collate([ds[0], ds[1]])
+    views = adapter.batch(sample, ("input_ids",), {}, device=torch.device("cpu"), step=0,
+                          micro=0, rank=0)["views"][0]
+    pixels = torch.stack([ds.images[i][0][0] for i in (0, 1)]).float() / 255
+    torch.testing.assert_close(views, (pixels - 0.5) / 0.5, rtol=0, atol=1e-6)
+    assert adapter.handoff()["pipeline"] is adapter.pipeline
+    assert (adapter.pipeline.mean, adapter.pipeline.std) == ((0.5,) * 3, (0.5,) * 3)
+
+
+def test_clip_pt_records_the_init_normalisation_and_contrastive_zeroshot_uses_it(
+        init_file, rx, tmp_path, monkeypatch):
+    """A LiT run (--lock-image, the captions' own BERT) from --init with --init-mean/--init-std
+    0.5: clip.pt and encoder.pt record 0.5/0.5; the run's zero-shot evaluator and
+    ``contrastive-zeroshot`` compute the model's image features on the held-out images
+    normalised with 0.5/0.5, and a clip.pt recording none falls back to [0, 1] pixels. The
+    locked image tower ends as loaded, BatchNorm statistics included."""
+    from contrastive.data import get_dataset
+    from contrastive.eval import zeroshot
+    from contrastive.records import EncoderRecord
+
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []  # (images, image features) per call
+    embeddings = zeroshot.clip_embeddings
+
+    def spy(model, images, texts, tokenizer, batch_size=256):
+        out = embeddings(model, images, texts, tokenizer, batch_size)
+        if images.shape[0] > 1:  # not the one-image call that embeds class prompts
+            seen.append((images, out[0]))
+        return out
+
+    monkeypatch.setattr(zeroshot, "clip_embeddings", spy)
+    out = tmp_path / "run"
+    reset_accelerate_state()
+    try:
+        result = rx.load_recipe("clip").main([*TINY, "--init", str(init_file), *HALF,
+                                              "--lock-image", "--output-dir", str(out)])
+    finally:
+        reset_accelerate_state()
+    assert result.status == "completed" and result.step == 2
+    blob = torch.load(out / "clip.pt", weights_only=True)
+    assert blob["config"]["mean"] == [0.5] * 3 and blob["config"]["std"] == [0.5] * 3
+    record = EncoderRecord.load(out / "encoder.pt")
+    assert record.mean == [0.5] * 3 and record.std == [0.5] * 3
+    start = _file(init_file)
+    assert all(torch.equal(record.state_dict[k], v) for k, v in start.items())  # LiT
+
+    spec = blob["config"]["data"]
+    pixels = zeroshot.heldout_pairs(get_dataset(spec, "test", transform=zeroshot.
+                                                image_text_transform(16)), 16)[0]
+    model = zeroshot.load_clip_run(out)[0]
+    online = seen[-1]  # the run's evaluator at the end
+    zeroshot.evaluate_run([str(out), "--n-test", "16"])
+    for images, features in (online, seen[-1]):
+        torch.testing.assert_close(images, (pixels - 0.5) / 0.5, rtol=0, atol=1e-6)
+        with torch.no_grad():
+            torch.testing.assert_close(features, model.encode_image((pixels - 0.5) / 0.5))
+    del blob["config"]["mean"], blob["config"]["std"]  # as a file written before they were
+    torch.save(blob, out / "clip.pt")
+    zeroshot.evaluate_run([str(out), "--n-test", "16"])
+    assert torch.equal(seen[-1][0], pixels)

@@ -11,10 +11,14 @@ BN running statistics differ by design (DDP keeps rank 0's; split BN averages it
 Both runs train in float64 (``--float64``): then they differ only by float64 rounding of sums
 taken in other orders (see ``STEP_TOL``), and the comparison holds on any machine and thread
 count. In float32 the same 8 steps needed rtol 1e-3, and the margin depended on the machine.
+Both runs start from ``--init`` weights (issue 49: a run from ``--init`` under two processes
+equals one process) with their own normalisation (``--init-mean/--init-std``), which the
+per-image views of both processes take.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -36,6 +40,20 @@ ARGS = ["--data", "shapes:n=128,n_test=32,size=16", "--max-steps", str(STEPS), "
 STEP_TOL = dict(rtol=1e-8, atol=1e-10)
 
 
+def _init_args(tmp_path, rx) -> list[str]:
+    """``--init``: the recipe's backbone from another seed, with a normalisation of its own."""
+    from safetensors.torch import save_file
+
+    from contrastive.nn import create_encoder
+
+    torch.manual_seed(11)
+    net = create_encoder(rx.TINY[rx.TINY.index("--encoder") + 1])
+    path = tmp_path / "init.safetensors"
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(path))
+    return ["--init", str(path), "--init-mean", "0.5", "0.5", "0.5", "--init-std", "0.25",
+            "0.25", "0.25"]
+
+
 def _losses(out):
     recs = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     return [r["loss"] for r in recs if "loss" in r]
@@ -44,13 +62,18 @@ def _losses(out):
 @pytest.mark.distributed
 def test_two_processes_train_checkpoint_and_match_one_process(tmp_path, rx, launch_two):
     two, one = tmp_path / "two", tmp_path / "one"
-    proc = launch_two(*rx.recipe_cmd("moco_cifar", *ARGS, "--split-bn", "0", "--output-dir",
-                                     str(two))[1:])
+    init = _init_args(tmp_path, rx)
+    proc = launch_two(*rx.recipe_cmd("moco_cifar", *ARGS, *init, "--split-bn", "0",
+                                     "--output-dir", str(two))[1:])
     assert proc.stderr.count("training moco_cifar") == 1  # nothing logged by rank 1
     knn = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()
            if "knn_top1" in x]
     assert [r["knn_when"] for r in knn] == ["start", "epoch 1"]  # both processes encoded
-    rx.run_recipe_here("moco_cifar", *ARGS, "--split-bn", "2", "--output-dir", str(one))
+    rx.run_recipe_here("moco_cifar", *ARGS, *init, "--split-bn", "2", "--output-dir", str(one))
+    sha = hashlib.sha256(open(init[1], "rb").read()).hexdigest()
+    for out in (two, one):
+        resolved = json.loads((out / "config.json").read_text())["resolved"]["init"]
+        assert resolved["sha256"] == sha and resolved["mean"] == [0.5] * 3
 
     ckpts = sorted(p.name for p in (two / "checkpoints").iterdir())
     assert ckpts == ["step_00000004", "step_00000008"]

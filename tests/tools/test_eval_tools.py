@@ -91,6 +91,24 @@ def test_knn_eval(colour_data, encoder_pt, tmp_path):
     assert json.loads(out16.read_text())["checkpoint"]["kind"] == "random"
 
 
+def test_the_eval_clis_normalise_as_encoder_pt_records(colour_data, tmp_path):
+    """An encoder.pt that records its normalisation (a run from --init records the weights'):
+    the eval CLIs use it, not ImageNet's; one that records none falls back to ImageNet's."""
+    from contrastive.augment import IMAGENET_MEAN, IMAGENET_STD
+    from contrastive.nn import create_encoder
+    from contrastive.records import EncoderRecord
+
+    enc = create_encoder("small_cnn")
+    for name, norm in (("recorded", {"mean": (0.5,) * 3, "std": (0.25,) * 3}), ("none", {})):
+        EncoderRecord.from_module(enc, "small_cnn", **norm).save(tmp_path / f"{name}.pt")
+        knn_eval_main(["--checkpoint", str(tmp_path / f"{name}.pt"), "--data", str(colour_data),
+                       "--k", "5", "--output", str(tmp_path / f"{name}.json"), *COMMON])
+    recorded, none = (json.loads((tmp_path / f"{n}.json").read_text())["settings"]
+                      for n in ("recorded", "none"))
+    assert (recorded["mean"], recorded["std"]) == ([0.5] * 3, [0.25] * 3)
+    assert (none["mean"], none["std"]) == (list(IMAGENET_MEAN), list(IMAGENET_STD))
+
+
 def test_export_cli(tmp_path):
     import timm
 

@@ -48,7 +48,6 @@ from contrastive.records import ENCODER_FILE, EncoderRecord, RecordError
 if TYPE_CHECKING:
     from contrastive.augment.pipeline import Pipeline
     from contrastive.engine.kits.image_text import ImageTextConfig
-    from contrastive.eval.init import InitWeights
     from contrastive.methods.base import ParamGroup
 
 __all__ = ["ImageConfig", "CifarConfig", "DIMConfig", "ImageAdapter", "KNNEvaluator",
@@ -282,26 +281,18 @@ class ImageAdapter:
             self._recipe_pipeline)
         weights = self.init.resolve(cfg)
         resolve_finetune(cfg, pretrained=weights is not None)  # a bad value: one line, here
-        if weights is not None:
-            self._normalise_as(weights)
+        self._normalise_as_init()
         self._prepared = cfg
 
-    def _normalise_as(self, init: InitWeights) -> None:
+    def _normalise_as_init(self) -> None:
         """The views normalised as the ``--init`` weights were trained (training, the kNN
         monitor, the online probe and ``encoder.pt``, which the eval CLIs read), when the
-        source records it or ``--init-mean/--init-std`` give it; else the recipe's, with a
-        warning."""
+        source records it or ``--init-mean/--init-std`` give it; else the recipe's
+        (:meth:`BackboneInit.normalisation`)."""
         ours = (self.pipeline.mean, self.pipeline.std)
-        if init.mean is None or init.std is None:
-            logger.warning("--init %s records no input normalisation: the views keep this "
-                           "recipe's (mean %s, std %s); give --init-mean and --init-std if the "
-                           "weights were trained with others", init.source, *ours)
-            return
-        if ours != (init.mean, init.std):
-            logger.info("--init %s: views normalised as its weights were trained (mean %s, std "
-                        "%s: %s) instead of the recipe's (mean %s, std %s)", init.source,
-                        init.mean, init.std, init.norm_from, *ours)
-            self.pipeline = self.pipeline.with_normalisation(init.mean, init.std)
+        mean, std = self.init.normalisation(ours)
+        if (mean, std) != ours:
+            self.pipeline = self.pipeline.with_normalisation(mean, std)
             self.artefacts = EncoderArtefacts(self.pipeline)
 
     def method_building(self, cfg: ImageConfig) -> contextlib.AbstractContextManager[None]:

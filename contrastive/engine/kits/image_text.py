@@ -3,12 +3,12 @@
 - configuration: :class:`ImageTextConfig` (the image tower's name, options and crop size, the
   zero-shot evaluator's cadence) and :class:`DualEncoderConfig` (the CPU-scale schedule the
   CLIP family's recipes share and the text tower's sizes);
-- data: :class:`ImageTextAdapter`, centre crops scaled to [0, 1] on the device and the
-  caption's tokens;
+- data: :class:`ImageTextAdapter`, centre crops scaled to [0, 1] (or normalised as the
+  ``--init`` image tower was trained) on the device, and the caption's tokens;
 - the model's arguments: :func:`dual_encoder_kwargs`;
 - evaluators: :class:`ZeroShotEvaluator` (zero-shot top-k and retrieval recall);
 - artefacts: :class:`ClipArtefacts`, ``clip.pt`` + ``tokenizer/`` and the image tower's
-  ``encoder.pt``.
+  ``encoder.pt``, both recording the images' normalisation (``contrastive-zeroshot`` reads it).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from contrastive.engine.kits.base import Artefacts, HandOff, KitDefaults
 from contrastive.engine.kits.image import encoder_step, make_batch, prepare_views, write_encoder
 from contrastive.engine.kits.init import BackboneInit, InitFields
 from contrastive.engine.kits.text import BertSizes
+from contrastive.eval.zeroshot import PIXELS, image_text_transform
 from contrastive.records import CLIP_FILE, save_clip_record
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from contrastive.data.tokenizer import TextTokenizer
 
 __all__ = ["ImageTextConfig", "DualEncoderConfig", "ImageTextAdapter", "ZeroShotEvaluator",
-           "ClipArtefacts", "build_zeroshot_evaluator", "dual_encoder_kwargs", "eval_pipeline"]
+           "ClipArtefacts", "build_zeroshot_evaluator", "dual_encoder_kwargs"]
 
 logger = logging.getLogger(__name__)
 
@@ -124,20 +125,12 @@ def text_folder(cfg: ImageTextConfig) -> str | None:
     return hf_folder(cfg.text_encoder)
 
 
-def eval_pipeline(image_size: int) -> Any:
-    """The image-text runs' image transform: resize the shorter side and centre-crop to
-    ``image_size`` (no augmentation: captions name colour and position, which crops and jitter
-    would falsify), scaled to [0, 1]."""
-    from contrastive.augment import get_pipeline
-
-    return get_pipeline("eval", image_size=image_size, crop_pct=1.0, mean=(0.0, 0.0, 0.0),
-                        std=(1.0, 1.0, 1.0))
-
-
 class ImageTextAdapter(KitDefaults[C]):
     """Image-text pairs (:class:`contrastive.data.captions.ImageTextDataset`, e.g. ``--data
     shapes-captions | captions:ROOT | wds-captions:DIR``): uint8 centre crops from the workers,
-    scaled to [0, 1] on the device, and the caption's ``input_ids`` / ``attention_mask``.
+    scaled to [0, 1] on the device (normalised as the ``--init`` image tower was trained when it
+    records how or ``--init-mean/--init-std`` say), and the caption's ``input_ids`` /
+    ``attention_mask``.
     Throughput in samples/s (pairs); the zero-shot / retrieval evaluator; ``clip.pt``,
     ``tokenizer/`` and the image tower's ``encoder.pt``.
 
@@ -151,14 +144,16 @@ class ImageTextAdapter(KitDefaults[C]):
     :class:`~contrastive.engine.kits.init.BackboneInit`) and the ``hf:`` text folder (a pickle
     that would run code is refused unread, :func:`~contrastive.nn.text_encoders.
     check_safe_weights`; its tokenizer read) before the run folder exists;
-    :meth:`method_building` loads the image tower as the method builds it.
+    :meth:`method_building` loads the image tower as the method builds it. The ``--init``
+    normalisation reaches training, the zero-shot evaluator, ``clip.pt`` and ``encoder.pt``
+    through :attr:`pipeline`.
     """
 
     unit = "samples"
     # from train_set on:
     artefacts: Artefacts[C]  # ClipArtefacts
     tokenizer: TextTokenizer  # the training set's
-    pipeline: Pipeline  # eval_pipeline(--image-size)
+    pipeline: Pipeline  # image_text_transform(--image-size, the --init normalisation)
 
     def __init__(self, model_config: Callable[[C, TextTokenizer], dict[str, Any]]) -> None:
         self.model_config = model_config
@@ -166,6 +161,7 @@ class ImageTextAdapter(KitDefaults[C]):
         self._seed, self._float64, self._size = 0, False, 0
         self._model: dict[str, Any] = {}
         self.init = BackboneInit()  # --init, resolved by prepare
+        self._norm: tuple[Sequence[float], Sequence[float]] = PIXELS  # the images', by prepare
         self._prepared: C | None = None
 
     def prepare(self, cfg: C) -> None:
@@ -177,12 +173,7 @@ class ImageTextAdapter(KitDefaults[C]):
         from contrastive.nn.text_encoders import check_safe_weights
 
         weights = self.init.resolve(cfg)
-        pixels = ((0.0, 0.0, 0.0), (1.0, 1.0, 1.0))  # what eval_pipeline feeds
-        if weights is not None and weights.mean is not None and (
-                tuple(weights.mean), tuple(weights.std or ())) != pixels:
-            logger.warning("--init %s was trained on inputs normalised with mean %s, std %s (%s); "
-                           "the image-text runs feed [0, 1] pixels", weights.source,
-                           weights.mean, weights.std, weights.norm_from)
+        self._norm = self.init.normalisation(PIXELS)
         if cfg.lock_image and weights is None:
             logger.warning("--lock-image without --init locks the image tower's starting "
                            "weights (random unless --encoder-kwargs loads some)")
@@ -201,7 +192,7 @@ class ImageTextAdapter(KitDefaults[C]):
         from contrastive.data import get_dataset
 
         self._seed, self._float64 = cfg.seed, cfg.float64
-        self.pipeline = eval_pipeline(cfg.image_size)
+        self.pipeline = image_text_transform(cfg.image_size, *self._norm)
         transform, self.device_fn = self.pipeline.split()
         ds: Any = get_dataset(cfg.data, "train", transform=transform, strict=cfg.strict_data)
         tokenizer = getattr(ds, "tokenizer", None)
@@ -308,7 +299,7 @@ def build_zeroshot_evaluator(cfg: ImageTextConfig, pipeline: Any, tokenizer: Any
 class ClipArtefacts:
     """``clip.pt`` + ``tokenizer/`` and the image tower's ``encoder.pt``: ``model`` (the
     recipe's model configuration, which evaluation rebuilds the model from), the training
-    ``tokenizer`` and ``pipeline`` (its normalisation goes into ``encoder.pt``). ``what`` names
+    ``tokenizer`` and ``pipeline`` (its normalisation goes into ``clip.pt`` and ``encoder.pt``). ``what`` names
     the method written last (CLIP, SigLIP...): recipes/clip.py and recipes/siglip.py share
     these artefacts."""
 
@@ -325,7 +316,8 @@ class ClipArtefacts:
             clamp()
         config = {"model": self.model, "max_length": int(self.tokenizer.max_length),
                   "data": cfg.data, "image_size": cfg.image_size, "step": step, "recipe": recipe,
-                  "method": type(module).__name__.lower()}  # the registered name (clip, siglip)
+                  "method": type(module).__name__.lower(),  # the registered name (clip, siglip)
+                  "mean": list(self.pipeline.mean), "std": list(self.pipeline.std)}
         path = save_clip_record(out, module.state_dict(), config, self.tokenizer)
         write_encoder(out, cfg, module, self.pipeline, recipe, step)  # the image tower alone
         return path

@@ -13,7 +13,8 @@ encoder, a teacher: :func:`contrastive.nn.encoders.starting_weights`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import logging
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,10 @@ if TYPE_CHECKING:
 
 __all__ = ["InitFields", "BackboneInit"]
 
+logger = logging.getLogger(__name__)
+
+#: (mean, std) of an input normalisation
+Normalisation = tuple[Sequence[float], Sequence[float]]
 
 
 @dataclass
@@ -89,6 +94,25 @@ class BackboneInit:
             raise InitError(f"--init {weights.source}: the method built no --encoder {encoder} "
                             "backbone to load it into (its recipe builds the backbone another "
                             "way); --init works with the recipes that build --encoder")
+
+    def normalisation(self, ours: Normalisation) -> Normalisation:
+        """(mean, std) the images take: the ``--init`` weights' when the source records them or
+        ``--init-mean/--init-std`` give them (logged when they replace ``ours``, the recipe's);
+        else ``ours`` (with a warning under ``--init``)."""
+        weights = self.weights
+        if weights is None:
+            return ours
+        if weights.mean is None or weights.std is None:
+            logger.warning("--init %s records no input normalisation: the images keep this "
+                           "recipe's (mean %s, std %s); give --init-mean and --init-std if the "
+                           "weights were trained with others", weights.source, *ours)
+            return ours
+        theirs = (tuple(weights.mean), tuple(weights.std))
+        if theirs != (tuple(ours[0]), tuple(ours[1])):
+            logger.info("--init %s: images normalised as its weights were trained (mean %s, std "
+                        "%s: %s) instead of the recipe's (mean %s, std %s)", weights.source,
+                        *theirs, weights.norm_from, *ours)
+        return theirs
 
     def resolved(self) -> dict[str, Any]:
         """``{"init": source, sha256, normalisation ...}`` for config.json; {} without."""
