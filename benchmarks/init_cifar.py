@@ -41,8 +41,10 @@ The design (the issue's step 6):
   its reason): MoCo's queue 4,096 (the MoCo CIFAR demo's K: the default 65,536 exceeds the
   9,984 keys one epoch makes, so most negatives would stay random vectors); DINO's multi-crop
   sized for 128 px as the official 224 px one scales: 2 global crops of 128 px (scale 0.4-1)
-  and 8 local crops of 56 px (96 x 128 / 224 = 54.9, rounded to a multiple of 8; scale
-  0.05-0.4), teacher momentum 0.996 (the official ``main_dino.py`` default; the CIFAR recipe's
+  and ``DINO_LOCAL_CROPS`` = 2 local crops of 56 px (96 x 128 / 224 = 54.9, rounded to a
+  multiple of 8; scale 0.05-0.4; the official default is 8 local crops, which cost 30.2 CPU s
+  a step here against 18.5 with 2: 8 would put the plan 1 CPU hour further over its 6),
+  teacher momentum 0.996 (the official ``main_dino.py`` default; the CIFAR recipe's
   0.9995 is for 195k steps and would leave the teacher at 93 % of its start after 156 steps),
   warmup 0.1 epoch (the official 10 of 100 epochs) and the last layer not frozen (the official
   1 of 100 epochs; the recipe's 1 epoch would freeze it for the whole run); distillation
@@ -79,6 +81,7 @@ CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "hors
            "truck")
 IMAGE_SIZE, PER_CLASS, BATCH, EPOCHS, SAVE_EVERY = 128, 1000, 64, 1, 20
 SEEDS = (0, 1, 2)
+DINO_LOCAL_CROPS = 2  # the official 8 cost 1.6x a step (docstring)
 EXTRA_SEEDS_UNDER_CPU_S = 15 * 60
 PHASES = ("seed0", "seeds")
 DEFAULT_LEDGER = ROOT / "benchmarks" / "results" / "init_cifar_runs.json"
@@ -147,12 +150,13 @@ ARM = {a.key: a for a in ARMS}
 # AMD EPYC (family 25 model 1, AVX2) of the lead's machine, under a load average of 7 to 11 on its
 # 2 cores (no quiet machine; 40 % of the evaluation's CPU was system time, memory pressure), so
 # they are upper bounds: a step from the CPU ticks between logged steps 1..4 of a
-# --max-steps run (DINO 30.7 / 31.3 / 28.6; distillation 11.3 / 11.0; MoCo ResNet-18 8.8 / 9.4);
+# --max-steps run (DINO with 2 local crops 17.7 / 19.3, with 8: 30.7 / 31.3 / 28.6;
+# distillation 11.3 / 11.0; MoCo ResNet-18 8.8 / 9.4);
 # MoCo EfficientNet from one 6-step run (65.8 CPU s less ~10 s of start-up); the evaluation from
-# contrastive-knn-eval on 1,000 + 1,000 images (96 CPU s, ~12 s of it start-up) scaled to
-# 20,000 images, twice (the probe extracts its features again), the ResNet-18 taken equal (its
-# training step costs the EfficientNet's on this CPU).
-STEP_CPU_S = {"b-moco": 9.2, "b-dino": 30.2, "c-moco": 9.2, "c-dino": 30.2, "d-distill": 11.2,
+# the kNN and probe CLIs on 1,000 + 1,000 images (96 and 100 CPU s, ~12 s of each start-up)
+# scaled to 20,000 images; the ResNet-18 taken equal (its training step costs the
+# EfficientNet's on this CPU).
+STEP_CPU_S = {"b-moco": 9.2, "b-dino": 18.5, "c-moco": 9.2, "c-dino": 18.5, "d-distill": 11.2,
               "d-moco": 9.1}
 EVAL_CPU_S = {EFFNET_ENCODER: 1750.0, STUDENT: 1750.0}
 STEPS_PER_EPOCH = 10 * PER_CLASS // BATCH  # 156: the loader drops the last partial batch
@@ -198,7 +202,8 @@ class Driver:
         assert arm.recipe is not None
         flags = list(arm.flags)
         if arm.recipe == "dino_cifar.py":
-            flags += ["--local-crops", "8", "--local-size", str(s.local_size())]
+            flags += ["--local-crops", str(DINO_LOCAL_CROPS), "--local-size",
+                      str(s.local_size())]
         return [sys.executable, str(ROOT / "recipes" / arm.recipe), *flags,
                 "--data", str(self.data), "--image-size", str(s.image_size),
                 "--batch-size", str(BATCH), *s.budget, "--seed", str(run.seed),
@@ -258,7 +263,8 @@ def plan_lines(records: dict[str, dict[str, Any]]) -> list[str]:
             lines.append(f"(expected) seeds {a.key}-s1, -s2: {2 * (train + evaluate) / 60:.1f} "
                          "CPU min (estimated training under the seeds' limit)")
     lines.append(f"total {total / 3600:.2f} CPU hours (recorded + estimated; seeds 1, 2 only "
-                 f"where seed 0 trained in under {EXTRA_SEEDS_UNDER_CPU_S / 60:.0f} CPU min)")
+                 f"where seed 0 trained in under {EXTRA_SEEDS_UNDER_CPU_S / 60:.0f} CPU min; "
+                 "the estimates were measured under a load of 7-11 on 2 cores: upper bounds)")
     return lines
 
 

@@ -75,7 +75,7 @@ def test_each_row_gets_its_start_its_budget_and_its_evaluation(driver, tmp_path:
         assert ("--init" in args) == key.startswith("b-"), key
     assert value(cmd["b-moco"], "--init") == str(driver.EFFNET)
     assert value(cmd["b-dino"], "--local-size") == "56"
-    assert value(cmd["c-dino"], "--local-crops") == "8"
+    assert value(cmd["c-dino"], "--local-crops") == str(driver.DINO_LOCAL_CROPS)
     assert value(cmd["d-distill"], "--teacher-checkpoint") == str(driver.EFFNET)
     assert value(cmd["d-moco"], "--encoder") == value(cmd["d-distill"], "--student")
     pre = d.eval_command(runs["a-pretrained"], "knn")
