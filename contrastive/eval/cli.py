@@ -62,7 +62,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    "with native bf16, fp32 elsewhere")
 
 
-def _norm_flags(p: argparse.ArgumentParser) -> None:
+def _norm_flags(p: argparse._ActionsContainer) -> None:
     p.add_argument("--mean", type=float, nargs=3, default=None,
                    help="normalisation mean of the pretraining pipeline (default: recorded with the "
                    "checkpoint, else ImageNet's)")
@@ -191,27 +191,60 @@ def export_main(argv: Sequence[str] | None = None) -> int:
         "classifier missing). Text: --format hf writes a fine-tuned teacher or distilled student "
         "as a Hugging Face folder (AutoModel / AutoModelForSequenceClassification); --format "
         "sentence-transformers an encoder and its pooling (e.g. SimCSE) as a folder "
-        "SentenceTransformer loads. Every export is read back and checked before it is kept.",
+        "SentenceTransformer loads. --format onnx: any encoder (ours, timm, torchvision, a "
+        "Hugging Face text folder) as one .onnx file of its features, dynamic batch (and "
+        "sequence) axis, the expected input in its metadata. Every export is read back and "
+        "checked before it is kept (onnx: ONNX Runtime against torch, the largest difference "
+        "printed).",
     )
     p.add_argument("--checkpoint", required=True,
                    help=f"{_CHECKPOINT_HELP}; text formats: a classifier folder "
                    "(classifier.json) or, for sentence-transformers, a Hugging Face model folder")
     p.add_argument("--format", required=True,
-                   choices=("timm", "torchvision", "hf", "sentence-transformers"))
+                   choices=("timm", "torchvision", "hf", "sentence-transformers", "onnx"))
     p.add_argument("--out", required=True,
-                   help="output file (.pth / .pt, or .safetensors); a folder for the text formats")
+                   help="output file (.pth / .pt, or .safetensors; .onnx for onnx); a folder for "
+                   "the hf and sentence-transformers formats")
     p.add_argument("--model", default=None, help="target model name (default: from the encoder name)")
     p.add_argument("--encoder", default=None, help="the checkpoint's encoder name, if it does not record it")
     p.add_argument("--prefix", default=None, help="key prefix of the backbone inside the checkpoint")
     p.add_argument("--encoder-only", action="store_true",
                    help="hf: the encoder without the classifier head (AutoModel only)")
     p.add_argument("--pooling", default=None, choices=("cls", "mean", "pooler"),
-                   help="sentence-transformers: the pooling (default: the folder's own: "
-                   "simcse.json / classifier.json, else the model's pooler if it has one)")
+                   help="sentence-transformers, onnx: the pooling (default: the folder's own: "
+                   "simcse.json / classifier.json (onnx: also a sentence-transformers folder's "
+                   "pipeline), else the model's pooler if it has one)")
     p.add_argument("--normalize", action="store_true",
                    help="sentence-transformers: add a Normalize module (unit-length embeddings)")
+    onnx = p.add_argument_group("onnx")
+    onnx.add_argument("--image-size", type=int, default=None,
+                      help="input height = width (default: recorded with the weights, else 224)")
+    _norm_flags(onnx)
+    onnx.add_argument("--fold-normalisation", action="store_true",
+                      help="the graph normalises: its input is RGB in [0, 1] (default: the "
+                      "caller normalises with the mean / std written in the file's metadata)")
+    onnx.add_argument("--check-data", default=None,
+                      help="inputs of the check: an image data spec (as --data elsewhere) or, "
+                      "for a text model, a text file with one sentence a line (default: the "
+                      "run's data when it reads here, else a fixed batch: random pixels, fixed "
+                      "sentences)")
+    onnx.add_argument("--check-count", type=int, default=8, help="rows of the check batch")
+    onnx.add_argument("--atol", type=float, default=None,
+                      help="largest absolute difference accepted between ONNX Runtime and torch "
+                      "(default 1e-4, float32); above it the file is removed")
+    onnx.add_argument("--opset", type=int, default=None,
+                      help="ONNX opset (default: torch's recommended one)")
     args = p.parse_args(argv)
     _setup_logging()
+    if args.format == "onnx":
+        return _export_onnx(p, args)
+    onnx_only = [flag for flag, value in (
+        ("--image-size", args.image_size), ("--mean", args.mean), ("--std", args.std),
+        ("--fold-normalisation", args.fold_normalisation or None),
+        ("--check-data", args.check_data), ("--atol", args.atol), ("--opset", args.opset))
+        if value is not None]
+    if onnx_only:
+        p.exit(2, f"{p.prog}: error: only --format onnx takes {', '.join(onnx_only)}\n")
     if args.format in ("hf", "sentence-transformers"):
         from contrastive.eval.export_text import export_folder
 
@@ -225,13 +258,41 @@ def export_main(argv: Sequence[str] | None = None) -> int:
         return 0
     from contrastive.eval.export import export_state_dict, save_export
 
-    state, model = export_state_dict(args.checkpoint, args.format, model=args.model,
-                                     encoder=args.encoder, prefix=args.prefix)
+    try:
+        state, model = export_state_dict(args.checkpoint, args.format, model=args.model,
+                                         encoder=args.encoder, prefix=args.prefix)
+    except (ValueError, FileNotFoundError) as e:  # no counterpart, another architecture: one line
+        p.exit(2, f"{p.prog}: error: {_first_line(e)}\n")
     out = save_export(state, args.out, metadata={"format": args.format, "model": model})
     load = (f"timm.create_model({model!r}, num_classes=0)" if args.format == "timm"
             else f"torchvision.models.get_model({model!r}) with its classifier = nn.Identity()")
     _emit(f"wrote {len(state)} tensors to {out}; load with strict=True into {load}")
     return 0
+
+
+def _export_onnx(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from contrastive.eval.export_onnx import DEFAULT_ATOL, OnnxMismatchError, export_onnx
+
+    try:
+        result = export_onnx(args.checkpoint, args.out, encoder=args.encoder, prefix=args.prefix,
+                             image_size=args.image_size, mean=args.mean, std=args.std,
+                             fold_normalisation=args.fold_normalisation, pooling=args.pooling,
+                             check_data=args.check_data, check_count=args.check_count,
+                             atol=DEFAULT_ATOL if args.atol is None else args.atol,
+                             opset=args.opset)
+    except (ValueError, FileNotFoundError, ImportError) as e:  # bad input / the extra: one line
+        p.exit(2, f"{p.prog}: error: {_first_line(e)}\n")
+    except OnnxMismatchError as e:
+        p.exit(1, f"{p.prog}: error: {e}\n")
+    _emit(f"wrote {result.path} ({result.modality}; input: {result.metadata['input']}); "
+          f"ONNX Runtime vs torch on {result.checked_on}, batch sizes "
+          f"{', '.join(map(str, result.batch_sizes))}: largest absolute difference "
+          f"{result.max_abs_diff:.3g}")
+    return 0
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def plot_main(argv: Sequence[str] | None = None) -> int:

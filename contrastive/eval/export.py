@@ -63,7 +63,8 @@ def target_model_name(raw: RawCheckpoint, fmt: str) -> str:
     raise ValueError(
         f"cannot tell which {fmt} model matches encoder {name!r} (only timm:<model> / "
         "torchvision:<model> encoders map by name; our cifar_resnet*/small_cnn have no counterpart "
-        "in those libraries): pass --model NAME to try a specific one"
+        "in those libraries): to deploy it, export it with --format onnx (any encoder: its "
+        "features as one .onnx file), or pass --model NAME of the same architecture"
     )
 
 
