@@ -52,7 +52,8 @@ log = logging.getLogger("contrastive.eval.embed")
 TEXT_SUFFIXES = (".txt", ".tsv")
 _DTYPES = {"float32": np.float32, "float16": np.float16}
 # settings that must match for a job to resume in a folder (the rest may change between runs)
-_RESUME_KEYS = ("modality", "encoder", "data", "count", "dim", "dtype", "normalize", "shard_size")
+# (the batch size too: a kernel may sum in another order for another batch size)
+_RESUME_KEYS = ("modality", "encoder", "data", "count", "dtype", "normalize", "shard_size", "batch_size")
 
 
 class BadInput(ValueError):
@@ -92,6 +93,8 @@ def _text_folder(spec: str) -> Path:
 def _read_sentences(path: Path, column: str | None) -> tuple[list[str], list[str]]:
     """(sentences, ids): the non-empty lines of a text file (ids: 1-based line numbers), or one
     column of a TSV with a header line (``column``: its name; default ``sentence``, else the first)."""
+    if not path.is_file():
+        raise BadInput(f"--data {path}: no such file (a text corpus is a .txt or .tsv file)")
     lines = path.read_text(encoding="utf-8").splitlines()
     if path.suffix != ".tsv":
         rows = [(str(n), line) for n, line in enumerate(lines, 1) if line.strip()]
@@ -111,10 +114,10 @@ def _read_sentences(path: Path, column: str | None) -> tuple[list[str], list[str
 def _text_corpus(args: argparse.Namespace, device: torch.device) -> Corpus:
     from contrastive.eval.sts import embed_texts, load_sentence_model
 
+    texts, ids = (_read_sentences(Path(args.data), args.column) if args.data else ([], []))
     model = load_sentence_model(_text_folder(args.checkpoint), pooling=args.pooling, max_length=args.max_length,
                                 device=device)
     model.encoder.eval()
-    texts, ids = (_read_sentences(Path(args.data), args.column) if args.data else ([], []))
 
     def embed(sentences: Sequence[str]) -> Tensor:
         return embed_texts(model.embed, model.tokenizer, sentences, args.batch_size, device)
@@ -214,7 +217,8 @@ def _corpus(args: argparse.Namespace, device: torch.device) -> Corpus:
     if args.data and text_data != text_model:
         what = "a text model" if text_model else "an image encoder"
         fix = "give a .txt / .tsv file of sentences" if text_model else "give images (a folder, shards)"
-        raise BadInput(f"--checkpoint {args.checkpoint} is {what}, but --data {args.data} is "
+        source = f"--checkpoint {args.checkpoint}" if args.checkpoint else f"--init {args.init}"
+        raise BadInput(f"{source} is {what}, but --data {args.data} is "
                        f"{'text' if text_data else 'images'}: {fix}, or another --checkpoint")
     return _text_corpus(args, device) if text_model else _image_corpus(args, device)
 
@@ -348,7 +352,7 @@ def _parser() -> argparse.ArgumentParser:
         "with --index.\n"
         "Large corpora: a shard is written atomically every --shard-size items; run an interrupted "
         "command again to continue from the last complete shard (same files, byte for byte, at the "
-        "same thread count and CPU kind). Several processes: `accelerate launch -m "
+        "same --batch-size, thread count and CPU kind). Several processes: `accelerate launch -m "
         "contrastive.eval.embed ...` (or --multi_gpu ... $(which contrastive-embed)); each writes its "
         "own shards.\n\n"
         "examples:\n"
@@ -383,7 +387,7 @@ def _parser() -> argparse.ArgumentParser:
                       "or a .tsv file with a header line (see --column)")
     data.add_argument("--split", default="train", help="split of an image data spec (default train)")
     data.add_argument("--column", default=None, help="TSV column to embed (default: 'sentence', else the first)")
-    data.add_argument("--out", required=True, help="output folder (resumed when it holds this job)")
+    data.add_argument("--out", required=True, help="output folder (resumed when it holds this job: the same flags, --batch-size included)")
     data.add_argument("--dtype", choices=tuple(_DTYPES), default="float32", help="stored vectors (default float32)")
     data.add_argument("--no-normalize", dest="normalize", action="store_false",
                       help="store the raw features (default: L2-normalised; search is cosine either way)")
@@ -455,7 +459,7 @@ def _main(args: argparse.Namespace) -> int:
         manifest = {"modality": corpus.modality, "encoder": corpus.encoder, "data": args.data,
                     "split": args.split if corpus.modality == "image" else None, "count": len(corpus.ids),
                     "dtype": args.dtype, "normalize": "L2" if args.normalize else None,
-                    "shard_size": args.shard_size, "rebuild": _rebuild_flags(args), "complete": False}
+                    "shard_size": args.shard_size, "batch_size": args.batch_size, "rebuild": _rebuild_flags(args), "complete": False}
         if state.is_main_process:
             out.mkdir(parents=True, exist_ok=True)
             _check_resume(out, manifest)

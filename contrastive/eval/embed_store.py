@@ -105,7 +105,8 @@ def index_rule(kind: str, count: int, dim: int) -> dict[str, Any]:
     """The index for ``--index kind`` over ``count`` vectors of ``dim``, with the rule that chose
     it (recorded in the manifest). IVF-PQ: ``nlist = 4 sqrt(N)`` lists (faiss's guideline of
     4-16 sqrt(N), at most N / 39 so k-means sees 39 points per centroid), ``m`` sub-quantisers
-    (the largest of 64, 48, 32 ... dividing D), 8 bits each, ``nprobe = min(nlist, 16)``."""
+    (the largest of 64, 48, 32 ... dividing D into sub-vectors of 8 or more: faiss's k-means is
+    slow on fewer dimensions), 8 bits each, ``nprobe = min(nlist, 16)``."""
     rule = f"--index {kind}" + (f": flat below {FLAT_BELOW} vectors, else IVF-PQ" if kind == "auto" else "")
     if kind == "flat" or (kind == "auto" and count < FLAT_BELOW):
         return {"type": "flat", "faiss": "IndexFlatIP", "exact": True, "rule": rule}
@@ -113,7 +114,7 @@ def index_rule(kind: str, count: int, dim: int) -> dict[str, Any]:
         raise ValueError(f"--index {kind}: IVF-PQ trains 256 centroids per sub-quantiser on 39 points each, "
                          f"so it needs >= {IVFPQ_MIN} vectors (got {count}); use --index flat (exact)")
     nlist = max(1, min(round(4 * math.sqrt(count)), count // 39))
-    m = next(m for m in _PQ_SUBVECTORS if dim % m == 0)
+    m = next((m for m in _PQ_SUBVECTORS if dim % m == 0 and dim // m >= 8), 1)
     return {"type": "ivfpq", "faiss": f"IVF{nlist},PQ{m}x8", "exact": False, "rule": rule,
             "nlist": nlist, "m": m, "nbits": 8, "nprobe": min(nlist, 16)}
 
