@@ -177,7 +177,8 @@ def _image_encoder(args: argparse.Namespace) -> tuple[torch.nn.Module, int, Sequ
         encoder = create_encoder(name)
         load_into(encoder, init)
         size, mean, std = args.image_size, init.mean, init.std
-        provenance = {"checkpoint": args.init, "encoder": name, "sha256": init.sha256, "norm_from": init.norm_from}
+        provenance = {"checkpoint": args.init, "encoder": name, "sha256": init.sha256,
+                      "norm_from": init.norm_from or "ImageNet's (none recorded)"}
     else:
         from contrastive.eval.checkpoint import load_encoder
 
