@@ -21,6 +21,7 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from torch import Tensor, nn
 
 from contrastive.records import SENTENCE_CONFIG
 
-__all__ = ["embed_texts", "evaluate_sts", "load_sts_pairs", "main",
+__all__ = ["SentenceModel", "embed_texts", "evaluate_sts", "load_sentence_model", "load_sts_pairs", "main",
            "sts_correlation"]
 
 log = logging.getLogger(__name__)
@@ -130,6 +131,57 @@ def load_sts_pairs(data: str, split: str = "dev", n: int = 2000, seed: int = 0
     return list(ds.text_a), list(ds.text_b), np.asarray(ds.labels, dtype=np.float64)
 
 
+@dataclass
+class SentenceModel:
+    """A text model ready to embed sentences: ``embed(ids, mask, types)`` -> (B, D)."""
+
+    encoder: nn.Module  # a TextEncoder (its mode and device are the caller's)
+    tokenizer: Any
+    embed: EmbedFn  # the encoder itself, or a sentence-transformers pipeline over it
+    pooling: str  # the pooling applied, in words
+    pooling_from: str  # why that pooling
+    model_dir: Path  # the Hugging Face folder the weights came from
+
+
+def load_sentence_model(folder: str | Path, *, pooling: str | None = None, tokenizer: str | Path | None = None,
+                        max_length: int | None = None, device: str | torch.device = "cpu") -> SentenceModel:
+    """A saved text model with its sentence embedding, chosen in this order: ``pooling``; the
+    folder's ``simcse.json`` (recipes/simcse.py); a sentence-transformers folder's own pipeline
+    (``modules.json``: ``1_Pooling/config.json``, Dense layers, Normalize); else ``auto``.
+
+    Raises:
+        ValueError: a sentence-transformers module this reader does not apply.
+        FileNotFoundError, UnsafeCheckpointError: from
+            :func:`~contrastive.nn.text_encoders.load_text_encoder`.
+    """
+    from contrastive.data.tokenizer import load_tokenizer
+    from contrastive.nn.hf_folders import SentencePooling, read_sentence_pooling
+    from contrastive.nn.text_encoders import POOLINGS, load_text_encoder
+
+    folder = Path(folder)
+    why = "--pooling"
+    config = folder / SENTENCE_CONFIG
+    if pooling is None and config.is_file():
+        pooling, why = json.loads(config.read_text(encoding="utf-8")).get("pooling"), SENTENCE_CONFIG
+    pipeline: SentencePooling | None = None
+    if pooling is None:
+        pipeline = read_sentence_pooling(folder)
+        if pipeline is not None:
+            why = "the folder's sentence-transformers modules.json and 1_Pooling/config.json"
+        else:
+            pooling, why = "auto", ("no --pooling, no simcse.json, not a sentence-transformers "
+                                    "folder: the model's pooler if it has one, else cls")
+    if pooling == "max":  # not a TextEncoder pooling: sentence-transformers' max over tokens
+        pipeline = SentencePooling(("max",))
+    model_dir = pipeline.transformer_dir if pipeline and pipeline.transformer_dir else folder
+    encoder = load_text_encoder(model_dir, pooling=pooling if pooling in POOLINGS else "auto").to(device)
+    max_length = max_length or (pipeline.max_seq_length if pipeline else None) or 128
+    tok = load_tokenizer(tokenizer or model_dir, max_length=max_length)
+    name = pipeline.describe() if pipeline else encoder.pooling
+    log.info("pooling: %s (%s); max length %d", name, why, max_length)
+    return SentenceModel(encoder, tok, pipeline.embedder(encoder) if pipeline else encoder, name, why, model_dir)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``contrastive-sts-eval``: STS Spearman of a saved model folder; prints one JSON line.
 
@@ -168,40 +220,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
                         stream=sys.stderr)
 
-    from contrastive.data.tokenizer import load_tokenizer
-    from contrastive.nn.hf_folders import SentencePooling, read_sentence_pooling
-    from contrastive.nn.text_encoders import POOLINGS, UnsafeCheckpointError, load_text_encoder
+    from contrastive.nn.text_encoders import UnsafeCheckpointError
 
-    folder = Path(args.model)
-    pooling, why = args.pooling, "--pooling"
-    config = folder / SENTENCE_CONFIG
-    if pooling is None and config.is_file():
-        pooling, why = json.loads(config.read_text(encoding="utf-8")).get("pooling"), SENTENCE_CONFIG
-    pipeline: SentencePooling | None = None
-    if pooling is None:
-        try:
-            pipeline = read_sentence_pooling(folder)
-        except ValueError as e:  # a module we do not apply: one line, no traceback
-            p.exit(2, f"{p.prog}: error: {e}\n")
-        if pipeline is not None:
-            why = "the folder's sentence-transformers modules.json and 1_Pooling/config.json"
-        else:
-            pooling, why = "auto", ("no --pooling, no simcse.json, not a sentence-transformers "
-                                    "folder: the model's pooler if it has one, else cls")
-    if pooling == "max":  # not a TextEncoder pooling: sentence-transformers' max over tokens
-        pipeline = SentencePooling(("max",))
-    model_dir = pipeline.transformer_dir if pipeline and pipeline.transformer_dir else folder
     try:
-        encoder = load_text_encoder(model_dir, pooling=pooling if pooling in POOLINGS else "auto")
-    except UnsafeCheckpointError as e:  # refused unread: one line, no traceback
+        model = load_sentence_model(args.model, pooling=args.pooling, tokenizer=args.tokenizer,
+                                    max_length=args.max_length, device=args.device)
+    except (ValueError, UnsafeCheckpointError) as e:  # refused unread: one line, no traceback
         p.exit(2, f"{p.prog}: error: {e}\n")
-    encoder = encoder.to(args.device)
-    max_length = args.max_length or (pipeline.max_seq_length if pipeline else None) or 128
-    tokenizer = load_tokenizer(args.tokenizer or model_dir, max_length=max_length)
-    name = pipeline.describe() if pipeline else encoder.pooling
-    log.info("pooling: %s (%s); max length %d", name, why, max_length)
+    encoder, tokenizer, embed, name, why = (model.encoder, model.tokenizer, model.embed, model.pooling,
+                                            model.pooling_from)
     a, b, gold = load_sts_pairs(args.data, args.split, args.n, args.seed)
-    embed = pipeline.embedder(encoder) if pipeline else None
     result = evaluate_sts(encoder, tokenizer, a, b, gold, batch_size=args.batch_size, embed=embed)
     # the command's result on stdout (its output, not a log line: logs go to stderr)
     sys.stdout.write(json.dumps({"data": args.data, "split": args.split, "pooling": name,
