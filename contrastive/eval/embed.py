@@ -147,6 +147,14 @@ def _image_corpus(args: argparse.Namespace, device: torch.device) -> Corpus:
     def encode(rows: Sequence[int]) -> Tensor:
         feats, _ = encode_split(encoder, Subset(ds, list(rows)), batch_size=args.batch_size,
                                 num_workers=args.num_workers, device=str(device), progress=False)
+        # the data set replaces an unreadable image by the next readable one (training's policy,
+        # data.base.SkipUnreadable): here its id would get another image's vector, so refuse
+        # before the shard is written (the complete shards stay; a rerun continues)
+        bad = sorted(set(getattr(ds, "skipped", list)()) & set(rows))
+        if bad:
+            raise BadInput(f"--data {args.data}: {len(bad)} unreadable image(s), the first "
+                           f"{_item_id(ds, bad[0])}: replace or remove them and run again (the "
+                           "shards written so far are kept)")
         return feats
 
     @torch.no_grad()

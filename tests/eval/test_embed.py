@@ -186,6 +186,19 @@ def test_missing_folder_is_one_line(image_job, capsys, data, message):
     assert len(err) == 1 and message in err[0]
 
 
+def test_an_unreadable_image_is_refused_not_given_another_images_vector(image_job, tmp_path, capsys):
+    folder = tmp_path / "images"
+    shutil.copytree(image_job / "images", folder)
+    (folder / "im07.png").write_bytes(b"not a png")  # in the second shard of 5
+    with pytest.raises(SystemExit) as e:
+        main(["--checkpoint", str(image_job / "encoder.pt"), "--data", str(folder), "--out",
+              str(tmp_path / "o"), "--shard-size", "5", "--num-workers", "0", "--no-progress"])
+    assert e.value.code == 2
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if "error" in line]
+    assert len(err) == 1 and "unreadable" in err[0] and "im07.png" in err[0]
+    assert sorted(p.name for p in (tmp_path / "o").glob("shard-*.npy")) == ["shard-000000.npy"]
+
+
 def test_help_names_the_file_format_and_the_command_is_installed(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--help"])
