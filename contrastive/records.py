@@ -184,7 +184,9 @@ def recorded_normalisation(fields: Mapping[str, Any]
 
 
 def encoder_fields_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """``encoder``, ``encoder_kwargs`` (a dict) and ``image_size`` of a run's ``config.json``.
+    """``encoder``, ``encoder_kwargs`` (a dict), ``image_size`` and the input normalisation
+    (``mean``, ``std``: ``resolved.normalisation``, the image pipeline's) of a run's
+    ``config.json``.
 
     ``resolved.encoder_kwargs`` (the recipe's full ``create_encoder`` keyword arguments) wins;
     runs written before it existed give the ``--encoder-kwargs`` JSON string. A field the config
@@ -204,10 +206,12 @@ def encoder_fields_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
         raise RecordError(f"config.json: encoder_kwargs is {type(kwargs).__name__}, not an object")
     encoder = config.get("encoder")
     size = config.get("image_size")
+    norm = resolved.get("normalisation") if isinstance(resolved, Mapping) else None
+    mean, std = recorded_normalisation(norm if isinstance(norm, Mapping) else {})
     return {"encoder": encoder if isinstance(encoder, str) else None,
             "encoder_kwargs": dict(kwargs),
             "image_size": int(size) if isinstance(size, int) and not isinstance(size, bool)
-            else None}
+            else None, "mean": mean, "std": std}
 
 
 # ----------------------------------------------------------------------------------------------

@@ -373,9 +373,10 @@ def read_checkpoint(checkpoint: str | Path, *, encoder: str | None = None) -> Ra
 
 
 def _config_settings(config: dict[str, Any] | None, path: Path) -> dict[str, Any]:
-    """``encoder``, ``encoder_kwargs`` and ``image_size`` recorded in a run's configuration."""
+    """``encoder``, ``encoder_kwargs``, ``image_size`` and ``mean`` / ``std`` recorded in a
+    run's configuration."""
     if config is None:
-        return {"encoder": None, "encoder_kwargs": {}, "image_size": None}
+        return {"encoder": None, "encoder_kwargs": {}, "image_size": None, "mean": None, "std": None}
     try:
         return encoder_fields_from_config(config)
     except RecordError as e:

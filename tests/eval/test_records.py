@@ -112,10 +112,25 @@ def test_resolved_encoder_kwargs_win_and_meta_config_serves_a_moved_checkpoint(t
     assert raw.encoder_name == VIT and raw.settings["encoder_kwargs"] == VIT_KWARGS
 
 
+def test_a_checkpoint_folder_gives_the_normalisation_its_run_recorded(tmp_path):
+    """config.json's resolved.normalisation (the image pipeline's) reaches the eval CLIs for a
+    training checkpoint folder, as encoder.pt's does (before: ImageNet's, whatever the run used)."""
+    enc = _perturbed(VIT, **VIT_KWARGS)
+    norm = {"mean": [0.25, 0.5, 0.75], "std": [0.1, 0.2, 0.3]}
+    config = {"encoder": VIT, "encoder_kwargs": "", "image_size": 32,
+              "resolved": {"encoder_kwargs": VIT_KWARGS, "normalisation": norm}}
+    _, folder = _checkpoint_run(tmp_path, enc, config)
+    loaded = load_encoder(folder)
+    assert (loaded.mean, loaded.std) == (norm["mean"], norm["std"])
+    config["resolved"].pop("normalisation")  # a run written before it was recorded
+    _, older = _checkpoint_run(tmp_path / "older", enc, config)
+    assert (load_encoder(older).mean, load_encoder(older).std) == (None, None)
+
+
 def test_config_fields_are_read_by_name_not_searched():
     nested = {"method": {"encoder": "small_cnn", "image_size": 64}}
     assert encoder_fields_from_config(nested) == {"encoder": None, "encoder_kwargs": {},
-                                                  "image_size": None}
+                                                  "image_size": None, "mean": None, "std": None}
     with pytest.raises(RecordError, match="not JSON"):
         encoder_fields_from_config({"encoder": "small_cnn", "encoder_kwargs": "{img_size: 32}"})
 

@@ -47,6 +47,9 @@ def test_simclr_cifar_trains_on_multicrop_views(batched, tmp_path, rx, monkeypat
     assert [r["loss"] for r in records] == pytest.approx([float(x) for x in losses])
     config = json.loads((out / "config.json").read_text())
     assert config["resolved"]["batched_augment"] == (batched == "on")
+    pipeline = mod.build_pipeline(mod.SimCLRCifar())  # the eval CLIs read the run's normalisation
+    assert config["resolved"]["normalisation"] == {"mean": list(pipeline.mean),
+                                                   "std": list(pipeline.std)}
 
 
 def test_a_vit_at_32_px_from_the_command_line(tmp_path, rx, capsys, fresh_accelerate):

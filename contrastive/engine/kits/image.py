@@ -370,9 +370,12 @@ class ImageAdapter:
         return [] if knn is None else [knn]
 
     def resolved(self) -> dict[str, Any]:
+        mean, std = self.pipeline.mean, self.pipeline.std  # what the eval CLIs read back
+        normalisation = ({"normalisation": {"mean": list(mean), "std": list(std)}}
+                         if mean is not None and std is not None else {})
         return {"batched_augment": self.device_fn is not None, "decode": self.cfg.decode,
                 "train_images": self._size, "encoder_kwargs": self.cfg.encoder_options(),
-                **self.init.resolved()}
+                **normalisation, **self.init.resolved()}
 
     def describe(self) -> str:
         text = "augmentation " + ("batched on device" if self.device_fn is not None
