@@ -91,7 +91,9 @@ def test_two_processes_train_checkpoint_and_match_one_process(tmp_path, rx, laun
 
     # same losses, weights and (matched) keys as one process with the same global batch
     assert a["queue.queue"].dtype == torch.float64  # --float64 reached the model
-    assert _losses(two) == pytest.approx(_losses(one), rel=STEP_TOL["rtol"])
+    # metrics.jsonl keeps 6 decimals: losses within 1e-10 may round 1e-6 apart (4.151594 /
+    # 4.151595 once); the weights below carry the strict comparison
+    assert _losses(two) == pytest.approx(_losses(one), rel=STEP_TOL["rtol"], abs=1.01e-6)
     for k in a:
         if "running_" in k or "num_batches_tracked" in k or k.startswith("queue."):
             continue
