@@ -22,7 +22,7 @@ from torch import nn
 from contrastive.engine.config import RunConfig, parse_config
 from contrastive.engine.grad_cache import GradCacheError
 from contrastive.engine.handoff import DataInfo
-from contrastive.engine.kits.base import DataAdapter
+from contrastive.engine.kits.base import DataAdapter, KitOptionError
 from contrastive.engine.run_folder import RunFolderError, os_error_message
 from contrastive.engine.step import ClipPartsError
 from contrastive.engine.trainer import TrainResult, kit_of, train
@@ -79,7 +79,7 @@ def run(config_cls: type[RunConfig], build_method: Callable[[Any, DataInfo], nn.
     try:
         result = train(cfg, build_method, adapter=kit, recipe=name)
     except (RunFolderError, GradCacheError, ClipPartsError, EncoderArgumentError,
-            InitError) as e:
+            InitError, KitOptionError) as e:
         # the folder, a checkpoint file, options the method or the encoder refuses: one line
         raise SystemExit(f"{name}: error: {e}") from None
     except UnsafeCheckpointError as e:  # the user's model file, refused unread: bad input

@@ -38,7 +38,7 @@ import json
 import logging
 import pickle
 import pickletools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,6 +161,17 @@ class LoadedEncoder:
     def std(self) -> list[float] | None:
         """The pretraining normalisation std recorded in encoder.pt (None: not recorded)."""
         return self.settings.get("std")
+
+    def normalisation(self, mean: Sequence[float] | None = None, std: Sequence[float] | None = None
+                      ) -> tuple[tuple[float, ...], tuple[float, ...], str]:
+        """(mean, std, where they come from) to feed this encoder images with: ``mean`` / ``std``
+        if given, else those recorded with the weights, else a pretrained ``timm:`` /
+        ``torchvision:`` model's published ones, else ImageNet's
+        (:func:`~contrastive.eval.init.choose_normalisation`)."""
+        from contrastive.eval.init import choose_normalisation
+
+        return choose_normalisation(mean, std, recorded=(self.mean, self.std),
+                                    published=self.name if self.kind == "pretrained" else None)
 
     def setting(self, key: str) -> Any:
         """A value recorded with the weights: ``image_size``, ``mean``, ``std``,

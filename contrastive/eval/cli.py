@@ -101,10 +101,8 @@ def _load(args: argparse.Namespace):
     if size is None:
         log.info("%s records no image size: evaluating at 224 px (pass --image-size)", args.checkpoint)
         size = 224
-    mean = args.mean or loaded.mean
-    std = args.std or loaded.std
-    if (mean is None) != (std is None):
-        raise ValueError(f"give both --mean and --std (or neither); got mean={mean}, std={std}")
+    mean, std, source = loaded.normalisation(args.mean, args.std)
+    log.info("normalisation: mean %s, std %s (%s)", mean, std, source)
     return loaded, size, {"mean": mean, "std": std}
 
 

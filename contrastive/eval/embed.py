@@ -170,12 +170,8 @@ def _image_corpus(args: argparse.Namespace, device: torch.device) -> Corpus:
 def _image_encoder(args: argparse.Namespace) -> tuple[torch.nn.Module, int, Sequence[float], Sequence[float],
                                                       dict[str, Any]]:
     """The backbone, crop size, normalisation and provenance of ``--checkpoint`` or ``--init``."""
-    from contrastive.augment import IMAGENET_MEAN, IMAGENET_STD
-
-    mean: Sequence[float] | None
-    std: Sequence[float] | None
     if args.init:
-        from contrastive.eval.init import load_into, resolve_init
+        from contrastive.eval.init import choose_normalisation, load_into, resolve_init
         from contrastive.nn.encoders import create_encoder
 
         init = resolve_init(args.init)
@@ -184,19 +180,18 @@ def _image_encoder(args: argparse.Namespace) -> tuple[torch.nn.Module, int, Sequ
             raise BadInput(f"--init {args.init} does not name its architecture; pass --encoder NAME")
         encoder = create_encoder(name)
         load_into(encoder, init)
-        size, mean, std = args.image_size, init.mean, init.std
-        provenance = {"checkpoint": args.init, "encoder": name, "sha256": init.sha256,
-                      "norm_from": init.norm_from or "ImageNet's (none recorded)"}
+        size = args.image_size
+        mean, std, norm_from = choose_normalisation(args.mean, args.std, recorded=(init.mean, init.std),
+                                                    recorded_from=init.norm_from or "")
+        provenance = {"checkpoint": args.init, "encoder": name, "sha256": init.sha256}
     else:
         from contrastive.eval.checkpoint import load_encoder
 
         loaded = load_encoder(args.checkpoint, encoder=args.encoder)
-        encoder, size, mean, std = loaded.encoder, args.image_size or loaded.image_size, loaded.mean, loaded.std
-        provenance = {"checkpoint": args.checkpoint, "encoder": loaded.name, "sha256": loaded.sha256,
-                      "norm_from": "recorded with the weights" if mean else "ImageNet's (none recorded)"}
-    if args.mean:
-        mean, std, provenance["norm_from"] = args.mean, args.std, "--mean / --std"
-    return (encoder, size or 224, tuple(mean or IMAGENET_MEAN), tuple(std or IMAGENET_STD), provenance)
+        encoder, size = loaded.encoder, args.image_size or loaded.image_size
+        mean, std, norm_from = loaded.normalisation(args.mean, args.std)
+        provenance = {"checkpoint": args.checkpoint, "encoder": loaded.name, "sha256": loaded.sha256}
+    return encoder, size or 224, mean, std, {**provenance, "norm_from": norm_from}
 
 
 def _image_dataset(data: str, split: str, transform: Any) -> Any:

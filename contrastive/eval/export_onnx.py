@@ -206,30 +206,17 @@ def _prepare_image(checkpoint: str | Path, *, encoder: str | None, prefix: str |
                    image_size: int | None, mean: Sequence[float] | None,
                    std: Sequence[float] | None, fold_normalisation: bool,
                    check_data: str | None, count: int) -> _Prepared:
-    from contrastive.augment import IMAGENET_MEAN, IMAGENET_STD
     from contrastive.augment.functional import normalize
     from contrastive.eval.checkpoint import load_encoder
     from contrastive.nn.text_encoders import TextEncoder
 
-    if (mean is None) != (std is None):
-        raise ValueError(f"give both --mean and --std (or neither); got mean={mean}, std={std}")
     loaded = load_encoder(checkpoint, encoder=encoder, prefix=prefix)
     if isinstance(loaded.encoder, TextEncoder):
         raise ValueError(f"{checkpoint} holds a text encoder ({loaded.name}): give its Hugging "
                          "Face folder (a run's model/ or the hf: folder) as --checkpoint")
     size = int(image_size or loaded.image_size or 224)
-    if mean is not None:
-        norm_from = "--mean / --std"
-    elif loaded.mean is not None:
-        mean, std, norm_from = loaded.mean, loaded.std, "recorded with the weights"
-    elif loaded.kind == "pretrained":
-        from contrastive.eval.init import published_normalisation
-
-        mean, std = published_normalisation(loaded.name)
-        norm_from = "the library's record of its published weights"
-    else:
-        mean, std, norm_from = IMAGENET_MEAN, IMAGENET_STD, "not recorded: ImageNet's (the default)"
-    mean, std = [float(v) for v in mean], [float(v) for v in std]  # type: ignore[union-attr]
+    mean_t, std_t, norm_from = loaded.normalisation(mean, std)
+    mean, std = list(mean_t), list(std_t)
     recorded = (loaded.config or {}).get("data")
     if check_data is not None:
         pixels = _image_pixels(check_data, size, count)
@@ -267,26 +254,24 @@ def _prepare_image(checkpoint: str | Path, *, encoder: str | None, prefix: str |
 
 
 def _text_model(folder: Path, pooling: str | None) -> tuple[nn.Module, str]:
-    """The text model to export and its pooling in words: ``pooling``, else a classifier's
-    own, else ``simcse.json``'s, else a sentence-transformers folder's pipeline, else auto."""
+    """The text model to export and its pooling in words: a classifier's encoder (``pooling``,
+    else its own), else the sentence embedding ``contrastive-sts-eval`` would use
+    (:func:`~contrastive.eval.sts.choose_sentence_pooling`)."""
     from contrastive.eval.classifier_folder import load_classifier
-    from contrastive.nn.hf_folders import read_sentence_pooling
-    from contrastive.nn.text_encoders import TextEncoder, load_text_encoder
-    from contrastive.records import CLASSIFIER_FILE, SENTENCE_CONFIG
+    from contrastive.eval.sts import choose_sentence_pooling
+    from contrastive.nn.text_encoders import POOLINGS, TextEncoder, load_text_encoder
+    from contrastive.records import CLASSIFIER_FILE
 
     if (folder / CLASSIFIER_FILE).is_file():
         encoder: TextEncoder = load_classifier(folder)[0].encoder
-    else:
-        config = folder / SENTENCE_CONFIG
-        own = pooling or (json.loads(config.read_text(encoding="utf-8")).get("pooling")
-                          if config.is_file() else None)
-        pipeline = None if own else read_sentence_pooling(folder)
-        if pipeline is not None:
-            model = load_text_encoder(pipeline.transformer_dir or folder)
-            return _SentencePipeline(model, pipeline), pipeline.describe()
-        encoder = load_text_encoder(folder, pooling=own or "auto")
-    if pooling is not None and pooling != encoder.pooling:
-        encoder = TextEncoder(encoder.model, pooling=pooling)
+        if pooling is not None and pooling != encoder.pooling:
+            encoder = TextEncoder(encoder.model, pooling=pooling)
+        return encoder, encoder.pooling
+    chosen, pipeline, _ = choose_sentence_pooling(folder, pooling)
+    model_dir = pipeline.transformer_dir if pipeline and pipeline.transformer_dir else folder
+    encoder = load_text_encoder(model_dir, pooling=chosen if chosen in POOLINGS else "auto")
+    if pipeline is not None:
+        return _SentencePipeline(encoder, pipeline), pipeline.describe()
     return encoder, encoder.pooling
 
 

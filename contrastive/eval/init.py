@@ -45,8 +45,7 @@ from torch import Tensor, nn
 from contrastive.eval.checkpoint import CheckpointMismatchError, load_aligned, read_checkpoint
 
 __all__ = ["InitError", "InitWeights", "InitReport", "resolve_init", "load_into", "download_weights",
-           "published_normalisation",
-           "WRAPPER_PREFIXES"]
+           "published_normalisation", "choose_normalisation", "WRAPPER_PREFIXES"]
 
 log = logging.getLogger(__name__)
 
@@ -306,6 +305,37 @@ def published_normalisation(spec: str) -> tuple[Any, Any]:
     if kind not in ("timm", "torchvision"):
         raise InitError(f"{spec}: not a timm:NAME or torchvision:NAME model")
     return (_timm_weights if kind == "timm" else _torchvision_weights)(name)[-1]
+
+
+def choose_normalisation(mean: Sequence[float] | None, std: Sequence[float] | None, *,
+                         recorded: tuple[Sequence[float] | None, Sequence[float] | None] = (None, None),
+                         recorded_from: str = "recorded with the weights",
+                         published: str | None = None) -> tuple[tuple[float, ...], tuple[float, ...], str]:
+    """(mean, std, where they come from) of the images an encoder is given: the one rule every
+    command that feeds it images follows (the eval CLIs, ``contrastive-embed``, the ONNX export).
+
+    In order: the ``mean`` / ``std`` the user gives (both or neither); those ``recorded`` with the
+    weights (``encoder.pt``, a run's config.json, an ``--init`` source's record); the published
+    weights' own (``published``: a ``timm:NAME`` / ``torchvision:NAME`` loaded with its
+    library's weights); else ImageNet's, the library's default.
+
+    Raises:
+        ValueError: only one of ``mean`` / ``std`` given.
+    """
+    from contrastive.augment import IMAGENET_MEAN, IMAGENET_STD
+
+    if (mean is None) != (std is None):
+        raise ValueError(f"give both --mean and --std (or neither); got mean={mean}, std={std}")
+    if mean is not None and std is not None:
+        found: tuple[Any, Any] = (mean, std)
+        source = "--mean / --std"
+    elif recorded[0] is not None and recorded[1] is not None:
+        found, source = recorded, recorded_from
+    elif published is not None:
+        found, source = published_normalisation(published), "the library's record of its published weights"
+    else:
+        found, source = (IMAGENET_MEAN, IMAGENET_STD), "not recorded: ImageNet's (the default)"
+    return tuple(float(v) for v in found[0]), tuple(float(v) for v in found[1]), source
 
 
 def download_weights(where: str, filename: str | None = None) -> Path:

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -32,7 +32,10 @@ from torch import Tensor, nn
 
 from contrastive.records import SENTENCE_CONFIG
 
-__all__ = ["SentenceModel", "embed_texts", "evaluate_sts", "load_sentence_model", "load_sts_pairs", "main",
+if TYPE_CHECKING:
+    from contrastive.nn.hf_folders import SentencePooling
+
+__all__ = ["SentenceModel", "choose_sentence_pooling", "embed_texts", "evaluate_sts", "load_sentence_model", "load_sts_pairs", "main",
            "sts_correlation"]
 
 log = logging.getLogger(__name__)
@@ -143,22 +146,18 @@ class SentenceModel:
     model_dir: Path  # the Hugging Face folder the weights came from
 
 
-def load_sentence_model(folder: str | Path, *, pooling: str | None = None, tokenizer: str | Path | None = None,
-                        max_length: int | None = None, device: str | torch.device = "cpu") -> SentenceModel:
-    """A saved text model with its sentence embedding, chosen in this order: ``pooling``; the
-    folder's ``simcse.json`` (recipes/simcse.py); a sentence-transformers folder's own pipeline
-    (``modules.json``: ``1_Pooling/config.json``, Dense layers, Normalize); else ``auto``.
+def choose_sentence_pooling(folder: Path, pooling: str | None) -> tuple[str | None, SentencePooling | None, str]:
+    """(pooling, pipeline, why) of a saved text model's sentence embedding, in this order:
+    ``pooling``; the folder's ``simcse.json`` (recipes/simcse.py); a sentence-transformers
+    folder's own pipeline (``modules.json``); else ``auto``. ``max`` (sentence-transformers'
+    max over tokens) is a pipeline, not a :class:`~contrastive.nn.text_encoders.TextEncoder`
+    pooling. The one rule of ``contrastive-sts-eval``, ``contrastive-embed`` and the ONNX export.
 
     Raises:
         ValueError: a sentence-transformers module this reader does not apply.
-        FileNotFoundError, UnsafeCheckpointError: from
-            :func:`~contrastive.nn.text_encoders.load_text_encoder`.
     """
-    from contrastive.data.tokenizer import load_tokenizer
     from contrastive.nn.hf_folders import SentencePooling, read_sentence_pooling
-    from contrastive.nn.text_encoders import POOLINGS, load_text_encoder
 
-    folder = Path(folder)
     why = "--pooling"
     config = folder / SENTENCE_CONFIG
     if pooling is None and config.is_file():
@@ -171,8 +170,27 @@ def load_sentence_model(folder: str | Path, *, pooling: str | None = None, token
         else:
             pooling, why = "auto", ("no --pooling, no simcse.json, not a sentence-transformers "
                                     "folder: the model's pooler if it has one, else cls")
-    if pooling == "max":  # not a TextEncoder pooling: sentence-transformers' max over tokens
+    if pooling == "max":
         pipeline = SentencePooling(("max",))
+    return pooling, pipeline, why
+
+
+def load_sentence_model(folder: str | Path, *, pooling: str | None = None, tokenizer: str | Path | None = None,
+                        max_length: int | None = None, device: str | torch.device = "cpu") -> SentenceModel:
+    """A saved text model with its sentence embedding, chosen in this order: ``pooling``; the
+    folder's ``simcse.json`` (recipes/simcse.py); a sentence-transformers folder's own pipeline
+    (``modules.json``: ``1_Pooling/config.json``, Dense layers, Normalize); else ``auto``.
+
+    Raises:
+        ValueError: a sentence-transformers module this reader does not apply.
+        FileNotFoundError, UnsafeCheckpointError: from
+            :func:`~contrastive.nn.text_encoders.load_text_encoder`.
+    """
+    from contrastive.data.tokenizer import load_tokenizer
+    from contrastive.nn.text_encoders import POOLINGS, load_text_encoder
+
+    folder = Path(folder)
+    pooling, pipeline, why = choose_sentence_pooling(folder, pooling)
     model_dir = pipeline.transformer_dir if pipeline and pipeline.transformer_dir else folder
     encoder = load_text_encoder(model_dir, pooling=pooling if pooling in POOLINGS else "auto").to(device)
     max_length = max_length or (pipeline.max_seq_length if pipeline else None) or 128

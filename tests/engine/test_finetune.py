@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from contrastive.engine import run, train
+from contrastive.engine.kits.base import KitOptionError
 from contrastive.engine.kits.finetune import (
     WITH_INIT,
     WITHOUT_INIT,
@@ -25,7 +26,6 @@ from contrastive.engine.kits.image import ImageAdapter
 from contrastive.engine.kits.init import BackboneInit
 from contrastive.engine.optim import build_optimizer, hold_frozen_groups, set_lr
 from contrastive.engine.safe_state import load_torch_bytes
-from contrastive.eval.init import InitError
 from contrastive.methods.base import ParamGroup
 from contrastive.nn import create_encoder
 from tests.engine.test_init import _Cfg, _moco, _pipeline, _weights
@@ -167,7 +167,7 @@ def test_a_bad_value_is_one_line_before_the_run_folder(tmp_path, capsys, fresh_a
 
 
 def test_controls_without_a_backbone_to_apply_them_to_are_one_line():
-    with pytest.raises(InitError) as e:
+    with pytest.raises(KitOptionError) as e:
         backbone_groups([], FinetuneSettings(lr_scale=0.5))
     assert "\n" not in str(e.value) and "--backbone-lr-scale" in str(e.value)
 

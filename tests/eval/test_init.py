@@ -308,3 +308,28 @@ def test_unknown_names_are_one_line():
     with pytest.raises(InitError, match="torchvision has no weights") as err:
         resolve_init("torchvision:no_such_net")
     one_line(err)
+
+
+def test_one_normalisation_rule_for_every_command():
+    """Given > recorded with the weights > a pretrained model's published > ImageNet's; the eval
+    CLIs, contrastive-embed and the ONNX export all ask LoadedEncoder.normalisation."""
+    from contrastive.augment import IMAGENET_MEAN, IMAGENET_STD
+    from contrastive.eval.checkpoint import LoadedEncoder
+    from contrastive.eval.init import choose_normalisation, published_normalisation
+
+    given, recorded = ((0.1, 0.2, 0.3), (0.4, 0.5, 0.6)), ((0.7,) * 3, (0.8,) * 3)
+    published = tuple(tuple(float(v) for v in t) for t in published_normalisation("timm:tf_efficientnet_lite0"))
+    assert published != (tuple(IMAGENET_MEAN), tuple(IMAGENET_STD))  # the case tells them apart
+    assert choose_normalisation(*given, recorded=recorded, published="timm:tf_efficientnet_lite0")[:2] == given
+    assert choose_normalisation(None, None, recorded=recorded, recorded_from="x")[:2] + ("x",) == (*recorded, "x")
+    assert choose_normalisation(None, None, published="timm:tf_efficientnet_lite0")[:2] == published
+    assert choose_normalisation(None, None)[:2] == (tuple(IMAGENET_MEAN), tuple(IMAGENET_STD))
+    with pytest.raises(ValueError, match="give both --mean and --std"):
+        choose_normalisation((0.5, 0.5, 0.5), None)
+    net = nn.Linear(2, 2)
+    pretrained = LoadedEncoder(net, "timm:tf_efficientnet_lite0", "pretrained", None, "")
+    assert pretrained.normalisation()[:2] == published
+    trained = LoadedEncoder(net, "timm:tf_efficientnet_lite0", "encoder", None, "",
+                            settings={"mean": list(recorded[0]), "std": list(recorded[1])})
+    assert trained.normalisation()[:2] == recorded
+    assert LoadedEncoder(net, "small_cnn", "state_dict", None, "").normalisation()[2].startswith("not recorded")

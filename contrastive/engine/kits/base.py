@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from contrastive.methods.base import ParamGroup
     from contrastive.methods.text_classifier import TextClassifier
 
-__all__ = ["BATCH_KEYS", "DataAdapter", "StepHook", "Artefacts", "HandOff", "KitDefaults"]
+__all__ = ["BATCH_KEYS", "DataAdapter", "StepHook", "Artefacts", "HandOff", "KitDefaults", "KitOptionError"]
 
 #: a kit's configuration type (its ``RunConfig`` subclass): what its methods are given
 KitConfig = TypeVar("KitConfig", bound=RunConfig, contravariant=True)
@@ -76,6 +76,12 @@ BATCH_KEYS: dict[str, str] = {
 """The inputs :func:`~contrastive.engine.kits.image.make_batch` provides from the image loader (a method's schedules and the
 data set's extra fields come on top; :func:`contrastive.engine.setup.method_inputs` checks a
 method's ``needs`` against them)."""
+
+
+class KitOptionError(ValueError):
+    """A kit's option that the method the recipe built cannot take (e.g. backbone controls for a
+    method with no ``--encoder`` backbone): :func:`~contrastive.engine.run.run` reports it in one
+    line, as the options the method or the encoder refuses."""
 
 
 class HandOff(TypedDict, total=False):

@@ -160,10 +160,10 @@ def _layout(module: nn.Module) -> tuple[tuple[str, tuple[int, ...]], ...]:
 
 
 def _require(backbones: Sequence[nn.Module]) -> None:
-    from contrastive.eval.init import InitError  # one line from run(), as --init's errors
+    from contrastive.engine.kits.base import KitOptionError
 
     if not backbones:
-        raise InitError("--backbone-lr-scale / --backbone-frozen-steps / --freeze-bn-stats: the "
+        raise KitOptionError("--backbone-lr-scale / --backbone-frozen-steps / --freeze-bn-stats: the "
                         "method built no --encoder backbone to apply them to (its recipe builds "
                         "the backbone another way); leave them unset")
 
