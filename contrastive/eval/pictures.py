@@ -114,6 +114,8 @@ def load_images(*, images: Sequence[str] = (), data: str | None = None, split: s
     evenly over ``data``'s ``split`` (a data spec, as for training)."""
     from contrastive.eval.features import unwrap_views
 
+    if count < 1:
+        raise PictureError(f"--num-images {count}: draw at least one image")
     if images:
         from contrastive.data.io import load_rgb
 
@@ -160,6 +162,9 @@ def last_self_attention(vit: nn.Module, images: Tensor) -> Tensor:
     handle = attn.register_forward_hook(hook)
     try:
         vit.eval()(images)
+    except AssertionError as e:  # timm's check of a fixed input size
+        raise PictureError(f"the ViT does not take these {images.shape[-2]} x {images.shape[-1]} images "
+                           f"({e}): leave --image-size out (the recorded size) or match it") from None
     finally:
         handle.remove()
     return found[-1]
@@ -261,7 +266,11 @@ def load_mae_run(run: str | Path) -> tuple[Any, dict[str, Any]]:
     kwargs = {k: config[k] for k in params if k in config and k not in ("encoder", "encoder_kwargs")}
     model = cls(encoder=raw.encoder_name, encoder_kwargs=raw.settings.get("encoder_kwargs") or {},
                 **{**kwargs, "mae_init": False})
-    model.load_state_dict(raw.state_dict, strict=True)
+    try:
+        model.load_state_dict(raw.state_dict, strict=True)
+    except RuntimeError as e:
+        raise PictureError(f"{folder}: the checkpoint does not fit the MAE its run's config.json "
+                           f"describes ({str(e).splitlines()[0]}); was config.json edited?") from None
     from contrastive.augment import IMAGENET_MEAN, IMAGENET_STD
 
     settings = {"image_size": raw.settings.get("image_size") or 224,
@@ -332,6 +341,8 @@ def retrieval_neighbours(folder: str | Path, *, rows: Sequence[int] = (), querie
         raise PictureError(f"{folder} holds {manifest.get('modality')} embeddings: a retrieval grid "
                            "shows images (embed an image folder or shards)")
     count = int(manifest["count"])
+    if top_k < 1:
+        raise PictureError(f"--top-k {top_k}: show at least one neighbour")
     if not rows and not queries:
         raise PictureError("give the queries: --rows (corpus rows) or --query FILE ...")
     bad = [r for r in rows if not 0 <= r < count]

@@ -118,6 +118,8 @@ def test_attention_png_and_a_resnet_refused(vit, tmp_path, capsys):
     assert plot_main(["attention", "--checkpoint", str(tmp_path / "encoder.pt"), "--images",
                       *images, "--out", str(out)]) == 0
     assert _png_size(out) == _grid_px(2, 1 + 1 + 3, 128)  # image, mean, 3 heads
+    _one_line_exit(capsys, ["attention", "--checkpoint", str(tmp_path / "encoder.pt"), "--images",
+                            *images, "--image-size", "48"], "--image-size")
     torch.save({"encoder": "small_cnn", "state_dict": create_encoder("small_cnn").state_dict()},
                tmp_path / "cnn.pt")
     _one_line_exit(capsys, ["attention", "--checkpoint", str(tmp_path / "cnn.pt"), "--images",
