@@ -369,7 +369,7 @@ _PICTURE_HELP = {
         "visualize_attention.py): for each image a row of panels, the [CLS] query's attention to "
         "the patches for each head (and their mean), upsampled over the image, with the outline "
         "of the patches holding --threshold of the mass. Example: contrastive-plot attention "
-        "--checkpoint runs/dino_cifar --data cifar10 --num-images 4"),
+        "--checkpoint runs/dinov2_cifar --data cifar10 --num-images 4"),
     "mae": (
         "MAE reconstructions (the paper's figure 2): for each image the original, the masked "
         "input and the reconstruction with the visible patches pasted, from a run of "

@@ -173,8 +173,11 @@ def last_self_attention(vit: nn.Module, images: Tensor) -> Tensor:
 def cls_attention(vit: nn.Module, images: Tensor) -> Tensor:
     """(N, heads, h, w): the class token's attention to the patches in the last block, per head,
     on the patch grid, renormalised over the patches (each map sums to 1)."""
-    full = last_self_attention(vit, images)
     net: Any = vit  # a timm ViT (checked), duck-typed
+    if getattr(net, "cls_token", None) is None:
+        raise PictureError(f"{type(vit).__name__} has no class token (class_token=False): DINO's maps "
+                           "are the [CLS] query's attention")
+    full = last_self_attention(vit, images)
     patches = full[:, :, 0, int(net.num_prefix_tokens):]
     p = net.patch_embed.patch_size
     h, w = images.shape[-2] // p[0], images.shape[-1] // p[1]
