@@ -293,14 +293,26 @@ def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
+PICTURES = ("attention", "mae", "retrieval")
+"""The picture modes of ``contrastive-plot MODE ...`` (:mod:`contrastive.eval.pictures`)."""
+
+
 def plot_main(argv: Sequence[str] | None = None) -> int:
     """``contrastive-plot``: training curves of a run, and optionally a 2-D map of embeddings
-    (t-SNE, UMAP or PCA)."""
+    (t-SNE, UMAP or PCA); ``contrastive-plot attention | mae | retrieval ...``: the pictures of
+    :mod:`contrastive.eval.pictures`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in PICTURES:
+        return _pictures_main(argv[0], argv[1:])
     p = argparse.ArgumentParser(
         prog="contrastive-plot",
         description="Training curves (every numeric series of metrics.jsonl against the step) to a "
         "PNG, and with --data a 2-D map (t-SNE, UMAP or PCA) of the encoder's embeddings coloured "
         "by class.",
+        epilog="Pictures of a model (each mode has its own --help): 'contrastive-plot attention' "
+        "(a ViT's last-layer self-attention per head, DINO's figure), 'contrastive-plot mae RUN' "
+        "(MAE reconstructions), 'contrastive-plot retrieval EMBED_FOLDER' (queries and their "
+        "nearest neighbours from contrastive-embed).",
     )
     p.add_argument("run", nargs="?", default=None, help="run folder (holds metrics.jsonl)")
     p.add_argument("--run", dest="run_opt", default=None, help="run folder (same as the positional)")
@@ -347,3 +359,114 @@ def plot_main(argv: Sequence[str] | None = None) -> int:
                                           num_workers=args.num_workers)
         _emit(f"wrote {out}")
     return 0
+
+
+_PICTURE_HELP = {
+    "attention": (
+        "The last-layer self-attention of a ViT (DINO's figure, facebookresearch/dino "
+        "visualize_attention.py): for each image a row of panels, the [CLS] query's attention to "
+        "the patches for each head (and their mean), upsampled over the image, with the outline "
+        "of the patches holding --threshold of the mass. Example: contrastive-plot attention "
+        "--checkpoint runs/dinov2_cifar --data cifar10 --num-images 4"),
+    "mae": (
+        "MAE reconstructions (the paper's figure 2): for each image the original, the masked "
+        "input and the reconstruction with the visible patches pasted, from a run of "
+        "recipes/mae_cifar.py / mae_in1k.py (its newest training checkpoint: the decoder is not "
+        "in encoder.pt). Example: contrastive-plot mae runs/mae_cifar --num-images 6"),
+    "retrieval": (
+        "A retrieval grid from a contrastive-embed folder: each query (a corpus row, or an image "
+        "file embedded by the folder's encoder) and its top-k neighbours, the cosine similarity "
+        "under each. Example: contrastive-plot retrieval emb --num-queries 4 --top-k 6"),
+}
+
+
+def _image_flags(p: argparse.ArgumentParser, *, data_default: str) -> None:
+    p.add_argument("--images", nargs="+", default=(), metavar="FILE", help="image files to draw")
+    p.add_argument("--data", default=None,
+                   help=f"or a data spec whose --split gives the images ({data_default})")
+    p.add_argument("--split", default="test", choices=("train", "test"))
+    p.add_argument("--num-images", type=int, default=4, help="images taken from --data, evenly spread")
+
+
+def _pictures_main(mode: str, argv: Sequence[str]) -> int:
+    """``contrastive-plot attention | mae | retrieval``: one PNG; bad input is one line, exit 2."""
+    from contrastive.eval import pictures
+
+    p = argparse.ArgumentParser(prog=f"contrastive-plot {mode}", description=_PICTURE_HELP[mode])
+    if mode == "attention":
+        source = p.add_mutually_exclusive_group(required=True)
+        source.add_argument("--checkpoint", help="the ViT: " + _CHECKPOINT_HELP)
+        source.add_argument("--init", help="or an --init source (timm:<vit>, a weights file)")
+        p.add_argument("--encoder", default=None, help="create_encoder name, when not recorded")
+        p.add_argument("--image-size", type=int, default=None,
+                       help="input size (default: recorded with the weights, else 224)")
+        _norm_flags(p)
+        _image_flags(p, data_default="no default")
+        p.add_argument("--threshold", type=float, default=0.6,
+                       help="outline the patches holding this fraction of the attention (DINO: 0.6; "
+                       "0: none)")
+        p.add_argument("--no-head-mean", action="store_true", help="leave out the mean over heads")
+        p.add_argument("--out", default="attention.png", help="PNG (default: attention.png)")
+    elif mode == "mae":
+        p.add_argument("run", help="run folder of an MAE recipe, or one of its checkpoints/step_N")
+        _image_flags(p, data_default="default: the run's --data")
+        p.add_argument("--mask-ratio", type=float, default=None, help="default: the run's")
+        p.add_argument("--seed", type=int, default=0, help="seed of the random masks")
+        p.add_argument("--out", default=None, help="PNG (default: <run>/mae.png)")
+    else:
+        p.add_argument("folder", help="a contrastive-embed --out folder of images")
+        p.add_argument("--rows", type=pictures.parse_rows, default=None,
+                       help="corpus rows as queries, e.g. 0,5,9 (default: --num-queries rows spread "
+                       "over the corpus)")
+        p.add_argument("--num-queries", type=int, default=4)
+        p.add_argument("--query", nargs="+", default=(), metavar="FILE",
+                       help="image files as queries (embedded by the folder's encoder)")
+        p.add_argument("--top-k", type=int, default=5)
+        p.add_argument("--out", default=None, help="PNG (default: <folder>/retrieval.png)")
+    args = p.parse_args(argv)
+    _setup_logging()
+    try:
+        out = _draw(mode, args)
+    except (ValueError, FileNotFoundError, TypeError, ImportError, OSError) as e:
+        p.exit(2, f"{p.prog}: error: {_first_line(e)}\n")
+    _emit(f"wrote {out}")
+    return 0
+
+
+def _draw(mode: str, args: argparse.Namespace) -> Path:
+    import torch
+
+    from contrastive.eval import pictures
+    from contrastive.eval.runner import eval_transform
+
+    if mode == "attention":
+        from contrastive.eval.embed import _image_encoder
+
+        encoder, size, mean, std, provenance = _image_encoder(args)
+        pictures.check_attention_vit(encoder, provenance["encoder"])
+        x = pictures.load_images(images=args.images, data=args.data, split=args.split,
+                                 count=args.num_images, transform=eval_transform(size, mean, std))
+        maps = pictures.cls_attention(encoder, x)
+        return pictures.plot_attention(pictures.unnormalise(x, mean, std), maps, args.out,
+                                       threshold=args.threshold or None,
+                                       with_mean=not args.no_head_mean,
+                                       title=f"{provenance['encoder']}: last-layer [CLS] attention")
+    if mode == "mae":
+        method, run = pictures.load_mae_run(args.run)
+        data = args.data if args.images or args.data else run["data"]
+        x = pictures.load_images(images=args.images, data=data, split=args.split,
+                                 count=args.num_images,
+                                 transform=eval_transform(run["image_size"], run["mean"], run["std"]))
+        rec = pictures.mae_reconstruct(method, x, mean=run["mean"], std=run["std"],
+                                       mask_ratio=args.mask_ratio, seed=args.seed)
+        return pictures.plot_mae(rec, args.out or Path(args.run) / "mae.png",
+                                 title=f"MAE {Path(args.run).name}, step {run['step']}")
+    rows = args.rows
+    if rows is None and not args.query:
+        from contrastive.eval.embed import _load_manifest
+
+        count = int(_load_manifest(Path(args.folder)).get("count", 0)) if Path(args.folder).is_dir() else 0
+        rows = torch.linspace(0, max(count - 1, 0), min(args.num_queries, count)).long().unique().tolist()
+    out, _ = pictures.plot_retrieval(args.folder, args.out or Path(args.folder) / "retrieval.png",
+                                     rows=rows or (), queries=args.query, top_k=args.top_k)
+    return out

@@ -11,6 +11,9 @@ Agg back-end (no display needed).
   (van der Maaten & Hinton, JMLR 2008; scikit-learn's implementation, PCA initialisation),
   UMAP (McInnes, Healy & Melville, arXiv:1802.03426, 2018; umap-learn) or PCA.
 
+The pictures of a model (ViT self-attention, MAE reconstructions, retrieval grids) are in
+:mod:`contrastive.eval.pictures`.
+
 Seeds: PCA is exact (no randomness). t-SNE and UMAP take ``seed``; with it umap-learn runs
 single-threaded and gives the same map for the same input, seed, versions and machine (its own
 random generator and float32 numba code: nothing is promised across umap-learn / numba versions
@@ -32,7 +35,7 @@ from torch import Tensor
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAP_METHODS", "read_metrics", "plot_curves", "embed_2d", "plot_embedding",
+__all__ = ["MAP_METHODS", "use_agg", "save_figure", "read_metrics", "plot_curves", "embed_2d", "plot_embedding",
            "plot_encoder_embedding", "require_umap"]
 
 MAP_METHODS = ("tsne", "umap", "pca")
@@ -45,7 +48,9 @@ _X_KEYS = ("step", "global_step", "iteration")
 _SKIP = {"step", "global_step", "iteration", "epoch", "time", "timestamp", "wall", "elapsed", "rank"}
 
 
-def _use_agg() -> Any:
+def use_agg() -> Any:
+    """``matplotlib.pyplot`` on the non-interactive Agg back-end (an ImportError of one line
+    without matplotlib)."""
     try:
         import matplotlib
     except ImportError as e:
@@ -54,6 +59,15 @@ def _use_agg() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(fig: Any, out: str | Path, *, dpi: int = 110) -> Path:
+    """Write ``fig`` to the PNG ``out`` (its folder made), close it; returns the path."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=dpi)
+    use_agg().close(fig)
+    return out
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -101,7 +115,7 @@ def plot_curves(run: str | Path, out: str | Path, *, keys: Sequence[str] | None 
         out: output PNG.
         keys: the quantities to plot (default: every numeric series, preferred ones first).
     """
-    plt = _use_agg()
+    plt = use_agg()
     records = read_metrics(run)
     xkey = next((k for k in _X_KEYS if any(k in r for r in records)), None)
     series: dict[str, tuple[list[float], list[float]]] = {}
@@ -141,11 +155,7 @@ def plot_curves(run: str | Path, out: str | Path, *, keys: Sequence[str] | None 
         ax.axis("off")
     fig.suptitle(str(Path(run).name))
     fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def require_umap() -> Any:
@@ -209,7 +219,7 @@ def plot_embedding(
     seed: int = 0,
 ) -> Path:
     """Scatter the 2-D map of ``features`` (N, D) coloured by ``labels`` (N,) to a PNG."""
-    plt = _use_agg()
+    plt = use_agg()
     xy = embed_2d(features, method=method, seed=seed).numpy()
     labels = labels.cpu().long()
     classes = sorted(labels.unique().tolist())
@@ -225,11 +235,7 @@ def plot_embedding(
     ax.set_yticks([])
     ax.set_title(title or f"{method.upper()} of {len(labels)} embeddings")
     fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save_figure(fig, out)
 
 
 def plot_encoder_embedding(
