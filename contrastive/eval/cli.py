@@ -440,9 +440,9 @@ def _draw(mode: str, args: argparse.Namespace) -> Path:
     from contrastive.eval.runner import eval_transform
 
     if mode == "attention":
-        from contrastive.eval.embed import _image_encoder
+        from contrastive.eval.embed import image_encoder
 
-        encoder, size, mean, std, provenance = _image_encoder(args)
+        encoder, size, mean, std, provenance = image_encoder(args)
         pictures.check_attention_vit(encoder, provenance["encoder"])
         x = pictures.load_images(images=args.images, data=args.data, split=args.split,
                                  count=args.num_images, transform=eval_transform(size, mean, std))
@@ -463,9 +463,9 @@ def _draw(mode: str, args: argparse.Namespace) -> Path:
                                  title=f"MAE {Path(args.run).name}, step {run['step']}")
     rows = args.rows
     if rows is None and not args.query:
-        from contrastive.eval.embed import _load_manifest
+        from contrastive.eval.embed import load_manifest
 
-        count = int(_load_manifest(Path(args.folder)).get("count", 0)) if Path(args.folder).is_dir() else 0
+        count = int(load_manifest(Path(args.folder)).get("count", 0)) if Path(args.folder).is_dir() else 0
         rows = torch.linspace(0, max(count - 1, 0), min(args.num_queries, count)).long().unique().tolist()
     out, _ = pictures.plot_retrieval(args.folder, args.out or Path(args.folder) / "retrieval.png",
                                      rows=rows or (), queries=args.query, top_k=args.top_k)

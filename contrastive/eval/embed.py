@@ -45,7 +45,8 @@ from contrastive.eval.embed_store import (
 )
 from contrastive.records import MODEL_DIR, SENTENCE_CONFIG
 
-__all__ = ["main", "Corpus", "is_text_model", "TEXT_SUFFIXES"]
+__all__ = ["main", "Corpus", "is_text_model", "TEXT_SUFFIXES", "BadInput", "image_encoder", "image_dataset",
+           "load_manifest", "query_corpus"]
 
 log = logging.getLogger("contrastive.eval.embed")
 
@@ -138,10 +139,10 @@ def _image_corpus(args: argparse.Namespace, device: torch.device) -> Corpus:
     from contrastive.eval.features import unwrap_views
     from contrastive.eval.runner import encode_split, eval_transform
 
-    encoder, size, mean, std, provenance = _image_encoder(args)
+    encoder, size, mean, std, provenance = image_encoder(args)
     encoder.to(device).eval()
     transform = eval_transform(size, mean, std)
-    ds: Any = _image_dataset(args.data, args.split, transform) if args.data else None
+    ds: Any = image_dataset(args.data, args.split, transform) if args.data else None
     ids = [_item_id(ds, i) for i in range(len(ds))] if ds is not None else []
 
     def encode(rows: Sequence[int]) -> Tensor:
@@ -167,9 +168,12 @@ def _image_corpus(args: argparse.Namespace, device: torch.device) -> Corpus:
                   {**provenance, "image_size": size, "mean": list(mean), "std": list(std)})
 
 
-def _image_encoder(args: argparse.Namespace) -> tuple[torch.nn.Module, int, Sequence[float], Sequence[float],
-                                                      dict[str, Any]]:
-    """The backbone, crop size, normalisation and provenance of ``--checkpoint`` or ``--init``."""
+def image_encoder(args: argparse.Namespace) -> tuple[torch.nn.Module, int, Sequence[float], Sequence[float],
+                                                     dict[str, Any]]:
+    """The backbone, crop size, normalisation and provenance of ``args.checkpoint`` or
+    ``args.init`` (with ``encoder``, ``image_size``, ``mean``, ``std``): the image source every
+    command that takes ``--checkpoint`` / ``--init`` reads (``contrastive-embed``,
+    ``contrastive-plot attention``)."""
     if args.init:
         from contrastive.eval.init import choose_normalisation, load_into, resolve_init
         from contrastive.nn.encoders import create_encoder
@@ -194,7 +198,9 @@ def _image_encoder(args: argparse.Namespace) -> tuple[torch.nn.Module, int, Sequ
     return encoder, size or 224, mean, std, {**provenance, "norm_from": norm_from}
 
 
-def _image_dataset(data: str, split: str, transform: Any) -> Any:
+def image_dataset(data: str, split: str, transform: Any) -> Any:
+    """A split of ``data`` (folder, spec, shards) through ``transform``; a missing path is a
+    one-line :class:`BadInput`."""
     from contrastive.data.spec import UnknownDatasetError
     from contrastive.eval.runner import load_split
 
@@ -312,7 +318,8 @@ def _finish(args: argparse.Namespace, out: Path, manifest: dict[str, Any]) -> di
     return manifest
 
 
-def _load_manifest(out: Path) -> dict[str, Any]:
+def load_manifest(out: Path) -> dict[str, Any]:
+    """An embed folder's ``manifest.json`` (a missing or unfinished folder is a :class:`BadInput`)."""
     path = out / MANIFEST
     if not path.is_file():
         raise BadInput(f"--out {out}: no {MANIFEST}; embed a corpus there first (--data, --checkpoint)")
@@ -482,7 +489,7 @@ def _main(args: argparse.Namespace) -> int:
     if not state.is_main_process:
         return 0
     if args.query is not None or args.duplicates is not None:
-        manifest = _load_manifest(out)
+        manifest = load_manifest(out)
         if args.duplicates is not None:
             _duplicates(args, out, manifest)
         else:
@@ -490,6 +497,12 @@ def _main(args: argparse.Namespace) -> int:
                 corpus = _query_corpus(args, manifest, state.device)
             _query(args, corpus, out, manifest)
     return 0
+
+
+def query_corpus(out: Path, manifest: dict[str, Any], device: torch.device) -> Corpus:
+    """The encoder a finished ``contrastive-embed`` folder records (``manifest``), rebuilt to
+    embed new queries as the corpus was (``contrastive-plot retrieval --query``)."""
+    return _query_corpus(_parser().parse_args(["--out", str(out)]), manifest, device)
 
 
 def _query_corpus(args: argparse.Namespace, manifest: dict[str, Any], device: torch.device) -> Corpus:

@@ -339,7 +339,7 @@ def retrieval_neighbours(folder: str | Path, *, rows: Sequence[int] = (), querie
     if not out.is_dir():
         raise PictureError(f"{folder}: no such contrastive-embed folder (embed a corpus first: "
                            "contrastive-embed --checkpoint RUN --data IMAGES --out FOLDER)")
-    manifest = embed._load_manifest(out)
+    manifest = embed.load_manifest(out)
     if manifest.get("modality") != "image":
         raise PictureError(f"{folder} holds {manifest.get('modality')} embeddings: a retrieval grid "
                            "shows images (embed an image folder or shards)")
@@ -358,8 +358,7 @@ def retrieval_neighbours(folder: str | Path, *, rows: Sequence[int] = (), querie
             hits = search(out, manifest, torch.from_numpy(vectors[r]), top_k + 1)
             found.append({"query": r, "row": r, "neighbours": [h for h in hits if h[0] != r][:top_k]})
     if queries:
-        args = embed._parser().parse_args(["--out", str(out)])
-        corpus = embed._query_corpus(args, manifest, torch.device("cpu"))
+        corpus = embed.query_corpus(out, manifest, torch.device("cpu"))
         for q in queries:
             found.append({"query": q, "row": None,
                           "neighbours": search(out, manifest, corpus.encode_query(q), top_k)})
@@ -382,7 +381,7 @@ def plot_retrieval(folder: str | Path, out: str | Path, *, rows: Sequence[int] =
     show = eval_transform(size, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
     data = str(manifest.get("data"))
     try:
-        ds: Any = embed._image_dataset(data, manifest.get("split") or "train", show)
+        ds: Any = embed.image_dataset(data, manifest.get("split") or "train", show)
     except (embed.BadInput, FileNotFoundError, ValueError) as e:
         raise PictureError(f"{folder}: the embedded images ({data}) cannot be read ({e}); the grid "
                            "shows them") from None
