@@ -13,10 +13,11 @@ $SLURM_NODEID``, ``--main_process_ip`` the job's first host. ``--signal=TERM@S``
 SIGTERM to every process of the job step ``S`` seconds (up to 60 s more) before the time limit;
 the engine saves a checkpoint and records ``"stopped"`` in ``run_state.json``, and the script
 then calls ``scontrol requeue``. The run's arguments get ``--resume auto``, so every requeued job
-continues the same run. What the peers do, for comparison: DINO's and MAE's
-``run_with_submitit.py`` (submitit's USR2 120 s before the limit, a ``checkpoint()`` that
-resubmits the same trainer), open_clip's Slurm example (``--ntasks-per-node`` = GPUs, the master
-address from ``scontrol show hostnames``).
+continues the same run; a job of one process runs the recipe itself as the task. What the
+peers do, for comparison: DINO's ``run_with_submitit.py`` and MAE's ``submitit_pretrain.py``
+(submitit's USR2 120 s before the limit, a ``checkpoint()`` that resubmits the trainer to resume
+from its last per-epoch checkpoint), open_clip's Slurm example (``--ntasks-per-node`` = GPUs,
+the master address from ``scontrol show hostnames``).
 """
 
 from __future__ import annotations
@@ -119,6 +120,9 @@ def training_args(job: SlurmJob) -> tuple[list[str], str]:
 def render(job: SlurmJob) -> str:
     """The sbatch script of ``job`` (checked: one-line :class:`BadJob` on bad input)."""
     recipe = Path(job.workdir, job.recipe)
+    if not job.recipe:
+        raise BadJob("no recipe: name its file first, e.g. contrastive-slurm render "
+                     "recipes/moco_cifar.py --nodes 2 -- --output-dir runs/moco")
     if not recipe.is_file():
         raise BadJob(f"recipe {job.recipe} not found: give a recipe file, e.g. "
                      "recipes/moco_cifar.py")
@@ -151,26 +155,29 @@ def render(job: SlurmJob) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="contrastive-slurm", description=__doc__.split("\n\n")[0],
-        epilog="The recipe's own arguments follow `--`; --resume auto is added.")
+    after = "The recipe's own arguments follow `--`; --resume auto is added."
+    p = argparse.ArgumentParser(prog="contrastive-slurm", description=__doc__.split("\n\n")[0],
+                                epilog=after)
     sub = p.add_subparsers(dest="command", required=True)
     for name, what in (("render", "write the sbatch script (to stdout without --script)"),
                        ("submit", "write the script and run sbatch on it")):
-        c = sub.add_parser(name, help=what, description=what)
-        c.add_argument("recipe", help="the recipe file, e.g. recipes/moco_r50.py")
-        c.add_argument("--nodes", type=int, default=1)
-        c.add_argument("--gpus-per-node", type=int, default=8)
+        c = sub.add_parser(name, help=what, description=what, epilog=after,
+                           usage=f"contrastive-slurm {name} RECIPE [options] -- RECIPE_ARGS")
+        c.add_argument("recipe", nargs="?", default="",
+                       help="the recipe file, e.g. recipes/moco_r50.py")
+        c.add_argument("--nodes", type=int, default=1, help="default 1")
+        c.add_argument("--gpus-per-node", type=int, default=8, help="default 8")
         c.add_argument("--time", default="24:00:00", help="Slurm's time limit (default 24:00:00)")
         c.add_argument("--partition", default="", help="default: the cluster's")
         c.add_argument("--account", default="")
         c.add_argument("--cpus-per-task", type=int, default=0,
-                       help="CPUs of each node's task (loader workers of all its GPUs)")
+                       help="CPUs of each node's task, for the loader workers of all its GPUs "
+                       "(default: the cluster's, often one)")
         c.add_argument("--job-name", default="", help="default: the recipe's name")
         c.add_argument("--signal-seconds", type=int, default=300,
                        help="SIGTERM this long before the time limit: the step and the "
                        "checkpoint must fit (default 300)")
-        c.add_argument("--port", type=int, default=29500, help="the rendezvous port")
+        c.add_argument("--port", type=int, default=29500, help="the rendezvous port (default 29500)")
         c.add_argument("--python", default=sys.executable,
                        help="the Python on the compute nodes (default: this one)")
         c.add_argument("--sbatch", action="append", default=[], metavar="OPTION",

@@ -33,6 +33,7 @@ SRUN = """#!/bin/bash
 options=()
 while [[ "$1" == --* ]]; do options+=("$1"); shift; done
 printf '%s\\n' "${options[*]}" >> "$CALLS/srun"  # srun's own options
+echo "${SRUN_CPUS_PER_TASK:-}" > "$CALLS/srun_cpus"
 if [ -n "${FAKE_SESSION:-}" ]; then  # the job step in its own session, as slurmstepd runs it
     SLURM_NODEID=0 SLURM_PROCID=0 setsid "$@" & echo $! > "$CALLS/step.pid"; wait $!; exit $?
 fi
@@ -98,18 +99,21 @@ def test_two_nodes_of_eight_gpus_launch_as_slurm_and_accelerate_expect(cluster):
     from accelerate.commands.launch import launch_command_parser
 
     out = cluster["tmp"] / "run"
-    script = render(_job(cluster, "--data", "cifar10:/my data", "--output-dir", str(out)))
+    script = render(_job(cluster, "--data", "cifar10:/my data", "--output-dir", str(out),
+                         cpus_per_task=64))
     header = dict(line[len("#SBATCH --"):].split("=", 1) for line in script.splitlines()
                   if line.startswith("#SBATCH --") and "=" in line)
     assert header["nodes"] == "2" and header["ntasks-per-node"] == "1"
     assert header["gpus-per-node"] == "8" and header["time"] == "4:00:00"
     assert header["partition"] == "gpu" and header["signal"] == "TERM@300"
     assert header["open-mode"] == "append" and "#SBATCH --requeue\n" in script
+    assert header["cpus-per-task"] == "64"
 
-    done = _run(cluster, script)
+    done = _run(cluster, script, SLURM_CPUS_PER_TASK="64")
     assert done.returncode == 0, done.stderr
     srun = _calls(cluster, "srun")
     assert srun == ["--ntasks-per-node=1 --kill-on-bad-exit=0"], srun
+    assert (cluster["calls"] / "srun_cpus").read_text() == "64\n"  # the task's cores
     assert _calls(cluster, "scontrol") == ["show hostnames gpu[07-08]"]  # no requeue
     for node in (0, 1):
         task = _task(cluster, node)
@@ -178,6 +182,7 @@ def test_one_process_runs_the_recipe_as_the_task_and_the_defaults_are_explicit(c
 
 
 @pytest.mark.parametrize("argv,message", [
+    (["render", "--nodes", "2"], "no recipe: name its file first"),
     (["render", "recipes/missing.py"], "recipe recipes/missing.py not found"),
     (["render", str(RECIPE), "--nodes", "0"], "--nodes 0: must be 1 or more"),
     (["render", str(RECIPE), "--gpus-per-node", "0"], "--gpus-per-node 0: must be 1 or more"),
