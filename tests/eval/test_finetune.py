@@ -162,3 +162,23 @@ def test_two_processes_equal_one_and_the_mutant_differs(two_process_runs) -> Non
     gap = max(float((one[k] - two[k]).abs().max()) for k in one)
     assert gap < 1e-6  # float64 training, float32 file: rounding only
     assert max(float((one[k] - mutant[k]).abs().max()) for k in one) > 1e-3
+
+
+def test_an_encoder_pt_gives_its_architecture_size_and_normalisation(data: Path,
+                                                                    tmp_path: Path) -> None:
+    from contrastive.nn import create_encoder
+    from contrastive.records import EncoderRecord
+
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+    EncoderRecord.from_module(create_encoder("small_cnn"), "small_cnn", mean=mean, std=std,
+                              image_size=40).save(tmp_path / "encoder.pt")
+    cfg = VitFinetuneConfig(data=str(data), init=str(tmp_path / "encoder.pt"), batch_size=8)
+    adapter = LabelledImageAdapter()
+    adapter.prepare(cfg)
+    assert (cfg.encoder, cfg.image_size, cfg.drop_path, cfg.layer_decay) == ("small_cnn", 40,
+                                                                               0.0, 1.0)
+    assert adapter.normalisation == (mean, std)
+    _, evaluate = adapter.transforms(cfg)
+    image = evaluate(torch.full((3, 32, 32), 255, dtype=torch.uint8))
+    assert image.shape == (3, 40, 40)
+    assert torch.allclose(image[:, 0, 0], (1 - torch.tensor(mean)) / torch.tensor(std))

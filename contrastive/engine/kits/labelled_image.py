@@ -59,6 +59,8 @@ logger = logging.getLogger(__name__)
 
 #: the fine-tuned classifier's folder in the run folder
 CLASSIFIER_DIR = "classifier"
+#: timm model-name prefixes of the ViT family, whose fine-tuning protocol has layer-wise lr decay
+VIT_FAMILIES = ("vit_", "deit", "beit", "eva", "vitamin")
 #: our own encoders' classifier description in ``classifier/`` (timm's: ``config.json``)
 OURS_FILE = "classifier.json"
 
@@ -100,8 +102,8 @@ class LabelledImageConfig(InitFields, FinetuneFields, RunConfig):
         "protocol's for timm encoders, 0 for ours")
     layer_decay: float | None = help_field(
         None, "layer-wise lr decay: a layer's lr is decay ** (depth - layer) x the run's (BEiT, "
-        "MAE; layer ids from timm's group_matcher); unset = the protocol's for timm encoders, "
-        "1 (off) for ours")
+        "MAE; layer ids from timm's group_matcher); unset = the protocol's for timm ViTs, 1 "
+        "(off) for other encoders")
     auto_augment: str = help_field("", "timm's auto-augment policy, e.g. rand-m9-mstd0.5-inc1 "
                                    "(RandAugment); empty = none")
     reprob: float = help_field(0.0, "random erasing probability (timm's, mode pixel)")
@@ -390,8 +392,9 @@ class LabelledImageAdapter(KitDefaults[LabelledImageConfig]):
         vit = cfg.protocol == "vit" and timm_model
         if cfg.drop_path is None:
             cfg.drop_path = 0.1 if vit else 0.0
-        if cfg.layer_decay is None:
-            cfg.layer_decay = 0.65 if vit else 1.0
+        if cfg.layer_decay is None:  # BEiT's / MAE's decay is a ViT's: convnets keep one lr
+            transformer = cfg.encoder.split(":", 1)[-1].startswith(VIT_FAMILIES)
+            cfg.layer_decay = 0.65 if vit and transformer else 1.0
         if cfg.drop_path and not timm_model:
             raise ValueError(f"--drop-path {cfg.drop_path}: stochastic depth is timm's "
                              f"drop_path_rate, and {cfg.encoder} is not a timm encoder; use "
