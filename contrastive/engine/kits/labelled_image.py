@@ -365,7 +365,7 @@ class LabelledImageAdapter(KitDefaults[LabelledImageConfig]):
         ``--image-size``, the normalisation), then the protocol's unset fields
         (``--drop-path``, ``--layer-decay``), written back on ``cfg`` (config.json records
         them); a bad source is one line. Nothing to read again for an equal ``cfg``."""
-        if self._given is not None and self._given == cfg and self._resolved is not None:
+        if self._resolved is not None and cfg in (self._given, self._resolved):
             for f in dataclasses.fields(cfg):
                 setattr(cfg, f.name, getattr(self._resolved, f.name))
             return
@@ -452,7 +452,8 @@ class LabelledImageAdapter(KitDefaults[LabelledImageConfig]):
         from contrastive.data import SubsetDataset, has_split
         from contrastive.eval.runner import load_split
 
-        self.prepare(cfg)
+        if self._resolved is None:  # else prepared (the engine has resolved more fields since)
+            self.prepare(cfg)
         self._cfg = cfg
         train_tf, eval_tf = self.transforms(cfg)
         full, (train_idx, val_idx) = self._full, self._split
