@@ -11,7 +11,8 @@ two towers; both read ``input_ids`` and ``attention_mask`` besides the image); s
 embeddings: ``SimCSE`` (reads ``input_ids`` and ``attention_mask``); labelled text:
 ``TextClassifier`` (an encoder fine-tuned with a prediction layer: the LRC-BERT teacher, the
 cross-entropy student) and ``LRCBert`` (contrastive distillation of such a teacher into a small
-student); both read ``input_ids``, ``attention_mask``, ``token_type_ids`` and ``labels``.
+student); both read ``input_ids``, ``attention_mask``, ``token_type_ids`` and ``labels``;
+labelled images: ``ImageClassifier`` (a backbone fine-tuned with a linear head, ``contrastive-finetune``).
 
 The contract (every method; the training engine relies on nothing else)
 -----------------------------------------------------------------------
@@ -82,6 +83,7 @@ from contrastive.methods.dino import DINO
 from contrastive.methods.distill import Distiller
 from contrastive.methods.dual_encoder import DualEncoder
 from contrastive.methods.ibot import IBOT
+from contrastive.methods.image_classifier import ImageClassifier
 from contrastive.methods.lrc_bert import LRCBert
 from contrastive.methods.mae import MAE
 from contrastive.methods.moco import MoCo
@@ -114,6 +116,7 @@ __all__ = [
     "Distiller",
     "DualEncoder",
     "IBOT",
+    "ImageClassifier",
     "LRCBert",
     "MAE",
     "Method",

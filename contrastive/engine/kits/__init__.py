@@ -16,6 +16,9 @@ evaluators, its artefact writers and its part of the hand-off to the method
 - :mod:`~contrastive.engine.kits.labelled_text`: labelled sentences and pairs
   (``LabelledTextConfig``, ``LabelledTextAdapter``, the GLUE dev metric, a classifier
   ``model/``);
+- :mod:`~contrastive.engine.kits.labelled_image`: labelled images, fine-tuning a backbone with
+  a classification head (``LabelledImageConfig``, ``LabelledImageAdapter``, ``val_top1``, a
+  classifier folder; ``contrastive-finetune``);
 - :mod:`~contrastive.engine.kits.text`: what the two text kits share (``TextRunConfig``,
   ``BertSizes``, ``TokenAdapter``).
 
@@ -30,6 +33,7 @@ from contrastive.engine.kits.image_text import (
     ImageTextConfig,
     dual_encoder_kwargs,
 )
+from contrastive.engine.kits.labelled_image import LabelledImageAdapter, LabelledImageConfig
 from contrastive.engine.kits.labelled_text import LabelledTextAdapter, LabelledTextConfig
 from contrastive.engine.kits.sentences import TextAdapter, TextConfig
 from contrastive.engine.kits.text import BertSizes, TextRunConfig
@@ -37,4 +41,5 @@ from contrastive.engine.kits.text import BertSizes, TextRunConfig
 __all__ = ["BATCH_KEYS", "Artefacts", "DataAdapter", "HandOff", "StepHook", "ImageConfig",
            "CifarConfig", "DIMConfig", "ImageAdapter", "ImageTextConfig", "DualEncoderConfig",
            "ImageTextAdapter", "dual_encoder_kwargs", "TextRunConfig", "BertSizes", "TextConfig",
-           "TextAdapter", "LabelledTextConfig", "LabelledTextAdapter"]
+           "TextAdapter", "LabelledTextConfig", "LabelledTextAdapter", "LabelledImageConfig",
+           "LabelledImageAdapter"]
