@@ -19,12 +19,12 @@ Protocols (``--protocol``; each sets the defaults of the flags below it, every o
 - ``vit``: MAE's fine-tuning (He et al. 2022, facebookresearch/mae ``main_finetune.py`` and
   ``FINETUNE.md``, after BEiT, Bao et al. 2022): AdamW (betas 0.9 / 0.999), base lr 5e-4 x
   batch / 256, batch 1024, 100 epochs, 5 warm-up epochs then cosine, weight decay 0.05,
-  layer-wise lr decay 0.65 (ViT-B's; layer ids from timm's ``group_matcher``), drop path 0.1,
+  layer-wise lr decay 0.65 (ViT-B's; MAE's layer ids, ``util/lr_decay.py``), drop path 0.1,
   RandAugment ``rand-m9-mstd0.5-inc1``, random erasing 0.25, mixup 0.8, cutmix 1.0, label
   smoothing 0.1 (timm's ``create_transform``, ``Mixup``, ``SoftTargetCrossEntropy``). Layer
-  decay applies to timm ViTs by default (timm's grouping: the last block shares the final
-  norm's lr, where MAE's ``util/lr_decay.py`` gives it ``decay``), drop path to timm encoders
-  (ours have neither: 1 and 0).
+  decay applies to timm ViTs by default (block i is layer i + 1, the final norm and the head
+  the top at the run's lr, so the last block trains at ``decay`` x it, as in MAE), drop path to
+  timm encoders (ours have neither: 1 and 0).
 - ``sgd``: SimCLR's fine-tuning (Chen et al. 2020, appendix B.5): SGD with Nesterov momentum
   0.9, lr 0.05 x batch / 256, batch 4096, no warm-up, cosine decay (the schedule of the
   authors' google-research/simclr code), no weight decay, random

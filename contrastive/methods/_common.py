@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from contrastive.methods.base import ParamGroup
 
 __all__ = ["unit", "wide", "width", "queue_metrics", "in_batch_metrics", "check_layer_decay",
-           "vit_layer_groups"]
+           "vit_layer_groups", "vit_layer_id"]
 
 
 def width(encoder: nn.Module) -> int:
@@ -41,6 +41,21 @@ def check_layer_decay(what: str, layer_decay: float, patch_embed_lr_scale: float
         raise ValueError(f"{what}: layer_decay must be in (0, 1] (1 = no layer-wise lr decay; "
                          f"DINOv2: 0.9) and patch_embed_lr_scale >= 0 (DINOv2: 0.2), got "
                          f"{layer_decay!r}, {patch_embed_lr_scale!r}")
+
+
+def vit_layer_id(name: str, depth: int) -> int:
+    """The layer id of a timm ``VisionTransformer``'s parameter ``name`` for layer-wise lr
+    decay, the rule of BEiT, MAE (facebookresearch/mae ``util/lr_decay.py``,
+    ``get_layer_id_for_vit``) and DINOv2: 0 for the embeddings (``patch_embed.*``,
+    ``pos_embed``, ``cls_token``, ``reg_token``, a mask token), ``i + 1`` for ``blocks.i.*``,
+    ``depth + 1`` for the rest (final norm, head); the scale of layer ``i`` is
+    ``decay ** (depth + 1 - i)``, so the last block already trains at ``decay`` x the lr."""
+    top, _, rest = name.partition(".")
+    if top in _EMBEDDINGS:
+        return 0
+    if top == "blocks":
+        return int(rest.partition(".")[0]) + 1
+    return depth + 1
 
 
 def vit_layer_groups(vit: nn.Module, layer_decay: float = 1.0, patch_embed_lr_scale: float = 1.0,
@@ -71,16 +86,11 @@ def vit_layer_groups(vit: nn.Module, layer_decay: float = 1.0, patch_embed_lr_sc
     named = [(n, p) for n, p in vit.named_parameters()] + [("mask_token", p) for p in embeddings]
     groups: dict[str, tuple[float, list[nn.Parameter]]] = {}
     for name, p in named:
-        if not p.requires_grad:
-            continue
-        top, _, rest = name.partition(".")
-        if top in _EMBEDDINGS:
-            layer, group = 0, "patch_embed" if top == "patch_embed" else "layer0"
-        elif top == "blocks":
-            layer = int(rest.partition(".")[0]) + 1
-            group = f"layer{layer}"
-        else:
+        layer = vit_layer_id(name, depth)
+        if not p.requires_grad or layer == depth + 1:
             continue  # layer L + 1: scale 1, the run's own groups
+        top = name.partition(".")[0]
+        group = "patch_embed" if top == "patch_embed" else f"layer{layer}"
         scale = layer_decay ** (depth + 1 - layer)
         if top == "patch_embed":
             scale *= patch_embed_lr_scale

@@ -105,14 +105,15 @@ def test_layer_decay_scales_reach_the_optimiser(data: Path) -> None:
                           extra_groups=adapter.param_groups(cfg, method))
     set_lr(opt, 1e-3)
 
-    def layer(name: str) -> int:  # timm's grouping: stem 0, block i -> i + 1, final norm last
+    def layer(name: str) -> int:  # MAE's lr_decay.py: embeddings 0, block i -> i + 1, the rest L + 1
         if name.startswith("encoder.blocks."):
             return int(name.split(".")[2]) + 1
-        return depth if name.startswith(("encoder.norm", "head")) else 0
+        return depth + 1 if name.startswith(("encoder.norm", "head")) else 0
 
     lr_of = {id(p): g["lr"] for g in opt.param_groups for p in g["params"]}
     for name, p in method.named_parameters():
-        assert lr_of[id(p)] == pytest.approx(1e-3 * decay ** (depth - layer(name))), name
+        assert lr_of[id(p)] == pytest.approx(1e-3 * decay ** (depth + 1 - layer(name))), name
+    assert lr_of[id(method.encoder.blocks[-1].mlp.fc1.weight)] == pytest.approx(1e-3 * decay)
 
 
 def test_subset_is_class_balanced_seeded_and_read_from_a_list(data: Path, tmp_path: Path) -> None:

@@ -10,8 +10,8 @@
   when asked), mixup / cutmix on the device (``timm.data.Mixup``, seeded by the position in the
   run, so a resume is exact), the training split cut into training and validation images
   (:func:`split_indices`);
-- the optimiser's groups: layer-wise lr decay (:func:`layer_decay_groups`, layer ids from
-  timm's ``group_matcher``) and the backbone controls of
+- the optimiser's groups: layer-wise lr decay (:func:`layer_decay_groups`, layer ids by MAE's
+  rule for ViTs, from timm's ``group_matcher`` otherwise) and the backbone controls of
   :mod:`~contrastive.engine.kits.finetune`, through the kit seam ``param_groups``;
 - evaluators: :class:`TopKEvaluator` (``val_top1`` / ``val_top5`` on the held-out part);
 - artefacts: :class:`FinetunedArtefacts`, ``classifier/`` (the fine-tuned classifier in its
@@ -102,8 +102,9 @@ class LabelledImageConfig(InitFields, FinetuneFields, RunConfig):
         "protocol's for timm encoders, 0 for ours")
     layer_decay: float | None = help_field(
         None, "layer-wise lr decay: a layer's lr is decay ** (depth - layer) x the run's (BEiT, "
-        "MAE; layer ids from timm's group_matcher); unset = the protocol's for timm ViTs, 1 "
-        "(off) for other encoders")
+        "MAE: a ViT's block i is layer i + 1, the final norm and head the top; other timm "
+        "models: timm's group_matcher); unset = the protocol's for timm ViTs, 1 (off) for "
+        "other encoders")
     auto_augment: str = help_field("", "timm's auto-augment policy, e.g. rand-m9-mstd0.5-inc1 "
                                    "(RandAugment); empty = none")
     reprob: float = help_field(0.0, "random erasing probability (timm's, mode pixel)")
@@ -214,9 +215,17 @@ def split_indices(targets: Sequence[int], *, val_fraction: float, label_fraction
 
 
 def layer_ids(encoder: nn.Module) -> dict[str, int]:
-    """Parameter name -> layer id of a timm model (0 = the stem ... the last = the final norm),
-    from its ``group_matcher`` as timm's ``param_groups_layer_decay`` derives them
-    (``timm.models.group_parameters(..., reverse=True)``). A model without one is refused."""
+    """Parameter name -> layer id (0 = the stem ... the last = the final norm). A timm ViT:
+    MAE's rule (:func:`~contrastive.methods._common.vit_layer_id`: block ``i`` is layer
+    ``i + 1``, the final norm ``depth + 1``, so the last block trains at ``decay`` x the lr, as
+    in MAE's fine-tuning). Another timm model: its ``group_matcher``, as timm's
+    ``param_groups_layer_decay`` derives them (``timm.models.group_parameters(...,
+    reverse=True)``). A model with neither is refused."""
+    from contrastive.methods._common import vit_layer_id
+
+    blocks = getattr(encoder, "blocks", None)
+    if hasattr(encoder, "patch_embed") and isinstance(blocks, nn.Sequential | nn.ModuleList):
+        return {name: vit_layer_id(name, len(blocks)) for name, _ in encoder.named_parameters()}
     matcher = getattr(encoder, "group_matcher", None)
     if not callable(matcher):
         raise ValueError(f"--layer-decay needs a timm encoder (the layer ids come from its "
