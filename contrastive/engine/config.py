@@ -117,6 +117,11 @@ class RunConfig:
         "numerical checks such as 2 processes against 1, where float32 rounding of sums taken "
         "in another order would otherwise hide or fake a difference")
     compile: bool = help_field(False, "torch.compile the backbone (nn.Module.compile, in place)")
+    grad_checkpointing: bool = help_field(
+        False, "activation checkpointing: keep only each block's input in the forward pass and "
+        "recompute the block in the backward pass (ViT blocks, ResNet stages, Hugging Face text "
+        "models; contrastive.nn.checkpointing): less activation memory for about one more "
+        "forward pass; the same gradients (dropout and drop path replayed) and BatchNorm statistics")
     sync_bn: bool = help_field(False, "convert every BatchNorm of the method to SyncBatchNorm "
                                "when several GPU processes train (global BN: MoCo v3, SimCLR, "
                                "BYOL...); the one switch, methods have none of their own")

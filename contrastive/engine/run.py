@@ -27,6 +27,7 @@ from contrastive.engine.run_folder import RunFolderError, os_error_message
 from contrastive.engine.step import ClipPartsError
 from contrastive.engine.trainer import TrainResult, kit_of, train
 from contrastive.eval.init import InitError
+from contrastive.nn.checkpointing import GradCheckpointingError
 from contrastive.nn.encoders import EncoderArgumentError
 from contrastive.nn.text_encoders import UnsafeCheckpointError
 
@@ -79,7 +80,7 @@ def run(config_cls: type[RunConfig], build_method: Callable[[Any, DataInfo], nn.
     try:
         result = train(cfg, build_method, adapter=kit, recipe=name)
     except (RunFolderError, GradCacheError, ClipPartsError, EncoderArgumentError,
-            InitError, KitOptionError) as e:
+            InitError, KitOptionError, GradCheckpointingError) as e:
         # the folder, a checkpoint file, options the method or the encoder refuses: one line
         raise SystemExit(f"{name}: error: {e}") from None
     except UnsafeCheckpointError as e:  # the user's model file, refused unread: bad input

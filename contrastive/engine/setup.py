@@ -234,6 +234,10 @@ def build_model(cfg: RunConfig, build_method: Callable[[Any, DataInfo], nn.Modul
         method = method.double()  # inputs follow in the step and the kNN monitor
     if kit is not None:
         method = kit.prepare_method(cfg, method, device)
+    if cfg.grad_checkpointing:
+        from contrastive.nn.checkpointing import enable_grad_checkpointing
+
+        enable_grad_checkpointing(method)
     if cfg.compile:
         logger.info("compiled: %s", ", ".join(compile_encoders(method)))
     peak_lr = scaled_lr(cfg.lr, cfg.batch_size, cfg.lr_scaling)
