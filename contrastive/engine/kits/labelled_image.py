@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from contrastive.engine.config import RunConfig, parse_json_object
-from contrastive.engine.fields import help_field
+from contrastive.engine.fields import help_field, override
 from contrastive.engine.kits.base import HandOff, KitDefaults
 from contrastive.engine.kits.finetune import (
     FinetuneFields,
@@ -96,6 +96,11 @@ class LabelledImageConfig(InitFields, FinetuneFields, RunConfig):
         "", "train on the images this file lists, one a line: a path relative to the split's "
         "folder (as SimCLR's ImageNet 1 %% / 10 %% lists) or an index into the split")
     eval_every: int = help_field(0, "validation every N optimiser steps (0 = at the end)")
+    # the published fine-tuning protocols train the whole network at one lr (MAE: with layer
+    # decay) and BatchNorm as in training (SimCLR appendix B.5); --init's defaults for
+    # continued pretraining (a 0.1 backbone lr, frozen BN statistics) are not theirs
+    backbone_lr_scale: float | None = override(1.0, "the protocols' (one lr; MAE: layer decay)")
+    freeze_bn_stats: bool | None = override(False, "the protocols' (BatchNorm trains)")
     eval_batch_size: int = help_field(256, "images per batch of the evaluation")
     drop_path: float | None = help_field(
         None, "stochastic depth rate of a timm encoder (timm's drop_path_rate); unset = the "
