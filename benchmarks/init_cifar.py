@@ -87,7 +87,7 @@ EXTRA_SEEDS_UNDER_CPU_S = 15 * 60
 PHASES = ("seed0", "seeds")
 DEFAULT_LEDGER = ROOT / "benchmarks" / "results" / "init_cifar_runs.json"
 DEFAULT_TABLE = ROOT / "benchmarks" / "results" / "init_cifar.md"
-NO_NEW_RUNS = "no-new-runs"
+NO_NEW_RUNS = run_ledger.NO_NEW_RUNS
 READING = "## Reading"  # the lead's section of the table file: kept when the table is rewritten
 
 
@@ -306,18 +306,8 @@ def execute(run: Run, d: Driver) -> dict[str, Any]:
     """Train (or resume) and evaluate one run in child processes, then record it; returns what
     happened: its timings, ``{"skipped": why}`` (another driver holds it, or no new runs), or
     ``{"done": ...}`` when another driver recorded it since this one made its plan."""
-    d.root.mkdir(parents=True, exist_ok=True)
-    if (d.root / NO_NEW_RUNS).exists():
-        return {"skipped": f"{d.root / NO_NEW_RUNS} says start no new run"}
-    lock = d.root / f"{run.name}.lock"
-    if not run_ledger.claim(lock):
-        return {"skipped": "another driver runs it"}
-    try:
-        if run.name in d.recorded():
-            return {"done": "another driver recorded it"}
-        return _execute(run, d)
-    finally:
-        lock.unlink(missing_ok=True)
+    return run_ledger.exclusive(d.root, run.name, lambda: run.name in d.recorded(),
+                                lambda: _execute(run, d))
 
 
 def _execute(run: Run, d: Driver) -> dict[str, Any]:

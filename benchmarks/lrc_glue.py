@@ -85,6 +85,9 @@ from glue_floors import TASKS, task_splits  # noqa: E402
 from glue_floors import split_sizes as _split_sizes  # noqa: E402
 from run_ledger import (  # noqa: E402
     DIGESTS,  # noqa: F401 (the digest keys' file, read by the tests)
+    NO_NEW_RUNS,
+    claim,  # noqa: F401 (the tests take a run's lock through the driver)
+    exclusive,
     final_step,
     git_commit,
     prune_checkpoints,
@@ -93,7 +96,6 @@ from run_ledger import (  # noqa: E402
     trained,
     update_json,
 )
-from run_ledger import claim as _claim  # noqa: E402
 
 split_sizes = functools.lru_cache(_split_sizes)  # reads a training file: once per task
 SHARED = ROOT.parent / "shared" / "data"
@@ -158,7 +160,6 @@ PHASES = ("teachers", "lr", "why", "main", "control", "lr-pre", "main-pre")  # i
 FLOORS = ROOT / "benchmarks" / "results" / "glue_floors.json"
 _DEFAULT_LEDGER = ROOT / "benchmarks" / "results" / "lrc_glue_runs.json"
 LEDGER = _DEFAULT_LEDGER  # main() sets it from --ledger
-NO_NEW_RUNS = "no-new-runs"  # a file of this name in the root: start no further run
 
 
 @dataclass
@@ -363,18 +364,8 @@ def execute(run: Run, root: Path, threads: int) -> dict[str, Any]:
     teacher = Path(run.args[run.args.index("--teacher") + 1]) if "--teacher" in run.args else None
     if teacher is not None and not trained(teacher.parent):
         return {"skipped": "its teacher is not trained yet"}
-    root.mkdir(parents=True, exist_ok=True)
-    if (root / NO_NEW_RUNS).exists():
-        return {"skipped": f"{root / NO_NEW_RUNS} says start no new run"}
-    lock = root / f"{run.name}.lock"
-    if not _claim(lock):
-        return {"skipped": "another driver runs it"}
-    try:
-        if run.done(root):  # the plan is older than another driver's finish: not scored again
-            return {"done": "another driver finished it"}
-        return _execute(run, root, threads)
-    finally:
-        lock.unlink(missing_ok=True)
+    # the plan may be older than another driver's finish: then it is not scored again
+    return exclusive(root, run.name, lambda: run.done(root), lambda: _execute(run, root, threads))
 
 
 def _execute(run: Run, root: Path, threads: int) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGESTS = ROOT / "benchmarks" / "results" / "recipe_digests.json"
+NO_NEW_RUNS = "no-new-runs"  # a file of this name in a driver's root: start no further run
 
 
 def trained(folder: Path) -> bool:
@@ -91,6 +92,26 @@ def claim(lock: Path) -> bool:
         os.write(fd, str(os.getpid()).encode())
         os.close(fd)
         return True
+
+
+def exclusive(root: Path, name: str, finished: Callable[[], bool],
+              work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``work()`` for the run ``name`` of a driver whose runs live in ``root``, unless
+    ``root/no-new-runs`` exists or another live driver holds the run's lock
+    (``{"skipped": why}``), or ``finished()`` says, once the lock is held, that another driver
+    finished it since this one made its plan (``{"done": ...}``)."""
+    root.mkdir(parents=True, exist_ok=True)
+    if (root / NO_NEW_RUNS).exists():
+        return {"skipped": f"{root / NO_NEW_RUNS} says start no new run"}
+    lock = root / f"{name}.lock"
+    if not claim(lock):
+        return {"skipped": "another driver runs it"}
+    try:
+        if finished():
+            return {"done": "another driver finished it"}
+        return work()
+    finally:
+        lock.unlink(missing_ok=True)
 
 
 def child_env(threads: int) -> dict[str, str]:

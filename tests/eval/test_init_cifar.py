@@ -116,7 +116,7 @@ def test_a_recorded_or_claimed_run_is_not_started(driver, tmp_path: Path) -> Non
     d = driver.Driver(tmp_path, tmp_path, tmp_path / "ledger.json")
     run = driver.plan({})[1]
     d.ledger.write_text(json.dumps({"runs": {run.name: _rec(run.arm.key, 0, 1, 1, 1)}}))
-    assert driver.execute(run, d) == {"done": "another driver recorded it"}
+    assert driver.execute(run, d) == {"done": "another driver finished it"}
     (tmp_path / f"{driver.plan({})[2].name}.lock").write_text(str(__import__("os").getpid()))
     assert driver.execute(driver.plan({})[2], d) == {"skipped": "another driver runs it"}
     (tmp_path / driver.NO_NEW_RUNS).touch()

@@ -395,12 +395,12 @@ def test_a_run_is_claimed_by_one_driver_and_a_dead_drivers_claim_is_taken_over(d
     import subprocess
 
     lock = tmp_path / "run.lock"
-    assert driver._claim(lock) and lock.read_text() == str(os.getpid())
-    assert not driver._claim(lock)  # held by a live process (this one)
+    assert driver.claim(lock) and lock.read_text() == str(os.getpid())
+    assert not driver.claim(lock)  # held by a live process (this one)
     dead = subprocess.Popen(["true"])
     dead.wait()
     lock.write_text(str(dead.pid))  # its holder has exited
-    assert driver._claim(lock) and lock.read_text() == str(os.getpid())
+    assert driver.claim(lock) and lock.read_text() == str(os.getpid())
     teacherless = driver.student_run("mrpc", "ce", 1e-4, 0, tmp_path)
     assert driver.execute(teacherless, tmp_path, 1) == {"skipped": "its teacher is not trained yet"}
     # a run another driver finished after this one planned it is neither trained nor scored
