@@ -48,7 +48,9 @@ def data_info(cfg: RunConfig, train_size: int, world_size: int = 1,
     set smaller than one batch is refused (the fix: a smaller ``--batch-size``)."""
     steps_per_epoch = train_size // cfg.batch_size
     if steps_per_epoch == 0:
-        raise ValueError(f"the training set has {train_size} samples, fewer than one "
+        from contrastive.engine.loader import BatchSizeError
+
+        raise BatchSizeError(f"the training set has {train_size} samples, fewer than one "
                          f"--batch-size {cfg.batch_size}: lower the batch size")
     return DataInfo(train_size=train_size, steps_per_epoch=steps_per_epoch,
                     total_steps=cfg.steps or steps_per_epoch * cfg.epochs,

@@ -38,8 +38,13 @@ from contrastive.data.loader import (
     start_workers,
 )
 
-__all__ = ["mix_seed", "GlobalBatchSampler", "SeededDataset", "build_train_loader",
+__all__ = ["BatchSizeError", "mix_seed", "GlobalBatchSampler", "SeededDataset", "build_train_loader",
            "step_generator", "ignore_stop_signals", "start_workers"]
+
+
+class BatchSizeError(ValueError):
+    """A ``--batch-size`` the run cannot take (larger than the data set, not divisible by the
+    processes): :func:`~contrastive.engine.run.run` reports it in one line."""
 
 class GlobalBatchSampler(Sampler[list[tuple[int, int]]]):
     """Per-process micro-batches of ``(epoch, index)`` cut from one global permutation;
@@ -62,10 +67,10 @@ class GlobalBatchSampler(Sampler[list[tuple[int, int]]]):
                  world_size: int = 1, seed: int = 0, shuffle: bool = True,
                  num_batches: int | None = None) -> None:
         if global_micro_batch % world_size:
-            raise ValueError(f"global micro-batch {global_micro_batch} is not divisible by "
+            raise BatchSizeError(f"global micro-batch {global_micro_batch} is not divisible by "
                              f"{world_size} processes; pick a --batch-size that is")
         if num_samples < global_micro_batch:
-            raise ValueError(f"the data set has {num_samples} images, fewer than one global "
+            raise BatchSizeError(f"the data set has {num_samples} images, fewer than one global "
                              f"micro-batch of {global_micro_batch}: lower --batch-size")
         self.num_samples = num_samples
         self.global_micro_batch = global_micro_batch

@@ -23,6 +23,7 @@ from contrastive.engine.config import RunConfig, parse_config
 from contrastive.engine.grad_cache import GradCacheError
 from contrastive.engine.handoff import DataInfo
 from contrastive.engine.kits.base import DataAdapter, KitOptionError
+from contrastive.engine.loader import BatchSizeError
 from contrastive.engine.run_folder import RunFolderError, os_error_message
 from contrastive.engine.step import ClipPartsError
 from contrastive.engine.trainer import TrainResult, kit_of, train
@@ -80,7 +81,7 @@ def run(config_cls: type[RunConfig], build_method: Callable[[Any, DataInfo], nn.
     try:
         result = train(cfg, build_method, adapter=kit, recipe=name)
     except (RunFolderError, GradCacheError, ClipPartsError, EncoderArgumentError,
-            InitError, KitOptionError, GradCheckpointingError) as e:
+            InitError, KitOptionError, GradCheckpointingError, BatchSizeError) as e:
         # the folder, a checkpoint file, options the method or the encoder refuses: one line
         raise SystemExit(f"{name}: error: {e}") from None
     except UnsafeCheckpointError as e:  # the user's model file, refused unread: bad input

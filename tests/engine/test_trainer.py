@@ -453,3 +453,13 @@ def test_a_resume_keeps_the_best_value_its_step_and_its_artefacts(tmp_path, fres
                       weights_only=True)
     assert (last["value"], last["step"]) == (0.9, 8)
     assert best_file.read_bytes() == written
+
+
+def test_a_batch_larger_than_the_data_is_one_line(tmp_path):
+    from tests.engine.test_init import _Cfg, _moco, _pipeline
+
+    with pytest.raises(SystemExit) as stop:
+        run(_Cfg, _moco, _pipeline, argv=["--batch-size", "64", "--output-dir", str(tmp_path / "run")],
+            name="t")
+    assert "fewer than one --batch-size 64: lower the batch size" in str(stop.value)
+    assert "\n" not in str(stop.value)

@@ -199,3 +199,4 @@ def test_the_engine_flag_trains_the_same_weights(tmp_path):
     assert weights[True].keys() == weights[False].keys()
     for k in weights[False]:
         torch.testing.assert_close(weights[True][k], weights[False][k], rtol=1e-9, atol=1e-12, msg=k)
+
