@@ -13,9 +13,9 @@ Per sample: that sum and count over the sample's own masked patches. ``reduction
 averages the samples, which equals the code's global ratio when every sample has the same
 number of masked patches (MAE's random masking: always).
 
-SimMIM (Xie et al., "SimMIM: A Simple Framework for Masked Image Modeling", CVPR 2022, sec. 3.4:
-an l1 loss on the masked pixels; the authors' microsoft/SimMIM ``models/simmim.py``,
-``SimMIM.forward``) is the same reduction with the absolute error and raw (dataset-normalised)
+SimMIM (Xie et al., "SimMIM: A Simple Framework for Masked Image Modeling", CVPR 2022, sec. 3,
+"prediction targets": an l1 loss on the masked pixels; the authors' microsoft/SimMIM
+``models/simmim.py``, ``SimMIM.forward``) is the same reduction with the absolute error and raw (dataset-normalised)
 pixels as the target::
 
     loss = sum over masked pixels and channels |x - x_rec| / (masked pixels + 1e-5) / channels
