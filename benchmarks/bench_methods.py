@@ -83,6 +83,7 @@ METHODS: dict[str, Entry] = {
     # without local crops, as DINO's CIFAR recipe (their defaults of 10 and 8 would give them
     # 6x and 5x the crops)
     "MAE": Entry("mae_cifar"),
+    "SimMIM": Entry("simmim_cifar"),
     "iBOT": Entry("ibot_cifar", ("--local-crops", "0")),
     "DINOv2": Entry("dinov2_cifar", ("--local-crops", "0")),
 }

@@ -111,6 +111,11 @@ ARGS: dict[str, list[str]] = {
         {"img_size": 16, "patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2}),
         "--decoder-dim", "8", "--decoder-depth", "1", "--decoder-heads", "2", "--batch-size", "16",
         "--warmup-epochs", "0.5", "--knn-every", "0"] for name in ("mae_cifar", "mae_in1k")},
+    # SimMIM: 8-px mask units on the 16-px images (2 x 2 units of 2 x 2 patches)
+    **{name: [*IMAGE[:4], "--encoder-kwargs", json.dumps(
+        {"img_size": 16, "patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2}),
+        "--mask-patch-size", "8", "--batch-size", "16", "--warmup-epochs", "0.5", "--knn-every",
+        "0"] for name in ("simmim_cifar", "simmim_in1k")},
     **{name: [*IMAGE[:4], "--encoder-kwargs", json.dumps(
         {"img_size": 16, "patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2,
          "dynamic_img_size": True}), "--out-dim", "32", "--batch-size", "16",

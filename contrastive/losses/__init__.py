@@ -11,7 +11,7 @@ Use by name (the registry) or by class / function::
 
 Registered names: ``infonce``, ``ntxent``, ``cosnce``, ``supcon``, ``dcl``, ``dclw``, ``siglip``,
 ``kd``, ``byol``, ``simsiam``, ``barlow_twins``, ``vicreg``, ``swav``, ``dino``, ``dim``, ``mae``,
-``ibot_patch``, ``koleo`` (see ``list_losses()``). Add yours with ``@register_loss("name")``. Inputs may be half precision: the maths runs in float32 and the
+``simmim``, ``ibot_patch``, ``koleo`` (see ``list_losses()``). Add yours with ``@register_loss("name")``. Inputs may be half precision: the maths runs in float32 and the
 result is float32.
 
 Batch-level losses (``barlow_twins``, ``vicreg``; ``loss_class(name).batch_level`` is True) are
@@ -45,7 +45,7 @@ from .modules import (
     SupConLoss,
 )
 from .mutual_info import DIMLoss
-from .reconstruction import MAELoss
+from .reconstruction import MAELoss, SimMIMLoss
 from .registry import UnknownLossError, get_loss, list_losses, loss_class, register_loss
 from .regression import BYOLLoss, SimSiamLoss
 
@@ -63,6 +63,7 @@ __all__ = [
     "KDLoss",
     "KoLeoLoss",
     "MAELoss",
+    "SimMIMLoss",
     "NTXentLoss",
     "SigLIPLoss",
     "SimSiamLoss",

@@ -5,7 +5,7 @@
 the two-view family without (or with other) negatives: ``BYOL``, ``SimSiam``, ``SupCon``,
 ``NNCLR``, ``BarlowTwins``, ``VICReg``; multi-crop clustering and self-distillation: ``SwAV``,
 ``DINO``, ``IBOT`` (iBOT / DINOv2: DINO plus masked-patch distillation and KoLeo, a timm
-ViT); masked image modelling: ``MAE`` (one view, a timm ViT); mutual information:
+ViT); masked image modelling: ``MAE`` and ``SimMIM`` (one view, a timm ViT); mutual information:
 ``DeepInfoMax``; image-text: ``CLIP`` and ``SigLIP``, siblings on one ``DualEncoder`` (the
 two towers; both read ``input_ids`` and ``attention_mask`` besides the image); sentence
 embeddings: ``SimCSE`` (reads ``input_ids`` and ``attention_mask``); labelled text:
@@ -99,6 +99,7 @@ from contrastive.methods.registry import (
 from contrastive.methods.siglip import SigLIP
 from contrastive.methods.simclr import SimCLR
 from contrastive.methods.simcse import SimCSE
+from contrastive.methods.simmim import SimMIM
 from contrastive.methods.simsiam import SimSiam
 from contrastive.methods.supcon import SupCon
 from contrastive.methods.swav import SwAV
@@ -128,6 +129,7 @@ __all__ = [
     "SigLIP",
     "SimCLR",
     "SimCSE",
+    "SimMIM",
     "SimSiam",
     "SupCon",
     "SwAV",

@@ -177,9 +177,10 @@ class MAE(Method):
                 if token is not None:
                     nn.init.normal_(token, std=0.02)
 
-    def draw_masking(self, n: int, device: torch.device) -> Masking:
-        """This step's masks of ``n`` images (uniform noise; a test may replace it)."""
-        return random_masking(n, self.num_patches, self.mask_ratio, device=device)
+    def draw_masking(self, n: int, device: torch.device, noise: Tensor | None = None) -> Masking:
+        """This step's masks of ``n`` images (``noise`` (n, L): scores to rank instead of fresh
+        uniform noise, the smallest kept; a test may replace the method)."""
+        return random_masking(n, self.num_patches, self.mask_ratio, noise=noise, device=device)
 
     def forward(self, batch: Mapping[str, Any]) -> dict[str, Tensor]:
         (x,) = views_of(batch, "MAE", n=1)

@@ -41,7 +41,7 @@ class Masking(NamedTuple):
 
 
 def random_masking(n: int, length: int, ratio: float, *, noise: Tensor | None = None,
-                   device: torch.device | str | None = None,
+                   kept: int | None = None, device: torch.device | str | None = None,
                    generator: torch.Generator | None = None) -> Masking:
     """MAE's per-sample random masking of ``n`` sequences of ``length`` tokens.
 
@@ -49,6 +49,8 @@ def random_masking(n: int, length: int, ratio: float, *, noise: Tensor | None = 
         ratio: fraction removed, in [0, 1); ``int(length * (1 - ratio))`` are kept (at least 1).
         noise: (n, length) scores to sort instead of fresh uniform noise (tests, and processes
             that must draw the masks of a global batch); small scores are kept.
+        kept: how many are kept, instead of MAE's ``int(length * (1 - ratio))`` (SimMIM counts
+            the removed ones, ``ceil(length * ratio)``: the same number but for float rounding).
     """
     if not 0.0 <= ratio < 1.0:
         raise ValueError(f"random_masking: ratio must be in [0, 1) (the fraction of patches "
@@ -58,7 +60,10 @@ def random_masking(n: int, length: int, ratio: float, *, noise: Tensor | None = 
     elif noise.shape != (n, length):
         raise ValueError(f"random_masking: noise must be ({n}, {length}), got "
                          f"{tuple(noise.shape)}")
-    kept = max(1, int(length * (1 - ratio)))
+    if kept is None:
+        kept = max(1, int(length * (1 - ratio)))
+    elif not 0 <= kept <= length:
+        raise ValueError(f"random_masking: kept must be in [0, {length}], got {kept}")
     shuffle = torch.argsort(noise, dim=1)  # ascending: small noise is kept
     restore = torch.argsort(shuffle, dim=1)
     mask = torch.ones(n, length, dtype=torch.bool, device=noise.device)

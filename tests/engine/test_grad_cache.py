@@ -56,7 +56,8 @@ IMAGE_METHODS: dict[str, tuple[dict[str, Any], tuple[int, ...]]] = {
     "vicreg": (dict(dim=8, mlp_hidden=8), (GLOBAL, GLOBAL)),
 }
 #: image methods whose loss reads more than the backbone's output: caching refused
-NOT_CACHEABLE = {"deepinfomax", "distill", "mae", "ibot"}  # mae, ibot: masked ViT tokens
+#: (mae, ibot, simmim: masked ViT tokens)
+NOT_CACHEABLE = {"deepinfomax", "distill", "mae", "ibot", "simmim"}
 OTHER_MODALITIES = {"clip", "siglip", "simcse", "lrcbert", "textclassifier"}  # own tests below
 
 

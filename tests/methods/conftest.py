@@ -1,6 +1,9 @@
-"""Tiny encoders so that method tests run in milliseconds."""
+"""Tiny encoders so that method tests run in milliseconds; the shared loops of the masked-image
+tests (MAE, SimMIM): SGD against a transcription of the authors' forward, a pretext run."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -60,3 +63,71 @@ def views():
         return [torch.randn(n, 3, size, size, generator=g) for _ in range(2)]
 
     return make
+
+
+@pytest.fixture
+def sgd_matches_reference():
+    """check(model, ref, losses, steps=3, lr=0.5, loss_tol=(rtol, atol), param_tol=(rtol, atol),
+    moved=1e-3): ``losses(step) -> (loss, loss_ref)`` gives the method's and the reference's
+    (the authors' forward written out, on ``ref``'s parameters) loss of that step's batch; they
+    are compared every step, both models take an SGD step, and at the end every parameter is
+    compared and must have moved more than ``moved`` from the start (the comparison is not of
+    untrained weights)."""
+
+    def check(model: nn.Module, ref: nn.Module, losses: Callable, steps: int = 3,
+              lr: float = 0.5, loss_tol: tuple[float, float] = (1e-12, 1e-14),
+              param_tol: tuple[float, float] = (1e-11, 1e-13), moved: float = 1e-3) -> None:
+        start = [p.detach().clone() for p in model.parameters()]
+        opt = torch.optim.SGD(model.parameters(), lr=lr)
+        opt_ref = torch.optim.SGD(ref.parameters(), lr=lr)
+        for step in range(steps):
+            loss, loss_ref = losses(step)
+            torch.testing.assert_close(loss, loss_ref, rtol=loss_tol[0], atol=loss_tol[1])
+            for o, lo in ((opt, loss), (opt_ref, loss_ref)):
+                o.zero_grad()
+                lo.backward()
+                o.step()
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p, q, rtol=param_tol[0], atol=param_tol[1], msg=name)
+        assert max(float((p - q).abs().max()) for p, q in zip(model.parameters(), start)) > moved
+
+    return check
+
+
+def shapes_images(split: str, n: int) -> torch.Tensor:
+    """The 16-px ``shapes`` images of ``split`` (``n`` train, 256 test), (x - 0.5) / 0.25."""
+    from contrastive.data import get_dataset
+
+    ds = get_dataset(f"shapes:n={n},n_test=256,size=16", split)
+    return (torch.stack([ds[i][0] for i in range(len(ds))]).float() / 255 - 0.5) / 0.25
+
+
+@pytest.fixture
+def pretext_run():
+    """run(build, held_out_loss, seed, steps=80, batch=32, **adamw) -> (before, after): a
+    method ``build()`` trained ``steps`` AdamW steps on batches of 16-px ``shapes`` images (one
+    thread, seeded), ``held_out_loss(method, images)`` on 256 held-out images before and
+    after (the masked-image learning checks)."""
+
+    def run(build: Callable[[], nn.Module], held_out_loss: Callable, seed: int,
+            steps: int = 80, batch: int = 32, **adamw) -> tuple[float, float]:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # the thread count of the tests' MEASURED figures
+        try:
+            torch.manual_seed(seed)
+            m = build()
+            data, test = shapes_images("train", steps * batch // 2), shapes_images("test", 256)
+            opt = torch.optim.AdamW(m.parameters(), **adamw)
+            before = held_out_loss(m, test)
+            g = torch.Generator().manual_seed(seed)
+            for _ in range(steps):
+                x = data[torch.randint(0, data.shape[0], (batch,), generator=g)]
+                loss = m(m.make_batch([x]))["loss"]
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            return before, held_out_loss(m, test)
+        finally:
+            torch.set_num_threads(threads)
+
+    return run

@@ -104,6 +104,34 @@ def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
 
 
+def trains_three_steps(recipe: str, run_dir: Path, *args: str) -> list[dict]:
+    """Run ``recipe`` for 3 optimiser steps in this process (``args``, untouched by the tiny
+    defaults) into ``run_dir``; check that steps 1, 2, 3 logged finite losses and a healthy
+    ``embedding_std`` and that the kNN monitor ran; return the metrics records."""
+    import math
+
+    run_recipe_here(recipe, *args, "--max-steps", "3", "--output-dir", str(run_dir), tiny=False)
+    records = read_metrics(run_dir)
+    steps = [r for r in records if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert all(math.isfinite(r["loss"]) and 0 < r["embedding_std"] < 1 for r in steps)
+    assert any("knn_top1" in r for r in records)
+    return records
+
+
+def loads_into_timm(run_dir: Path, name: str = "timm:vit_tiny_patch16_224") -> None:
+    """The run's ``encoder.pt`` names ``name`` and loads strictly into the model that
+    ``create_encoder`` builds from it (timm's keys, nothing extra: the ViT methods)."""
+    import torch
+
+    from contrastive.nn import create_encoder
+
+    payload = torch.load(Path(run_dir) / "encoder.pt", weights_only=True)
+    assert payload["encoder"] == name
+    enc = create_encoder(payload["encoder"], **payload["encoder_kwargs"])
+    enc.load_state_dict(payload["state_dict"], strict=True)
+
+
 def load_recipe(name: str):
     """Import recipes/<name>.py as a module (recipes are scripts, not a package)."""
     spec = importlib.util.spec_from_file_location(f"recipe_{name}", RECIPES / f"{name}.py")

@@ -113,6 +113,7 @@ RECIPE_PRESETS = {
     "simcse": ("SimCSE", "sup"),  # the default --mode; --mode unsup builds the other preset
     "siglip": ("SigLIP", "paper"),
     "mae_cifar": ("MAE", "cifar"), "mae_in1k": ("MAE", "vit_large"),
+    "simmim_cifar": ("SimMIM", "cifar"), "simmim_in1k": ("SimMIM", "vit_base"),
     "ibot_cifar": ("IBOT", "cifar"), "ibot_in1k": ("IBOT", "vit_small"),
     "dinov2_cifar": ("IBOT", "dinov2_cifar"), "dinov2_in1k": ("IBOT", "dinov2_in1k"),
 }
