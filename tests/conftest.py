@@ -175,6 +175,15 @@ class TwoProcessLauncher:
         return [exe, "launch", *multi, "--num_processes", str(processes), "--num_machines", "1",
                 "--mixed_precision", "no", "--dynamo_backend", "no"]
 
+    def machine_prefix(self, machine_rank: int, port: int, machines: int = 2) -> list[str]:
+        """The launcher's command line for machine ``machine_rank`` of ``machines``, one CPU
+        process each, all on this machine and meeting at 127.0.0.1:``port``: what each node of
+        a cluster starts (tests/engine/test_several_nodes.py)."""
+        cmd = self.prefix(machines)
+        cmd[cmd.index("--num_machines") + 1] = str(machines)
+        return [*cmd, "--machine_rank", str(machine_rank), "--main_process_ip", "127.0.0.1",
+                "--main_process_port", str(port)]
+
     def __call__(self, script: str | Path, *args: str, timeout: float = 600,
                  engine: bool = True) -> subprocess.CompletedProcess:
         """Run ``script *args`` as two processes and fail the test, with their log, unless it

@@ -67,15 +67,18 @@ def load_case(path: str) -> ModuleType:
     return module
 
 
-def run_case(path: str, rank: int, world: int, out_dir: Path) -> None:
+def run_case(path: str, rank: int, world: int, out_dir: Path, init_method: str | None = None
+             ) -> None:
     """One case: the reference, then the distributed part in a fresh process group, from the
-    global random state the process started with (restored after it), as if it ran alone."""
+    global random state the process started with (restored after it), as if it ran alone.
+    ``init_method``: how the ranks meet (default: a file store in ``out_dir``; ``"env://"``
+    where a launcher set the rendezvous)."""
     case = load_case(path)
     with torch.random.fork_rng(devices=[]):
         result: dict = case.reference(world) if rank == 0 else {}
         out_dir.mkdir(parents=True, exist_ok=True)
-        dist.init_process_group("gloo", init_method=f"file://{out_dir / 'store'}", rank=rank,
-                                world_size=world)
+        dist.init_process_group("gloo", rank=rank, world_size=world,
+                                init_method=init_method or f"file://{out_dir / 'store'}")
         try:
             result.update(case.distributed(rank, world))
             result["group_size"] = dist.get_world_size()

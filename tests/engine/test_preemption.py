@@ -123,18 +123,18 @@ def _fingerprints(run_dir: Path, step: int) -> dict:
                       .read_text())["fingerprints"]
 
 
-def _assert_same_as(reference: Path, out: Path) -> None:
-    """Final checkpoints equal (model incl. queue, optimiser, RNG of every process) and every
-    step's loss equal, each step logged once."""
-    assert _fingerprints(out, N) == _fingerprints(reference, N)
-    ma = load_file(str(reference / "checkpoints" / f"step_{N:08d}" / "model.safetensors"))
-    mb = load_file(str(out / "checkpoints" / f"step_{N:08d}" / "model.safetensors"))
+def _assert_same_as(reference: Path, out: Path, steps: int = N) -> None:
+    """Final checkpoints (of step ``steps``) equal (model incl. queue, optimiser, RNG of every
+    process) and every step's loss equal, each step logged once."""
+    assert _fingerprints(out, steps) == _fingerprints(reference, steps)
+    ma = load_file(str(reference / "checkpoints" / f"step_{steps:08d}" / "model.safetensors"))
+    mb = load_file(str(out / "checkpoints" / f"step_{steps:08d}" / "model.safetensors"))
     assert ma.keys() == mb.keys() and all(torch.equal(ma[k], mb[k]) for k in ma)
     losses = {}
     for d in (reference, out):
         recs = [r for r in rx.read_metrics(d) if "loss" in r]
-        steps = [r["step"] for r in recs]
-        assert steps == list(range(1, N + 1)), f"{d}: steps logged {steps}"
+        logged = [r["step"] for r in recs]
+        assert logged == list(range(1, steps + 1)), f"{d}: steps logged {logged}"
         losses[d] = [r["loss"] for r in recs]
     assert losses[reference] == losses[out]
 
@@ -147,11 +147,11 @@ def reference(case, tmp_path_factory):
     return out
 
 
-def _stopped_at(out: Path, state: dict, reason: str) -> int:
+def _stopped_at(out: Path, state: dict, reason: str, steps: int = N) -> int:
     assert state["state"] == "stopped" and state["resumable"] is True, state
     assert reason in state["reason"], state
     k = state["step"]
-    assert 0 < k < N, f"the stop came after the run ended (step {k}): make the run longer"
+    assert 0 < k < steps, f"the stop came after the run ended (step {k}): make the run longer"
     assert state["checkpoint"] == f"checkpoints/step_{k:08d}"
     assert (out / state["checkpoint"] / "meta.json").is_file()
     return k

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -75,12 +76,18 @@ def test_two_processes_train_checkpoint_and_match_one_process(tmp_path, rx, laun
         resolved = json.loads((out / "config.json").read_text())["resolved"]["init"]
         assert resolved["sha256"] == sha and resolved["mean"] == [0.5] * 3
 
+    assert_two_processes_match_one(two, one)
+
+
+def assert_two_processes_match_one(two: Path, one: Path) -> None:
+    """The 2-process MoCo run ``two`` (plain BN) against the 1-process ``one`` (split BN in 2
+    groups), both of ``ARGS``: checkpoints of 2 processes loadable in any number, the queue
+    holding the keys of both, then the same losses, weights and (matched) keys."""
     ckpts = sorted(p.name for p in (two / "checkpoints").iterdir())
     assert ckpts == ["step_00000004", "step_00000008"]
     meta = json.loads((two / "checkpoints" / "step_00000008" / "meta.json").read_text())
     assert meta["world_size"] == 2 and len(meta["fingerprints"]["rng"]) == 2
-    a = load_file(str(two / "checkpoints" / "step_00000008" / "model.safetensors"))
-    b = load_file(str(one / "checkpoints" / "step_00000008" / "model.safetensors"))
+    a, b = assert_same_training(two, one)
     assert not any(k.startswith("module.") for k in a)  # loadable in any number of processes
 
     # the queue holds the keys of both processes: the indices of the last 4 global batches
@@ -88,16 +95,24 @@ def test_two_processes_train_checkpoint_and_match_one_process(tmp_path, rx, laun
     assert int(a["queue.ptr"]) == (STEPS * 16) % 64
     assert sorted(labels.tolist()) == sorted(b["queue.key_labels"].tolist())
     assert labels.unique().numel() == 64 and (labels >= 0).all()
-
-    # same losses, weights and (matched) keys as one process with the same global batch
     assert a["queue.queue"].dtype == torch.float64  # --float64 reached the model
+    qa = a["queue.queue"][labels.argsort()]
+    qb = b["queue.queue"][b["queue.key_labels"].argsort()]
+    torch.testing.assert_close(qa, qb, **STEP_TOL)
+
+
+def assert_same_training(two: Path, one: Path) -> tuple[dict, dict]:
+    """Same logged losses and final weights (BN running statistics and the queue aside) in the
+    float64 runs ``two`` and ``one`` of ``STEPS`` steps; their final models."""
+    a = load_file(str(two / "checkpoints" / f"step_{STEPS:08d}" / "model.safetensors"))
+    b = load_file(str(one / "checkpoints" / f"step_{STEPS:08d}" / "model.safetensors"))
+    assert a.keys() == b.keys()
     # metrics.jsonl keeps 6 decimals: losses within 1e-10 may round 1e-6 apart (4.151594 /
     # 4.151595 once); the weights below carry the strict comparison
     assert _losses(two) == pytest.approx(_losses(one), rel=STEP_TOL["rtol"], abs=1.01e-6)
+    assert len(_losses(two)) == STEPS
     for k in a:
         if "running_" in k or "num_batches_tracked" in k or k.startswith("queue."):
             continue
         torch.testing.assert_close(a[k], b[k], **STEP_TOL, msg=k)
-    qa = a["queue.queue"][labels.argsort()]
-    qb = b["queue.queue"][b["queue.key_labels"].argsort()]
-    torch.testing.assert_close(qa, qb, **STEP_TOL)
+    return a, b
