@@ -155,3 +155,28 @@ def test_errors_name_the_problem():
     x = torch.zeros(2, 3, 16, 16)
     with pytest.raises(ValueError, match="1 tensors"):
         model({"views": [x, x]})
+
+
+def test_accumulation_is_exact_per_sample_loss():
+    """The big-batch road (issue 54 step 5): MAE's loss is a per-image mean over the same number
+    of masked patches for every image, so two micro-batches' mean loss and mean gradient equal
+    the whole batch's (the same masks): --grad-accum-steps reaches the paper's 4096 exactly.
+    (The equality needs every image to mask the same number of patches, as MAE's fixed ratio
+    does.)"""
+    x = torch.randn(6, 3, 16, 16, generator=_gen(3), dtype=torch.float64)
+    noise = torch.rand(6, 16, generator=_gen(4), dtype=torch.float64)
+
+    def loss_grads(rows):
+        model = tiny().double()
+        model.draw_masking = lambda n, device: random_masking(  # type: ignore[method-assign]
+            n, 16, 0.75, noise=noise[rows])
+        loss = model(model.make_batch([x[rows]]))["loss"]
+        loss.backward()
+        return loss.detach(), [p.grad for p in model.parameters() if p.requires_grad]
+
+    whole, g = loss_grads(slice(None))
+    (a, ga), (b, gb) = loss_grads(slice(0, 3)), loss_grads(slice(3, 6))
+    torch.testing.assert_close((a + b) / 2, whole, rtol=1e-13, atol=0)
+    for u, v, w in zip(ga, gb, g, strict=True):
+        torch.testing.assert_close((u + v) / 2, w, rtol=1e-10, atol=1e-14)
+    assert not torch.allclose(a, b)  # the halves differ: the equality is not of equal parts
