@@ -283,6 +283,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
                       TOKENIZERS_PARALLELISM="false")
     sys.path.insert(0, str(ROOT))
+    import contrastive
+
+    if Path(contrastive.__file__).resolve().parents[1] != ROOT.resolve():  # an editable install's
+        print(f"recipe_digests: contrastive imports from {Path(contrastive.__file__).parent} (an "
+              f"install of another checkout), not this tree's: run it with PYTHONPATH={ROOT}",
+              file=sys.stderr)  # finder wins over sys.path: the digests would be of that code
+        return 2
     import torch
 
     torch.set_num_threads(1)
