@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ORDER = ("nn", "augment", "decode", "train", "issue15", "methods", "grad_cache", "grad_checkpointing", "eval", "distill", "init", "simcse", "lrc_bert", "lrc_glue", "clip", "peer_losses", "gpu")
+ORDER = ("nn", "augment", "decode", "train", "issue15", "methods", "grad_cache", "grad_checkpointing", "eval", "distill", "init", "init_cifar", "simcse", "lrc_bert", "lrc_glue", "clip", "peer_losses", "gpu")
 
 
 def demote(markdown: str) -> str:
