@@ -191,7 +191,7 @@ class Driver:
                             "--data", str(self.eval_data), "--image-size", str(source.image_size),
                             *common, "--output", str(folder / f"{kind}.json")])
                     for kind, tool in (("knn", "knn_eval.py"), ("probe", "linear_eval.py"))]
-        return [("train", [sys.executable, "-m", "contrastive.eval.finetune", "--protocol", "sgd",
+        return [("train", [sys.executable, "-m", "contrastive.launch.finetune", "--protocol", "sgd",
                            *self.source_flags(run.source), "--data", str(self.ft_data),
                            "--image-size", str(source.image_size), "--batch-size", str(self.scale.ft_batch),
                            "--steps", str(self.scale.ft_steps), "--val-fraction", "0.1",

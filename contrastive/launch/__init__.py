@@ -1,5 +1,10 @@
-"""Launchers for clusters: a recipe as a Slurm job (:mod:`contrastive.launch.slurm`, the
-``contrastive-slurm`` command) that checkpoints before its time limit and requeues itself.
+"""Commands built on the training engine, and launchers for clusters:
 
-Standard library only: rendering or submitting a job imports neither torch nor the engine.
+- :mod:`contrastive.launch.finetune` (``contrastive-finetune``): full fine-tuning of an image
+  encoder with a classification head on labelled images;
+- :mod:`contrastive.launch.slurm` (``contrastive-slurm``): a recipe as a Slurm job that
+  checkpoints before its time limit and requeues itself (standard library only: rendering or
+  submitting a job imports neither torch nor the engine).
+
+The top layer of the package (CONTRIBUTING.md, Layers), beside ``recipes/`` and ``tools/``.
 """

@@ -45,7 +45,7 @@ def prepare(folder: Path) -> None:
 
 def run(folder: Path, name: str) -> None:
     from contrastive.engine import reset_accelerate_state
-    from contrastive.eval.finetune import main
+    from contrastive.launch.finetune import main
 
     reset_accelerate_state()
     try:

@@ -1,4 +1,4 @@
-"""``contrastive-finetune`` (contrastive/eval/finetune.py, the labelled-image kit): a resumed
+"""``contrastive-finetune`` (contrastive/launch/finetune.py, the labelled-image kit): a resumed
 run equals the uninterrupted one, two processes equal one, the low-label subset is
 class-balanced, seeded and read from a list file, layer-wise lr decay reaches the optimiser's
 groups, the mixup path trains, the classifier folder loads in one line, bad input is one line.
@@ -18,7 +18,7 @@ from contrastive.engine.kits.labelled_image import (
     read_subset_file,
     split_indices,
 )
-from contrastive.eval.finetune import SgdFinetuneConfig, VitFinetuneConfig, load_finetuned, main
+from contrastive.launch.finetune import SgdFinetuneConfig, VitFinetuneConfig, load_finetuned, main
 
 RUNS = Path(__file__).with_name("finetune_dist_runs.py")  # the two-process runs, their data
 _spec = importlib.util.spec_from_file_location("finetune_dist_runs", RUNS)
@@ -88,7 +88,7 @@ def test_mixup_batch_is_seeded_by_the_position(data: Path) -> None:
 def test_layer_decay_scales_reach_the_optimiser(data: Path) -> None:
     from contrastive.engine.handoff import DataInfo
     from contrastive.engine.optim import build_optimizer, set_lr
-    from contrastive.eval.finetune import build_method
+    from contrastive.launch.finetune import build_method
 
     decay, depth = 0.5, 2
     cfg = VitFinetuneConfig(data=str(data), encoder="timm:vit_tiny_patch16_224",

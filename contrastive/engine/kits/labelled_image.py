@@ -1,10 +1,10 @@
 """The labelled-image kit: fine-tuning an image encoder with a classification head
-(``contrastive-finetune``, :mod:`contrastive.eval.finetune`), the image twin of
+(``contrastive-finetune``, :mod:`contrastive.launch.finetune`), the image twin of
 :mod:`~contrastive.engine.kits.labelled_text`.
 
 - configuration: :class:`LabelledImageConfig` (the data, the starting weights through
   ``--init``, the held-out validation part, the low-label subset and the regularisers of the
-  fine-tuning protocols; :mod:`contrastive.eval.finetune` sets each protocol's defaults);
+  fine-tuning protocols; :mod:`contrastive.launch.finetune` sets each protocol's defaults);
 - data: :class:`LabelledImageAdapter`, one view per image from timm's transforms
   (``timm.data.create_transform``: random-resized crop and flip, RandAugment and random erasing
   when asked), mixup / cutmix on the device (``timm.data.Mixup``, seeded by the position in the
@@ -26,6 +26,7 @@ import copy
 import dataclasses
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +52,7 @@ from contrastive.records import BEST_DIR, RESULTS_FILE
 if TYPE_CHECKING:
     from contrastive.methods.base import ParamGroup
 
-__all__ = ["LabelledImageConfig", "LabelledImageAdapter", "TopKEvaluator", "FinetunedArtefacts",
+__all__ = ["save_classifier", "load_finetuned", "LabelledImageConfig", "LabelledImageAdapter", "TopKEvaluator", "FinetunedArtefacts",
            "CLASSIFIER_DIR", "split_indices", "read_subset_file", "layer_ids",
            "layer_decay_groups"]
 
@@ -69,7 +70,7 @@ OURS_FILE = "classifier.json"
 class LabelledImageConfig(InitFields, FinetuneFields, RunConfig):
     """Fine-tuning on labelled images: the data, the starting weights (``--init``), the
     held-out validation images, the low-label subset, and the fine-tuning regularisers. The
-    protocol classes of :mod:`contrastive.eval.finetune` set the optimiser's and these
+    protocol classes of :mod:`contrastive.launch.finetune` set the optimiser's and these
     defaults."""
 
     data: str = help_field(
@@ -261,6 +262,71 @@ def layer_decay_groups(encoder: nn.Module, decay: float,
             for i, params in sorted(by_layer.items())]
 
 
+def save_classifier(folder: Path, module: nn.Module, cfg: LabelledImageConfig,
+                    classes: Sequence[str], normalisation: tuple[Sequence[float], Sequence[float]],
+                    *, step: int, recipe: str) -> Path:
+    """The fine-tuned classifier in its encoder's family: a timm model folder for a timm
+    encoder (``model.safetensors`` in timm's names with the head as its classifier, and timm's
+    ``config.json``: ``timm.save_for_hf``), else ``model.safetensors`` (``encoder.*``,
+    ``head.*``) and ``classifier.json``. Safetensors only: nothing runs code when loaded."""
+    from safetensors.torch import save_file
+
+    from contrastive.methods.image_classifier import ImageClassifier
+
+    assert isinstance(module, ImageClassifier)
+    folder.mkdir(parents=True, exist_ok=True)
+    encoder: Any = module.encoder
+    head = module.head
+    mean, std = (list(v) for v in normalisation)
+    if cfg.encoder.startswith("timm:"):
+        from timm.models import save_for_hf
+
+        model = copy.deepcopy(encoder).float()
+        model.reset_classifier(head.out_features)
+        model.get_classifier().load_state_dict(head.float().state_dict())
+        save_for_hf(model, str(folder), safe_serialization=True,
+                    model_args=cfg.encoder_options() or None,
+                    model_config={"label_names": list(classes)} if classes else None,
+                    data_config={"input_size": (3, cfg.image_size, cfg.image_size),
+                                 "mean": tuple(mean), "std": tuple(std), "crop_pct": 0.875,
+                                 "interpolation": "bicubic"})
+        return folder
+    state = {f"encoder.{k}": v.detach().float().contiguous().cpu()
+             for k, v in encoder.state_dict().items()}
+    state.update({f"head.{k}": v.detach().float().contiguous().cpu()
+                  for k, v in head.state_dict().items()})
+    save_file(state, str(folder / "model.safetensors"))
+    (folder / OURS_FILE).write_text(json.dumps({
+        "encoder": cfg.encoder, "encoder_kwargs": cfg.encoder_options(),
+        "num_classes": head.out_features, "label_names": list(classes), "mean": mean, "std": std,
+        "image_size": cfg.image_size, "step": step, "recipe": recipe}, indent=1) + "\n")
+    return folder
+
+
+def load_finetuned(folder: str | Path) -> nn.Module:
+    """A ``classifier/`` folder as a module mapping normalised (N, 3, H, W) images to logits,
+    in eval mode: the timm model for a timm encoder, else ``encoder`` then ``head``."""
+    folder = Path(folder).expanduser()
+    if (folder / "config.json").is_file():
+        import timm
+
+        return timm.create_model(f"local-dir:{folder}", pretrained=True).eval()
+    meta_file = folder / OURS_FILE
+    if not meta_file.is_file():
+        raise ValueError(f"{folder}: no config.json (timm) nor {OURS_FILE}: not a classifier "
+                         "folder written by contrastive-finetune")
+    from safetensors.torch import load_file
+
+    from contrastive.nn import create_encoder
+
+    meta = json.loads(meta_file.read_text())
+    encoder: Any = create_encoder(meta["encoder"], **meta.get("encoder_kwargs", {}))
+    model = nn.Sequential(OrderedDict(encoder=encoder,
+                                      head=nn.Linear(encoder.num_features, meta["num_classes"])))
+    model.load_state_dict(load_file(str(folder / "model.safetensors")))
+    return model.eval()
+
+
 class TopKEvaluator:
     """Top-1 / top-5 (%) of ``module.predict`` on a labelled ``dataset`` (eval transform),
     ``prefix_top1`` / ``prefix_top5``; every process scores all the images
@@ -307,7 +373,7 @@ def kept_global_rng() -> Iterator[None]:
 
 
 class FinetunedArtefacts:
-    """``classifier/`` (:func:`contrastive.eval.finetune.save_classifier`: a timm model's
+    """``classifier/`` (:func:`save_classifier`: a timm model's
     folder for timm encoders, ours otherwise) and ``results.json``: the latest validation
     figures and, for the run's last step (the whole budget, not a ``--max-steps`` stop nor
     ``best/``), the test split scored once."""
@@ -319,8 +385,6 @@ class FinetunedArtefacts:
 
     def write(self, out: Path, cfg: LabelledImageConfig, module: nn.Module, recipe: str,
               step: int) -> Path:
-        from contrastive.eval.finetune import save_classifier
-
         a = self.adapter
         result: dict[str, Any] = {"step": step, "protocol": cfg.protocol,
                                   "encoder": cfg.encoder, "init": cfg.init or None,

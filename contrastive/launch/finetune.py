@@ -6,7 +6,7 @@ then score the test split once.
     contrastive-finetune --init runs/moco_cifar --data /data/cifar10 --protocol sgd \\
         --label-fraction 0.1 --batch-size 256 --epochs 30 --output-dir runs/ft-moco-10pc
     # a timm ViT's published weights, MAE's protocol, 2 GPUs
-    accelerate launch --multi_gpu --num_processes 2 -m contrastive.eval.finetune \\
+    accelerate launch --multi_gpu --num_processes 2 -m contrastive.launch.finetune \\
         --init timm:vit_small_patch16_224.augreg_in21k --data /data/imagenet
 
 The source is ``--init`` (:mod:`contrastive.eval.init`: a run folder, ``encoder.pt``, a
@@ -48,13 +48,9 @@ Run folder: the engine's (config.json, metrics.jsonl, checkpoints/, run_state.js
 
 from __future__ import annotations
 
-import copy
-import json
 import sys
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -62,9 +58,10 @@ from torch import nn
 from contrastive.engine import bad_input, cli, override, parse_config, run
 from contrastive.engine.handoff import DataInfo
 from contrastive.engine.kits.labelled_image import (
-    OURS_FILE,
     LabelledImageAdapter,
     LabelledImageConfig,
+    load_finetuned,
+    save_classifier,
 )
 
 __all__ = ["VitFinetuneConfig", "SgdFinetuneConfig", "PROTOCOLS", "build_method",
@@ -76,7 +73,7 @@ PROG = "contrastive-finetune"
 @dataclass
 class VitFinetuneConfig(LabelledImageConfig):
     """Fine-tune an image encoder with a classification head on labelled images (module
-    docstring of contrastive.eval.finetune, or the README). --protocol vit: MAE / BEiT's
+    docstring of contrastive.launch.finetune, or the README). --protocol vit: MAE / BEiT's
     fine-tuning (AdamW, layer-wise lr decay, drop path, RandAugment, mixup / cutmix, label
     smoothing). Example: contrastive-finetune --init runs/mae_cifar --data cifar10 --batch-size
     256 --epochs 50 --output-dir runs/ft. --protocol sgd --help shows the ResNet protocol's
@@ -100,7 +97,7 @@ class VitFinetuneConfig(LabelledImageConfig):
 @dataclass
 class SgdFinetuneConfig(LabelledImageConfig):
     """Fine-tune an image encoder with a classification head on labelled images (module
-    docstring of contrastive.eval.finetune, or the README). --protocol sgd: SimCLR's
+    docstring of contrastive.launch.finetune, or the README). --protocol sgd: SimCLR's
     fine-tuning of ResNets (Nesterov SGD, cosine, crop and flip only). Example:
     contrastive-finetune --protocol sgd --init runs/moco_cifar --data cifar10 --batch-size 256
     --label-fraction 0.1 --output-dir runs/ft-10pc."""
@@ -132,71 +129,6 @@ def build_method(cfg: LabelledImageConfig, data: DataInfo) -> nn.Module:
     assert data.num_classes is not None
     return ImageClassifier(create_encoder(cfg.encoder, **kwargs), data.num_classes,
                            smoothing=cfg.smoothing)
-
-
-def save_classifier(folder: Path, module: nn.Module, cfg: LabelledImageConfig,
-                    classes: Sequence[str], normalisation: tuple[Sequence[float], Sequence[float]],
-                    *, step: int, recipe: str) -> Path:
-    """The fine-tuned classifier in its encoder's family: a timm model folder for a timm
-    encoder (``model.safetensors`` in timm's names with the head as its classifier, and timm's
-    ``config.json``: ``timm.save_for_hf``), else ``model.safetensors`` (``encoder.*``,
-    ``head.*``) and ``classifier.json``. Safetensors only: nothing runs code when loaded."""
-    from safetensors.torch import save_file
-
-    from contrastive.methods.image_classifier import ImageClassifier
-
-    assert isinstance(module, ImageClassifier)
-    folder.mkdir(parents=True, exist_ok=True)
-    encoder: Any = module.encoder
-    head = module.head
-    mean, std = (list(v) for v in normalisation)
-    if cfg.encoder.startswith("timm:"):
-        from timm.models import save_for_hf
-
-        model = copy.deepcopy(encoder).float()
-        model.reset_classifier(head.out_features)
-        model.get_classifier().load_state_dict(head.float().state_dict())
-        save_for_hf(model, str(folder), safe_serialization=True,
-                    model_args=cfg.encoder_options() or None,
-                    model_config={"label_names": list(classes)} if classes else None,
-                    data_config={"input_size": (3, cfg.image_size, cfg.image_size),
-                                 "mean": tuple(mean), "std": tuple(std), "crop_pct": 0.875,
-                                 "interpolation": "bicubic"})
-        return folder
-    state = {f"encoder.{k}": v.detach().float().contiguous().cpu()
-             for k, v in encoder.state_dict().items()}
-    state.update({f"head.{k}": v.detach().float().contiguous().cpu()
-                  for k, v in head.state_dict().items()})
-    save_file(state, str(folder / "model.safetensors"))
-    (folder / OURS_FILE).write_text(json.dumps({
-        "encoder": cfg.encoder, "encoder_kwargs": cfg.encoder_options(),
-        "num_classes": head.out_features, "label_names": list(classes), "mean": mean, "std": std,
-        "image_size": cfg.image_size, "step": step, "recipe": recipe}, indent=1) + "\n")
-    return folder
-
-
-def load_finetuned(folder: str | Path) -> nn.Module:
-    """A ``classifier/`` folder as a module mapping normalised (N, 3, H, W) images to logits,
-    in eval mode: the timm model for a timm encoder, else ``encoder`` then ``head``."""
-    folder = Path(folder).expanduser()
-    if (folder / "config.json").is_file():
-        import timm
-
-        return timm.create_model(f"local-dir:{folder}", pretrained=True).eval()
-    meta_file = folder / OURS_FILE
-    if not meta_file.is_file():
-        raise ValueError(f"{folder}: no config.json (timm) nor {OURS_FILE}: not a classifier "
-                         "folder written by contrastive-finetune")
-    from safetensors.torch import load_file
-
-    from contrastive.nn import create_encoder
-
-    meta = json.loads(meta_file.read_text())
-    encoder: Any = create_encoder(meta["encoder"], **meta.get("encoder_kwargs", {}))
-    model = nn.Sequential(OrderedDict(encoder=encoder,
-                                      head=nn.Linear(encoder.num_features, meta["num_classes"])))
-    model.load_state_dict(load_file(str(folder / "model.safetensors")))
-    return model.eval()
 
 
 def _protocol(argv: Sequence[str]) -> str:
