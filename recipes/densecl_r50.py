@@ -3,15 +3,16 @@
 Self-Supervised Visual Pre-Training", CVPR 2021 (arXiv 2011.09157), and the authors' code
 (WXinlong/DenseCL, ``configs/selfsup/densecl/densecl_imagenet_200ep.py``, ``configs/base.py``).
 
-Settings (all read from that config; the paper's sec. 4 states the same): 200 epochs, batch 256
+Settings (all read from that config; the paper's full text could not be read here, only its
+abstract, so the values are the code's): 200 epochs, batch 256
 (32 x 8 GPUs), SGD lr 0.03 (NOT 0.3), momentum 0.9, weight decay 1e-4 on every parameter (the
 config has no parameter-wise options), cosine to 0 (mmcv's ``CosineAnnealing``, per epoch, no
 warm-up); MoCo v2's head 2048-2048-128 plus the dense head (1x1 conv 2048-2048, ReLU, 1x1 conv
 2048-128) on ResNet-50's own 7 x 7 map (``num_grid=None``), queues of 65536, key momentum 0.999,
 temperature 0.2, dense share lambda 0.5, shuffle BN; MoCo v2's "aug+" augmentation
 (RandomResizedCrop 224 scale 0.2-1, colour jitter 0.4/0.4/0.4/0.1 p 0.8, grayscale p 0.2,
-Gaussian blur sigma 0.1-2 p 0.5, flip). The paper's headline is transfer (VOC detection +2.0 AP,
-COCO +0.9 AP over MoCo v2), not ImageNet linear accuracy (63.6 % in the authors' README).
+Gaussian blur sigma 0.1-2 p 0.5, flip). The paper's headline is transfer (its abstract: +2.0 AP
+on VOC detection, +1.1 AP on COCO detection over MoCo v2), not ImageNet linear accuracy.
 
     accelerate launch recipes/densecl_r50.py --data /path/to/imagenet --output-dir runs/densecl
 
