@@ -74,6 +74,8 @@ ARGS: dict[str, list[str]] = {
     "moco_cifar": [*IMAGE, "--queue-size", "32", "--split-bn", "2"],
     "moco_r50": [*IMAGE, "--queue-size", "32", "--mlp-hidden", "32"],
     "mocov1_r50": [*IMAGE, "--queue-size", "32"],
+    **{name: [*IMAGE, "--queue-size", "32", "--mlp-hidden", "32", "--dim", "16", *extra]
+       for name, extra in (("densecl_cifar", ["--split-bn", "2"]), ("densecl_r50", []))},
     **{name: HEADS for name in ("mocov3_r50", "mocov3_vit_small", "simclr_r50", "simclr_cifar",
                                 "dcl_cifar",
                                 "byol_cifar", "byol_r50", "supcon_cifar", "supcon_r50")},

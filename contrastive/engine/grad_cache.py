@@ -87,6 +87,10 @@ def check_grad_cache(method: nn.Module, chunk: int, accum: int) -> str:
             f"--grad-accum-steps {accum} with {name}: its loss couples the samples of a batch "
             f"(in-batch negatives or batch statistics), so micro-batches would train a smaller "
             f"batch, another experiment; {fix}")
+    reason = getattr(method, "no_accumulation", "")
+    if accum > 1 and reason:
+        raise GradCacheError(f"--grad-accum-steps {accum} with {name}: {reason}; train with a "
+                             "smaller --batch-size, or more processes")
     if (chunk > 0 or accum > 1) and not cacheable:
         if chunk == 0:
             return "plain"  # a per-sample method without a backbone to cache: accumulate

@@ -11,7 +11,7 @@ Use by name (the registry) or by class / function::
 
 Registered names: ``infonce``, ``ntxent``, ``cosnce``, ``supcon``, ``dcl``, ``dclw``, ``siglip``,
 ``kd``, ``byol``, ``simsiam``, ``barlow_twins``, ``vicreg``, ``swav``, ``dino``, ``dim``, ``mae``,
-``simmim``, ``ibot_patch``, ``koleo`` (see ``list_losses()``). Add yours with ``@register_loss("name")``. Inputs may be half precision: the maths runs in float32 and the
+``simmim``, ``densecl``, ``ibot_patch``, ``koleo`` (see ``list_losses()``). Add yours with ``@register_loss("name")``. Inputs may be half precision: the maths runs in float32 and the
 result is float32.
 
 Batch-level losses (``barlow_twins``, ``vicreg``; ``loss_class(name).batch_level`` is True) are
@@ -24,6 +24,7 @@ from __future__ import annotations
 from . import (
     clustering,
     decorrelation,
+    dense,
     dinov2,
     functional,
     mutual_info,
@@ -32,6 +33,7 @@ from . import (
 )
 from .clustering import DINOLoss, SwAVLoss
 from .decorrelation import BarlowTwinsLoss, VICRegLoss
+from .dense import DenseInfoNCELoss
 from .dinov2 import IBOTPatchLoss, KoLeoLoss
 from .modules import (
     BaseLoss,
@@ -58,6 +60,7 @@ __all__ = [
     "CosNCELoss",
     "DCLLoss",
     "DCLWLoss",
+    "DenseInfoNCELoss",
     "IBOTPatchLoss",
     "InfoNCELoss",
     "KDLoss",
@@ -73,6 +76,7 @@ __all__ = [
     "VICRegLoss",
     "clustering",
     "decorrelation",
+    "dense",
     "dinov2",
     "functional",
     "get_loss",

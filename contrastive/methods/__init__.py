@@ -1,6 +1,7 @@
 """Contrastive methods: ``nn.Module`` s that take a batch of named inputs and return the loss.
 
-``MoCo`` (v1/v2, queue), ``MoCoV3`` (no queue, predictor), ``SimCLR`` (NT-Xent, in-batch),
+``MoCo`` (v1/v2, queue), ``DenseCL`` (MoCo v2 plus a dense loss between matched
+feature-map locations), ``MoCoV3`` (no queue, predictor), ``SimCLR`` (NT-Xent, in-batch),
 ``Distiller`` (COS-NCE contrastive distillation of a frozen teacher into a student, LRC-BERT);
 the two-view family without (or with other) negatives: ``BYOL``, ``SimSiam``, ``SupCon``,
 ``NNCLR``, ``BarlowTwins``, ``VICReg``; multi-crop clustering and self-distillation: ``SwAV``,
@@ -79,6 +80,7 @@ from contrastive.methods.clip import CLIP
 from contrastive.methods.dcl import DCL
 from contrastive.methods.dclw import DCLW
 from contrastive.methods.deep_infomax import DeepInfoMax
+from contrastive.methods.densecl import DenseCL
 from contrastive.methods.dino import DINO
 from contrastive.methods.distill import Distiller
 from contrastive.methods.dual_encoder import DualEncoder
@@ -114,6 +116,7 @@ __all__ = [
     "BarlowTwins",
     "DINO",
     "DeepInfoMax",
+    "DenseCL",
     "Distiller",
     "DualEncoder",
     "IBOT",

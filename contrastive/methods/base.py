@@ -99,6 +99,9 @@ class Method(nn.Module):
     #: negatives (batch statistics of the embeddings: Barlow Twins, VICReg); with
     #: ``uses_in_batch_negatives`` it makes the engine refuse --grad-accum-steps
     couples_samples: bool = False
+    #: why --grad-accum-steps would train another experiment (the engine refuses it with this
+    #: reason), for a reason other than the two above; "" = accumulation is fine
+    no_accumulation: str = ""
     #: the backbones the engine may run chunk by chunk (--grad-cache-chunk,
     #: :mod:`contrastive.engine.grad_cache`): submodule names the method calls only as
     #: ``backbone(tensors...)`` -> one row per input row; () = the loss reads more than their

@@ -129,17 +129,21 @@ class MoCo(Method):
     def _query_params(self) -> list[Tensor]:
         return [*self.encoder.parameters(), *self.head.parameters()]
 
+    def _key_rows(self, x: Tensor) -> Tensor:
+        """The key network's rows for ``x``: unit keys (N, D)."""
+        return unit(self.key_net(x))
+
     @torch.no_grad()
     def _keys(self, x: Tensor) -> Tensor:
-        """Unit keys (N, D) of ``x`` with shuffle BN (across processes) or a local permutation
+        """:meth:`_key_rows` of ``x`` with shuffle BN (across processes) or a local permutation
         (one process with split BN), order restored."""
         if self.shuffle_bn and world_size() > 1:
             xs, idx_unshuffle = batch_shuffle(x)
-            return batch_unshuffle(unit(self.key_net(xs)), idx_unshuffle)
+            return batch_unshuffle(self._key_rows(xs), idx_unshuffle)
         if self.shuffle_bn and self.split_bn > 1:
             perm = torch.randperm(x.shape[0], device=x.device)
-            return unit(self.key_net(x[perm]))[torch.argsort(perm)]
-        return unit(self.key_net(x))
+            return self._key_rows(x[perm])[torch.argsort(perm)]
+        return self._key_rows(x)
 
     def forward(self, batch: Mapping[str, Any]) -> dict[str, Tensor]:
         x1, x2 = views_of(batch, "MoCo", n=2)

@@ -14,7 +14,7 @@ from dist_worker import SGDRecord
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from contrastive.methods import MoCo, MoCoV3, SimCLR
+from contrastive.methods import DenseCL, MoCo, MoCoV3, SimCLR
 from contrastive.nn import KeyQueue
 from contrastive.nn import distributed as D
 
@@ -36,11 +36,16 @@ class Tiny(nn.Module):
         )
         self.num_features = 8
 
+    def forward_stages(self, x):  # DenseCL's feature map
+        return [self.body(x)]
+
     def forward(self, x):
         return self.body(x).mean(dim=(2, 3))
 
 
-NAMES = ("simclr", "mocov3", "moco", "simclr_multicrop", "mocov3_multicrop")
+NAMES = ("simclr", "mocov3", "moco", "simclr_multicrop", "mocov3_multicrop", "densecl")
+#: planted bug: the dense queue takes this process's keys only (must break the equality)
+MUTATED = "densecl_local_queue"
 
 
 def build(name: str) -> nn.Module:
@@ -49,6 +54,13 @@ def build(name: str) -> nn.Module:
         return SimCLR(Tiny(bn=True), dim=6, mlp_hidden=8, temperature=0.5).double().eval()
     if name.startswith("mocov3"):
         return MoCoV3(Tiny(bn=True), dim=6, mlp_hidden=8, temperature=0.3).double().eval()
+    if name.startswith("densecl"):  # as MoCo: no BN, train mode, shuffle BN runs
+        method = DenseCL(Tiny(bn=False), dim=6, mlp_hidden=8, queue_size=12, momentum=0.8)
+        if name == MUTATED:
+            enqueue = method.dense_queue.enqueue
+            method.dense_queue.enqueue = lambda keys, labels=None, gathered=False: enqueue(
+                keys, labels, gathered=True)
+        return method.double()
     # MoCo without any BN, in train mode: shuffle BN runs (gather, permute, unshuffle)
     return MoCo(Tiny(bn=False), version=2, dim=6, mlp_hidden=8, queue_size=12,
                 momentum=0.8).double()
@@ -74,6 +86,8 @@ def train(name: str, rank: int, world: int) -> dict:
     result = record.finish(method)
     if name == "moco":
         result["queue"] = method.queue.ordered_keys()
+    if name.startswith("densecl"):
+        result["queue"] = method.dense_queue.ordered_keys()
     return result
 
 
@@ -106,4 +120,4 @@ def reference(world: int) -> dict:
 
 def distributed(rank: int, world: int) -> dict:
     return {"world_size": D.world_size(), "helpers": helper_checks(rank),
-            "distributed": {name: train(name, rank, world) for name in NAMES}}
+            "distributed": {name: train(name, rank, world) for name in (*NAMES, MUTATED)}}

@@ -20,7 +20,7 @@ def _make(name, encoder, seed=0):
 
 
 def test_registry():
-    assert list_methods() == ["barlowtwins", "byol", "clip", "dcl", "dclw", "deepinfomax", "dino",
+    assert list_methods() == ["barlowtwins", "byol", "clip", "dcl", "dclw", "deepinfomax", "densecl", "dino",
                               "distill", "ibot", "imageclassifier", "lrcbert", "mae", "moco", "mocov3", "nnclr", "siglip",
                               "simclr", "simcse", "simmim", "simsiam", "supcon", "swav", "textclassifier", "vicreg"]
     assert isinstance(get_method("MoCo-V3", encoder="small_cnn", mlp_hidden=8), MoCoV3)

@@ -5,7 +5,8 @@ One launch (case ``dist_case.py``) runs every check; the tests below read its re
   gradients equal the one-process ones (BN in eval mode), over
   two optimisation steps (the bug users of other libraries hit most: negatives gathered
   without gradient, or labels not offset by rank);
-- MoCo with shuffle BN: the queue holds both processes' keys, losses and gradients match;
+- MoCo and DenseCL with shuffle BN: the queues hold both processes' keys, losses and gradients
+  match (and a DenseCL whose dense queue keeps only local keys does not);
 - the helpers of ``contrastive.nn.distributed``: gather, gather_with_grad (forward and
   backward), batch_shuffle / batch_unshuffle, KeyQueue.enqueue from two processes.
 """
@@ -31,7 +32,7 @@ def results(tmp_path_factory, run_two_ranks):
 
 
 @pytest.mark.parametrize("name", ["simclr", "mocov3", "moco", "simclr_multicrop",
-                                  "mocov3_multicrop"])
+                                  "mocov3_multicrop", "densecl"])
 def test_two_processes_equal_one_process(results, name, close_f64):
     ref = results[0]["reference"][name]
     per_rank = [r["distributed"][name] for r in results]
@@ -50,10 +51,18 @@ def test_two_processes_equal_one_process(results, name, close_f64):
             close_f64(p, p_ref)
 
 
-def test_moco_queue_holds_keys_of_both_processes(results, close_f64):
-    ref = results[0]["reference"]["moco"]["queue"]
+@pytest.mark.parametrize("name", ["moco", "densecl"])  # DenseCL: its dense queue
+def test_moco_queue_holds_keys_of_both_processes(results, close_f64, name):
+    ref = results[0]["reference"][name]["queue"]
     for r in results:
-        close_f64(r["distributed"]["moco"]["queue"], ref)  # rank 0's keys then rank 1's, per step
+        close_f64(r["distributed"][name]["queue"], ref)  # rank 0's keys then rank 1's, per step
+
+
+def test_densecl_with_a_process_local_dense_queue_differs(results):
+    ref = results[0]["reference"]["densecl"]
+    bad = results[0]["distributed"]["densecl_local_queue"]
+    gap = max(float((p - q).abs().max()) for p, q in zip(bad["params"], ref["params"]))
+    assert gap > 1e-6
 
 
 def test_world_size_and_gather(results):

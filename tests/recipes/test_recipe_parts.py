@@ -100,6 +100,7 @@ RECIPE_PRESETS = {
     "barlow_twins_cifar": ("BarlowTwins", "cifar"), "barlow_twins_r50": ("BarlowTwins", "resnet50"),
     "byol_cifar": ("BYOL", "cifar"), "byol_r50": ("BYOL", "resnet50"),
     "dino_cifar": ("DINO", "cifar"), "dino_vit_small": ("DINO", "vit_small"),
+    "densecl_cifar": ("DenseCL", "cifar"), "densecl_r50": ("DenseCL", "r50"),
     "moco_cifar": ("MoCo", "cifar"), "moco_r50": ("MoCo", "v2"), "mocov1_r50": ("MoCo", "v1"),
     "mocov3_r50": ("MoCoV3", "resnet50"), "mocov3_vit_small": ("MoCoV3", "vit_small"),
     "nnclr_cifar": ("NNCLR", "cifar"), "nnclr_r50": ("NNCLR", "resnet50"),
