@@ -39,6 +39,7 @@ masked token sequences, not as ``backbone(images)``.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -116,12 +117,12 @@ class MSN(Method):
         # msn_train.py: momentum 0.996 -> 1; dynamic_img_size for the 96-px focal views (the
         # code's interpolate_pos_encoding)
         "vit_small": dict(encoder="timm:vit_small_patch16_224", hidden_dim=2048, out_dim=256,
-                          use_bn=True, num_prototypes=1024, patch_drop=0.15, momentum=0.996,
+                          num_prototypes=1024, patch_drop=0.15, momentum=0.996,
                           encoder_kwargs=dict(dynamic_img_size=True)),
         # the CIFAR recipe's ViT-Tiny at 32 px with 4-px patches (ibot_cifar's), the rest as
         # above
         "cifar": dict(encoder="timm:vit_tiny_patch16_224", hidden_dim=2048, out_dim=256,
-                      use_bn=True, num_prototypes=1024, patch_drop=0.15, momentum=0.996,
+                      num_prototypes=1024, patch_drop=0.15, momentum=0.996,
                       encoder_kwargs=dict(img_size=32, patch_size=4, dynamic_img_size=True)),
     }
 
@@ -160,6 +161,12 @@ class MSN(Method):
         self.weight_decays = (None if weight_decay is None or weight_decay_end is None
                               else (weight_decay, weight_decay_end))
 
+    @classmethod
+    def options_of(cls, cfg: Any) -> dict[str, Any]:
+        """The keyword arguments of ``MSN`` (but the encoder's) that ``cfg`` (a recipe's
+        configuration) has as fields, by name."""
+        return {n: getattr(cfg, n) for n in _OPTIONS if hasattr(cfg, n)}
+
     def schedules(self) -> dict[str, Schedule]:
         out: dict[str, Schedule] = {
             "momentum": functools.partial(_linear_momentum, m0=self.base_momentum)}
@@ -171,6 +178,12 @@ class MSN(Method):
     def param_groups(self) -> list[ParamGroup]:
         """The prototypes without weight decay (the code's ``init_opt``: ``WD_exclude``)."""
         return [ParamGroup("prototypes", [self.prototypes], weight_decay=0.0)]
+
+    def clip_parts(self) -> dict[str, list[nn.Parameter]]:
+        """``--clip-grad-norm`` on the encoder and head together (the code's
+        ``clip_grad_norm_(encoder.parameters())``); the prototypes, which the code does not
+        clip, form the engine's one more part, clipped apart."""
+        return {"encoder": [*self.encoder.parameters(), *self.head.parameters()]}
 
     def draw_keep(self, n: int, length: int) -> Tensor:
         """(n, kept) patch positions the random views keep: one random subset of
@@ -221,3 +234,8 @@ class MSN(Method):
         return {"loss": ce + self.regularization_weight * reg, "msn_ce": ce.detach(),
                 "regularizer": reg.detach(), "target_max": targets.max(dim=1).values.mean(),
                 "embeddings": F.normalize(target.detach().float(), dim=1)}
+
+
+#: MSN's keyword arguments but the encoder's: what :meth:`MSN.options_of` reads from a config
+_OPTIONS = tuple(n for n in inspect.signature(MSN.__init__).parameters
+                 if n not in ("self", "encoder", "encoder_kwargs"))

@@ -7,19 +7,30 @@ gradcheck in float64, half precision and permutation invariance: tests/losses/te
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from msn_reference import authors_loss
 
 from contrastive.losses import get_loss
 from contrastive.losses.masked_siamese import msn, msn_targets, msn_terms, power_law_prior
 
 TOL = dict(rtol=1e-12, atol=1e-12)
 CASE = Path(__file__).with_name("dist_case_msn.py")
+
+
+def _load(path: Path):
+    """A helper module of the tests by its path (the suite imports in importlib mode)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+authors_loss = _load(Path(__file__).with_name("msn_reference.py")).authors_loss
 
 
 def _rand(*shape, seed=0):

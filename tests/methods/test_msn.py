@@ -23,12 +23,16 @@ SMALL = dict(hidden_dim=12, out_dim=8, num_prototypes=6, encoder_kwargs=VIT)
 STEP_TOL = dict(rtol=1e-9, atol=1e-12)  # float64
 
 
-def _reference():
-    path = Path(__file__).parents[1] / "losses" / "msn_reference.py"
-    spec = importlib.util.spec_from_file_location("msn_reference", path)
+def _load_by_path(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _reference():
+    """The authors' loss, transcribed (tests/losses/msn_reference.py), loaded by path."""
+    return _load_by_path(Path(__file__).parents[1] / "losses" / "msn_reference.py")
 
 
 def _method(seed=0, **kw) -> MSN:
