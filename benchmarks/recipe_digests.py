@@ -132,6 +132,12 @@ ARGS: dict[str, list[str]] = {
        for name, extra in (("dinov2_cifar", ["--warmup-epochs", "0.5", "--local-size", "8"]),
                            ("dinov2_in1k", ["--warmup-steps", "2", "--warmup-teacher-steps",
                                             "5", "--freeze-last-layer-steps", "3"]))},
+    # MSN / PMSN: 2 focal views of 8 px, a small head and 16 prototypes
+    **{name: [*IMAGE[:4], "--encoder-kwargs", json.dumps(
+        {"img_size": 16, "patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2,
+         "dynamic_img_size": True}), "--batch-size", "16", "--warmup-epochs", "0.5",
+        "--knn-every", "0", "--hidden-dim", "16", "--out-dim", "8", "--num-prototypes", "16",
+        "--focal-views", "2", "--focal-size", "8"] for name in ("msn_cifar", "msn_vits16_in1k")},
     "simcse": [*TEXT, "--mode", "sup", "--n-train", "160", "--vocab-size", "300",
                "--intermediate-size", "32", "--eval", "none"],
     "bert_finetune": [*LABELLED],

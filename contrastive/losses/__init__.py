@@ -11,10 +11,10 @@ Use by name (the registry) or by class / function::
 
 Registered names: ``infonce``, ``ntxent``, ``cosnce``, ``supcon``, ``dcl``, ``dclw``, ``siglip``,
 ``kd``, ``byol``, ``simsiam``, ``barlow_twins``, ``vicreg``, ``swav``, ``dino``, ``dim``, ``mae``,
-``simmim``, ``densecl``, ``ibot_patch``, ``koleo`` (see ``list_losses()``). Add yours with ``@register_loss("name")``. Inputs may be half precision: the maths runs in float32 and the
+``simmim``, ``densecl``, ``ibot_patch``, ``koleo``, ``msn``, ``pmsn`` (see ``list_losses()``). Add yours with ``@register_loss("name")``. Inputs may be half precision: the maths runs in float32 and the
 result is float32.
 
-Batch-level losses (``barlow_twins``, ``vicreg``; ``loss_class(name).batch_level`` is True) are
+Batch-level losses (``barlow_twins``, ``vicreg``, ``msn``, ``pmsn``; ``loss_class(name).batch_level`` is True) are
 statistics of the whole batch: pass the GLOBAL batch (gathered with gradient) and
 ``reduction="mean"`` only (see :mod:`contrastive.losses.decorrelation`).
 """
@@ -27,6 +27,7 @@ from . import (
     dense,
     dinov2,
     functional,
+    masked_siamese,
     mutual_info,
     reconstruction,
     regression,
@@ -35,6 +36,7 @@ from .clustering import DINOLoss, SwAVLoss
 from .decorrelation import BarlowTwinsLoss, VICRegLoss
 from .dense import DenseInfoNCELoss
 from .dinov2 import IBOTPatchLoss, KoLeoLoss
+from .masked_siamese import MSNLoss, PMSNLoss
 from .modules import (
     BaseLoss,
     CosNCELoss,
@@ -66,6 +68,8 @@ __all__ = [
     "KDLoss",
     "KoLeoLoss",
     "MAELoss",
+    "MSNLoss",
+    "PMSNLoss",
     "SimMIMLoss",
     "NTXentLoss",
     "SigLIPLoss",
@@ -82,6 +86,7 @@ __all__ = [
     "get_loss",
     "list_losses",
     "loss_class",
+    "masked_siamese",
     "mutual_info",
     "reconstruction",
     "register_loss",

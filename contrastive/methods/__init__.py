@@ -6,7 +6,8 @@ feature-map locations), ``MoCoV3`` (no queue, predictor), ``SimCLR`` (NT-Xent, i
 the two-view family without (or with other) negatives: ``BYOL``, ``SimSiam``, ``SupCon``,
 ``NNCLR``, ``BarlowTwins``, ``VICReg``; multi-crop clustering and self-distillation: ``SwAV``,
 ``DINO``, ``IBOT`` (iBOT / DINOv2: DINO plus masked-patch distillation and KoLeo, a timm
-ViT); masked image modelling: ``MAE`` and ``SimMIM`` (one view, a timm ViT); mutual information:
+ViT); ``MSN`` (masked siamese networks: prototypes, me-max, or PMSN's power-law prior;
+a timm ViT); masked image modelling: ``MAE`` and ``SimMIM`` (one view, a timm ViT); mutual information:
 ``DeepInfoMax``; image-text: ``CLIP`` and ``SigLIP``, siblings on one ``DualEncoder`` (the
 two towers; both read ``input_ids`` and ``attention_mask`` besides the image); sentence
 embeddings: ``SimCSE`` (reads ``input_ids`` and ``attention_mask``); labelled text:
@@ -90,6 +91,7 @@ from contrastive.methods.lrc_bert import LRCBert
 from contrastive.methods.mae import MAE
 from contrastive.methods.moco import MoCo
 from contrastive.methods.moco_v3 import MoCoV3
+from contrastive.methods.msn import MSN
 from contrastive.methods.nnclr import NNCLR
 from contrastive.methods.registry import (
     UnknownMethodError,
@@ -126,6 +128,7 @@ __all__ = [
     "Method",
     "MoCo",
     "MoCoV3",
+    "MSN",
     "NNCLR",
     "ParamGroup",
     "Schedule",

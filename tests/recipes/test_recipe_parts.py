@@ -116,6 +116,7 @@ RECIPE_PRESETS = {
     "mae_cifar": ("MAE", "cifar"), "mae_in1k": ("MAE", "vit_large"),
     "simmim_cifar": ("SimMIM", "cifar"), "simmim_in1k": ("SimMIM", "vit_base"),
     "ibot_cifar": ("IBOT", "cifar"), "ibot_in1k": ("IBOT", "vit_small"),
+    "msn_cifar": ("MSN", "cifar"), "msn_vits16_in1k": ("MSN", "vit_small"),
     "dinov2_cifar": ("IBOT", "dinov2_cifar"), "dinov2_in1k": ("IBOT", "dinov2_in1k"),
 }
 # presets no recipe builds (a variant of a recipe's preset, or a model size without a recipe)
