@@ -118,6 +118,14 @@ ARGS: dict[str, list[str]] = {
         {"img_size": 16, "patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2}),
         "--mask-patch-size", "8", "--batch-size", "16", "--warmup-epochs", "0.5", "--knn-every",
         "0"] for name in ("simmim_cifar", "simmim_in1k")},
+    # I-JEPA: 2-px patches, the 8 x 8 grid of ijepa_cifar, no class token; min_keep 4 (the
+    # in1k recipe's 10 would refuse 3 x 3 target blocks of 64 patches)
+    **{name: [*IMAGE[:4], "--encoder-kwargs", json.dumps(
+        {"img_size": 16, "patch_size": 2, "embed_dim": 16, "depth": 1, "num_heads": 2,
+         "class_token": False, "global_pool": "avg", "fc_norm": False}), "--predictor-dim",
+        "8", "--predictor-depth", "1", "--min-keep", "4", "--batch-size", "16",
+        "--warmup-epochs", "0.5", "--knn-every", "0"] for name in ("ijepa_cifar",
+                                                                  "ijepa_vith14_in1k")},
     **{name: [*IMAGE[:4], "--encoder-kwargs", json.dumps(
         {"img_size": 16, "patch_size": 4, "embed_dim": 16, "depth": 1, "num_heads": 2,
          "dynamic_img_size": True}), "--out-dim", "32", "--batch-size", "16",

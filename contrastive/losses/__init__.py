@@ -11,7 +11,7 @@ Use by name (the registry) or by class / function::
 
 Registered names: ``infonce``, ``ntxent``, ``cosnce``, ``supcon``, ``dcl``, ``dclw``, ``siglip``,
 ``kd``, ``byol``, ``simsiam``, ``barlow_twins``, ``vicreg``, ``swav``, ``dino``, ``dim``, ``mae``,
-``simmim``, ``densecl``, ``ibot_patch``, ``koleo``, ``msn``, ``pmsn`` (see ``list_losses()``). Add yours with ``@register_loss("name")``. Inputs may be half precision: the maths runs in float32 and the
+``simmim``, ``densecl``, ``ibot_patch``, ``koleo``, ``msn``, ``pmsn``, ``ijepa`` (see ``list_losses()``). Add yours with ``@register_loss("name")``. Inputs may be half precision: the maths runs in float32 and the
 result is float32.
 
 Batch-level losses (``barlow_twins``, ``vicreg``, ``msn``, ``pmsn``; ``loss_class(name).batch_level`` is True) are
@@ -51,7 +51,7 @@ from .modules import (
 from .mutual_info import DIMLoss
 from .reconstruction import MAELoss, SimMIMLoss
 from .registry import UnknownLossError, get_loss, list_losses, loss_class, register_loss
-from .regression import BYOLLoss, SimSiamLoss
+from .regression import BYOLLoss, IJEPALoss, SimSiamLoss
 
 __all__ = [
     "BYOLLoss",
@@ -64,6 +64,7 @@ __all__ = [
     "DCLWLoss",
     "DenseInfoNCELoss",
     "IBOTPatchLoss",
+    "IJEPALoss",
     "InfoNCELoss",
     "KDLoss",
     "KoLeoLoss",

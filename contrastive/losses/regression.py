@@ -1,14 +1,17 @@
-"""Cosine regression losses of the negative-free methods: BYOL and SimSiam (torch only).
+"""Regression losses of the negative-free methods: BYOL's and SimSiam's cosine ones, I-JEPA's
+feature regression (torch only).
 
-Per-sample losses between a prediction ``p`` and a target ``z`` of the same image (other view),
-with the registry's conventions (``reduction`` over samples, float32 maths under bf16, unit
-normalisation clamped at ``EPS``). Nothing is detached here: the stop-gradient on the target,
-which both methods need, is the caller's (``z.detach()``).
+Per-sample losses between a prediction ``p`` and a target ``z`` of the same image (other view,
+or for I-JEPA the target encoder's features of the predicted patches), with the registry's
+conventions (``reduction`` over samples, float32 maths under bf16, unit normalisation clamped
+at ``EPS``). Nothing is detached here: the stop-gradient on the target, which all three methods
+need, is the caller's (``z.detach()``).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .functional import (
@@ -23,7 +26,10 @@ from .functional import (
 from .modules import BaseLoss, _pair_inputs
 from .registry import register_loss
 
-__all__ = ["BYOLLoss", "SimSiamLoss", "byol", "negative_cosine"]
+__all__ = ["IJEPALoss", "BYOLLoss", "SimSiamLoss", "byol", "ijepa", "negative_cosine"]
+
+#: I-JEPA's per-element distance: the authors' code's smooth l1, or the paper's squared l2
+IJEPA_DISTANCES = ("smooth_l1", "l2")
 
 
 def _cosine(fn: str, p: Tensor, z: Tensor, reduction: str) -> Tensor:
@@ -84,3 +90,72 @@ class SimSiamLoss(_CosineLoss):
 
     def forward(self, p: Tensor, z: Tensor) -> Tensor:
         return negative_cosine(p, z, reduction=self.reduction)
+
+
+def ijepa(p: Tensor, z: Tensor, *, distance: str = "smooth_l1", beta: float = 1.0,
+          reduction: str = "mean") -> Tensor:
+    """I-JEPA's loss between predicted and target patch features (Assran et al., CVPR 2023,
+    arXiv 2301.08243, sec. 3, eq. 1: the average squared l2 distance over the M target blocks'
+    patches; the authors' facebookresearch/ijepa ``src/train.py`` line 311 takes
+    ``F.smooth_l1_loss(z, h)`` instead, beta 1, the mean over every element)::
+
+        loss_i = mean over patches k and channels d of smooth_l1_beta(p[i, k, d] - z[i, k, d])
+
+    ``smooth_l1_beta(e) = e^2 / (2 beta)`` where ``|e| < beta``, else ``|e| - beta / 2``;
+    ``distance="l2"``: ``e^2``. The mean over samples equals the code's mean over all elements
+    (every sample has the same number of patches). The target is the layer-normed target
+    encoder output (the caller's, detached).
+
+    Args: p (N, K, D) predictions, z (N, K, D) targets (N: images x target blocks).
+    Returns: a scalar, or (N,) with ``reduction="none"``.
+
+    Examples:
+        >>> p, z = torch.randn(8, 6, 16), torch.randn(8, 6, 16)
+        >>> float(ijepa(p, z)) == float(F.smooth_l1_loss(p, z))
+        True
+    """
+    fn = "ijepa"
+    check_reduction(fn, reduction)
+    if distance not in IJEPA_DISTANCES:
+        raise ValueError(f"{fn}: distance must be one of {IJEPA_DISTANCES}, got {distance!r}")
+    if not beta > 0:
+        raise ValueError(f"{fn}: beta must be > 0 (the code's smooth_l1 default: 1.0), got {beta}")
+    _check_float(fn, "p", p, 3, "(N, K, D)")
+    _check_float(fn, "z", z, 3, "(N, K, D)")
+    if p.shape != z.shape or p.numel() == 0:
+        raise ValueError(f"{fn}: `p` and `z` must have the same non-empty shape (N, K, D); got p "
+                         f"{_shape(p)} and z {_shape(z)}")
+    with _full_precision(p.device):
+        dtype = _math_dtype(p, z)
+        a, b = p.to(dtype), z.to(dtype)
+        error = (F.smooth_l1_loss(a, b, reduction="none", beta=beta) if distance == "smooth_l1"
+                 else (a - b).pow(2))
+        return _reduce(error.mean(dim=(1, 2)), reduction)
+
+
+@register_loss("ijepa")
+class IJEPALoss(BaseLoss):
+    """I-JEPA's feature regression; see :func:`ijepa`. ``forward(p (N, K, D), z (N, K, D))``."""
+
+    scale_invariant = False
+
+    def __init__(self, *, distance: str = "smooth_l1", beta: float = 1.0,
+                 reduction: str = "mean") -> None:
+        super().__init__(reduction=reduction)
+        if distance not in IJEPA_DISTANCES or not beta > 0:
+            raise ValueError(f"IJEPALoss: distance must be one of {IJEPA_DISTANCES} and beta > 0, "
+                             f"got {distance!r}, {beta}")
+        self.distance, self.beta = distance, float(beta)
+
+    def forward(self, p: Tensor, z: Tensor) -> Tensor:
+        return ijepa(p, z, distance=self.distance, beta=self.beta, reduction=self.reduction)
+
+    def extra_repr(self) -> str:
+        return f"distance={self.distance!r}, beta={self.beta}, reduction={self.reduction!r}"
+
+    @classmethod
+    def example_inputs(cls, n: int = 6, dim: int = 8, *, dtype: torch.dtype = torch.float32,
+                       generator: torch.Generator | None = None) -> tuple[Tensor, ...]:
+        """p and z (n, 3, dim)."""
+        return (cls._randn(n, 3, dim, dtype=dtype, generator=generator),
+                cls._randn(n, 3, dim, dtype=dtype, generator=generator))

@@ -7,8 +7,9 @@ the two-view family without (or with other) negatives: ``BYOL``, ``SimSiam``, ``
 ``NNCLR``, ``BarlowTwins``, ``VICReg``; multi-crop clustering and self-distillation: ``SwAV``,
 ``DINO``, ``IBOT`` (iBOT / DINOv2: DINO plus masked-patch distillation and KoLeo, a timm
 ViT); ``MSN`` (masked siamese networks: prototypes, me-max, or PMSN's power-law prior;
-a timm ViT); masked image modelling: ``MAE`` and ``SimMIM`` (one view, a timm ViT); mutual information:
-``DeepInfoMax``; image-text: ``CLIP`` and ``SigLIP``, siblings on one ``DualEncoder`` (the
+a timm ViT); masked image modelling: ``MAE`` and ``SimMIM`` (one view, a timm ViT) and ``IJEPA`` (one
+view, a timm ViT: a momentum target encoder's features of masked blocks predicted from a context
+block); mutual information: ``DeepInfoMax``; image-text: ``CLIP`` and ``SigLIP``, siblings on one ``DualEncoder`` (the
 two towers; both read ``input_ids`` and ``attention_mask`` besides the image); sentence
 embeddings: ``SimCSE`` (reads ``input_ids`` and ``attention_mask``); labelled text:
 ``TextClassifier`` (an encoder fine-tuned with a prediction layer: the LRC-BERT teacher, the
@@ -86,6 +87,7 @@ from contrastive.methods.dino import DINO
 from contrastive.methods.distill import Distiller
 from contrastive.methods.dual_encoder import DualEncoder
 from contrastive.methods.ibot import IBOT
+from contrastive.methods.ijepa import IJEPA
 from contrastive.methods.image_classifier import ImageClassifier
 from contrastive.methods.lrc_bert import LRCBert
 from contrastive.methods.mae import MAE
@@ -122,6 +124,7 @@ __all__ = [
     "Distiller",
     "DualEncoder",
     "IBOT",
+    "IJEPA",
     "ImageClassifier",
     "LRCBert",
     "MAE",

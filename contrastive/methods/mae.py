@@ -26,7 +26,6 @@ with 16 heads, MLP ratio 4, LayerNorm eps 1e-6, normalised-pixel targets.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -39,41 +38,26 @@ from contrastive.methods._common import width
 from contrastive.methods.base import Method, views_of
 from contrastive.methods.registry import register_method
 from contrastive.nn import resolve_encoder
-from contrastive.nn.masked_vit import check_vit, masked_tokens
+from contrastive.nn.masked_vit import MaskTokenTransformer, check_vit, masked_tokens
 from contrastive.nn.masking import Masking, patchify, random_masking
-from contrastive.nn.pos_embed import fix_sincos_pos_embed, sincos_pos_embed
+from contrastive.nn.pos_embed import fix_sincos_pos_embed
 
 __all__ = ["MAE", "MAEDecoder"]
 
 LOSS_ON = ("masked", "all", "visible")
 
 
-class MAEDecoder(nn.Module):
+class MAEDecoder(MaskTokenTransformer):
     """The code's decoder: linear embedding, mask tokens put back in place, fixed sin-cos
     positions, ``depth`` timm ``Block`` s, LayerNorm, linear prediction of every patch's pixels.
 
     ``forward(latent (N, prefix + K, D), restore (N, L)) -> (N, L, patch_dim)``.
     """
 
-    pos_embed: Tensor  # buffer (1, L, dim)
-
     def __init__(self, in_dim: int, grid: int, patch_dim: int, dim: int = 512, depth: int = 8,
                  heads: int = 16, mlp_ratio: float = 4.0, prefix: int = 1) -> None:
-        super().__init__()
-        from timm.models.vision_transformer import Block
-
-        norm: Any = functools.partial(nn.LayerNorm, eps=1e-6)  # timm types it as a class
+        super().__init__(in_dim, grid, patch_dim, dim, depth, heads, mlp_ratio)
         self.prefix = prefix
-        self.embed = nn.Linear(in_dim, dim)
-        self.mask_token = nn.Parameter(torch.zeros(1, 1, dim))
-        # fixed, a function of the sizes: rebuilt, not checkpointed; a dense copy (a slice keeps
-        # the parent's strides, which DDP's buffer broadcast refuses)
-        pos = sincos_pos_embed(grid, dim)[:, 1:].clone(memory_format=torch.contiguous_format)
-        self.register_buffer("pos_embed", pos, persistent=False)
-        self.blocks = nn.Sequential(*[Block(dim, heads, mlp_ratio, qkv_bias=True, norm_layer=norm)
-                                      for _ in range(depth)])
-        self.norm = norm(dim)
-        self.pred = nn.Linear(dim, patch_dim)
 
     def forward(self, latent: Tensor, restore: Tensor) -> Tensor:
         x = self.embed(latent)

@@ -6,7 +6,7 @@ variants and cross-process helpers. Each is usable on its own.
   :func:`split_classifier` (a classification model -> encoder and classifier).
 - Heads: :func:`build_mlp`, :func:`build_head`.
 - Momentum: :func:`momentum_update` (foreach EMA), :class:`MomentumEncoder`,
-  :func:`constant_momentum`, :func:`cosine_momentum`.
+  :func:`constant_momentum`, :func:`cosine_momentum`, :func:`linear_momentum`.
 - Queue: :class:`KeyQueue`.
 - Normalisation: :class:`SplitBatchNorm2d`, :func:`convert_to_split_bn`, :func:`convert_to_sync_bn`.
 - ``contrastive.nn.distributed``: ``gather``, ``gather_with_grad``, ``batch_shuffle``,
@@ -33,6 +33,7 @@ from contrastive.nn.momentum import (
     constant_momentum,
     copy_buffers,
     cosine_momentum,
+    linear_momentum,
     momentum_update,
 )
 from contrastive.nn.norm import SplitBatchNorm2d, convert_to_split_bn, convert_to_sync_bn
@@ -52,6 +53,7 @@ __all__ = [
     "convert_to_sync_bn",
     "copy_buffers",
     "cosine_momentum",
+    "linear_momentum",
     "create_encoder",
     "distributed",
     "list_encoders",

@@ -1,4 +1,5 @@
-"""A timm ``VisionTransformer`` run on a masked patch sequence (MAE, iBOT).
+"""A timm ``VisionTransformer`` run on a masked patch sequence (MAE, iBOT, SimMIM, I-JEPA), and
+the light transformer on mask tokens that MAE's decoder and I-JEPA's predictor share.
 
 :func:`masked_tokens` is timm's ``forward_features`` with one change in the middle, so the
 ViT's own parameters, prefix tokens (class, registers) and position embedding are used and its
@@ -15,16 +16,52 @@ state dict stays timm's (an encoder trained here exports as it is):
 Without either it equals ``vit.forward_features(images)``. A ``dynamic_img_size`` ViT (timm
 resamples its position embedding to the input's grid: iBOT's local crops) is masked the same
 way, its (N, H, W, D) patch grid read row-major as the sequence.
+
+:class:`MaskTokenTransformer`: the parts of MAE's decoder (facebookresearch/mae
+``models_mae.py``: ``decoder_embed``, ``mask_token``, ``decoder_pos_embed``, ``decoder_blocks``,
+``decoder_norm``, ``decoder_pred``) and I-JEPA's predictor (facebookresearch/ijepa
+``src/models/vision_transformer.py``, ``VisionTransformerPredictor``: the same parts under
+``predictor_*`` names); each method's module places the mask tokens in its own ``forward``.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["check_vit", "masked_tokens"]
+from contrastive.nn.pos_embed import sincos_pos_embed
+
+__all__ = ["MaskTokenTransformer", "check_vit", "masked_tokens"]
+
+
+class MaskTokenTransformer(nn.Module):
+    """A linear embedding ``embed`` of the encoder's ``in_dim`` tokens to ``dim``, a learned
+    ``mask_token`` (1, 1, dim) (zero: the method initialises it), fixed 2-D sin-cos positions of
+    the ``grid`` x ``grid`` patches (``pos_embed``, a buffer (1, L, dim)), ``depth`` timm
+    ``Block`` s (MLP ratio ``mlp_ratio``, qkv bias, LayerNorm eps 1e-6), a LayerNorm ``norm``
+    and a linear ``pred`` to ``out_dim``."""
+
+    pos_embed: Tensor  # buffer (1, L, dim)
+
+    def __init__(self, in_dim: int, grid: int, out_dim: int, dim: int, depth: int, heads: int,
+                 mlp_ratio: float = 4.0) -> None:
+        super().__init__()
+        from timm.models.vision_transformer import Block
+
+        norm: Any = functools.partial(nn.LayerNorm, eps=1e-6)  # timm types it as a class
+        self.embed = nn.Linear(in_dim, dim)
+        self.mask_token = nn.Parameter(torch.zeros(1, 1, dim))
+        # fixed, a function of the sizes: rebuilt, not checkpointed; a dense copy (a slice keeps
+        # the parent's strides, which DDP's buffer broadcast refuses)
+        pos = sincos_pos_embed(grid, dim)[:, 1:].clone(memory_format=torch.contiguous_format)
+        self.register_buffer("pos_embed", pos, persistent=False)
+        self.blocks = nn.Sequential(*[Block(dim, heads, mlp_ratio, qkv_bias=True, norm_layer=norm)
+                                      for _ in range(depth)])
+        self.norm = norm(dim)
+        self.pred = nn.Linear(dim, out_dim)
 
 
 def check_vit(vit: nn.Module, what: str) -> None:

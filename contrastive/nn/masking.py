@@ -10,6 +10,9 @@
   bytedance/ibot ``loader.py``, ``ImageFolderMask.__getitem__`` with ``pred_shape='block'``,
   which follows BEiT's ``MaskingGenerator``): rectangles of random area and log-uniform aspect
   ratio are added until the target count is reached or ten tries in a row add nothing.
+- :func:`multiblock_masks`: I-JEPA's multi-block masks (Assran et al., "Self-Supervised Learning
+  from Images with a Joint-Embedding Predictive Architecture", CVPR 2023, sec. 3; the authors'
+  facebookresearch/ijepa ``src/masks/multiblock.py``, ``MaskCollator``): see its docstring.
 - :func:`patchify` / :func:`unpatchify`: (N, C, H, W) <-> (N, L, p * p * C), patches in
   row-major order and pixels as (row, column, channel) inside a patch, the MAE code's layout
   (its targets) and the order of timm's patch embedding.
@@ -24,7 +27,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["Masking", "block_mask", "block_masks", "patchify", "random_masking", "unpatchify"]
+__all__ = ["Masking", "MultiBlock", "block_mask", "block_masks", "block_size", "multiblock_masks",
+           "patchify", "random_masking", "unpatchify"]
 
 
 class Masking(NamedTuple):
@@ -125,6 +129,100 @@ def block_masks(n: int, height: int, width: int, *, ratio: float = 0.3, ratio_va
         masks.append(block_mask(height, width, r * height * width, min_aspect=min_aspect,
                                 rng=rng).flatten())
     return torch.stack(masks) if masks else torch.zeros(0, height * width, dtype=torch.bool)
+
+
+class MultiBlock(NamedTuple):
+    """One batch's I-JEPA masks as patch indices (row-major on the grid, ascending).
+
+    context: (N, Kc) long, the context block's patches less the targets', each image's first
+    Kc (Kc: the batch's smallest count); targets: (M, N, Kt) long, the M target blocks' patches
+    (all of one size, Kt = h x w)."""
+
+    context: Tensor
+    targets: Tensor
+
+
+def block_size(generator: torch.Generator, scale: tuple[float, float],
+               aspect: tuple[float, float], height: int, width: int) -> tuple[int, int]:
+    """I-JEPA's ``_sample_block_size`` (multiblock.py lines 55-72): ONE uniform draw ``r`` sets
+    both the scale ``s = s0 + r (s1 - s0)`` and the aspect ``a = a0 + r (a1 - a0)`` (coupled,
+    as the code); ``area = int(height x width x s)``, ``h = round(sqrt(area a))``,
+    ``w = round(sqrt(area / a))``, each at most the grid's side - 1."""
+    r = torch.rand(1, generator=generator).item()
+    area = int(height * width * (scale[0] + r * (scale[1] - scale[0])))
+    a = aspect[0] + r * (aspect[1] - aspect[0])
+    h, w = int(round(math.sqrt(area * a))), int(round(math.sqrt(area / a)))
+    return min(h, height - 1), min(w, width - 1)
+
+
+def _blocks(n: int, m: int, size: tuple[int, int], grid: tuple[int, int],
+            generator: torch.Generator | None) -> Tensor:
+    """(n, m, H, W) bool rectangles of ``size``, top-left corners drawn as the code's
+    ``_sample_block_mask`` (``randint(0, H - h)``: a block never touches the last row or column)."""
+    (h, w), (height, width) = size, grid
+    top = torch.randint(0, height - h, (n, m, 1, 1), generator=generator)
+    left = torch.randint(0, width - w, (n, m, 1, 1), generator=generator)
+    rows = torch.arange(height).view(1, 1, height, 1)
+    cols = torch.arange(width).view(1, 1, 1, width)
+    return (rows >= top) & (rows < top + h) & (cols >= left) & (cols < left + w)
+
+
+def _indices(masks: Tensor, count: int) -> Tensor:
+    """(..., L) bool -> (..., count) long: each row's first ``count`` True positions."""
+    return torch.sort(masks.to(torch.uint8), dim=-1, descending=True, stable=True).indices[
+        ..., :count]
+
+
+def multiblock_masks(n: int, height: int, width: int, *, sizes: torch.Generator,
+                     positions: torch.Generator | None = None, num_targets: int = 4,
+                     target_scale: tuple[float, float] = (0.15, 0.2),
+                     target_aspect: tuple[float, float] = (0.75, 1.5),
+                     context_scale: tuple[float, float] = (0.85, 1.0), min_keep: int = 10,
+                     patience: int = 20) -> MultiBlock:
+    """I-JEPA's masks of ``n`` images on a ``height`` x ``width`` patch grid (the code's
+    ``MaskCollator.__call__``, multiblock.py lines 112-170, with ``nenc=1``,
+    ``allow_overlap=False``).
+
+    One target size and one context size per batch from ``sizes`` (:func:`block_size`, target
+    first; the code seeds that generator with its call counter); per image, from
+    ``positions``: ``num_targets`` target blocks, then one square context block without the
+    targets' patches, redrawn until it keeps more than ``min_keep`` patches; after ``patience``
+    failed draws in a row the last target stops constraining it, and so on (the code's
+    ``constrain_mask`` with ``tries``). Every image keeps the first Kc of its context patches,
+    Kc the batch's smallest count (the code's ``min_keep_enc`` truncation).
+    """
+    if n <= 0 or num_targets < 1 or min_keep < 0 or patience < 1:
+        raise ValueError(f"multiblock_masks: need n >= 1, num_targets >= 1, min_keep >= 0 and "
+                         f"patience >= 1, got {n}, {num_targets}, {min_keep}, {patience}")
+    grid = (height, width)
+    t_size = block_size(sizes, target_scale, target_aspect, height, width)
+    c_size = block_size(sizes, context_scale, (1.0, 1.0), height, width)
+    for what, (h, w) in (("target", t_size), ("context", c_size)):
+        if h * w <= min_keep:
+            raise ValueError(f"multiblock_masks: a {h} x {w} {what} block on the {height} x "
+                             f"{width} patch grid never keeps more than min_keep={min_keep} "
+                             f"patches; lower min_keep or raise the {what} scale")
+    targets = _blocks(n, num_targets, t_size, grid, positions)  # (n, M, H, W)
+    context = torch.zeros(n, height, width, dtype=torch.bool)
+    pending = torch.arange(n)
+    relaxed = torch.zeros(n, dtype=torch.long)  # targets no longer constraining, from the last
+    failed = torch.zeros(n, dtype=torch.long)
+    while pending.numel():
+        block = _blocks(pending.numel(), 1, c_size, grid, positions)[:, 0]
+        active = torch.arange(num_targets) < (num_targets - relaxed[pending]).unsqueeze(1)
+        barred = (targets[pending] & active.view(-1, num_targets, 1, 1)).any(1)
+        drawn = block & ~barred
+        ok = drawn.flatten(1).sum(1) > min_keep
+        context[pending[ok]] = drawn[ok]
+        missed = pending[~ok]
+        failed[missed] += 1
+        give_up = missed[failed[missed] >= patience]
+        relaxed[give_up] += 1
+        failed[give_up] = 0
+        pending = missed
+    kept = int(context.flatten(1).sum(1).min())
+    t = targets.transpose(0, 1).flatten(2)  # (M, n, L)
+    return MultiBlock(_indices(context.flatten(1), kept), _indices(t, t_size[0] * t_size[1]))
 
 
 def patchify(images: Tensor, patch_size: int) -> Tensor:

@@ -27,6 +27,7 @@ __all__ = [
     "MomentumEncoder",
     "constant_momentum",
     "cosine_momentum",
+    "linear_momentum",
 ]
 
 
@@ -125,3 +126,18 @@ def cosine_momentum(step: int, total_steps: int, m0: float) -> float:
         raise ValueError(f"total_steps must be > 0, got {total_steps}")
     t = min(max(step, 0), total_steps)
     return 1.0 - (1.0 - m0) * (math.cos(math.pi * t / total_steps) + 1.0) / 2.0
+
+
+def linear_momentum(step: int, total_steps: int, m0: float) -> float:
+    """Linear schedule from ``m0`` to 1 over the run, applied before step ``step``: the EMA
+    update after step ``step - 1`` (I-JEPA's ``momentum_scheduler``, facebookresearch/ijepa
+    ``src/train.py`` lines 228-229 and 333-336: ``m0 + i (1 - m0) / T`` after step i).
+
+    ``m(t) = m0 + (1 - m0) * (t - 1) / T`` with ``t - 1`` clipped to [0, T]: at step 0 the
+    target still equals its source, so the update it is given there moves nothing.
+    """
+    _check_m(m0)
+    if total_steps <= 0:
+        raise ValueError(f"total_steps must be > 0, got {total_steps}")
+    t = min(max(step - 1, 0), total_steps)
+    return m0 + (1.0 - m0) * t / total_steps

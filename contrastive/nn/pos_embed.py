@@ -30,19 +30,22 @@ def sincos_pos_embed(grid: int, dim: int, temperature: float = 10000.0) -> torch
 
 def fix_sincos_pos_embed(model: nn.Module) -> int:
     """Set every square-grid ViT position embedding in ``model`` (query and key encoders alike)
-    to :func:`sincos_pos_embed` and freeze it; returns how many were set.
+    to :func:`sincos_pos_embed` and freeze it; returns how many were set. An embedding of the
+    patches only (a ViT without class token: I-JEPA's) gets the patch rows.
 
-    Raises ``ValueError`` for an embedding that is not one class token + the patch grid.
+    Raises ``ValueError`` for an embedding that is not (one class token +) the patch grid.
     """
     done = 0
     for m in model.modules():
         pos = getattr(m, "pos_embed", None)
         grid = getattr(getattr(m, "patch_embed", None), "grid_size", None)
         if isinstance(pos, nn.Parameter) and grid is not None and grid[0] == grid[1]:
-            if pos.shape[1] != grid[0] * grid[1] + 1:
-                raise ValueError(f"expected one class token in pos_embed {tuple(pos.shape)}")
+            patches = grid[0] * grid[1]
+            if pos.shape[1] not in (patches, patches + 1):
+                raise ValueError(f"expected the {patches} patches and at most one class token "
+                                 f"in pos_embed {tuple(pos.shape)}")
             with torch.no_grad():
-                pos.copy_(sincos_pos_embed(grid[0], pos.shape[-1]))
+                pos.copy_(sincos_pos_embed(grid[0], pos.shape[-1])[:, -pos.shape[1]:])
             pos.requires_grad_(False)
             done += 1
     return done

@@ -1,5 +1,6 @@
 """Tiny encoders so that method tests run in milliseconds; the shared loops of the masked-image
-tests (MAE, SimMIM): SGD against a transcription of the authors' forward, a pretext run."""
+tests (MAE, SimMIM, I-JEPA): SGD against a transcription of the authors' forward, a pretext run;
+the kNN learning checks' data and measure (DenseCL, I-JEPA)."""
 
 from __future__ import annotations
 
@@ -131,3 +132,41 @@ def pretext_run():
             torch.set_num_threads(threads)
 
     return run
+
+
+def grey_standardised(x: torch.Tensor) -> torch.Tensor:
+    """uint8 (N, 3, H, W) -> float (N, 3, H, W): luminance, zero mean and unit std per image
+    (``shapes`` colours are random: see tests/methods/test_densecl_learning.py)."""
+    w = torch.tensor([0.299, 0.587, 0.114])[:, None, None]
+    g = (x.float() / 255 * w).sum(1, keepdim=True)
+    g = (g - g.mean((2, 3), keepdim=True)) / (g.std((2, 3), keepdim=True) + 1e-3)
+    return g.expand(-1, 3, -1, -1).contiguous()
+
+
+@pytest.fixture
+def grey_shapes():
+    """``.data(size) -> (xtr, ytr, xte, yte)``: 2,000 ``shapes`` training images (seed 0) and
+    500 held-out ones of ``size`` px, grey and standardised per image; ``.knn(net, data)``: the
+    weighted-kNN top-1 (k 20, t 0.1) of ``net``'s features in eval mode, the first 1,000
+    training images as the bank, the held-out ones as queries."""
+    from types import SimpleNamespace
+
+    from contrastive.data.generated import generate_shapes
+    from contrastive.eval.knn import knn_accuracy
+
+    def data(size: int):
+        (xtr, ytr), (xte, yte) = (generate_shapes(2000, size, seed=0),
+                                  generate_shapes(500, size, split="test"))
+        return grey_standardised(xtr), ytr, grey_standardised(xte), yte
+
+    @torch.no_grad()
+    def knn(net: nn.Module, d) -> float:
+        xtr, ytr, xte, yte = d
+        mode = net.training
+        net.eval()
+        bank, queries = net(xtr[:1000]), net(xte)
+        net.train(mode)
+        return knn_accuracy(bank, ytr[:1000], queries, yte, k=20, temperature=0.1,
+                            num_classes=10, backend="torch")["top1"]
+
+    return SimpleNamespace(data=data, knn=knn)

@@ -7,7 +7,8 @@ Setup (``recipes/densecl_cifar.py``'s method scaled to CPU seconds): ``small_cnn
 at 24 px), heads 64-32, queues of 1,024, key momentum 0.99, split BN 4, SGD lr 0.06 momentum 0.9
 wd 5e-4 (the CIFAR recipe's values), batch 32, 300 steps on 2,000 images of 24 px; views: a
 random 24-px crop of the 3-px reflect-padded image (one offset per batch) and a flip per image.
-As in tests/methods/test_dim_learning.py the inputs are greyscale, standardised per image:
+As in tests/methods/test_dim_learning.py the inputs are greyscale, standardised per image
+(tests/methods/conftest.py's ``grey_shapes``, with the kNN measure):
 ``shapes`` colours are random and, with RGB inputs, 150 steps moved kNN by only +3.6 / +1.6 / 0.0
 points (seeds 0-2) against -2.2 / +1.0 for the control (measured 2026-11-29). kNN: k 20, t 0.1,
 1,000 training images as the bank, 500 held-out images as queries.
@@ -25,22 +26,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contrastive.data.generated import generate_shapes
-from contrastive.eval.knn import knn_accuracy
 from contrastive.methods import DenseCL
 
 pytestmark = pytest.mark.slow
 
 STEPS, BATCH, SIZE, LR = 300, 32, 24, 0.06
 GAIN, OVER_CONTROL = 2.0, 10.0  # points: below every measured gain (3.6 the least) and gap
-
-
-def grey_standardised(x: torch.Tensor) -> torch.Tensor:
-    """uint8 (N, 3, H, W) -> float (N, 3, H, W): luminance, zero mean and unit std per image."""
-    w = torch.tensor([0.299, 0.587, 0.114])[:, None, None]
-    g = (x.float() / 255 * w).sum(1, keepdim=True)
-    g = (g - g.mean((2, 3), keepdim=True)) / (g.std((2, 3), keepdim=True) + 1e-3)
-    return g.expand(-1, 3, -1, -1).contiguous()
 
 
 def view(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
@@ -51,26 +42,16 @@ def view(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     return torch.where(flip[:, None, None, None], v.flip(3), v)
 
 
-@torch.no_grad()
-def knn(method: DenseCL, xtr, ytr, xte, yte) -> float:
-    method.eval()
-    bank, queries = method.encoder(xtr), method.encoder(xte)
-    method.train()
-    return knn_accuracy(bank, ytr, queries, yte, k=20, temperature=0.1, num_classes=10,
-                        backend="torch")["top1"]
-
-
-def train(seed: int, control: bool) -> tuple[float, float]:
+def train(seed: int, control: bool, shapes) -> tuple[float, float]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         torch.manual_seed(seed)
         method = DenseCL("small_cnn", dim=32, mlp_hidden=64, queue_size=1024, momentum=0.99,
                          split_bn=4)
-        xtr, ytr = generate_shapes(2000, SIZE, seed=0)
-        xte, yte = generate_shapes(500, SIZE, split="test")
-        xtr, xte = grey_standardised(xtr), grey_standardised(xte)
-        before = knn(method, xtr[:1000], ytr[:1000], xte, yte)
+        data = shapes.data(SIZE)
+        xtr = data[0]
+        before = shapes.knn(method.encoder, data)
         opt = torch.optim.SGD(method.parameters(), lr=LR, momentum=0.9, weight_decay=5e-4)
         g = torch.Generator().manual_seed(seed)
         for _ in range(STEPS):
@@ -80,12 +61,12 @@ def train(seed: int, control: bool) -> tuple[float, float]:
             opt.zero_grad()
             loss.backward()
             opt.step()
-        return before, knn(method, xtr[:1000], ytr[:1000], xte, yte)
+        return before, shapes.knn(method.encoder, data)
     finally:
         torch.set_num_threads(threads)
 
 
-def test_densecl_learns_and_the_mismatched_control_does_not():
-    before, after = train(0, control=False)
-    _, control = train(0, control=True)
+def test_densecl_learns_and_the_mismatched_control_does_not(grey_shapes):
+    before, after = train(0, control=False, shapes=grey_shapes)
+    _, control = train(0, control=True, shapes=grey_shapes)
     assert after > before + GAIN and after > control + OVER_CONTROL, (before, after, control)

@@ -115,6 +115,7 @@ RECIPE_PRESETS = {
     "siglip": ("SigLIP", "paper"),
     "mae_cifar": ("MAE", "cifar"), "mae_in1k": ("MAE", "vit_large"),
     "simmim_cifar": ("SimMIM", "cifar"), "simmim_in1k": ("SimMIM", "vit_base"),
+    "ijepa_cifar": ("IJEPA", "cifar"), "ijepa_vith14_in1k": ("IJEPA", "vit_huge14"),
     "ibot_cifar": ("IBOT", "cifar"), "ibot_in1k": ("IBOT", "vit_small"),
     "msn_cifar": ("MSN", "cifar"), "msn_vits16_in1k": ("MSN", "vit_small"),
     "dinov2_cifar": ("IBOT", "dinov2_cifar"), "dinov2_in1k": ("IBOT", "dinov2_in1k"),
