@@ -56,8 +56,8 @@ IMAGE_METHODS: dict[str, tuple[dict[str, Any], tuple[int, ...]]] = {
     "vicreg": (dict(dim=8, mlp_hidden=8), (GLOBAL, GLOBAL)),
 }
 #: image methods whose loss reads more than the backbone's output: caching refused
-#: (mae, ibot, simmim, ijepa: masked ViT tokens)
-NOT_CACHEABLE = {"deepinfomax", "distill", "mae", "ibot", "simmim", "densecl", "ijepa"}
+#: (mae, ibot, simmim, ijepa, msn: masked ViT tokens)
+NOT_CACHEABLE = {"deepinfomax", "distill", "mae", "ibot", "simmim", "densecl", "ijepa", "msn"}
 OTHER_MODALITIES = {"clip", "siglip", "simcse", "lrcbert", "textclassifier"}  # own tests below
 #: supervised fine-tuning (contrastive-finetune; tests/eval/test_finetune.py), not pretraining
 SUPERVISED = {"imageclassifier"}
