@@ -5,6 +5,8 @@ colours, scale, rotation and position (optionally over random clutter lines). Co
 position and rotation are exactly the nuisances that contrastive augmentations (colour jitter,
 grayscale, random resized crop) teach invariance to, so what identifies the class is the shape
 alone: a short self-supervised run on the CPU learns it (see BENCHMARKS.md, feasibility probe).
+Each image also has a per-pixel mask (:func:`generate_shape_masks`, ``ShapesDataset.masks()``:
+0 background and clutter lines, ``label + 1`` inside the shape) for dense probes.
 
 Determinism: image i of a split depends only on (seed, split, i): ``n`` only says how many,
 so a smaller data set is a prefix of a larger one; train and test come from independent
