@@ -79,6 +79,8 @@ METHODS: dict[str, Entry] = {
     "SwAV": Entry("swav_cifar", ("--freeze-prototypes-steps", "{epoch_steps}")),
     "DINO": Entry("dino_cifar"),
     "Deep InfoMax": Entry("dim_cifar"),  # skipped (with a note) while the recipe is missing
+    # DenseCL: its CIFAR recipe (the MoCo demo's 4,096-key queues and split BN, as MoCo v1's row)
+    "DenseCL": Entry("densecl_cifar"),
     # the ViT block (--encoder timm:... --encoder-kwargs): MAE takes one view; iBOT and DINOv2
     # without local crops, as DINO's CIFAR recipe (their defaults of 10 and 8 would give them
     # 6x and 5x the crops)
@@ -191,7 +193,34 @@ def evaluate(checkpoint: str, args: argparse.Namespace, data: str) -> dict[str, 
     knn = knn_accuracy(xtr, ytr, xte, yte, k=200, temperature=0.1)
     probe = fit_linear_cached(xtr, ytr, epochs=args.probe_epochs, seed=args.seed)
     lin = evaluate_head(probe.head, xte, yte)
-    return {"knn_top1": round(knn["top1"], 2), "linear_top1": round(lin["top1"], 2)}
+    row = {"knn_top1": round(knn["top1"], 2), "linear_top1": round(lin["top1"], 2)}
+    return row | (segmentation(loaded.encoder, data, transform, args.seed) if args.segmentation
+                  else {})
+
+
+SEGMENTATION_TRAIN = 1000  # training images of the segmentation probe (all held-out ones score)
+
+
+def segmentation(encoder: Any, data: str, transform: Any, seed: int) -> dict[str, float]:
+    """Per-pixel linear segmentation of ``shapes`` (background + 10 shape classes) on the
+    encoder's last-stage map (``contrastive.eval.segmentation``, 50 epochs): the dense probe."""
+    import torch
+
+    from contrastive.data import SHAPE_CLASSES
+    from contrastive.eval.features import unwrap_views
+    from contrastive.eval.runner import load_split
+    from contrastive.eval.segmentation import linear_segmentation
+
+    splits = [load_split(data, split, transform) for split in ("train", "test")]
+    if not all(hasattr(ds, "masks") for ds in splits):
+        raise SystemExit(f"--segmentation needs a shapes data spec (its masks); got {data!r}")
+    n = min(SEGMENTATION_TRAIN, len(splits[0]))
+    (xtr, mtr), (xte, mte) = ((torch.stack([unwrap_views(ds[i][0]) for i in range(count)]),
+                               ds.masks()[:count])
+                              for ds, count in ((splits[0], n), (splits[1], len(splits[1]))))
+    s = linear_segmentation(encoder.cpu().float(), xtr, mtr, xte, mte, len(SHAPE_CLASSES) + 1,
+                            epochs=50, seed=seed)
+    return {"seg_miou": round(s["miou"], 2), "seg_pixel_accuracy": round(s["pixel_accuracy"], 2)}
 
 
 def evaluate_child(checkpoint: Path, args: argparse.Namespace, data: str) -> dict[str, float]:
@@ -199,7 +228,7 @@ def evaluate_child(checkpoint: Path, args: argparse.Namespace, data: str) -> dic
     cmd = [sys.executable, str(Path(__file__).resolve()), "--evaluate", str(checkpoint),
            "--data", data, "--encoder", args.encoder, "--image-size", str(args.image_size),
            "--encoder-kwargs", args.encoder_kwargs, "--workers", str(args.workers), "--seed", str(args.seed),
-           "--probe-epochs", str(args.probe_epochs)]
+           "--probe-epochs", str(args.probe_epochs), *(["--segmentation"] if args.segmentation else [])]
     proc = subprocess.run(cmd, cwd=ROOT, env=child_env(args.threads), capture_output=True,
                           text=True)
     if proc.returncode != 0:
@@ -208,15 +237,19 @@ def evaluate_child(checkpoint: Path, args: argparse.Namespace, data: str) -> dic
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| method | linear top-1 % | kNN top-1 % | images/s | wall s | CPU s | steps | "
-            "command |\n|---|---|---|---|---|---|---|---|")
+    seg = any("seg_miou" in r for r in rows)  # --segmentation: one more column
+    head = ("| method | linear top-1 % | kNN top-1 % | " + ("seg. mIoU % | " if seg else "")
+            + "images/s | wall s | CPU s | steps | command |\n|---|---|---|---|---|---|---|---|"
+            + ("---|" if seg else ""))
     lines = [head]
     for r in rows:
         if "skipped" in r:
-            lines.append(f"| {r['method']} | - | - | - | - | - | - | skipped: {r['skipped']} |")
+            lines.append(f"| {r['method']} | - | - | {'- | ' if seg else ''}- | - | - | - | "
+                         f"skipped: {r['skipped']} |")
             continue
         ips = f"{r['images_per_s']:.0f}" if r.get("images_per_s") else "-"
-        lines.append(f"| {r['method']} | {r['linear_top1']:.1f} | {r['knn_top1']:.1f} | {ips} | "
+        miou = f"{r['seg_miou']:.1f} | " if seg else ""
+        lines.append(f"| {r['method']} | {r['linear_top1']:.1f} | {r['knn_top1']:.1f} | {miou}{ips} | "
                      f"{r.get('wall_s', '-')} | {r.get('cpu_s', '-')} | {r.get('steps', 0)} | `{r.get('command', '')}` |")
     return "\n".join(lines)
 
@@ -249,6 +282,9 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--probe-epochs", type=int, default=100)
+    p.add_argument("--segmentation", action="store_true",
+                   help="shapes only: also per-pixel linear segmentation mIoU of the last-stage "
+                   "map (the dense probe of DenseCL / VICRegL; first 1,000 training images)")
     p.add_argument("--methods", default="", help="comma-separated subset of: "
                    + ", ".join(METHODS))
     p.add_argument("--out-dir", default="runs/bench_methods")

@@ -18,9 +18,11 @@ from contrastive.data.decode import EncodedImage
 from contrastive.data.download import DownloadError, download, extract_tar, unpack_image_folder
 from contrastive.data.folder import ImageFolderDataset, resolve_folder_split
 from contrastive.data.generated import (
+    MASK_BACKGROUND,
     SHAPE_CLASSES,
     ShapesDataset,
     SyntheticDataset,
+    generate_shape_masks,
     generate_shapes,
 )
 from contrastive.data.io import IMAGE_EXTENSIONS, CorruptImageError, is_image_file, load_rgb, to_rgb
@@ -53,6 +55,7 @@ __all__ = [
     "ImageFolderDataset",
     "ImageTextDataset",
     "LabelledDataset",
+    "MASK_BACKGROUND",
     "SHAPE_CLASSES",
     "SPEC_HELP",
     "STL10Dataset",
@@ -71,6 +74,7 @@ __all__ = [
     "download",
     "extract_tar",
     "unpack_image_folder",
+    "generate_shape_masks",
     "generate_shapes",
     "get_dataset",
     "has_split",

@@ -5,6 +5,8 @@ colours, scale, rotation and position (optionally over random clutter lines). Co
 position and rotation are exactly the nuisances that contrastive augmentations (colour jitter,
 grayscale, random resized crop) teach invariance to, so what identifies the class is the shape
 alone: a short self-supervised run on the CPU learns it (see BENCHMARKS.md, feasibility probe).
+Each image also has a per-pixel mask (:func:`generate_shape_masks`, ``ShapesDataset.masks()``:
+0 background and clutter lines, ``label + 1`` inside the shape) for dense probes.
 
 Determinism: image i of a split depends only on (seed, split, i): ``n`` only says how many,
 so a smaller data set is a prefix of a larger one; train and test come from independent
@@ -15,7 +17,7 @@ pixel of anti-aliasing), a 3,000-image 32-px set takes a fraction of a second.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -28,6 +30,8 @@ SHAPE_CLASSES: tuple[str, ...] = (
     "disc", "square", "triangle", "ring", "cross", "bar", "bars", "diamond", "star", "checker",
 )
 MAX_CLUTTER = 8
+MASK_BACKGROUND = 0
+"""Mask value of background pixels (clutter lines included); shape class c is c + 1."""
 _SPLITS = {"train": 0, "test": 1}
 # parameter columns of one image
 _SCALE, _CX, _CY, _ROT, _FG, _BG, _CLUTTER = 0, 1, 2, 3, 4, 7, 10
@@ -138,6 +142,37 @@ def _segment_distance(px: Tensor, py: Tensor, seg: Tensor) -> Tensor:
     return torch.hypot(px - (x0 + t * dx), py - (y0 + t * dy))
 
 
+def _pixel_grid(size: int) -> tuple[Tensor, Tensor]:
+    """Pixel-centre coordinates: x (1, 1, size), y (1, size, 1)."""
+    coords = torch.arange(size, dtype=torch.float32) + 0.5
+    return coords.view(1, 1, size), coords.view(1, size, 1)
+
+
+def _shape_distances(p: Tensor, labels: np.ndarray, size: int) -> Iterator[tuple[int, Tensor, Tensor]]:
+    """Per drawn class c: (c, its rows, signed distance in pixels from each pixel centre to the
+    shape's outline, negative inside: (len(rows), size, size)). The one home of the geometry
+    (radius, centre, rotation), shared by the images and the masks."""
+    radius = size * (0.2 + 0.17 * p[:, _SCALE])  # shape radius: 20-37 % of the side
+    # every shape lies within 1.07 radii of its centre: keep it (and its soft edge) in the frame
+    margin = 1.1 * radius + 0.5
+    cx = margin + (size - 2 * margin) * p[:, _CX]
+    cy = margin + (size - 2 * margin) * p[:, _CY]
+    theta = 2 * math.pi * p[:, _ROT]
+    px, py = _pixel_grid(size)
+    labels_t = torch.from_numpy(np.asarray(labels, dtype=np.int64))
+    for c in range(len(SHAPE_CLASSES)):
+        rows = (labels_t == c).nonzero().squeeze(1)
+        if rows.numel() == 0:
+            continue
+        dx = px - cx[rows].view(-1, 1, 1)
+        dy = py - cy[rows].view(-1, 1, 1)
+        cos, sin = theta[rows].cos().view(-1, 1, 1), theta[rows].sin().view(-1, 1, 1)
+        r = radius[rows].view(-1, 1, 1)
+        u = (cos * dx + sin * dy) / r
+        v = (-sin * dx + cos * dy) / r
+        yield c, rows, _SDF[c](u, v) * r
+
+
 def render_shapes(params: np.ndarray, labels: np.ndarray, size: int, clutter: int = 0) -> Tensor:
     """Render images from their parameter rows (uniform numbers in [0, 1)).
 
@@ -145,20 +180,13 @@ def render_shapes(params: np.ndarray, labels: np.ndarray, size: int, clutter: in
     """
     m = params.shape[0]
     p = torch.from_numpy(params.astype(np.float32))
-    radius = size * (0.2 + 0.17 * p[:, _SCALE])  # shape radius: 20-37 % of the side
-    # every shape lies within 1.07 radii of its centre: keep it (and its soft edge) in the frame
-    margin = 1.1 * radius + 0.5
-    cx = margin + (size - 2 * margin) * p[:, _CX]
-    cy = margin + (size - 2 * margin) * p[:, _CY]
-    theta = 2 * math.pi * p[:, _ROT]
     bg = p[:, _BG:_BG + 3]
     fg = p[:, _FG:_FG + 3]
     # keep the shape visible: a foreground too close to the background moves half a range away
     close = (fg - bg).norm(dim=1, keepdim=True) < 0.45
     fg = torch.where(close, (bg + 0.5).remainder(1.0), fg)
 
-    coords = torch.arange(size, dtype=torch.float32) + 0.5
-    px, py = coords.view(1, 1, size), coords.view(1, size, 1)
+    px, py = _pixel_grid(size)
     img = bg.view(m, 3, 1, 1).expand(m, 3, size, size).clone()
 
     def paint(cover: Tensor, colour: Tensor, rows: Tensor | slice = slice(None)) -> None:
@@ -172,20 +200,43 @@ def render_shapes(params: np.ndarray, labels: np.ndarray, size: int, clutter: in
         dist = _segment_distance(px, py, seg)
         paint((width.view(-1, 1, 1) / 2 + 0.5 - dist).clamp(0, 1), p[:, col + 4:col + 7])
 
-    labels_t = torch.from_numpy(np.asarray(labels, dtype=np.int64))
-    for c in range(len(SHAPE_CLASSES)):
-        rows = (labels_t == c).nonzero().squeeze(1)
-        if rows.numel() == 0:
-            continue
-        dx = px - cx[rows].view(-1, 1, 1)
-        dy = py - cy[rows].view(-1, 1, 1)
-        cos, sin = theta[rows].cos().view(-1, 1, 1), theta[rows].sin().view(-1, 1, 1)
-        r = radius[rows].view(-1, 1, 1)
-        u = (cos * dx + sin * dy) / r
-        v = (-sin * dx + cos * dy) / r
-        cover = (0.5 - _SDF[c](u, v) * r).clamp(0, 1)  # one pixel of anti-aliasing
-        paint(cover, fg[rows], rows)
+    for _, rows, distance in _shape_distances(p, labels, size):
+        paint((0.5 - distance).clamp(0, 1), fg[rows], rows)  # one pixel of anti-aliasing
     return img.mul_(255).round_().to(torch.uint8)
+
+
+def render_shape_masks(params: np.ndarray, labels: np.ndarray, size: int) -> Tensor:
+    """Per-pixel masks of the shapes :func:`render_shapes` draws from the same rows.
+
+    A pixel is ``label + 1`` where its centre lies inside the shape's outline (there the
+    anti-aliased image is at least half the foreground colour), else :data:`MASK_BACKGROUND`
+    (0), clutter lines included: they are drawn behind the shape and belong to no class.
+
+    Shape: params (m, P), labels (m,) -> uint8 (m, size, size), values 0..10.
+    """
+    p = torch.from_numpy(params.astype(np.float32))
+    masks = torch.full((params.shape[0], size, size), MASK_BACKGROUND, dtype=torch.uint8)
+    for c, rows, distance in _shape_distances(p, labels, size):
+        masks[rows] = torch.where(distance <= 0, c + 1, MASK_BACKGROUND).to(torch.uint8)
+    return masks
+
+
+def _parameter_rows(n: int, size: int, seed: int, split: str, start: int) -> tuple[np.ndarray, np.ndarray]:
+    """Parameter rows and labels of images ``start .. start + n - 1`` (label of image i: i % 10)."""
+    if n < 0 or size < 8:
+        raise ValueError(f"shapes: need n >= 0 and size >= 8; got n={n}, size={size}")
+    params = _stream(seed, split, salt=0).random((start + n, _NCOL))[start:]
+    labels = (np.arange(start, start + n) % len(SHAPE_CLASSES)).astype(np.int64)
+    return params, labels
+
+
+def _in_chunks(out: Tensor, params: np.ndarray, labels: np.ndarray,
+               draw: Callable[[np.ndarray, np.ndarray], Tensor]) -> Tensor:
+    """Fill ``out`` (n, ..., size, size) by ``draw`` over chunks of about 0.5M pixels (in cache)."""
+    step = max(1, (1 << 19) // (out.shape[-1] * out.shape[-2]))
+    for s in range(0, out.shape[0], step):
+        out[s:s + step] = draw(params[s:s + step], labels[s:s + step])
+    return out
 
 
 def generate_shapes(
@@ -195,18 +246,25 @@ def generate_shapes(
 
     Returns (uint8 (n, 3, size, size), int64 labels (n,)); label of image i is ``i % 10``.
     """
-    if n < 0 or size < 8:
-        raise ValueError(f"shapes: need n >= 0 and size >= 8; got n={n}, size={size}")
+    params, labels = _parameter_rows(n, size, seed, split, start)
     if not 0 <= int(clutter) <= MAX_CLUTTER:
         raise ValueError(f"shapes: clutter is a number of lines in 0..{MAX_CLUTTER}; got {clutter}")
-    rng = _stream(seed, split, salt=0)
-    params = rng.random((start + n, _NCOL))[start:]
-    labels = (np.arange(start, start + n) % len(SHAPE_CLASSES)).astype(np.int64)
     images = torch.empty((n, 3, size, size), dtype=torch.uint8)
-    step = max(1, (1 << 19) // (size * size))  # about 0.5M pixels per chunk: stays in cache
-    for s in range(0, n, step):
-        images[s:s + step] = render_shapes(params[s:s + step], labels[s:s + step], size, clutter)
+    _in_chunks(images, params, labels, lambda p, y: render_shapes(p, y, size, clutter))
     return images, torch.from_numpy(labels)
+
+
+def generate_shape_masks(n: int, size: int = 32, seed: int = 0, split: str = "train", *,
+                         start: int = 0) -> Tensor:
+    """Per-pixel masks of images ``start .. start + n - 1`` of :func:`generate_shapes` (same
+    ``size``, ``seed`` and ``split``; any ``clutter``: the lines are background).
+
+    Returns uint8 (n, size, size): 0 background, ``label + 1`` inside the shape (see
+    :func:`render_shape_masks`).
+    """
+    params, labels = _parameter_rows(n, size, seed, split, start)
+    masks = torch.empty((n, size, size), dtype=torch.uint8)
+    return _in_chunks(masks, params, labels, lambda p, y: render_shape_masks(p, y, size))
 
 
 class ShapesDataset(LabelledDataset):
@@ -240,6 +298,11 @@ class ShapesDataset(LabelledDataset):
 
     def load(self, index: int) -> Tensor:
         return self.images[index]
+
+    def masks(self) -> Tensor:
+        """Per-pixel masks of the images, uint8 (n, size, size): 0 background (clutter lines
+        included), ``label + 1`` inside the shape (:func:`generate_shape_masks`)."""
+        return generate_shape_masks(len(self), self.size, self.seed, self.split)
 
     def __repr__(self) -> str:
         return (f"ShapesDataset(n={len(self)}, size={self.size}, seed={self.seed}, "

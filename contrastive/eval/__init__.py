@@ -14,6 +14,8 @@ Modules (names are resolved lazily, so ``import contrastive.eval.knn`` stays lig
   folders (``contrastive-export --format hf|sentence-transformers``, a text run's ``model/``).
 - :mod:`~contrastive.eval.classifier_folder`: a fine-tuned classifier's folder, saved and loaded.
 - :mod:`~contrastive.eval.glue`: GLUE scoring of a text model; :mod:`~contrastive.eval.sts`: STS.
+- :mod:`~contrastive.eval.segmentation`: per-pixel linear segmentation on a frozen encoder's
+  feature map (mIoU, pixel accuracy; the probe of dense methods, VICRegL's protocol).
 - :mod:`~contrastive.eval.runner`: whole evaluations from a ``--data`` spec.
 - :mod:`~contrastive.eval.plot`: training curves and t-SNE maps (matplotlib, scikit-learn).
 - :mod:`~contrastive.eval.zeroshot`: CLIP zero-shot classification (prompt templates) and
@@ -50,6 +52,8 @@ _LAZY = {
     "zero_shot_accuracy": "zeroshot",
     "retrieval_recall": "zeroshot",
     "load_clip_run": "zeroshot",
+    "linear_segmentation": "segmentation",
+    "segmentation_scores": "segmentation",
 }
 
 __all__ = sorted(_LAZY)

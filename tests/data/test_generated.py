@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from contrastive.data import SHAPE_CLASSES, ShapesDataset, SyntheticDataset, generate_shapes
+from contrastive.data import (
+    MASK_BACKGROUND,
+    SHAPE_CLASSES,
+    ShapesDataset,
+    SyntheticDataset,
+    generate_shape_masks,
+    generate_shapes,
+)
 from contrastive.data.generated import render_shapes
 
 
@@ -93,3 +100,50 @@ def test_synthetic_noise():
     assert torch.equal(ds[4][0], SyntheticDataset(n=100, size=5, seed=1, num_classes=3)[4][0])
     assert not torch.equal(ds[4][0], SyntheticDataset(n=7, size=5, seed=1, split="test")[4][0])
     assert ds[2][0].dtype == torch.uint8
+
+
+def _colour_counts(img: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    colours, counts = torch.unique(img.flatten(1).T, dim=0, return_counts=True)
+    return colours, counts
+
+
+def test_the_mask_is_the_drawn_shape():
+    """Seeded, every class drawn twice: the mask is label + 1 where the image shows the shape and
+    0 elsewhere. Pixels of the pure foreground colour are all in the mask, pixels of the pure
+    background colour all outside, and each anti-aliased edge pixel is on the side of the colour
+    it is nearer to (the mask takes pixel centres inside the outline: cover >= 1/2)."""
+    images, labels = generate_shapes(20, 32, seed=5)
+    masks = generate_shape_masks(20, 32, seed=5)
+    assert masks.shape == (20, 32, 32) and masks.dtype == torch.uint8
+    assert sorted(set(labels.tolist())) == list(range(10))
+    for img, label, mask in zip(images, labels, masks):
+        assert set(mask.unique().tolist()) == {MASK_BACKGROUND, int(label) + 1}
+        inside = mask == int(label) + 1
+        bg = img[:, 0, 0]  # a corner: the shape stays inside the frame
+        colours, counts = _colour_counts(img[:, inside])
+        fg = colours[counts.argmax()]  # the shape's interior, most of the mask
+        is_fg = (img == fg.view(3, 1, 1)).all(0)
+        is_bg = (img == bg.view(3, 1, 1)).all(0)
+        assert is_fg.sum() > 0.25 * inside.sum() and is_bg.sum() > 0.3 * (~inside).sum()
+        assert (is_fg <= inside).all() and (is_bg <= ~inside).all()
+        x = img.float()
+        nearer_fg = (x - fg.float().view(3, 1, 1)).norm(dim=0) <= (x - bg.float().view(3, 1, 1)).norm(dim=0) + 2
+        nearer_bg = (x - bg.float().view(3, 1, 1)).norm(dim=0) <= (x - fg.float().view(3, 1, 1)).norm(dim=0) + 2
+        assert (nearer_fg[inside]).all() and (nearer_bg[~inside]).all()
+
+
+def test_masks_match_the_dataset_and_clutter_lies_behind_them():
+    """The dataset's masks are the generator's; with clutter the images change only outside the
+    mask's pure-shape pixels (the lines are drawn behind the shape and labelled background)."""
+    ds = ShapesDataset(n=30, size=24, seed=2, split="test", clutter=4)
+    masks = ds.masks()
+    assert torch.equal(masks, generate_shape_masks(30, 24, seed=2, split="test"))
+    assert torch.equal(generate_shape_masks(10, 24, seed=2, split="test", start=20), masks[20:])
+    clean, _ = generate_shapes(30, 24, seed=2, split="test")
+    for c, busy, mask in zip(clean, ds.images, masks):
+        colours, counts = _colour_counts(c[:, mask > 0])
+        shape_px = (c == colours[counts.argmax()].view(3, 1, 1)).all(0)
+        assert torch.equal(busy[:, shape_px], c[:, shape_px])
+    assert not torch.equal(clean, ds.images)
+    with pytest.raises(ValueError, match="size"):
+        generate_shape_masks(3, 4)

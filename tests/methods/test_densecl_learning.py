@@ -19,6 +19,18 @@ Measured 2026-11-29 (kNN top-1 %, random init -> 300 steps, one thread, AVX2 Zen
 amplify rounding differences (other kernels or thread set-up) into a few points, so the
 margins are a 2-point gain and 10 points over the control. About 67 s of CPU per run, two
 runs: the check is slow (-m slow).
+
+The dense check of issue 55 (per-pixel linear segmentation of ``shapes``: background and the ten
+shapes, :mod:`contrastive.eval.segmentation` on the 3 x 3 last-stage map, 1,000 training
+images with their masks, 50 epochs, the 500 held-out images scored): the same DenseCL against
+its random init and against MoCo v2 with the same budget (``dense_weight=0``: the same encoder
+init, global head, queue, tau and 300 steps; the dense head idle). Measured 2026-11-29 (seed 0,
+one thread, load 9 on the 2 shared cores), mIoU % / pixel accuracy %: random init 21.9 / 88.1,
+DenseCL 22.8 / 88.8, MoCo v2 23.4 / 88.9 (kNN 46.6, 50.2, 51.0). DenseCL does NOT separate at
+this scale: both pretrained encoders gain 1-1.5 mIoU points over random init and DenseCL
+trails MoCo v2 by 0.6. The check asserts what the issue expects (DenseCL above both by a
+point) as an expected failure, so that it reports when a longer budget or another setting
+makes the dense loss show; about 3 x 67 s of CPU for the runs plus 3 x 20-40 s for the probes.
 """
 
 from __future__ import annotations
@@ -26,6 +38,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from contrastive.data.generated import generate_shape_masks
+from contrastive.eval.segmentation import linear_segmentation
 from contrastive.methods import DenseCL
 
 pytestmark = pytest.mark.slow
@@ -42,31 +56,49 @@ def view(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
     return torch.where(flip[:, None, None, None], v.flip(3), v)
 
 
-def train(seed: int, control: bool, shapes) -> tuple[float, float]:
+def pretrained(seed: int, xtr: torch.Tensor, *, control: bool = False, dense_weight: float = 0.5,
+               steps: int = STEPS) -> DenseCL:
+    """DenseCL after ``steps`` steps on ``xtr`` (0: random init; dense_weight 0: MoCo v2 with the
+    same encoder, head, queue, tau and budget, its dense head idle)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         torch.manual_seed(seed)
         method = DenseCL("small_cnn", dim=32, mlp_hidden=64, queue_size=1024, momentum=0.99,
-                         split_bn=4)
-        data = shapes.data(SIZE)
-        xtr = data[0]
-        before = shapes.knn(method.encoder, data)
+                         split_bn=4, dense_weight=dense_weight)
         opt = torch.optim.SGD(method.parameters(), lr=LR, momentum=0.9, weight_decay=5e-4)
         g = torch.Generator().manual_seed(seed)
-        for _ in range(STEPS):
+        for _ in range(steps):
             x = xtr[torch.randint(0, xtr.shape[0], (BATCH,), generator=g)]
             other = x[torch.randperm(BATCH, generator=g)] if control else x
             loss = method({"views": [view(x, g), view(other, g)], "momentum": 0.99})["loss"]
             opt.zero_grad()
             loss.backward()
             opt.step()
-        return before, shapes.knn(method.encoder, data)
+        return method
     finally:
         torch.set_num_threads(threads)
 
 
 def test_densecl_learns_and_the_mismatched_control_does_not(grey_shapes):
-    before, after = train(0, control=False, shapes=grey_shapes)
-    _, control = train(0, control=True, shapes=grey_shapes)
+    data = grey_shapes.data(SIZE)
+    before, after, control = (grey_shapes.knn(pretrained(0, data[0], **kw).encoder, data)
+                              for kw in ({"steps": 0}, {}, {"control": True}))
     assert after > before + GAIN and after > control + OVER_CONTROL, (before, after, control)
+
+
+def segmentation_miou(method: DenseCL, data, train: int = 1000) -> float:
+    xtr, _, xte, _ = data
+    masks_tr = generate_shape_masks(train, SIZE, seed=0)
+    masks_te = generate_shape_masks(xte.shape[0], SIZE, split="test")
+    return linear_segmentation(method.encoder, xtr[:train], masks_tr, xte, masks_te,
+                               num_classes=11, epochs=50)["miou"]
+
+
+@pytest.mark.xfail(raises=AssertionError, strict=False,
+                   reason="DenseCL does not separate at this scale (module docstring)")
+def test_densecl_segments_shapes_better_than_random_init_and_mocov2(grey_shapes):
+    data = grey_shapes.data(SIZE)
+    random, densecl, mocov2 = (segmentation_miou(pretrained(0, data[0], **kw), data)
+                               for kw in ({"steps": 0}, {}, {"dense_weight": 0.0}))
+    assert densecl > random + 1 and densecl > mocov2 + 1, (random, densecl, mocov2)
