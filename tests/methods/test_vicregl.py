@@ -12,28 +12,16 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from contrastive.engine.grad_cache import GradCacheError, check_grad_cache
 from contrastive.methods import VICReg, VICRegL
+from contrastive.nn import stage_features
 
 STEP_TOL = dict(rtol=1e-9, atol=1e-12)  # float64, as tests/methods/test_moco.py argues
 
 
-class MapEncoder(nn.Module):
-    """Two strided convs with BN; its one stage is a (N, 8, H/4, W/4) map."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.body = nn.Sequential(nn.Conv2d(3, 4, 3, stride=2, padding=1), nn.BatchNorm2d(4),
-                                  nn.ReLU(), nn.Conv2d(4, 8, 3, stride=2, padding=1), nn.ReLU())
-        self.num_features = 8
-
-    def forward_stages(self, x):
-        return [self.body(x)]
-
-    def forward(self, x):
-        return self.body(x).mean(dim=(2, 3))
+#: the registry's small CNN with two blocks: its last stage is a (N, 8, H / 2, W / 2) map
+TINY = dict(encoder="small_cnn", encoder_kwargs=dict(widths=(4, 8)))
 
 
 # --- the authors' code, transcribed (one process: gather_center is centring) -----------------
@@ -161,7 +149,7 @@ class Authors:
     def forward(self, views, locations):
         embeddings, maps_embeddings = [], []
         for x in views:
-            x = self.backbone.forward_stages(x)[-1]  # resnet.py 283-299: maps and their mean
+            x = stage_features(self.backbone, x)[-1]  # resnet.py 283-299: maps and their mean
             representation = x.mean(dim=(2, 3))
             maps = x.flatten(2, 3).permute(0, 2, 1)
             embeddings.append(self.projector(representation))
@@ -176,7 +164,7 @@ class Authors:
 
 # --- the tests -------------------------------------------------------------------------------
 
-def _batch(g, n=4, sizes=(16, 16, 8)):
+def _batch(g, n=4, sizes=(8, 8, 4)):
     """Views, and random crop boxes (N, V, 4) of a 40 x 40 image."""
     views = [torch.randn(n, 3, s, s, generator=g, dtype=torch.float64) for s in sizes]
     corner = torch.rand(n, len(sizes), 2, generator=g, dtype=torch.float64) * 20
@@ -187,7 +175,7 @@ def _batch(g, n=4, sizes=(16, 16, 8)):
 def test_steps_match_a_transcription_of_the_authors_forward():
     torch.manual_seed(0)
     alpha, k, lr = 0.75, (5, 2), 0.05
-    method = VICRegL(MapEncoder(), dim=6, mlp_hidden=10, maps_dim=5, maps_hidden=7, alpha=alpha,
+    method = VICRegL(**TINY, dim=6, mlp_hidden=10, maps_dim=5, maps_hidden=7, alpha=alpha,
                      num_matches=k).double()
     ref = Authors(copy.deepcopy(method.encoder), copy.deepcopy(method.projector),
                   copy.deepcopy(method.maps_projector), alpha, k, 6)
@@ -200,8 +188,8 @@ def test_steps_match_a_transcription_of_the_authors_forward():
     for _ in range(3):
         views, boxes = _batch(g)
         out = method({"views": views, "crop_boxes": boxes})
-        # the maps are 4 x 4 (16 px) and 2 x 2 (8 px), as the code's 7 x 7 and 3 x 3 grids
-        locations = [torch.stack([grid_of(b.tolist(), v.shape[-1] // 4) for b in boxes[:, i]])
+        # the maps are 4 x 4 (8 px) and 2 x 2 (4 px), as the code's 7 x 7 and 3 x 3 grids
+        locations = [torch.stack([grid_of(b.tolist(), v.shape[-1] // 2) for b in boxes[:, i]])
                      for i, v in enumerate(views)]
         loss = ref.forward(views, locations)
         for o, model in ((opt, out["loss"]), (opt_ref, loss)):
@@ -218,11 +206,11 @@ def test_steps_match_a_transcription_of_the_authors_forward():
 
 
 def test_alpha_one_is_vicreg_with_half_the_covariance_and_needs_no_boxes(views):
-    x1, x2 = views(n=6, size=12)
+    x1, x2 = views(n=6, size=6)
     torch.manual_seed(0)
-    ours = VICRegL(MapEncoder(), dim=6, mlp_hidden=10, alpha=1.0)
+    ours = VICRegL(**TINY, dim=6, mlp_hidden=10, alpha=1.0)
     torch.manual_seed(0)
-    vicreg = VICReg(MapEncoder(), dim=6, mlp_hidden=10, cov_coeff=0.5)
+    vicreg = VICReg(**TINY, dim=6, mlp_hidden=10, cov_coeff=0.5)
     assert ours.maps_projector is None
     out = ours({"views": [x1, x2]})
     torch.testing.assert_close(out["loss"], vicreg({"views": [x1, x2]})["loss"])
@@ -230,8 +218,8 @@ def test_alpha_one_is_vicreg_with_half_the_covariance_and_needs_no_boxes(views):
 
 
 def test_bad_batches_and_settings_raise_one_line_errors(views):
-    x1, x2 = views(n=4, size=8)  # 2 x 2 maps
-    method = VICRegL(MapEncoder(), dim=6, mlp_hidden=10, maps_dim=5, maps_hidden=7,
+    x1, x2 = views(n=4, size=4)  # 2 x 2 maps
+    method = VICRegL(**TINY, dim=6, mlp_hidden=10, maps_dim=5, maps_hidden=7,
                      num_matches=(2, 2))
     with pytest.raises(KeyError, match="crop_boxes"):
         method({"views": [x1, x2]})
@@ -239,12 +227,12 @@ def test_bad_batches_and_settings_raise_one_line_errors(views):
         method({"views": [x1, x2], "crop_boxes": torch.zeros(4, 3, 4)})
     boxes = torch.tensor([0.0, 0.0, 8.0, 8.0]).expand(4, 2, 4)
     assert torch.isfinite(method({"views": [x1, x2], "crop_boxes": boxes})["loss"])
-    big = VICRegL(MapEncoder(), dim=6, mlp_hidden=10, num_matches=(5, 2))
+    big = VICRegL(**TINY, dim=6, mlp_hidden=10, num_matches=(5, 2))
     with pytest.raises(ValueError, match="lower --num-matches"):
         big({"views": [x1, x2], "crop_boxes": boxes})
     for bad in (0.0, 1.5):
         with pytest.raises(ValueError, match="alpha"):
-            VICRegL(MapEncoder(), alpha=bad)
+            VICRegL(**TINY, alpha=bad)
 
 
 def test_presets_are_the_authors_resnet50_setting():
@@ -255,7 +243,7 @@ def test_presets_are_the_authors_resnet50_setting():
 
 
 def test_engine_refuses_grad_cache_and_accumulation():
-    method = VICRegL(MapEncoder(), dim=6, mlp_hidden=10, maps_dim=5, maps_hidden=7)
+    method = VICRegL(**TINY, dim=6, mlp_hidden=10, maps_dim=5, maps_hidden=7)
     with pytest.raises(GradCacheError, match="batch statistics"):
         check_grad_cache(method, 0, 2)
     with pytest.raises(GradCacheError, match="no backbone the engine can cache"):
