@@ -405,16 +405,16 @@ class VICRegLLocalLoss(_BatchLevelLoss):
     @classmethod
     def example_inputs(cls, n: int = 6, dim: int = 8, *, dtype: torch.dtype = torch.float32,
                        generator: torch.Generator | None = None) -> tuple[Tensor, ...]:
-        """Two views' 2 x 2 maps (view b near view a) and their location matches from random
-        crop boxes of a 10 x 10 image (2 matches each way)."""
-        maps_a = cls._randn(n, 4, dim, dtype=dtype, generator=generator)
-        maps_b = maps_a + 0.5 * cls._randn(n, 4, dim, dtype=dtype, generator=generator)
+        """Two views' 1 x 2 maps (view b near view a; small: gradcheck perturbs every entry)
+        and their location matches from random crop boxes of a 10 x 10 image (1 each way)."""
+        maps_a = cls._randn(n, 2, dim, dtype=dtype, generator=generator)
+        maps_b = maps_a + 0.5 * cls._randn(n, 2, dim, dtype=dtype, generator=generator)
         corner = torch.rand(2, n, 2, generator=generator) * 5
         side = 3 + torch.rand(2, n, 2, generator=generator) * 2
-        grid_a, grid_b = (crop_grid(torch.cat([corner[v], side[v]], dim=1), 2, 2)
+        grid_a, grid_b = (crop_grid(torch.cat([corner[v], side[v]], dim=1), 1, 2)
                           for v in range(2))
-        return (maps_a, maps_b, location_matches(grid_a, grid_b, 2),
-                location_matches(grid_b, grid_a, 2))
+        return (maps_a, maps_b, location_matches(grid_a, grid_b, 1),
+                location_matches(grid_b, grid_a, 1))
 
     def extra_repr(self) -> str:
         return (f"inv_coeff={self.inv_coeff}, var_coeff={self.var_coeff}, "
