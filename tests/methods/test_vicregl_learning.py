@@ -25,21 +25,13 @@ import pytest
 import torch
 
 from contrastive.data.generated import generate_shapes
-from contrastive.eval.knn import knn_accuracy
 from contrastive.methods import VICRegL
+from tests.methods.test_densecl_learning import grey_standardised, knn  # the same inputs, kNN
 
 pytestmark = pytest.mark.slow
 
 STEPS, BATCH, SIZE, PAD, LR = 300, 32, 24, 3, 0.003
 GAIN, OVER_CONTROL = 2.0, 8.0  # points: below the measured gains (3.8 the least) and gap (14.4)
-
-
-def grey_standardised(x: torch.Tensor) -> torch.Tensor:
-    """uint8 (N, 3, H, W) -> float (N, 3, H, W): luminance, zero mean and unit std per image."""
-    w = torch.tensor([0.299, 0.587, 0.114])[:, None, None]
-    g = (x.float() / 255 * w).sum(1, keepdim=True)
-    g = (g - g.mean((2, 3), keepdim=True)) / (g.std((2, 3), keepdim=True) + 1e-3)
-    return g.expand(-1, 3, -1, -1).contiguous()
 
 
 def view(x: torch.Tensor, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,15 +42,6 @@ def view(x: torch.Tensor, g: torch.Generator) -> tuple[torch.Tensor, torch.Tenso
     flip = torch.rand(x.shape[0], generator=g) < 0.5
     box = torch.tensor([i, j, SIZE, SIZE], dtype=torch.float32).expand(x.shape[0], 4)
     return torch.where(flip[:, None, None, None], v.flip(3), v), box
-
-
-@torch.no_grad()
-def knn(method: VICRegL, xtr, ytr, xte, yte) -> float:
-    method.eval()
-    bank, queries = method.encoder(xtr), method.encoder(xte)
-    method.train()
-    return knn_accuracy(bank, ytr, queries, yte, k=20, temperature=0.1, num_classes=10,
-                        backend="torch")["top1"]
 
 
 def train(seed: int, control: bool, lr: float = LR) -> tuple[float, float]:
@@ -93,7 +76,7 @@ def test_vicregl_learns_and_the_mismatched_control_does_not():
     assert after > before + GAIN and after > control + OVER_CONTROL, (before, after, control)
 
 
-if __name__ == "__main__":  # the measurement: python tests/methods/test_vicregl_learning.py
+if __name__ == "__main__":  # the measurement: PYTHONPATH=$PWD python tests/methods/test_vicregl_learning.py
     # LR SEEDS CONTROLS, e.g. 0.003 0,1,2 vicregl,control
     import sys
     import time
