@@ -83,6 +83,8 @@ ARGS: dict[str, list[str]] = {
     "simsiam_r50": [*IMAGE, "--dim", "16", "--pred-hidden", "8"],
     **{name: WIDE for name in ("barlow_twins_cifar", "barlow_twins_r50", "vicreg_cifar",
                                "vicreg_r50")},
+    **{name: [*WIDE, "--maps-dim", "16", "--maps-hidden", "32", "--num-matches", "3", "2"]
+       for name in ("vicregl_cifar", "vicregl_in1k")},
     "nnclr_cifar": NNCLR,
     "nnclr_r50": NNCLR,
     "swav_cifar": [*IMAGE, "--dim", "16", "--mlp-hidden", "32", "--num-prototypes", "20",

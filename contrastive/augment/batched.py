@@ -26,6 +26,7 @@ import itertools
 import time
 from collections.abc import Sequence
 from contextlib import contextmanager
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -37,6 +38,7 @@ from contrastive.augment.per_image import (
     RandomResizedCropUint8,
     as_uint8_chw,
     build_crop,
+    resized_crop_uint8,
 )
 from contrastive.data.decode import EncodedImage
 
@@ -75,6 +77,32 @@ class WorkerCrops:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.crops!r})"
+
+
+class WorkerCropsWithBoxes(WorkerCrops):
+    """:class:`WorkerCrops` that also returns each view's crop box in the original image:
+    image -> ``{"views": [uint8 (3, S_v, S_v)], "crop_boxes": (V, 4) float32}`` (top, left, h,
+    w in pixels; collated: (N, V, 4)), for VICRegL's location matching. The same random draws
+    and pixels as :class:`WorkerCrops`; random-resized-crop views only."""
+
+    def __init__(self, views: Sequence[ViewConfig]) -> None:
+        super().__init__(views)
+        if not all(isinstance(c, RandomResizedCropUint8) for c in self.crops):
+            raise ValueError("crop boxes need random-resized-crop views (a centre crop has no "
+                             "random box to return)")
+        self.random_crops = cast(list[RandomResizedCropUint8], self.crops)
+
+    def __call__(self, img: ImageLike) -> dict[str, Any]:  # type: ignore[override]
+        if isinstance(img, EncodedImage):
+            boxes = [c.sample_box(*img.size) for c in self.random_crops]
+            img.prepare(min(img.scale_for(b[2], b[3], c.size)
+                            for b, c in zip(boxes, self.random_crops)))
+            views = [img.resized_crop(*b, c.size) for b, c in zip(boxes, self.random_crops)]
+        else:
+            t = as_uint8_chw(img)
+            boxes = [c.sample_box(t.shape[-2], t.shape[-1]) for c in self.random_crops]
+            views = [resized_crop_uint8(t, *b, c.size) for b, c in zip(boxes, self.random_crops)]
+        return {"views": views, "crop_boxes": torch.tensor(boxes, dtype=torch.float32)}
 
 
 def _rand(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> Tensor:

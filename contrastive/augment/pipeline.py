@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import Tensor
 
-from contrastive.augment.batched import DeviceAugment, WorkerCrops
+from contrastive.augment.batched import DeviceAugment, WorkerCrops, WorkerCropsWithBoxes
 from contrastive.augment.config import IMAGENET_MEAN, IMAGENET_STD, ViewConfig
 from contrastive.augment.device_decode import EncodedCrops
 from contrastive.augment.per_image import ImageLike, PerImageView, prepare
@@ -29,6 +29,10 @@ class Pipeline:
         views: one :class:`ViewConfig` per output view (asymmetric pipelines give different ones).
         mean, std: per-channel normalisation (ImageNet statistics by default).
         name: preset name, for ``repr`` and logs.
+
+    :meth:`with_crop_boxes` gives a pipeline whose worker half also returns each view's crop box
+    (:class:`~contrastive.augment.batched.WorkerCropsWithBoxes`; VICRegL's location matching);
+    its per-image path and ``decode="device"`` refuse.
     """
 
     accepts_encoded = True  # takes contrastive.data.decode.EncodedImage (decoded for its crops)
@@ -49,6 +53,7 @@ class Pipeline:
         self.mean = tuple(float(m) for m in mean)
         self.std = tuple(float(s) for s in std)
         self.name = name
+        self.crop_boxes = False  # with_crop_boxes(): the worker half returns them
         self._views_per_image: list[PerImageView] | None = None
 
     @property
@@ -70,9 +75,20 @@ class Pipeline:
     def with_normalisation(self, mean: Sequence[float], std: Sequence[float]) -> Pipeline:
         """The same views normalised with ``mean`` / ``std`` (the statistics pretrained weights
         were trained with: ``--init``)."""
-        return Pipeline(self.views, mean, std, name=self.name)
+        out = Pipeline(self.views, mean, std, name=self.name)
+        out.crop_boxes = self.crop_boxes
+        return out
+
+    def with_crop_boxes(self) -> Pipeline:
+        """The same views, the batched path returning each view's crop box beside it."""
+        out = Pipeline(self.views, self.mean, self.std, name=self.name)
+        out.crop_boxes = True
+        return out
 
     def __call__(self, img: ImageLike) -> list[Tensor]:
+        if self.crop_boxes:
+            raise ValueError("this pipeline returns crop boxes, which only its batched path "
+                             "does: use --batched-augment on (or auto)")
         t = prepare(img)  # one conversion (or one encoded image) for all views
         return [view(t) for view in self._per_image]
 
@@ -86,7 +102,12 @@ class Pipeline:
         """
         if decode not in ("worker", "device"):
             raise ValueError(f"decode must be 'worker' or 'device'; got {decode!r}")
-        worker = EncodedCrops(self.views) if decode == "device" else WorkerCrops(self.views)
+        if decode == "device" and self.crop_boxes:
+            raise ValueError("--decode device does not return crop boxes (VICRegL needs them): "
+                             "use --decode worker")
+        worker = (EncodedCrops(self.views) if decode == "device"
+                  else WorkerCropsWithBoxes(self.views) if self.crop_boxes
+                  else WorkerCrops(self.views))
         return worker, DeviceAugment(self.views, self.mean, self.std)
 
     def __repr__(self) -> str:

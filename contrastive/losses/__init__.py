@@ -10,11 +10,11 @@ Use by name (the registry) or by class / function::
     loss = LF.ntxent(z1, z2, temperature=0.5)
 
 Registered names: ``infonce``, ``ntxent``, ``cosnce``, ``supcon``, ``dcl``, ``dclw``, ``siglip``,
-``kd``, ``byol``, ``simsiam``, ``barlow_twins``, ``vicreg``, ``swav``, ``dino``, ``dim``, ``mae``,
+``kd``, ``byol``, ``simsiam``, ``barlow_twins``, ``vicreg``, ``vicregl_local``, ``swav``, ``dino``, ``dim``, ``mae``,
 ``simmim``, ``densecl``, ``ibot_patch``, ``koleo``, ``msn``, ``pmsn``, ``ijepa`` (see ``list_losses()``). Add yours with ``@register_loss("name")``. Inputs may be half precision: the maths runs in float32 and the
 result is float32.
 
-Batch-level losses (``barlow_twins``, ``vicreg``, ``msn``, ``pmsn``; ``loss_class(name).batch_level`` is True) are
+Batch-level losses (``barlow_twins``, ``vicreg``, ``vicregl_local``, ``msn``, ``pmsn``; ``loss_class(name).batch_level`` is True) are
 statistics of the whole batch: pass the GLOBAL batch (gathered with gradient) and
 ``reduction="mean"`` only (see :mod:`contrastive.losses.decorrelation`).
 """
@@ -33,7 +33,7 @@ from . import (
     regression,
 )
 from .clustering import DINOLoss, SwAVLoss
-from .decorrelation import BarlowTwinsLoss, VICRegLoss
+from .decorrelation import BarlowTwinsLoss, VICRegLLocalLoss, VICRegLoss
 from .dense import DenseInfoNCELoss
 from .dinov2 import IBOTPatchLoss, KoLeoLoss
 from .masked_siamese import MSNLoss, PMSNLoss
@@ -78,6 +78,7 @@ __all__ = [
     "SwAVLoss",
     "SupConLoss",
     "UnknownLossError",
+    "VICRegLLocalLoss",
     "VICRegLoss",
     "clustering",
     "decorrelation",

@@ -1,4 +1,4 @@
-"""Batch-level decorrelation losses: Barlow Twins and VICReg (torch only).
+"""Batch-level decorrelation losses: Barlow Twins, VICReg and VICRegL's local loss (torch only).
 
 Both are statistics of the WHOLE batch (cross-correlation, variance and covariance of each
 embedding dimension over the batch), not sums of per-sample terms. So:
@@ -27,7 +27,9 @@ from .functional import _check_float, _full_precision, _math_dtype, _shape, chec
 from .modules import BaseLoss, _pair_inputs
 from .registry import register_loss
 
-__all__ = ["BarlowTwinsLoss", "VICRegLoss", "barlow_twins", "vicreg", "vicreg_terms"]
+__all__ = ["BarlowTwinsLoss", "VICRegLLocalLoss", "VICRegLoss", "barlow_twins", "crop_grid",
+           "feature_matches", "location_matches", "nearest_matches", "vicreg", "vicreg_terms",
+           "vicregl_global_terms", "vicregl_local", "vicregl_local_terms"]
 
 
 def _check_batch_pair(fn: str, z1: Tensor, z2: Tensor, reduction: str) -> None:
@@ -117,13 +119,29 @@ def vicreg_terms(z1: Tensor, z2: Tensor, *, eps: float = 1e-4,
     with _full_precision(z1.device):
         dtype = _math_dtype(z1, z2)
         a, b = z1.to(dtype), z2.to(dtype)
-        n, d = a.shape
         invariance = (a - b).pow(2).mean()
         a, b = a - a.mean(dim=0), b - b.mean(dim=0)
-        va, vb = (torch.relu(1 - torch.sqrt(x.var(dim=0) + eps)).mean() for x in (a, b))
-        ca, cb = (_off_diagonal(x.T @ x / (n - 1)).pow(2).sum() / d for x in (a, b))
+        va, vb = (_variance_term(x, eps) for x in (a, b))
+        ca, cb = (_covariance_term(x) for x in (a, b))
         variance, covariance = (va + vb) / 2, ca + cb
         return invariance, variance, covariance
+
+
+def _variance_term(x: Tensor, eps: float) -> Tensor:
+    """``mean relu(1 - sqrt(Var + eps))`` of the centred ``x`` (N, D), or (N, K, D): one
+    variance per slot k and dimension, all averaged (VICRegL's local term)."""
+    return torch.relu(1 - torch.sqrt(x.var(dim=0) + eps)).mean()
+
+
+def _covariance_term(x: Tensor) -> Tensor:
+    """``sum_{i != j} Cov_ij^2 / D`` of the centred ``x`` (N, D); of (N, K, D), one (D, D)
+    covariance per slot k over the batch, the K values averaged (VICRegL's local term)."""
+    n, d = x.shape[0], x.shape[-1]
+    if x.dim() == 2:
+        return _off_diagonal(x.T @ x / (n - 1)).pow(2).sum() / d
+    cov = torch.einsum("nkc,nkd->kcd", x, x) / (n - 1)  # K x D x D
+    off = ~torch.eye(d, dtype=torch.bool, device=x.device)
+    return (cov[:, off].pow(2).sum(dim=1) / d).mean()
 
 
 class _BatchLevelLoss(BaseLoss):
@@ -184,3 +202,220 @@ class VICRegLoss(_BatchLevelLoss):
     def extra_repr(self) -> str:
         return (f"sim_coeff={self.sim_coeff}, std_coeff={self.std_coeff}, "
                 f"cov_coeff={self.cov_coeff}, eps={self.eps}")
+
+
+# --- VICRegL ---------------------------------------------------------------------------------
+# Bardes, Ponce, LeCun, "VICRegL: Self-Supervised Learning of Local Visual Features", NeurIPS
+# 2022 (arXiv 2210.01571); the authors' code is facebookresearch/VICRegL, main_vicregl.py
+# (line numbers of its commit 803ae4c below).
+
+
+def crop_grid(boxes: Tensor, height: int, width: int) -> Tensor:
+    """Where each cell of a ``height x width`` feature map sits in the ORIGINAL image: the
+    centres of a height x width grid over each crop box (the code's ``_location_to_NxN_grid``,
+    transforms.py 209-240, for a square map), row-major as a flattened map.
+
+    Args:
+        boxes: (N, 4) crop boxes (top, left, h, w) in pixels of the original image.
+    Returns:
+        (N, height * width, 2) float (row, column) centres.
+    """
+    _check_float("crop_grid", "boxes", boxes, 2, "(N, 4)")
+    if boxes.shape[1] != 4:
+        raise ValueError(f"crop_grid: `boxes` must be (N, 4) rows (top, left, h, w), got "
+                         f"{_shape(boxes)}")
+    top, left, h, w = boxes.unbind(dim=1)
+    rows = torch.arange(height, dtype=boxes.dtype, device=boxes.device) + 0.5
+    cols = torch.arange(width, dtype=boxes.dtype, device=boxes.device) + 0.5
+    r = top[:, None] + rows[None] * (h / height)[:, None]  # N x H
+    c = left[:, None] + cols[None] * (w / width)[:, None]  # N x W
+    return torch.stack(torch.broadcast_tensors(r[:, :, None], c[:, None, :]), dim=3).flatten(1, 2)
+
+
+def nearest_matches(distances: Tensor, num_matches: int | None = None) -> Tensor:
+    """Each input location's nearest candidate, keeping the ``num_matches`` input locations
+    whose nearest candidate is closest (the code's ``neirest_neighbores``, main_vicregl.py
+    569-605: top-1 by ``topk``, then the closest ``num_matches``, kept in raster order).
+
+    Args:
+        distances: (N, S, T) distances from S input to T candidate locations of each sample.
+        num_matches: how many input locations to keep; None = all S.
+    Returns:
+        (N, K, 2) int64 pairs (input location, its nearest candidate), K = num_matches or S.
+    """
+    n, s, _ = distances.shape
+    k = s if num_matches is None else int(num_matches)
+    if not 1 <= k <= s:
+        raise ValueError(f"nearest_matches: `num_matches` must be in [1, {s}] (the input "
+                         f"locations of the map), got {num_matches}")
+    with torch.no_grad():
+        nearest, candidate = (t.squeeze(2) for t in distances.topk(k=1, dim=2, largest=False))
+        kept = torch.sort(torch.sort(nearest, dim=1).indices[:, :k], dim=1).values  # N x K
+        return torch.stack([kept, candidate.gather(1, kept)], dim=2)
+
+
+def location_matches(grid_a: Tensor, grid_b: Tensor, num_matches: int | None = None) -> Tensor:
+    """Location-based matching: each location of view a to the location of view b nearest to
+    it in the original image (grids from :func:`crop_grid`); see :func:`nearest_matches`.
+    (N, S, 2), (N, T, 2) -> (N, K, 2) int64."""
+    _check_float("location_matches", "grid_a", grid_a, 3, "(N, S, 2)")
+    _check_float("location_matches", "grid_b", grid_b, 3, "(N, T, 2)")
+    return nearest_matches(torch.cdist(grid_a.detach(), grid_b.detach()), num_matches)
+
+
+def feature_matches(maps_a: Tensor, maps_b: Tensor, num_matches: int | None = None) -> Tensor:
+    """Feature-based matching: each location of view a to the location of view b nearest in
+    L2 distance of the embeddings (the code's ``neirest_neighbores_on_l2``; its default
+    ``--l2_all_matches 1`` keeps all: ``num_matches=None``). (N, S, C), (N, T, C) -> (N, K, 2)."""
+    return nearest_matches(torch.cdist(maps_a.detach(), maps_b.detach()), num_matches)
+
+
+def _pick(maps: Tensor, index: Tensor) -> Tensor:
+    """maps (N, S, C), index (N, K) -> (N, K, C)."""
+    return torch.gather(maps, 1, index[:, :, None].expand(-1, -1, maps.shape[2]))
+
+
+def _matched_terms(x: Tensor, y: Tensor, eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """The code's ``_vicreg_loss`` (main_vicregl.py 284-314) unweighted, on matched vectors
+    (N, K, C): MSE, and the variance and covariance of each slot k over the batch, x's and y's
+    halved."""
+    invariance = (x - y).pow(2).mean()
+    x, y = x - x.mean(dim=0), y - y.mean(dim=0)
+    variance = (_variance_term(x, eps) + _variance_term(y, eps)) / 2
+    covariance = (_covariance_term(x) + _covariance_term(y)) / 2
+    return invariance, variance, covariance
+
+
+def _check_matches(fn: str, name: str, m: Tensor, n: int) -> None:
+    if m.dim() != 3 or m.shape[0] != n or m.shape[2] != 2 or m.dtype != torch.long:
+        raise ValueError(f"{fn}: `{name}` must be int64 (N, K, 2) pairs with N = {n} "
+                         f"(location_matches), got {m.dtype} {_shape(m)}")
+
+
+def vicregl_local_terms(maps_a: Tensor, maps_b: Tensor, matches_ab: Tensor, matches_ba: Tensor,
+                        *, feature_top: tuple[int, int] | None = None, eps: float = 1e-4,
+                        reduction: str = "mean") -> tuple[Tensor, Tensor, Tensor]:
+    """VICRegL's unweighted local invariance, variance and covariance of one pair of views
+    (the code's ``_local_loss``, main_vicregl.py 316-377): feature-based and location-based
+    matches, each in both directions; per kind the mean of the two directions, the two kinds
+    summed.
+
+    Args:
+        maps_a, maps_b: (N, S, C), (N, T, C) local embeddings of the two views (the GLOBAL
+            batch: variance and covariance are statistics over it).
+        matches_ab, matches_ba: (N, K, 2) int64 location-based matches a -> b and b -> a
+            (:func:`location_matches`; the code keeps 20 and 4).
+        feature_top: keep the (a -> b, b -> a) closest feature matches; None = all (the code's
+            default ``--l2_all_matches 1``).
+    """
+    fn = "vicregl_local"
+    if reduction != "mean":
+        raise ValueError(f"{fn}: `reduction` must be 'mean' (a batch-level loss has no "
+                         f"per-sample values to return or sum), got {reduction!r}")
+    _check_float(fn, "maps_a", maps_a, 3, "(N, S, C)")
+    _check_float(fn, "maps_b", maps_b, 3, "(N, T, C)")
+    n, _, c = maps_a.shape
+    if maps_b.shape[0] != n or maps_b.shape[2] != c or n < 2:
+        raise ValueError(f"{fn}: `maps_a` and `maps_b` must have the same N >= 2 and C, got "
+                         f"{_shape(maps_a)} and {_shape(maps_b)}")
+    _check_matches(fn, "matches_ab", matches_ab, n)
+    _check_matches(fn, "matches_ba", matches_ba, n)
+    top_ab, top_ba = feature_top if feature_top is not None else (None, None)
+    with _full_precision(maps_a.device):
+        dtype = _math_dtype(maps_a, maps_b)
+        a, b = maps_a.to(dtype), maps_b.to(dtype)
+        pairs = [(a, b, feature_matches(a, b, top_ab)), (b, a, feature_matches(b, a, top_ba)),
+                 (a, b, matches_ab), (b, a, matches_ba)]
+        terms = [_matched_terms(_pick(x, m[..., 0]), _pick(y, m[..., 1]), eps)
+                 for x, y, m in pairs]
+        # per kind (feature, location) the mean of its two directions; the kinds summed
+        inv, var, cov = (sum(term[i] for term in terms) / 2 for i in range(3))
+        return inv, var, cov  # type: ignore[return-value]
+
+
+def vicregl_local(maps_a: Tensor, maps_b: Tensor, matches_ab: Tensor, matches_ba: Tensor, *,
+                  inv_coeff: float = 25.0, var_coeff: float = 25.0, cov_coeff: float = 1.0,
+                  feature_top: tuple[int, int] | None = None, eps: float = 1e-4,
+                  reduction: str = "mean") -> Tensor:
+    r"""VICRegL's local loss of one pair of views (arXiv 2210.01571; the code's
+    ``_local_loss``): :func:`vicregl_local_terms` weighted (25, 25, 1), the code's
+    ``--inv-coeff --var-coeff --cov-coeff`` (main_vicregl.py 63-65).
+
+    Examples:
+        >>> maps_a, maps_b = torch.randn(8, 49, 512), torch.randn(8, 49, 512)
+        >>> boxes = torch.tensor([[0.0, 0.0, 100.0, 100.0]]).expand(8, 4)
+        >>> grid_a = grid_b = crop_grid(boxes, 7, 7)
+        >>> loss = vicregl_local(maps_a, maps_b, location_matches(grid_a, grid_b, 20),
+        ...                      location_matches(grid_b, grid_a, 4))
+    """
+    inv, var, cov = vicregl_local_terms(maps_a, maps_b, matches_ab, matches_ba,
+                                        feature_top=feature_top, eps=eps, reduction=reduction)
+    return inv_coeff * inv + var_coeff * var + cov_coeff * cov
+
+
+def vicregl_global_terms(embeddings: list[Tensor], *, eps: float = 1e-4
+                         ) -> tuple[Tensor, Tensor, Tensor]:
+    """VICRegL's unweighted global terms (the code's ``global_loss``, main_vicregl.py
+    421-446): the MSE averaged over the pairs (i, j != i), i among the first two views; the
+    variance and covariance averaged over all views (so, for two views, VICReg's covariance
+    halved). ``embeddings``: per view (N, D), the global batch."""
+    fn = "vicregl_global"
+    if len(embeddings) < 2:
+        raise ValueError(f"{fn}: needs at least two views, got {len(embeddings)}")
+    for z in embeddings:
+        _check_float(fn, "embeddings", z, 2, "(N, D)")
+    with _full_precision(embeddings[0].device):
+        dtype = _math_dtype(*embeddings)
+        zs = [z.to(dtype) for z in embeddings]
+        pairs = [(i, j) for i in range(2) for j in range(len(zs)) if j != i]
+        inv = sum((zs[i] - zs[j]).pow(2).mean() for i, j in pairs) / len(pairs)
+        centred = [z - z.mean(dim=0) for z in zs]
+        var = sum(_variance_term(z, eps) for z in centred) / len(zs)
+        cov = sum(_covariance_term(z) for z in centred) / len(zs)
+        return inv, var, cov  # type: ignore[return-value]
+
+
+@register_loss("vicregl_local", "vicregl")
+class VICRegLLocalLoss(_BatchLevelLoss):
+    """VICRegL's local loss; see :func:`vicregl_local`.
+
+    ``forward(maps_a (N, S, C), maps_b (N, T, C), matches_ab (N, K1, 2), matches_ba (N, K2, 2))``
+    -> scalar. The global part is VICReg's terms (:func:`vicregl_global_terms`);
+    :class:`contrastive.methods.VICRegL` mixes them ``alpha * global + (1 - alpha) * local``.
+    """
+
+    def __init__(self, inv_coeff: float = 25.0, var_coeff: float = 25.0, cov_coeff: float = 1.0,
+                 *, feature_top: tuple[int, int] | None = None, eps: float = 1e-4,
+                 reduction: str = "mean") -> None:
+        super().__init__(reduction=reduction)
+        for name, v in (("inv_coeff", inv_coeff), ("var_coeff", var_coeff),
+                        ("cov_coeff", cov_coeff)):
+            if not v >= 0:
+                raise ValueError(f"VICRegLLocalLoss: `{name}` must be >= 0, got {v!r}")
+        self.inv_coeff, self.var_coeff = float(inv_coeff), float(var_coeff)
+        self.cov_coeff, self.eps = float(cov_coeff), float(eps)
+        self.feature_top = None if feature_top is None else tuple(feature_top)
+
+    def forward(self, maps_a: Tensor, maps_b: Tensor, matches_ab: Tensor,
+                matches_ba: Tensor) -> Tensor:
+        return vicregl_local(maps_a, maps_b, matches_ab, matches_ba, inv_coeff=self.inv_coeff,
+                             var_coeff=self.var_coeff, cov_coeff=self.cov_coeff,
+                             feature_top=self.feature_top, eps=self.eps)  # type: ignore[arg-type]
+
+    @classmethod
+    def example_inputs(cls, n: int = 6, dim: int = 8, *, dtype: torch.dtype = torch.float32,
+                       generator: torch.Generator | None = None) -> tuple[Tensor, ...]:
+        """Two views' 1 x 2 maps (view b near view a; small: gradcheck perturbs every entry)
+        and their location matches from random crop boxes of a 10 x 10 image (1 each way)."""
+        maps_a = cls._randn(n, 2, dim, dtype=dtype, generator=generator)
+        maps_b = maps_a + 0.5 * cls._randn(n, 2, dim, dtype=dtype, generator=generator)
+        corner = torch.rand(2, n, 2, generator=generator) * 5
+        side = 3 + torch.rand(2, n, 2, generator=generator) * 2
+        grid_a, grid_b = (crop_grid(torch.cat([corner[v], side[v]], dim=1), 1, 2)
+                          for v in range(2))
+        return (maps_a, maps_b, location_matches(grid_a, grid_b, 1),
+                location_matches(grid_b, grid_a, 1))
+
+    def extra_repr(self) -> str:
+        return (f"inv_coeff={self.inv_coeff}, var_coeff={self.var_coeff}, "
+                f"cov_coeff={self.cov_coeff}, feature_top={self.feature_top}, eps={self.eps}")

@@ -4,7 +4,8 @@
 feature-map locations), ``MoCoV3`` (no queue, predictor), ``SimCLR`` (NT-Xent, in-batch),
 ``Distiller`` (COS-NCE contrastive distillation of a frozen teacher into a student, LRC-BERT);
 the two-view family without (or with other) negatives: ``BYOL``, ``SimSiam``, ``SupCon``,
-``NNCLR``, ``BarlowTwins``, ``VICReg``; multi-crop clustering and self-distillation: ``SwAV``,
+``NNCLR``, ``BarlowTwins``, ``VICReg``, ``VICRegL`` (VICReg plus VICReg between matched
+feature-map locations; reads ``crop_boxes``); multi-crop clustering and self-distillation: ``SwAV``,
 ``DINO``, ``IBOT`` (iBOT / DINOv2: DINO plus masked-patch distillation and KoLeo, a timm
 ViT); ``MSN`` (masked siamese networks: prototypes, me-max, or PMSN's power-law prior;
 a timm ViT); masked image modelling: ``MAE`` and ``SimMIM`` (one view, a timm ViT) and ``IJEPA`` (one
@@ -111,6 +112,7 @@ from contrastive.methods.supcon import SupCon
 from contrastive.methods.swav import SwAV
 from contrastive.methods.text_classifier import TextClassifier
 from contrastive.methods.vicreg import VICReg
+from contrastive.methods.vicregl import VICRegL
 
 __all__ = [
     "BYOL",
@@ -145,6 +147,7 @@ __all__ = [
     "TextClassifier",
     "UnknownMethodError",
     "VICReg",
+    "VICRegL",
     "get_method",
     "list_methods",
     "method_class",

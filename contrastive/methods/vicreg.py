@@ -46,7 +46,7 @@ class VICReg(Method):
         encoder_kwargs: keyword arguments for ``create_encoder``.
     """
 
-    needs = ("views",)
+    needs: tuple[str, ...] = ("views",)
     couples_samples = True  # variance and covariance are batch statistics
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         "resnet50": dict(encoder="torchvision:resnet50", dim=8192, mlp_hidden=8192),

@@ -57,7 +57,7 @@ IMAGE_METHODS: dict[str, tuple[dict[str, Any], tuple[int, ...]]] = {
 }
 #: image methods whose loss reads more than the backbone's output: caching refused
 #: (mae, ibot, simmim, ijepa, msn: masked ViT tokens)
-NOT_CACHEABLE = {"deepinfomax", "distill", "mae", "ibot", "simmim", "densecl", "ijepa", "msn"}
+NOT_CACHEABLE = {"deepinfomax", "distill", "mae", "ibot", "simmim", "densecl", "ijepa", "msn", "vicregl"}
 OTHER_MODALITIES = {"clip", "siglip", "simcse", "lrcbert", "textclassifier"}  # own tests below
 #: supervised fine-tuning (contrastive-finetune; tests/eval/test_finetune.py), not pretraining
 SUPERVISED = {"imageclassifier"}

@@ -22,7 +22,8 @@ def _make(name, encoder, seed=0):
 def test_registry():
     assert list_methods() == ["barlowtwins", "byol", "clip", "dcl", "dclw", "deepinfomax", "densecl", "dino",
                               "distill", "ibot", "ijepa", "imageclassifier", "lrcbert", "mae", "moco", "mocov3", "msn", "nnclr", "siglip",
-                              "simclr", "simcse", "simmim", "simsiam", "supcon", "swav", "textclassifier", "vicreg"]
+                              "simclr", "simcse", "simmim", "simsiam", "supcon", "swav", "textclassifier", "vicreg",
+                              "vicregl"]
     assert isinstance(get_method("MoCo-V3", encoder="small_cnn", mlp_hidden=8), MoCoV3)
     assert type(get_method("dim", encoder="small_cnn", mi_units=8)).__name__ == "DeepInfoMax"
     with pytest.raises(KeyError, match="simclr"):

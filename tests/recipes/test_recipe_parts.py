@@ -111,6 +111,7 @@ RECIPE_PRESETS = {
     "supcon_r50": ("SupCon", "resnet50"),
     "swav_cifar": ("SwAV", "cifar"), "swav_r50": ("SwAV", "resnet50"),
     "vicreg_cifar": ("VICReg", "cifar"), "vicreg_r50": ("VICReg", "resnet50"),
+    "vicregl_cifar": ("VICRegL", "cifar"), "vicregl_in1k": ("VICRegL", "resnet50"),
     "simcse": ("SimCSE", "sup"),  # the default --mode; --mode unsup builds the other preset
     "siglip": ("SigLIP", "paper"),
     "mae_cifar": ("MAE", "cifar"), "mae_in1k": ("MAE", "vit_large"),

@@ -72,6 +72,8 @@ BATCH_KEYS: dict[str, str] = {
     "views": "list of augmented views, tensors (N, C, H_v, W_v) of any count and sizes",
     "labels": "class labels (N,) int64, -1 where unknown",
     "indices": "data-set indices (N,) int64 of the images",
+    "crop_boxes": "each view's crop box (N, V, 4) float32, (top, left, h, w) in the original "
+                  "image, when the recipe's pipeline returns them (Pipeline(crop_boxes=True))",
 }
 """The inputs :func:`~contrastive.engine.kits.image.make_batch` provides from the image loader (a method's schedules and the
 data set's extra fields come on top; :func:`contrastive.engine.setup.method_inputs` checks a

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -305,6 +305,9 @@ class ImageAdapter:
 
         self._cfg = cfg  # validated: --decode device comes with the batched augmentation
         transform: Any = self.pipeline
+        if getattr(self.pipeline, "crop_boxes", False) and cfg.batched_augment == "off":
+            raise ValueError("this recipe's views come with their crop boxes, which only the "
+                             "batched augmentation returns: drop --batched-augment off")
         if cfg.batched_augment != "off":
             transform, self.device_fn = self.pipeline.split(decode=cfg.decode)
         ds: Any = get_dataset(cfg.data, "train", transform=transform, strict=cfg.strict_data)
@@ -325,7 +328,9 @@ class ImageAdapter:
         from contrastive.augment.device_decode import DeviceDecodeBatch, decode_and_crop
 
         cfg = self.cfg
-        views = sample[0]
+        views, crops = sample[0], {}
+        if isinstance(views, Mapping):  # a pipeline with crop_boxes: {"views", "crop_boxes"}
+            views, crops = views["views"], {"crop_boxes": views["crop_boxes"]}
         if isinstance(views, DeviceDecodeBatch):
             if not len(views.encoded) and not self._told:
                 self._told = True
@@ -336,7 +341,9 @@ class ImageAdapter:
         views = prepare_views(views, device, self.device_fn, seed=cfg.seed, step=step,
                               micro=micro, rank=rank, channels_last=bool(cfg.channels_last),
                               float64=cfg.float64)
-        return make_batch(views, sample, needs, sched, device)
+        batch = make_batch(views, sample, needs, sched, device)
+        add_extras(batch, crops, needs, device)
+        return batch
 
     def count(self, batch: dict[str, Any]) -> Tensor | None:
         return None
