@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from contrastive.engine.checkpoint import OPTIMIZER_FILE
 from contrastive.engine.sharding import (
     ShardingError,
     check_fsdp,
@@ -115,8 +117,26 @@ def _losses(out: Path) -> list[float]:
 
 @pytest.fixture(scope="module")
 def mocov3(tmp_path_factory, launch_two) -> Path:
+    """The sharded runs, one launch each (fsdp_case.py): ``full``; ``mutant``; ``part`` stopped
+    one step early, its copy ``planted`` with a pickle in the optimiser file, resumed (refused),
+    then ``part`` resumed to the end."""
     out = tmp_path_factory.mktemp("fsdp")
-    launch_two(CASE, out, "mocov3_vit_small", "MoCoV3ViTSmall", *MOCOV3, timeout=1500)
+    case = ["mocov3_vit_small", "MoCoV3ViTSmall", *MOCOV3]
+
+    def launch(mode: str, folder: str, *extra: str) -> None:
+        launch_two(CASE, mode, out / folder, *case, *extra, timeout=600,
+                   engine=mode != "planted")  # a refused resume logs no training line
+
+    launch("run", "full")
+    launch("mutant", "mutant")
+    launch("run", "part", "--max-steps", str(STEPS - 1))
+    shutil.copytree(out / "part", out / "planted")
+    safe = _test_module(TESTS / "engine" / "test_safe_resume.py")
+    ckpt = out / "planted" / "checkpoints" / f"step_{STEPS - 1:08d}"
+    safe._plant(out / "planted", str(ckpt.relative_to(out / "planted") / OPTIMIZER_FILE),
+                safe._payload(out / "marker"))  # its positive control ran the payload once
+    launch("planted", "planted", "--resume", "auto")
+    launch("run", "part", "--resume", "auto")
     return out
 
 
@@ -141,11 +161,13 @@ def one_process(tmp_path_factory) -> Path:
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_every_parameter_is_sharded_on_both_ranks(mocov3):
+    from torch.distributed.tensor import Shard
+
     ranks = [json.loads((mocov3 / "full" / f"rank{r}.json").read_text()) for r in range(2)]
     assert ranks[0].keys() == ranks[1].keys() and any(".blocks.1." in k for k in ranks[0])
     assert any(k.startswith("key_net.") for k in ranks[0])  # the momentum encoder too
     for name, fact in ranks[0].items():
-        assert fact["dtensor"] and fact["placements"] == ["Shard(dim=0)"], (name, fact)
+        assert fact["dtensor"] and fact["placements"] == [str(Shard(0))], (name, fact)
         assert fact["local"] + ranks[1][name]["local"] == fact["full"], name
     total = sum(f["full"] for f in ranks[0].values())
     for facts in ranks:
@@ -186,5 +208,5 @@ def test_a_planted_pickle_in_a_sharded_checkpoint_never_runs(mocov3):
     assert not (mocov3 / "marker").exists()
     for rank in range(2):
         refusal = (mocov3 / "planted" / f"rank{rank}.refusal").read_text()
-        assert "optimizer.bin" in refusal and "weights_only" in refusal, refusal
+        assert OPTIMIZER_FILE in refusal and "weights_only" in refusal, refusal
         assert "\n" not in refusal and "traceback" not in refusal, refusal
