@@ -9,8 +9,11 @@ a device mesh of every process (gloo CPU processes included):
 - each transformer block (a ViT's ``blocks``: timm's VisionTransformer, the masked ViT of MAE
   and iBOT, MAE's decoder, the momentum / EMA copies of them) is one unit, all-gathered for its
   forward and freed after it;
-- each module holding such blocks (the ViT) is a unit of its own (its patch embedding, tokens,
-  norms), so evaluation can run the encoder alone;
+- each other part with parameters of a module holding such blocks (the patch embedding, the
+  norms, MAE's decoder's projections) is a unit, and so is the module itself (the ViT: its
+  tokens and position embedding, gathered for its forward and for timm's ``_pos_embed``, which
+  the masked ViT of MAE, iBOT and SimMIM calls with the parts, without the ViT's forward); the
+  encoder can then also run alone (evaluation);
 - each part of the method holding parameters (the heads, the text tower, the momentum / EMA
   copy) is a unit, and the method itself the root: the root then holds (almost) no parameter,
   so a momentum update in the method's forward, where the root's parameters are gathered,
@@ -42,6 +45,9 @@ logger = logging.getLogger(__name__)
 #: the attribute that names a transformer's block sequence (timm's ViT, the masked ViT, MAE's
 #: decoder)
 BLOCKS = "blocks"
+#: timm's ViT method that adds the prefix tokens and the position embedding: the masked ViT
+#: (MAE, iBOT, SimMIM) calls it, and the ViT's parts, without the ViT's forward
+POS_EMBED = "_pos_embed"
 
 
 class ShardingError(ValueError):
@@ -91,15 +97,18 @@ def _block_owners(method: nn.Module) -> list[tuple[str, nn.Module]]:
 
 def _top_parts(module: nn.Module) -> list[nn.Module]:
     """The method's parts below the root that hold parameters and are not yet units (the heads,
-    the momentum copies; inside a ModuleList or ModuleDict, which is never called, its
-    members): each is a unit, so the root holds (almost) nothing and a momentum update in the
+    the momentum copies; inside a ModuleList, a ModuleDict or a MomentumEncoder, whose parts a
+    method may call without it, their members): each is a unit, so the root holds (almost) nothing and a momentum update in the
     method's forward, where the root's parameters are gathered, meets sharded parameters on
     both sides."""
     from torch.distributed.fsdp import FSDPModule
 
+    from contrastive.nn.momentum import MomentumEncoder
+
     parts = []
     for child in module.children():
-        if isinstance(child, nn.ModuleList | nn.ModuleDict):
+        # a wrapper whose parts the method may call one by one (DINO's teacher.module["head"])
+        if isinstance(child, nn.ModuleList | nn.ModuleDict | MomentumEncoder):
             parts += _top_parts(child)
         elif not isinstance(child, FSDPModule) and any(True for _ in child.parameters()):
             parts.append(child)
@@ -115,7 +124,7 @@ def shard_method(method: nn.Module, device: torch.device, world: int) -> list[st
         ShardingError: ``method`` holds no transformer blocks (a ResNet encoder, say).
     """
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     owners = _block_owners(method)
     if not owners:
@@ -125,8 +134,13 @@ def shard_method(method: nn.Module, device: torch.device, world: int) -> list[st
     for _, owner in owners:
         for block in owner._modules[BLOCKS]:  # type: ignore[union-attr]
             fully_shard(block, mesh=mesh)
-    for _, owner in owners:
+    for _, owner in owners:  # its other parts: the masked ViT calls them without owner.forward
+        for unit in _top_parts(owner):
+            fully_shard(unit, mesh=mesh)
+    for _, owner in owners:  # its own tokens and position embedding, used in _pos_embed
         fully_shard(owner, mesh=mesh)
+        if callable(getattr(owner, POS_EMBED, None)):
+            register_fsdp_forward_method(owner, POS_EMBED)
     for unit in _top_parts(method):
         fully_shard(unit, mesh=mesh)
     fully_shard(method, mesh=mesh)

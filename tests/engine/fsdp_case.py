@@ -12,7 +12,6 @@ engine run in the same processes meets the first one's process group store).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -24,14 +23,8 @@ import torch.distributed as dist
 from contrastive.engine import run
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _recipe(name: str):
-    spec = importlib.util.spec_from_file_location(f"recipe_{name}", ROOT / "recipes" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(ROOT / "tests" / "recipes"))
+from conftest import load_recipe  # noqa: E402 - the recipe helpers of the tests
 
 
 def _sharding(method: torch.nn.Module) -> dict[str, dict]:
@@ -65,7 +58,7 @@ class _Done:
 def main() -> None:
     mode, out, name, config, *args = sys.argv[1:]
     out = Path(out)
-    recipe = _recipe(name)
+    recipe = load_recipe(name)
     built: list[torch.nn.Module] = []
 
     def build(cfg, data):

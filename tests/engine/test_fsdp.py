@@ -210,3 +210,30 @@ def test_a_planted_pickle_in_a_sharded_checkpoint_never_runs(mocov3):
         refusal = (mocov3 / "planted" / f"rank{rank}.refusal").read_text()
         assert OPTIMIZER_FILE in refusal and "weights_only" in refusal, refusal
         assert "\n" not in refusal and "traceback" not in refusal, refusal
+
+
+VIT16 = {"img_size": 16, "patch_size": 4, "embed_dim": 16, "depth": 2, "num_heads": 2,
+         "dynamic_img_size": True}
+DINOV2 = [*ARGS[:ARGS.index("--encoder")], "--encoder-kwargs", json.dumps(VIT16), "--out-dim", "32",
+          "--warmup-epochs", "0.5", "--local-crops", "2", "--local-size", "8", "--knn-every", "1",
+          "--knn-max-train", "32", "--clip-grad-norm", "0.01"]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_dinov2_sharded_equals_two_ddp_processes(tmp_path, launch_two, close_f64):
+    """DINOv2 (iBOT's masked ViT, the EMA teacher a ModuleDict of parts, KoLeo, Sinkhorn-Knopp)
+    with the backbone and the heads clipped apart at a norm every step exceeds (each part's norm
+    over the shards), kNN at the start and the end (the encoder run alone): the sharded run ends
+    where the DDP run of the same two processes ends (DDP against one process:
+    tests/methods/test_ibot_distributed.py)."""
+    launch_two(CASE, "run", tmp_path / "fsdp", "dinov2_cifar", "DINOv2Cifar", *DINOV2,
+               timeout=600)
+    recipe = TESTS.parent / "recipes" / "dinov2_cifar.py"
+    launch_two(recipe, *DINOV2, "--output-dir", tmp_path / "ddp", timeout=600)
+    a, b = _weights(tmp_path / "fsdp"), _weights(tmp_path / "ddp")
+    assert a.keys() == b.keys() and any(k.startswith("teacher.") for k in a)
+    for k in a:
+        close_f64(a[k], b[k])
+    facts = json.loads((tmp_path / "fsdp" / "rank1.json").read_text())
+    assert all(f["dtensor"] for f in facts.values())
