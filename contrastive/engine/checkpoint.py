@@ -69,6 +69,7 @@ from contrastive.engine.safe_state import (
     torch_bytes,
     verify_files,
 )
+from contrastive.engine.sharding import full_state, shard_like, shard_optimizer_state
 from contrastive.records import (
     CHECKPOINTS,
     META,
@@ -291,21 +292,27 @@ class CheckpointManager:
             recover_partial(self.root)
         self.accelerator.wait_for_everyone()
 
-    def _fingerprints(self) -> dict[str, Any]:
+    def _fingerprints(self, model_state: dict[str, Any], opt_state: dict[str, Any]
+                      ) -> dict[str, Any]:
         from accelerate.utils import gather_object
 
-        module = self.accelerator.unwrap_model(self.model)
         local = {"rng": rng_digest()}
         per_rank = gather_object([local])
         prints: dict[str, Any] = {
-            "model": tensor_digest(module.state_dict()),
-            "optimizer": tensor_digest(self.optimizer.state_dict()),
+            "model": tensor_digest(model_state),
+            "optimizer": tensor_digest(opt_state),
             "rng": [r["rng"] for r in per_rank],
         }
         if self.extras:
             prints["extras"] = {name: tensor_digest(x.checkpoint_state())
                                 for name, x in self.extras.items()}
         return prints
+
+    def _full_states(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The model's and the optimiser's state dicts, whole: gathered from the shards under
+        ``--fsdp`` (a collective: every process calls it), as they are otherwise."""
+        module = self.accelerator.unwrap_model(self.model)
+        return full_state(module.state_dict()), full_state(self.optimizer.state_dict())
 
     def _gather(self, item: Any) -> list[Any]:
         if self.accelerator.num_processes == 1:
@@ -330,7 +337,8 @@ class CheckpointManager:
         step = self.state.step
         name = step_dir_name(step)
         final, tmp, old = self.root / name, self.root / f".tmp-{name}", self.root / f".tmp-old-{name}"
-        self.state.fingerprints = self._fingerprints()
+        model_state, opt_state = self._full_states()
+        self.state.fingerprints = self._fingerprints(model_state, opt_state)
         error = ""
         if acc.is_main_process:
             try:
@@ -353,11 +361,8 @@ class CheckpointManager:
             errors = [e for _, e in gathered]
         if acc.is_main_process and not any(errors):
             try:
-                module = acc.unwrap_model(self.model)
-                files.update(self._write_file(tmp, MODEL_FILE,
-                                              safetensors_bytes(module.state_dict())))
-                files.update(self._write_file(tmp, OPTIMIZER_FILE,
-                                              torch_bytes(self.optimizer.state_dict())))
+                files.update(self._write_file(tmp, MODEL_FILE, safetensors_bytes(model_state)))
+                files.update(self._write_file(tmp, OPTIMIZER_FILE, torch_bytes(opt_state)))
                 scaler = getattr(acc, "scaler", None)
                 if scaler is not None:
                     files.update(self._write_file(tmp, SCALER_FILE,
@@ -428,7 +433,7 @@ class CheckpointManager:
         weights = load_safetensors_bytes(read_verified(path, MODEL_FILE, files),
                                          path / MODEL_FILE)
         try:
-            module.load_state_dict(weights, strict=True)
+            module.load_state_dict(shard_like(weights, module), strict=True)
         except RuntimeError as e:
             raise CheckpointFileError(f"{path / MODEL_FILE} does not fit the model "
                                       f"({str(e).splitlines()[0][:200]})") from None
@@ -436,7 +441,7 @@ class CheckpointManager:
                                      path / OPTIMIZER_FILE)
         declared = _declared_settings(self.optimizer)
         try:
-            self.optimizer.load_state_dict(opt_state)
+            self.optimizer.load_state_dict(shard_optimizer_state(opt_state, self.optimizer))
         except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as e:
             raise CheckpointFileError(f"{path / OPTIMIZER_FILE} does not fit the optimiser "
                                       f"({type(e).__name__}: {e})") from None
@@ -476,13 +481,13 @@ class CheckpointManager:
         if not saved:
             raise ResumeMismatchError(f"checkpoint {path} holds no fingerprints: cannot verify "
                                       "the resume")
-        module = self.accelerator.unwrap_model(self.model)
+        model_state, opt_state = self._full_states()
         rank = self.accelerator.process_index
         problems = []
         if self.accelerator.is_main_process:
-            if tensor_digest(module.state_dict()) != saved["model"]:
+            if tensor_digest(model_state) != saved["model"]:
                 problems.append("model weights/buffers (incl. momentum encoder and queue)")
-            if tensor_digest(self.optimizer.state_dict()) != saved["optimizer"]:
+            if tensor_digest(opt_state) != saved["optimizer"]:
                 problems.append("optimizer state")
         for name, extra in self.extras.items():
             digest = saved.get("extras", {}).get(name)

@@ -122,6 +122,12 @@ class RunConfig:
         "recompute the block in the backward pass (ViT blocks, ResNet stages, Hugging Face text "
         "models; contrastive.nn.checkpointing): less activation memory for about one more "
         "forward pass; the same gradients (dropout and drop path replayed) and BatchNorm statistics")
+    fsdp: bool = help_field(
+        False, "shard the parameters, gradients and optimiser state across the processes with "
+        "torch's FSDP2 (fully_shard, applied by the engine: each ViT block, each ViT, the method; "
+        "contrastive.engine.sharding), GPU or gloo CPU processes: the memory of the model state "
+        "divided by the process count, the same training as without it (tested in float64); "
+        "ViT methods only, several processes, no gradient caching")
     sync_bn: bool = help_field(False, "convert every BatchNorm of the method to SyncBatchNorm "
                                "when several GPU processes train (global BN: MoCo v3, SimCLR, "
                                "BYOL...); the one switch, methods have none of their own")

@@ -193,7 +193,7 @@ def method_inputs(method: nn.Module, extra: tuple[str, ...] = ()
 class Model:
     """The prepared method and optimiser, and what the loop needs to know about the method."""
 
-    model: nn.Module  # prepared (DDP-wrapped under several processes)
+    model: nn.Module  # prepared (DDP-wrapped under several processes, sharded with --fsdp)
     module: nn.Module  # the method itself
     optimizer: Any
     needs: tuple[str, ...]
@@ -238,6 +238,13 @@ def build_model(cfg: RunConfig, build_method: Callable[[Any, DataInfo], nn.Modul
         from contrastive.nn.checkpointing import enable_grad_checkpointing
 
         enable_grad_checkpointing(method)
+    fused = cfg.fused_optimizer
+    if cfg.fsdp:  # before the optimiser: it must hold the sharded parameters
+        from contrastive.engine.sharding import check_fsdp, shard_method, sharded_fused
+
+        check_fsdp(world, cached=cached, compile=cfg.compile)
+        fused = sharded_fused(cfg.optimizer, fused)
+        shard_method(method, device, world)
     if cfg.compile:
         logger.info("compiled: %s", ", ".join(compile_encoders(method)))
     peak_lr = scaled_lr(cfg.lr, cfg.batch_size, cfg.lr_scaling)
@@ -246,9 +253,13 @@ def build_model(cfg: RunConfig, build_method: Callable[[Any, DataInfo], nn.Modul
                                 momentum=cfg.sgd_momentum, nesterov=cfg.nesterov,
                                 betas=(cfg.betas[0], cfg.betas[1]), trust_coeff=cfg.lars_trust_coeff,
                                 exclude_from_wd=cfg.exclude_from_wd,
-                                fused=cfg.fused_optimizer, device_type=accelerator.device.type,
+                                fused=fused, device_type=accelerator.device.type,
                                 extra_groups=declared)
-    model, optimizer = accelerator.prepare(method, optimizer)
+    if cfg.fsdp:  # FSDP reduces the gradients itself: no DDP wrapper (evaluation_mode's point)
+        model = accelerator.prepare_model(method, evaluation_mode=True)
+        optimizer = accelerator.prepare_optimizer(optimizer)
+    else:
+        model, optimizer = accelerator.prepare(method, optimizer)
     module = accelerator.unwrap_model(model)
     after_step = getattr(module, "after_optimizer_step", None)
     cache = None

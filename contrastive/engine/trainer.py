@@ -89,6 +89,7 @@ from contrastive.engine.setup import (
     make_accelerator,
     resolve_run_precision,
 )
+from contrastive.engine.sharding import full_params
 from contrastive.engine.step import (
     NonFiniteGuard,
     NonFiniteLossError,
@@ -384,9 +385,10 @@ class _Run:
         if self.best is not None and self.best.update(metrics, state.step):
             # a checkpoint already written at this step lacks the new best: write it again
             self.best_unsaved = self.ckpt.last_saved_step == state.step
-            if self.is_main:
-                self.adapter.artefacts.write(self.out / BEST_DIR, self.cfg, self.m.module,
-                                             self.recipe, state.step)
+            with full_params(self.m.module):  # --fsdp: every process takes part
+                if self.is_main:
+                    self.adapter.artefacts.write(self.out / BEST_DIR, self.cfg, self.m.module,
+                                                 self.recipe, state.step)
                 logger.info("best %s so far (%.4g): artefacts in %s", self.best.metric,
                             self.best.value, self.out / BEST_DIR)
 
@@ -563,9 +565,11 @@ class _Run:
             self.save()
         result.status, result.step, result.epoch = status, state.step, state.epoch
         result.steps_trained = state.step - self.start_step
+        with full_params(self.m.module):  # --fsdp: every process takes part
+            if self.is_main:
+                result.encoder_path = self.adapter.artefacts.write(out, self.cfg, self.m.module,
+                                                                   self.recipe, state.step)
         if self.is_main:
-            result.encoder_path = self.adapter.artefacts.write(out, self.cfg, self.m.module,
-                                                               self.recipe, state.step)
             logger.info("%s at step %d: %s in %s", status, state.step,
                         getattr(self.adapter.artefacts, "what", "artefacts"), result.encoder_path)
             if status == "interrupted":
@@ -603,10 +607,11 @@ def _nothing_to_do(cfg: RunConfig, state: TrainState, data: TrainData, out: Path
                          step=state.step, epoch=state.epoch, checkpoint=resume_path)
     artefacts = adapter.artefacts
     encoder_path = artefacts.main_file(out)
-    if accelerator.is_main_process:
-        if artefacts.step_of(out) != state.step:
+    with full_params(module):  # --fsdp: every process takes part
+        if accelerator.is_main_process and artefacts.step_of(out) != state.step:
             artefacts.write(out, cfg, module, recipe, state.step)
             logger.info("wrote the missing %s (step %d)", encoder_path, state.step)
+    if accelerator.is_main_process:
         previous = read_run_state(out) or {}
         if previous.get("state") != "completed" or previous.get("step") != state.step:
             write_run_state(out, "completed", step=state.step, last_step=data.last_step,
