@@ -1,6 +1,7 @@
 """Tiny encoders so that method tests run in milliseconds; the shared loops of the masked-image
 tests (MAE, SimMIM, I-JEPA): SGD against a transcription of the authors' forward, a pretext run;
-the kNN learning checks' data and measure (DenseCL, I-JEPA)."""
+the kNN learning checks' data and measure (DenseCL, I-JEPA, VICRegL) and the dense checks' linear
+segmentation (DenseCL, VICRegL)."""
 
 from __future__ import annotations
 
@@ -170,3 +171,23 @@ def grey_shapes():
                             num_classes=10, backend="torch")["top1"]
 
     return SimpleNamespace(data=data, knn=knn)
+
+
+@pytest.fixture
+def segmentation_scores():
+    """``(encoder, data, train=1000) -> {"miou", "pixel_accuracy", ...}``: the dense checks' probe
+    (issue 55): per-pixel linear segmentation of ``shapes`` (background and the ten shapes) on
+    ``encoder``'s last-stage map, trained 50 epochs on the first ``train`` images of
+    ``grey_shapes.data(size)`` with their masks, scored on the held-out ones."""
+    from contrastive.data.generated import generate_shape_masks
+    from contrastive.eval.segmentation import linear_segmentation
+
+    def score(encoder: nn.Module, data, train: int = 1000) -> dict:
+        xtr, _, xte, _ = data
+        size = xtr.shape[-1]
+        masks_tr = generate_shape_masks(train, size, seed=0)
+        masks_te = generate_shape_masks(xte.shape[0], size, split="test")
+        return linear_segmentation(encoder, xtr[:train], masks_tr, xte, masks_te,
+                                   num_classes=11, epochs=50)
+
+    return score

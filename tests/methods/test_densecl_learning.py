@@ -38,8 +38,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contrastive.data.generated import generate_shape_masks
-from contrastive.eval.segmentation import linear_segmentation
 from contrastive.methods import DenseCL
 
 pytestmark = pytest.mark.slow
@@ -87,18 +85,12 @@ def test_densecl_learns_and_the_mismatched_control_does_not(grey_shapes):
     assert after > before + GAIN and after > control + OVER_CONTROL, (before, after, control)
 
 
-def segmentation_miou(method: DenseCL, data, train: int = 1000) -> float:
-    xtr, _, xte, _ = data
-    masks_tr = generate_shape_masks(train, SIZE, seed=0)
-    masks_te = generate_shape_masks(xte.shape[0], SIZE, split="test")
-    return linear_segmentation(method.encoder, xtr[:train], masks_tr, xte, masks_te,
-                               num_classes=11, epochs=50)["miou"]
-
-
 @pytest.mark.xfail(raises=AssertionError, strict=False,
                    reason="DenseCL does not separate at this scale (module docstring)")
-def test_densecl_segments_shapes_better_than_random_init_and_mocov2(grey_shapes):
+def test_densecl_segments_shapes_better_than_random_init_and_mocov2(grey_shapes,
+                                                                   segmentation_scores):
     data = grey_shapes.data(SIZE)
-    random, densecl, mocov2 = (segmentation_miou(pretrained(0, data[0], **kw), data)
+    random, densecl, mocov2 = (segmentation_scores(pretrained(0, data[0], **kw).encoder,
+                                                   data)["miou"]
                                for kw in ({"steps": 0}, {}, {"dense_weight": 0.0}))
     assert densecl > random + 1 and densecl > mocov2 + 1, (random, densecl, mocov2)

@@ -9,14 +9,31 @@ tests/methods/test_densecl_learning.py): ``small_cnn`` (its 3 x 3 map at 24 px),
 locations, SGD lr LR momentum 0.9 wd 5e-4, batch 32, STEPS steps on 2,000 images of 24 px;
 views: a random 24-px crop of the 3-px reflect-padded image (one offset per batch, its box the
 crop box) and a flip per image (not in the grid, as the code's default). Greyscale inputs
-standardised per image, as the DenseCL check argues. kNN: k 20, t 0.1, 1,000 training images as
-the bank, 500 held-out images as queries.
+standardised per image, as the DenseCL check argues (tests/methods/conftest.py's ``grey_shapes``,
+with the kNN measure: k 20, t 0.1, 1,000 training images as the bank, 500 held-out images as
+queries).
 
 Measured 2026-11-29 (kNN top-1 %, random init -> 300 steps, one thread, AVX2 Zen 3, the
 machine shared): lr 0.003: seed 0 46.6 -> 50.4 (+3.8), seed 1 41.8 -> 52.8 (+11.0); the control
 (seed 0) 46.6 -> 36.0, it unlearns. lr 0.03 and 0.01 (the loss is 25 x VICReg's terms: SGD
 steps 25 times larger than InfoNCE's) lowered kNN (seed 0: 41.4 and 39.8). About 65 s of CPU
 per run, two runs: the check is slow (-m slow).
+
+The dense check of issue 55 (DenseCL's protocol, tests/methods/conftest.py's
+``segmentation_scores``: per-pixel linear segmentation of ``shapes``, background and the ten
+shapes, on the 3 x 3 last-stage map, 1,000 training images with their masks, 50 epochs, the
+500 held-out images scored): the same VICRegL against its random init and against VICReg with
+the same budget (``alpha=1``: the same encoder init, expander, coefficients and 300 steps; the
+local term off). Measured 2026-11-29 under pytest (one thread, nice 5, AVX2 Zen 3, load 5-7 on
+the 2 shared cores), mIoU % / pixel accuracy % (kNN top-1 %):
+seed 0: random init 21.9 / 88.1 (46.6), VICRegL 25.7 / 89.0 (50.4), VICReg 24.5 / 88.8 (49.0);
+seed 1: random init 21.0 / 88.2 (41.8), VICRegL 26.0 / 89.0 (52.8), VICReg 26.1 / 89.1 (52.2).
+Both pretrained encoders gain 3-5 mIoU points over random init, but VICRegL does NOT separate
+from VICReg at this scale: +1.2 at seed 0, -0.2 at seed 1. The check asserts what the issue
+expects (VICRegL above both by a point) on seed 0 as an expected failure (not strict: seed 0
+passes by 0.2 over the margin, an XPASS, which rounding alone can flip), so that it reports
+when a longer budget or another setting makes the local loss show; about 55 + 40 s of CPU for
+the runs plus 3 x 12 s for the probes.
 """
 
 from __future__ import annotations
@@ -24,9 +41,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from contrastive.data.generated import generate_shapes
 from contrastive.methods import VICRegL
-from tests.methods.test_densecl_learning import grey_standardised, knn  # the same inputs, kNN
 
 pytestmark = pytest.mark.slow
 
@@ -44,20 +59,19 @@ def view(x: torch.Tensor, g: torch.Generator) -> tuple[torch.Tensor, torch.Tenso
     return torch.where(flip[:, None, None, None], v.flip(3), v), box
 
 
-def train(seed: int, control: bool, lr: float = LR) -> tuple[float, float]:
+def pretrained(seed: int, xtr: torch.Tensor, *, control: bool = False, lr: float = LR,
+               alpha: float = 0.75, steps: int = STEPS) -> VICRegL:
+    """VICRegL after ``steps`` steps on ``xtr`` (0: random init; alpha 1: VICReg with the same
+    encoder, expander, coefficients and budget, the local term off)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         torch.manual_seed(seed)
         method = VICRegL("small_cnn", dim=64, mlp_hidden=64, maps_dim=32, maps_hidden=32,
-                         num_matches=(4, 2))
-        xtr, ytr = generate_shapes(2000, SIZE, seed=0)
-        xte, yte = generate_shapes(500, SIZE, split="test")
-        xtr, xte = grey_standardised(xtr), grey_standardised(xte)
-        before = knn(method, xtr[:1000], ytr[:1000], xte, yte)
+                         alpha=alpha, num_matches=(4, 2))
         opt = torch.optim.SGD(method.parameters(), lr=lr, momentum=0.9, weight_decay=5e-4)
         g = torch.Generator().manual_seed(seed)
-        for _ in range(STEPS):
+        for _ in range(steps):
             x = xtr[torch.randint(0, xtr.shape[0], (BATCH,), generator=g)]
             other = x[torch.randperm(BATCH, generator=g)] if control else x
             (v1, b1), (v2, b2) = view(x, g), view(other, g)
@@ -65,24 +79,24 @@ def train(seed: int, control: bool, lr: float = LR) -> tuple[float, float]:
             opt.zero_grad()
             out["loss"].backward()
             opt.step()
-        return before, knn(method, xtr[:1000], ytr[:1000], xte, yte)
+        return method
     finally:
         torch.set_num_threads(threads)
 
 
-def test_vicregl_learns_and_the_mismatched_control_does_not():
-    before, after = train(0, control=False)
-    _, control = train(0, control=True)
+def test_vicregl_learns_and_the_mismatched_control_does_not(grey_shapes):
+    data = grey_shapes.data(SIZE)
+    before, after, control = (grey_shapes.knn(pretrained(0, data[0], **kw).encoder, data)
+                              for kw in ({"steps": 0}, {}, {"control": True}))
     assert after > before + GAIN and after > control + OVER_CONTROL, (before, after, control)
 
 
-if __name__ == "__main__":  # the measurement: PYTHONPATH=$PWD python tests/methods/test_vicregl_learning.py
-    # LR SEEDS CONTROLS, e.g. 0.003 0,1,2 vicregl,control
-    import sys
-    import time
-
-    lr, seeds, controls = float(sys.argv[1]), sys.argv[2].split(","), sys.argv[3].split(",")
-    for seed, control in [(int(s), c == "control") for s in seeds for c in controls]:
-        t0 = time.process_time()
-        print(seed, lr, "control" if control else "vicregl", train(seed, control, lr),
-              f"{time.process_time() - t0:.0f} s CPU", flush=True)
+@pytest.mark.xfail(raises=AssertionError, strict=False,
+                   reason="VICRegL does not separate from VICReg at this scale (module docstring)")
+def test_vicregl_segments_shapes_better_than_random_init_and_vicreg(grey_shapes,
+                                                                   segmentation_scores):
+    data = grey_shapes.data(SIZE)
+    random, vicregl, vicreg = (segmentation_scores(pretrained(0, data[0], **kw).encoder,
+                                                   data)["miou"]
+                               for kw in ({"steps": 0}, {}, {"alpha": 1.0}))
+    assert vicregl > random + 1 and vicregl > vicreg + 1, (random, vicregl, vicreg)
