@@ -236,10 +236,12 @@ def _loop_calls(path: Path) -> list[str]:
 
 def test_no_training_loop_outside_the_engine() -> None:
     """Every recipe is a configuration of the engine: no code under recipes/ or contrastive/
-    calls ``.backward(`` or an optimiser's ``.step(`` outside contrastive/engine/ and the linear
-    probe (contrastive/eval/linear/standard.py, an evaluation protocol with its own classifier)."""
+    calls ``.backward(`` or an optimiser's ``.step(`` outside contrastive/engine/ and the two
+    probes (contrastive/eval/linear/standard.py and the per-pixel contrastive/eval/segmentation.py:
+    evaluation protocols with their own classifier on frozen features)."""
     probe_file = ROOT / "contrastive" / "eval" / "linear" / "standard.py"
-    allowed = (ROOT / "contrastive" / "engine", probe_file)
+    segmentation_probe = ROOT / "contrastive" / "eval" / "segmentation.py"
+    allowed = (ROOT / "contrastive" / "engine", probe_file, segmentation_probe)
     hits = [h for folder in ("recipes", "contrastive")
             for path in sorted((ROOT / folder).rglob("*.py"))
             if not any(path == a or a in path.parents for a in allowed)
@@ -247,6 +249,7 @@ def test_no_training_loop_outside_the_engine() -> None:
     assert not hits, hits
     probe = _loop_calls(probe_file)
     assert any("backward" in h for h in probe) and any("optimizer.step" in h for h in probe)
+    assert any("backward" in h for h in _loop_calls(segmentation_probe))
 
 
 def test_glue_subset_and_held_out_rows(tmp_path: Path) -> None:
