@@ -81,6 +81,8 @@ METHODS: dict[str, Entry] = {
     "Deep InfoMax": Entry("dim_cifar"),  # skipped (with a note) while the recipe is missing
     # DenseCL: its CIFAR recipe (the MoCo demo's 4,096-key queues and split BN, as MoCo v1's row)
     "DenseCL": Entry("densecl_cifar"),
+    # VICRegL: its CIFAR recipe (crop boxes come with the batch, so it runs beside VICReg)
+    "VICRegL": Entry("vicregl_cifar"),
     # the ViT block (--encoder timm:... --encoder-kwargs): MAE takes one view; iBOT and DINOv2
     # without local crops, as DINO's CIFAR recipe (their defaults of 10 and 8 would give them
     # 6x and 5x the crops)
@@ -88,6 +90,9 @@ METHODS: dict[str, Entry] = {
     "SimMIM": Entry("simmim_cifar"),
     "iBOT": Entry("ibot_cifar", ("--local-crops", "0")),
     "DINOv2": Entry("dinov2_cifar", ("--local-crops", "0")),
+    # MSN without its focal views (as iBOT / DINOv2 without local crops); I-JEPA as its recipe
+    "MSN": Entry("msn_cifar", ("--focal-views", "0")),
+    "I-JEPA": Entry("ijepa_cifar"),
 }
 
 

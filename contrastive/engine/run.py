@@ -25,6 +25,7 @@ from contrastive.engine.handoff import DataInfo
 from contrastive.engine.kits.base import DataAdapter, KitOptionError
 from contrastive.engine.loader import BatchSizeError
 from contrastive.engine.run_folder import RunFolderError, os_error_message
+from contrastive.engine.setup import MethodOptionError
 from contrastive.engine.step import ClipPartsError
 from contrastive.engine.trainer import TrainResult, kit_of, train
 from contrastive.eval.init import InitError
@@ -81,7 +82,8 @@ def run(config_cls: type[RunConfig], build_method: Callable[[Any, DataInfo], nn.
     try:
         result = train(cfg, build_method, adapter=kit, recipe=name)
     except (RunFolderError, GradCacheError, ClipPartsError, EncoderArgumentError,
-            InitError, KitOptionError, GradCheckpointingError, BatchSizeError) as e:
+            InitError, KitOptionError, GradCheckpointingError, BatchSizeError,
+            MethodOptionError) as e:
         # the folder, a checkpoint file, options the method or the encoder refuses: one line
         raise SystemExit(f"{name}: error: {e}") from None
     except UnsafeCheckpointError as e:  # the user's model file, refused unread: bad input

@@ -204,6 +204,11 @@ class Model:
     cache: GradCache | None = None  # --grad-cache-chunk / cached --grad-accum-steps, else None
 
 
+class MethodOptionError(ValueError):
+    """A method refused the options or the encoder it was built with (a plain ``ValueError``
+    of its constructor, which names the problem and the fix): the run stops in one line."""
+
+
 def build_model(cfg: RunConfig, build_method: Callable[[Any, DataInfo], nn.Module],
                 accelerator: Any, data: DataInfo, extra: tuple[str, ...] = (), *,
                 kit: DataAdapter[Any] | None = None) -> Model:
@@ -218,7 +223,12 @@ def build_model(cfg: RunConfig, build_method: Callable[[Any, DataInfo], nn.Modul
     world, device = accelerator.num_processes, accelerator.device
     set_seed(cfg.seed)
     with kit.method_building(cfg) if kit is not None else contextlib.nullcontext():
-        method = build_method(cfg, data)
+        try:
+            method = build_method(cfg, data)
+        except ValueError as e:  # the method's own check of its options: one line for the user
+            if type(e) is not ValueError:
+                raise
+            raise MethodOptionError(str(e)) from e
     needs, schedules = method_inputs(method, extra)
     signature = model_signature(method)  # as built: what a checkpoint must match
     # accumulation where the loss couples samples, caching without a backbone: refused here

@@ -27,6 +27,14 @@ epsilon 1 (exp(log t) = t; the global maximum it subtracts cancels in the first 
 The mean prediction ``p_bar`` is all-reduced over the processes with an identity backward (the
 code's ``AllReduce``): with gradients averaged over the processes (DDP), two processes of B
 images then train as one process of 2B. The uniform prior makes PMSN's term MSN's me-max exactly.
+
+PMSN's direction, KL(p_bar || prior), is our choice, not a transcription: the authors released
+no PMSN code (the facebookresearch/msn repository has MSN only) and the paper's text was not
+readable here. It is the divergence that gives back MSN's me-max exactly under a uniform prior,
+which is how the paper introduces PMSN (MSN with another prior). lightly 1.6's ``PMSNLoss``
+computes the other direction, KL(prior || p_bar) (``F.kl_div(p_bar.log(), prior)``), which
+under a uniform prior is ``-mean_k log p_bar_k - log K``, a log barrier rather than MSN's
+entropy: the two agree at the optimum (p_bar = prior) and differ in their gradients away from it.
 """
 
 from __future__ import annotations

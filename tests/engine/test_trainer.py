@@ -463,3 +463,18 @@ def test_a_batch_larger_than_the_data_is_one_line(tmp_path):
             name="t")
     assert "fewer than one --batch-size 64: lower the batch size" in str(stop.value)
     assert "\n" not in str(stop.value)
+
+
+def test_a_method_refusing_its_options_stops_in_one_line(tmp_path, fresh_accelerate):
+    """A plain ValueError of the method's constructor (I-JEPA refusing a ViT with a class token,
+    say) is the user's input: one line, the method's own message, no traceback."""
+    def refusing(cfg, data):
+        raise ValueError("_Toy: the encoder must have no class token: build it with "
+                         "class_token=False")
+
+    argv = ["--output-dir", str(tmp_path / "run"), "--max-steps", "1"]
+    with pytest.raises(SystemExit) as exc:
+        run(_Cfg, refusing, _pipeline, argv=argv, name="toy")
+    assert str(exc.value) == ("toy: error: _Toy: the encoder must have no class token: build it "
+                              "with class_token=False")
+    assert exc.value.__cause__ is None and exc.value.__suppress_context__
