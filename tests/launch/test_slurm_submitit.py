@@ -238,26 +238,14 @@ def test_the_task_reads_the_engines_exit_status_and_run_state_file():
 
 # ---- a real run (slow) -----------------------------------------------------------------------
 
-_spec = importlib.util.spec_from_file_location(
-    "_recipe_helpers", ROOT / "tests" / "recipes" / "conftest.py")
-rx = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(rx)
-STEPS = 20  # 64 images / batch 16 x 5 epochs
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+STEPS = 20  # 64 images / batch 16 x 5 epochs (the recipe helpers: the rx fixture)
 
 
 @pytest.mark.slow
 @needs_submitit
 @pytest.mark.parametrize("processes", [1, 2])
 def test_a_real_run_stopped_by_sigterm_is_requeued_and_ends_as_the_uninterrupted_run(
-        processes, tmp_path, monkeypatch):
+        processes, tmp_path, monkeypatch, rx, free_port):
     """moco_cifar through submitit's local executor, one task per process (two: gloo on the
     CPU, the rendezvous from submitit's environment): SIGTERM to the job after the first step;
     the run saves and exits 75, the task requeues, the requeued job resumes at that step and
@@ -276,7 +264,7 @@ def test_a_real_run_stopped_by_sigterm_is_requeued_and_ends_as_the_uninterrupted
 
     def job(out: Path) -> SlurmJob:
         return SlurmJob(str(RECIPE), args=(*args, "--output-dir", str(out)), nodes=1,
-                        gpus_per_node=processes, time="30", port=_free_port(),
+                        gpus_per_node=processes, time="30", port=free_port,
                         workdir=str(tmp_path))
 
     stopped, through = tmp_path / "stopped", tmp_path / "through"
