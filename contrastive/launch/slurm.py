@@ -13,8 +13,9 @@ $SLURM_NODEID``, ``--main_process_ip`` the job's first host. ``--signal=TERM@S``
 SIGTERM to every process of the job step ``S`` seconds (up to 60 s more) before the time limit;
 the engine saves a checkpoint and records ``"stopped"`` in ``run_state.json``, and the script
 then calls ``scontrol requeue``. The run's arguments get ``--resume auto``, so every requeued job
-continues the same run; a job of one process runs the recipe itself as the task. What the
-peers do, for comparison: DINO's ``run_with_submitit.py`` and MAE's ``submitit_pretrain.py``
+continues the same run; a job of one process runs the recipe itself as the task. ``submit
+--submitit`` submits the same job with submitit instead (:mod:`contrastive.launch.slurm_submitit`:
+one task per GPU, the ``submitit`` extra). What the peers do, for comparison: DINO's ``run_with_submitit.py`` and MAE's ``submitit_pretrain.py``
 (submitit's USR2 120 s before the limit, a ``checkpoint()`` that resubmits the trainer to resume
 from its last per-epoch checkpoint), open_clip's Slurm example (``--ntasks-per-node`` = GPUs,
 the master address from ``scontrol show hostnames``).
@@ -32,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["SlurmJob", "BadJob", "render", "training_args", "slurm_seconds", "main"]
+__all__ = ["SlurmJob", "BadJob", "check", "render", "training_args", "slurm_seconds", "main"]
 
 TEMPLATE = Path(__file__).with_name("train.sbatch")
 _SLOT = re.compile(r"\{\{(\w+)\}\}")
@@ -117,8 +118,8 @@ def training_args(job: SlurmJob) -> tuple[list[str], str]:
     return args, output_dir
 
 
-def render(job: SlurmJob) -> str:
-    """The sbatch script of ``job`` (checked: one-line :class:`BadJob` on bad input)."""
+def check(job: SlurmJob) -> None:
+    """Raise a one-line :class:`BadJob` naming the fix when ``job`` cannot run."""
     recipe = Path(job.workdir, job.recipe)
     if not job.recipe:
         raise BadJob("no recipe: name its file first, e.g. contrastive-slurm render "
@@ -135,6 +136,13 @@ def render(job: SlurmJob) -> str:
     if not 0 < job.signal_seconds < limit:
         raise BadJob(f"--signal-seconds {job.signal_seconds}: must be positive and below the "
                      f"time limit ({limit} s): it is how long before the limit the run saves")
+    training_args(job)
+
+
+def render(job: SlurmJob) -> str:
+    """The sbatch script of ``job`` (checked: one-line :class:`BadJob` on bad input)."""
+    check(job)
+    recipe = Path(job.workdir, job.recipe)
     args, output_dir = training_args(job)
     lines = [o if o.startswith("-") else f"--{o}" for o in job.sbatch]
     if job.cpus_per_task > 0:
@@ -185,6 +193,12 @@ def _parser() -> argparse.ArgumentParser:
         c.add_argument("--script", default=None if name == "render" else "",
                        help="where to write the script" + (
                            "" if name == "render" else " (default: <job-name>.sbatch)"))
+    submit = sub.choices["submit"]
+    submit.add_argument("--submitit", action="store_true",
+                        help="submit with submitit instead of the sbatch script: one task per "
+                        "GPU (the submitit extra; contrastive/launch/slurm_submitit.py)")
+    submit.add_argument("--submitit-folder", default="",
+                        help="submitit's logs and pickles (default: submitit/<job-name>)")
     return p
 
 
@@ -205,6 +219,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         if a.command == "submit" and sbatch is None:
             raise BadJob("sbatch not found on PATH: submit from a Slurm login node, or write "
                          "the script with `contrastive-slurm render --script FILE` and copy it")
+        if a.command == "submit" and a.submitit:
+            from contrastive.launch.slurm_submitit import SubmititMissing, submit
+
+            try:
+                submitted = submit(job, folder=a.submitit_folder)
+            except SubmititMissing as e:
+                raise BadJob(str(e)) from None
+            sys.stderr.write(f"contrastive-slurm: submitted job {submitted.job_id} with "
+                             f"submitit (its logs: {submitted.paths.folder})\n")
+            return 0
     except BadJob as e:
         sys.stderr.write(f"contrastive-slurm: {e}\n")
         return 2

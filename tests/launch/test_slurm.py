@@ -10,12 +10,10 @@ step as ``--signal`` does, and runs the requeued job to the end.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -220,22 +218,13 @@ def test_slurm_time_formats():
 
 # ---- the requeue with a real run (slow) ------------------------------------------------------
 
-_spec = importlib.util.spec_from_file_location(
-    "_recipe_helpers", ROOT / "tests" / "recipes" / "conftest.py")
-rx = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(rx)
-STEPS = 20  # 64 images / batch 16 x 5 epochs
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+STEPS = 20  # 64 images / batch 16 x 5 epochs (the recipe helpers: the rx fixture)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("processes", [1, 2])
-def test_sigterm_before_the_limit_requeues_and_the_requeued_job_completes(cluster, processes):
+def test_sigterm_before_the_limit_requeues_and_the_requeued_job_completes(cluster, processes,
+                                                                         rx, free_port):
     """SIGTERM to the job step (what ``--signal=TERM@S`` sends): the run saves and exits 75,
     the script calls ``scontrol requeue``; the requeued job resumes at that step and
     completes, and does not requeue again. One process (the recipe is the task) and two
@@ -243,7 +232,7 @@ def test_sigterm_before_the_limit_requeues_and_the_requeued_job_completes(cluste
     out = cluster["tmp"] / "run"
     args = [*rx.TINY, *rx.SMALL["moco_cifar"], "--epochs", "5", "--save-every-steps", "0",
             "--knn-every", "0", "--output-dir", str(out)]
-    script = render(_job(cluster, *args, nodes=1, gpus_per_node=processes, port=_free_port(),
+    script = render(_job(cluster, *args, nodes=1, gpus_per_node=processes, port=free_port,
                          python=sys.executable))
     env = {**cluster["env"], **rx.env(), "OMP_NUM_THREADS": "1", "SLURM_NNODES": "1",
            "FAKE_SESSION": "1", "FAKE_HOSTS": "127.0.0.1"}
