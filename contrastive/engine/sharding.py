@@ -43,7 +43,8 @@ import torch
 from torch import nn
 
 __all__ = ["ShardingError", "check_fsdp", "shard_method", "is_sharded", "full_state", "shard_like",
-           "shard_optimizer_state", "full_params", "sharded_fused", "replicate_scalars"]
+           "shard_optimizer_state", "full_params", "sharded_fused", "replicate_scalars",
+           "unsharded_type"]
 
 logger = logging.getLogger(__name__)
 
@@ -168,10 +169,10 @@ def shard_method(method: nn.Module, device: torch.device, world: int) -> list[st
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     owners = _block_owners(method)
-    if not owners:
+    if not any(attr == BLOCKS[0] for _, _, attr in owners):  # a text tower alone: untested
         raise ShardingError(f"--fsdp: {type(method).__name__} has no transformer blocks to shard "
-                            "(a ViT's blocks, a Hugging Face encoder's layers); use a ViT "
-                            "encoder or leave --fsdp out")
+                            "(a ViT's blocks; a text tower's layers are sharded beside them, not "
+                            "alone); use a ViT encoder or leave --fsdp out")
     mesh = init_device_mesh(device.type, (world,))
     scalars = replicate_scalars(method)
     ignored = set(scalars.values())
@@ -262,19 +263,34 @@ def shard_optimizer_state(opt_state: dict[str, Any], optimizer: Any) -> dict[str
 
 @contextlib.contextmanager
 def full_params(module: nn.Module) -> Iterator[None]:
-    """Within the block, every FSDP unit of ``module`` holds its full parameters (plain
-    tensors): for a main process that writes the artefacts from ``module.state_dict()``. A
-    collective on entry and exit: every process enters. Nothing happens without ``--fsdp``."""
+    """Within the block, ``state_dict()`` of ``module`` and of any part of it holds the full
+    parameters (plain tensors), where FSDP's own state-dict hook would give this process's
+    shards: for a main process that writes the artefacts (``encoder.pt``, ``clip.pt``). A
+    collective on entry (every parameter gathered): every process enters. Nothing happens
+    without ``--fsdp``."""
     if not is_sharded(module):
         yield
         return
-    from torch.distributed.fsdp import FSDPModule
+    dtensor = _dtensor()
+    with torch.no_grad():
+        full = {id(p): p.full_tensor() for p in module.parameters() if isinstance(p, dtensor)}
 
-    units = [m for m in module.modules() if isinstance(m, FSDPModule)]
-    for unit in units:
-        unit.unshard()
+    def gathered(part: nn.Module, state: dict[str, Any], prefix: str, _: Any) -> None:
+        for name, param in part._parameters.items():
+            if param is not None and id(param) in full and prefix + name in state:
+                state[prefix + name] = full[id(param)]
+
+    handles = [part.register_state_dict_post_hook(gathered) for part in module.modules()]
     try:
         yield
     finally:
-        for unit in units:
-            unit.reshard()
+        for handle in handles:
+            handle.remove()
+
+
+def unsharded_type(module: nn.Module) -> type:
+    """``module``'s own class: the one ``fully_shard`` subclassed (``FSDPCLIP`` -> ``CLIP``),
+    which artefacts record (evaluation rebuilds the model by its name)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return next(cls for cls in type(module).__mro__ if not issubclass(cls, FSDPModule))
