@@ -7,17 +7,22 @@ processes it silently runs DDP), so it could not be tested here. The engine shar
 a device mesh of every process (gloo CPU processes included):
 
 - each transformer block (a ViT's ``blocks``: timm's VisionTransformer, the masked ViT of MAE
-  and iBOT, MAE's decoder, the momentum / EMA copies of them) is one unit, all-gathered for its
-  forward and freed after it;
+  and iBOT, MAE's decoder, the momentum / EMA copies of them; a Hugging Face encoder's
+  ``layer``: the BERT text tower of CLIP and SigLIP) is one unit, all-gathered for its forward
+  and freed after it;
 - each other part with parameters of a module holding such blocks (the patch embedding, the
   norms, MAE's decoder's projections) is a unit, and so is the module itself (the ViT: its
   tokens and position embedding, gathered for its forward and for timm's ``_pos_embed``, which
   the masked ViT of MAE, iBOT and SimMIM calls with the parts, without the ViT's forward); the
   encoder can then also run alone (evaluation);
-- each part of the method holding parameters (the heads, the text tower, the momentum / EMA
-  copy) is a unit, and the method itself the root: the root then holds (almost) no parameter,
-  so a momentum update in the method's forward, where the root's parameters are gathered,
-  meets sharded parameters on both sides.
+- each part of the method holding parameters (the heads, the text tower's embeddings, the
+  projections, the momentum / EMA copy) is a unit, and the method itself the root: the root
+  then holds (almost) no parameter, so a momentum update in the method's forward, where the
+  root's parameters are gathered, meets sharded parameters on both sides;
+- a 0-dim parameter (CLIP's logit scale, SigLIP's t' and b) cannot be sharded on dim 0
+  (``fully_shard`` asserts): it stays whole on every process, outside every unit (FSDP's
+  ``ignored_params``), and a hook averages its gradient across the processes as soon as it is
+  accumulated (:func:`replicate_scalars`), so every process takes the same step with it.
 
 Each parameter becomes a DTensor sharded on dim 0 (``Shard(0)``): the momentum / EMA copies are
 sharded like their source, so the teacher's ``lerp`` runs on the local shards; the gradient
@@ -38,13 +43,14 @@ import torch
 from torch import nn
 
 __all__ = ["ShardingError", "check_fsdp", "shard_method", "is_sharded", "full_state", "shard_like",
-           "shard_optimizer_state", "full_params", "sharded_fused"]
+           "shard_optimizer_state", "full_params", "sharded_fused", "replicate_scalars",
+           "unsharded_type"]
 
 logger = logging.getLogger(__name__)
 
-#: the attribute that names a transformer's block sequence (timm's ViT, the masked ViT, MAE's
-#: decoder)
-BLOCKS = "blocks"
+#: the attributes that name a transformer's block sequence: ``blocks`` (timm's ViT, the masked
+#: ViT, MAE's decoder), ``layer`` (a Hugging Face encoder: BERT's ``encoder.layer``)
+BLOCKS = ("blocks", "layer")
 #: timm's ViT method that adds the prefix tokens and the position embedding: the masked ViT
 #: (MAE, iBOT, SimMIM) calls it, and the ViT's parts, without the ViT's forward
 POS_EMBED = "_pos_embed"
@@ -88,19 +94,30 @@ def sharded_fused(optimizer: str, fused: bool | None) -> bool | None:
     return False
 
 
-def _block_owners(method: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The modules that hold a sequence of transformer blocks, with their names."""
-    return [(name, module) for name, module in method.named_modules()
-            if isinstance(module._modules.get(BLOCKS), nn.Sequential | nn.ModuleList)
-            and len(module._modules[BLOCKS]) > 0]
+def _block_owners(method: nn.Module) -> list[tuple[str, nn.Module, str]]:
+    """The modules that hold a sequence of transformer blocks, with their names and the
+    attribute (one of :data:`BLOCKS`) that holds the sequence."""
+    owners = []
+    for name, module in method.named_modules():
+        for attr in BLOCKS:
+            blocks = module._modules.get(attr)
+            if isinstance(blocks, nn.Sequential | nn.ModuleList) and len(blocks) > 0:
+                owners.append((name, module, attr))
+    return owners
+
+
+def _shardable(module: nn.Module) -> bool:
+    """Whether ``module`` holds a parameter FSDP can shard (one with a dim 0, not a scalar)."""
+    return any(p.ndim > 0 for p in module.parameters())
 
 
 def _top_parts(module: nn.Module) -> list[nn.Module]:
     """The method's parts below the root that hold parameters and are not yet units (the heads,
     the momentum copies; inside a ModuleList, a ModuleDict or a MomentumEncoder, whose parts a
-    method may call without it, their members): each is a unit, so the root holds (almost) nothing and a momentum update in the
-    method's forward, where the root's parameters are gathered, meets sharded parameters on
-    both sides."""
+    method may call without it, their members): each is a unit, so the root holds (almost)
+    nothing and a momentum update in the method's forward, where the root's parameters are
+    gathered, meets sharded parameters on both sides. A part holding only 0-dim parameters
+    (SigLIP's loss with its t' and b) is not one (:func:`replicate_scalars`)."""
     from torch.distributed.fsdp import FSDPModule
 
     from contrastive.nn.momentum import MomentumEncoder
@@ -110,15 +127,40 @@ def _top_parts(module: nn.Module) -> list[nn.Module]:
         # a wrapper whose parts the method may call one by one (DINO's teacher.module["head"])
         if isinstance(child, nn.ModuleList | nn.ModuleDict | MomentumEncoder):
             parts += _top_parts(child)
-        elif not isinstance(child, FSDPModule) and any(True for _ in child.parameters()):
+        elif not isinstance(child, FSDPModule) and _shardable(child):
             parts.append(child)
     return parts
+
+
+def _average_gradient(param: torch.Tensor) -> None:
+    """``param``'s accumulated gradient replaced by its mean over the processes (a collective:
+    every process's backward reaches it, at the same point of the same graph)."""
+    import torch.distributed as dist
+
+    assert param.grad is not None  # a post-accumulate hook runs once the gradient is there
+    dist.all_reduce(param.grad)
+    param.grad.div_(dist.get_world_size())
+
+
+def replicate_scalars(method: nn.Module) -> dict[str, nn.Parameter]:
+    """The 0-dim parameters of ``method`` (CLIP's logit scale, SigLIP's t' and b), by name,
+    each trainable one given a hook that averages its gradient across the processes once it
+    is accumulated (what DDP does for every parameter): ``fully_shard`` cannot shard them, so
+    they stay whole and alike on every process, outside FSDP (its ``ignored_params``). With
+    accumulation the hook runs each micro-batch on the sum so far, which stays the mean: the
+    earlier micro-batches' part is already the same on every process."""
+    scalars = {name: p for name, p in method.named_parameters() if p.ndim == 0}
+    for p in scalars.values():
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(_average_gradient)
+    return scalars
 
 
 def shard_method(method: nn.Module, device: torch.device, world: int) -> list[str]:
     """``fully_shard`` every transformer block of ``method``, then each module holding blocks,
     then ``method`` itself (see the module docstring), in place, on a 1-D mesh of ``world``
-    processes of ``device``'s type. Returns the names of the block sequences sharded.
+    processes of ``device``'s type; its 0-dim parameters are kept whole
+    (:func:`replicate_scalars`). Returns the names of the block sequences sharded.
 
     Raises:
         ShardingError: ``method`` holds no transformer blocks (a ResNet encoder, say).
@@ -127,33 +169,41 @@ def shard_method(method: nn.Module, device: torch.device, world: int) -> list[st
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     owners = _block_owners(method)
-    if not owners:
+    if not any(attr == BLOCKS[0] for _, _, attr in owners):  # a text tower alone: untested
         raise ShardingError(f"--fsdp: {type(method).__name__} has no transformer blocks to shard "
-                            "(a ViT's blocks); use a ViT encoder or leave --fsdp out")
+                            "(a ViT's blocks; a text tower's layers are sharded beside them, not "
+                            "alone); use a ViT encoder or leave --fsdp out")
     mesh = init_device_mesh(device.type, (world,))
-    for _, owner in owners:
-        for block in owner._modules[BLOCKS]:  # type: ignore[union-attr]
-            fully_shard(block, mesh=mesh)
-    for _, owner in owners:  # its other parts: the masked ViT calls them without owner.forward
+    scalars = replicate_scalars(method)
+    ignored = set(scalars.values())
+
+    def shard(unit: nn.Module) -> None:
+        fully_shard(unit, mesh=mesh, ignored_params=ignored)
+
+    for _, owner, attr in owners:
+        for block in owner._modules[attr]:  # type: ignore[union-attr]
+            shard(block)
+    for _, owner, _ in owners:  # its other parts: the masked ViT calls them without owner.forward
         for unit in _top_parts(owner):
-            fully_shard(unit, mesh=mesh)
-    for _, owner in owners:  # its own tokens and position embedding, used in _pos_embed
-        fully_shard(owner, mesh=mesh)
+            shard(unit)
+    for _, owner, _ in owners:  # its own tokens and position embedding, used in _pos_embed
+        shard(owner)
         if callable(getattr(owner, POS_EMBED, None)):
             register_fsdp_forward_method(owner, POS_EMBED)
     for unit in _top_parts(method):
-        fully_shard(unit, mesh=mesh)
-    fully_shard(method, mesh=mesh)
+        shard(unit)
+    shard(method)
     # the method is the root even where an evaluation runs the encoder unit first (kNN at the
     # start): FSDP otherwise takes the first unit to run forward for its root
     method._get_fsdp_state()._lazy_init()  # type: ignore[operator]
-    names = [f"{name}.{BLOCKS}" if name else BLOCKS for name, _ in owners]
+    names = [f"{name}.{attr}" if name else attr for name, _, attr in owners]
     total = sum(p.numel() for p in method.parameters())
     dtensor = _dtensor()
     local = sum((p.to_local() if isinstance(p, dtensor) else p).numel()
                 for p in method.parameters())
-    logger.info("FSDP: %d processes, %s; %d of %d parameter values on this process", world,
-                ", ".join(names), local, total)
+    whole = f"; kept whole on every process: {', '.join(scalars)}" if scalars else ""
+    logger.info("FSDP: %d processes, %s; %d of %d parameter values on this process%s", world,
+                ", ".join(names), local, total, whole)
     return names
 
 
@@ -213,19 +263,34 @@ def shard_optimizer_state(opt_state: dict[str, Any], optimizer: Any) -> dict[str
 
 @contextlib.contextmanager
 def full_params(module: nn.Module) -> Iterator[None]:
-    """Within the block, every FSDP unit of ``module`` holds its full parameters (plain
-    tensors): for a main process that writes the artefacts from ``module.state_dict()``. A
-    collective on entry and exit: every process enters. Nothing happens without ``--fsdp``."""
+    """Within the block, ``state_dict()`` of ``module`` and of any part of it holds the full
+    parameters (plain tensors), where FSDP's own state-dict hook would give this process's
+    shards: for a main process that writes the artefacts (``encoder.pt``, ``clip.pt``). A
+    collective on entry (every parameter gathered): every process enters. Nothing happens
+    without ``--fsdp``."""
     if not is_sharded(module):
         yield
         return
-    from torch.distributed.fsdp import FSDPModule
+    dtensor = _dtensor()
+    with torch.no_grad():
+        full = {id(p): p.full_tensor() for p in module.parameters() if isinstance(p, dtensor)}
 
-    units = [m for m in module.modules() if isinstance(m, FSDPModule)]
-    for unit in units:
-        unit.unshard()
+    def gathered(part: nn.Module, state: dict[str, Any], prefix: str, _: Any) -> None:
+        for name, param in part._parameters.items():
+            if param is not None and id(param) in full and prefix + name in state:
+                state[prefix + name] = full[id(param)]
+
+    handles = [part.register_state_dict_post_hook(gathered) for part in module.modules()]
     try:
         yield
     finally:
-        for unit in units:
-            unit.reshard()
+        for handle in handles:
+            handle.remove()
+
+
+def unsharded_type(module: nn.Module) -> type:
+    """``module``'s own class: the one ``fully_shard`` subclassed (``FSDPCLIP`` -> ``CLIP``),
+    which artefacts record (evaluation rebuilds the model by its name)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return next(cls for cls in type(module).__mro__ if not issubclass(cls, FSDPModule))

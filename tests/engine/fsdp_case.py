@@ -3,9 +3,11 @@ CONFIG_CLASS ARGS...`` trains the recipe with ``--fsdp`` into ``OUT`` (one run a
 engine run in the same processes meets the first one's process group store).
 
 - ``run``: then each rank's ``OUT/rank{R}.json``: every parameter's type, placements and local /
-  full sizes (taken from the method the engine trained);
+  full sizes, and the value of each 0-dim one (taken from the method the engine trained);
 - ``mutant``: the same, but the reduce-scatter of FSDP's gradients returns the sum, not the mean
   (what gloo's averaging reduce-scatter has been reported to do): gradients twice what they are;
+- ``gradless``: the same, but CLIP's gather keeps only the local rows' gradient
+  (tests/gather_mutant.py);
 - ``planted``: a resume expected to be refused: each rank's ``OUT/rank{R}.refusal`` holds the
   engine's one-line refusal (or "accepted").
 """
@@ -23,7 +25,7 @@ import torch.distributed as dist
 from contrastive.engine import run
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "recipes"))
+sys.path[:0] = [str(ROOT / "tests" / "recipes"), str(ROOT / "tests")]
 from conftest import load_recipe  # noqa: E402 - the recipe helpers of the tests
 
 
@@ -36,6 +38,8 @@ def _sharding(method: torch.nn.Module) -> dict[str, dict]:
         facts[name] = {"dtensor": sharded, "full": p.numel(),
                        "local": p.to_local().numel() if sharded else p.numel(),
                        "placements": [str(x) for x in p.placements] if sharded else []}
+        if p.ndim == 0:
+            facts[name]["value"] = p.item()
     return facts
 
 
@@ -67,9 +71,17 @@ def main() -> None:
 
     if mode == "mutant":
         _sum_instead_of_mean()
+    if mode == "gradless":
+        from gather_mutant import gather_local_grad
+
+        import contrastive.methods.clip as clip_module
+
+        clip_module.gather_with_grad = gather_local_grad
+    # an image-text recipe (make(): its data adapter), or an image one (its pipeline)
+    adapter = recipe.make()[2] if hasattr(recipe, "make") else None
     try:
         run(getattr(recipe, config), build, getattr(recipe, "build_pipeline", None),
-            argv=[*args, "--fsdp", "--output-dir", str(out)], name=name)
+            adapter=adapter, argv=[*args, "--fsdp", "--output-dir", str(out)], name=name)
         refusal = "accepted"
     except SystemExit as e:
         if mode != "planted":

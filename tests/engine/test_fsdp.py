@@ -17,6 +17,14 @@ recipe in float64) and check that
 
 The recipe trains with SGD: Adam's update is nearly invariant to the gradient's scale, so it
 would hide a factor 2.
+
+CLIP and SigLIP (recipes/clip.py, recipes/siglip.py: a depth-2 ViT, a 2-layer BERT) are launched
+once each with ``--fsdp`` and checked against ONE process: both towers' parameters sharded, the
+loss's 0-dim scale (and SigLIP's bias) whole and equal on both ranks, weights and losses equal
+in float64; CLIP's gather without its gradient (tests/gather_mutant.py) moves the weights far
+outside the tolerance. A scale whose gradient is not averaged (the hook of
+``sharding.replicate_scalars`` removed) parts the ranks' scales: checked by hand, not in the
+suite (a launch more).
 """
 
 from __future__ import annotations
@@ -67,6 +75,10 @@ def test_a_method_without_blocks_is_refused_before_any_collective():
     method = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(4, 2))
     with pytest.raises(ShardingError, match="Sequential has no transformer blocks"):
         shard_method(method, torch.device("cpu"), 2)
+    text_alone = nn.Sequential()  # a Hugging Face encoder's layers without an image tower
+    text_alone.layer = nn.ModuleList([nn.Linear(4, 4)])
+    with pytest.raises(ShardingError, match="layers are sharded beside them, not alone"):
+        shard_method(text_alone, torch.device("cpu"), 2)
 
 
 def test_full_and_shard_helpers_leave_plain_state_as_it_is():
@@ -237,3 +249,96 @@ def test_dinov2_sharded_equals_two_ddp_processes(tmp_path, launch_two, close_f64
         close_f64(a[k], b[k])
     facts = json.loads((tmp_path / "fsdp" / "rank1.json").read_text())
     assert all(f["dtensor"] for f in facts.values())
+
+
+# ---- CLIP and SigLIP: both towers sharded, the loss's scalars whole (slow) --------------------
+
+#: recipes/clip.py and recipes/siglip.py at a size where nothing depends on the process: a
+#: depth-2 ViT (LayerNorm only) and a 2-layer BERT without dropout, in float64, with the recipes'
+#: own fused AdamW (the mutant changes the gradient's direction, not its scale) and a clip at
+#: 0.01 (its norm over the shards and the whole scalars together; checked by hand: it changes
+#: the one-process run's weights by ~3e-3)
+IMAGE_TEXT = ["--data", "shapes-captions:n=64,n_test=20,size=16,max_length=12", "--image-size",
+              "16", "--batch-size", "16", "--steps", str(STEPS), "--warmup-steps", "1", "--dim",
+              "8", "--layers", "2", "--hidden", "16", "--dropout", "0", "--eval-max", "8",
+              "--progress", "false", "--log-every", "1", "--mixed-precision", "no",
+              "--num-workers", "0", "--encoder", "timm:vit_tiny_patch16_224", "--encoder-kwargs",
+              json.dumps({**VIT, "depth": 2}), "--float64", "--save-every-steps", "0",
+              "--clip-grad-norm", "0.01"]
+#: recipe -> its configuration class and its 0-dim parameters (kept whole on every process)
+TWO_TOWERS = {"clip": ("ClipConfig", ["logit_scale"]),
+              "siglip": ("SigLIPConfig", ["criterion.log_scale", "criterion.bias"])}
+
+
+def _one_process_recipe(name: str, out: Path) -> Path:
+    """``recipes/<name>.py`` in this process (one process, the same global batch)."""
+    from contrastive.engine import run
+    from contrastive.engine.setup import reset_accelerate_state
+
+    nodes = _test_module(TESTS / "engine" / "test_several_nodes.py")
+    cls, build, adapter = nodes.rx.load_recipe(name).make()
+    reset_accelerate_state()
+    try:
+        run(cls, build, adapter=adapter, argv=[*IMAGE_TEXT, "--output-dir", str(out)], name=name)
+    finally:
+        reset_accelerate_state()
+    return out
+
+
+@pytest.fixture(scope="module")
+def clip_one(tmp_path_factory) -> Path:
+    return _one_process_recipe("clip", tmp_path_factory.mktemp("fsdp_clip") / "one")
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("name", sorted(TWO_TOWERS))
+def test_image_text_towers_sharded_equal_one_process(name, tmp_path, launch_two, close_f64,
+                                                     clip_one):
+    """Both towers' blocks (the ViT's ``blocks``, BERT's ``encoder.layer``) and every other
+    part sharded; the loss's 0-dim scale (and SigLIP's bias) whole and equal on both ranks; the
+    run (CLIP's gather with its gradient, SigLIP's ring exchange, both through sharded towers)
+    ends where one process with the same global batch ends, in float64."""
+    from torch.distributed.tensor import Shard
+
+    config, scalars = TWO_TOWERS[name]
+    launch_two(CASE, "run", tmp_path / "fsdp", name, config, *IMAGE_TEXT, timeout=600)
+    one = clip_one if name == "clip" else _one_process_recipe(name, tmp_path / "one")
+    ranks = [json.loads((tmp_path / "fsdp" / f"rank{r}.json").read_text()) for r in range(2)]
+    for tower in ("encoder.blocks.1.", "text_encoder.model.encoder.layer.1."):
+        assert any(k.startswith(tower) for k in ranks[0]), tower
+    for key, fact in ranks[0].items():
+        if key in scalars:
+            assert not fact["dtensor"] and fact["value"] == ranks[1][key]["value"], key
+        else:
+            assert fact["dtensor"] and fact["placements"] == [str(Shard(0))], (key, fact)
+            assert fact["local"] + ranks[1][key]["local"] == fact["full"], key
+    assert sorted(k for k, f in ranks[0].items() if not f["dtensor"]) == sorted(scalars)
+    a, b = _weights(tmp_path / "fsdp"), _weights(one)
+    assert a.keys() == b.keys() and a[scalars[0]].dtype == torch.float64
+    for k in a:
+        close_f64(a[k], b[k])
+    for k in scalars:  # the other rank's (rank 0 wrote the checkpoint)
+        close_f64(torch.tensor(ranks[1][k]["value"], dtype=torch.float64), b[k])
+    assert _losses(tmp_path / "fsdp") == pytest.approx(_losses(one), rel=1e-9, abs=1.01e-6)
+    # the artefacts: the gathered weights as plain tensors (not rank 0's DTensor shards) under
+    # the method's own name (not FSDP's FSDPCLIP), which contrastive-zeroshot rebuilds it by
+    record = torch.load(tmp_path / "fsdp" / "clip.pt", weights_only=True)
+    encoder = torch.load(tmp_path / "fsdp" / "encoder.pt", weights_only=True)
+    assert record["config"]["method"] == name and encoder["method"].lower() == name
+    assert record["state_dict"].keys() == a.keys()
+    for k, v in [*record["state_dict"].items(),
+                 *((f"encoder.{k}", v) for k, v in encoder["state_dict"].items())]:
+        assert type(v) is torch.Tensor and torch.equal(v, a[k]), k
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_gradless_gather_under_fsdp_is_caught(tmp_path, launch_two, clip_one):
+    """CLIP's gather keeping only the local rows' gradient, the towers sharded: the weights
+    move far outside the comparison's tolerance (the gather's gradient is what makes 2 = 1)."""
+    launch_two(CASE, "gradless", tmp_path / "gradless", "clip", "ClipConfig", *IMAGE_TEXT,
+               timeout=600)
+    a, b = _weights(tmp_path / "gradless"), _weights(clip_one)
+    gap = max(float((a[k] - b[k]).abs().max()) for k in a if k.startswith("text_encoder."))
+    assert gap > 1e-6, gap

@@ -41,6 +41,7 @@ from contrastive.engine.kits.finetune import (
 from contrastive.engine.kits.image_probe import ImageStepHook, build_probe
 from contrastive.engine.kits.init import BackboneInit, InitFields
 from contrastive.engine.loader import step_generator
+from contrastive.engine.sharding import unsharded_type
 from contrastive.eval.teacher import labelled_classes
 from contrastive.methods.base import encoder_of
 from contrastive.records import ENCODER_FILE, EncoderRecord, RecordError
@@ -531,7 +532,8 @@ def write_encoder(out: Path, cfg: ImageConfig | ImageTextConfig, module: nn.Modu
     record = EncoderRecord.from_module(
         encoder_of(module), cfg.encoder, encoder_kwargs=cfg.encoder_options(),
         mean=getattr(pipeline, "mean", None), std=getattr(pipeline, "std", None),
-        image_size=cfg.image_size, step=step, recipe=recipe, method=type(module).__name__)
+        image_size=cfg.image_size, step=step, recipe=recipe,
+        method=unsharded_type(module).__name__)  # MoCoV3, not FSDP's FSDPMoCoV3 (--fsdp)
     return record.save(out / ENCODER_FILE)
 
 

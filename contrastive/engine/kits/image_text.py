@@ -29,6 +29,7 @@ from contrastive.engine.kits.base import Artefacts, HandOff, KitDefaults
 from contrastive.engine.kits.image import encoder_step, make_batch, prepare_views, write_encoder
 from contrastive.engine.kits.init import BackboneInit, InitFields
 from contrastive.engine.kits.text import BertSizes
+from contrastive.engine.sharding import unsharded_type
 from contrastive.eval.zeroshot import PIXELS, image_text_transform
 from contrastive.records import CLIP_FILE, save_clip_record
 
@@ -310,13 +311,14 @@ class ClipArtefacts:
 
     def write(self, out: Path, cfg: ImageTextConfig, module: nn.Module, recipe: str,
               step: int) -> Path:
-        self.what = f"the {type(module).__name__} model (its image tower also in encoder.pt)"
+        name = unsharded_type(module).__name__  # CLIP, not FSDP's FSDPCLIP under --fsdp
+        self.what = f"the {name} model (its image tower also in encoder.pt)"
         clamp = getattr(module, "clamp_logit_scale", None)
         if callable(clamp):
             clamp()
         config = {"model": self.model, "max_length": int(self.tokenizer.max_length),
                   "data": cfg.data, "image_size": cfg.image_size, "step": step, "recipe": recipe,
-                  "method": type(module).__name__.lower(),  # the registered name (clip, siglip)
+                  "method": name.lower(),  # the registered name (clip, siglip)
                   "mean": list(self.pipeline.mean), "std": list(self.pipeline.std)}
         path = save_clip_record(out, module.state_dict(), config, self.tokenizer)
         write_encoder(out, cfg, module, self.pipeline, recipe, step)  # the image tower alone
