@@ -6,13 +6,16 @@ own command line does), keeps a copy of the method at initialisation, and after 
 measures weighted-kNN top-1 (the toolkit's kNN monitor: k 200, t 0.1, evaluation transform)
 of the class token and of the mean of the patch tokens (timm's ``global_pool="avg"`` features,
 here after the final norm) of the student encoder, of the EMA teacher's encoder when the
-method has one (iBOT), and of the same encoder at random initialisation. Prints one JSON line.
+method has one (DINO, iBOT; MSN's target encoder), and of the same encoder at random
+initialisation. Prints one JSON line and writes it to ``knn_features.json`` in the run folder.
 
     python benchmarks/vit_knn_features.py ibot_cifar --data imagefolder:DIR ... --output-dir D
 
 Used to choose the settings and the feature of the learning checks of issue 33
-(tests/recipes/test_learning_ibot.py, test_learning_mae.py); figures in
-benchmarks/results/methods.md. Bank and queries: ``--knn-max-train`` / ``--knn-max-test``.
+(tests/recipes/test_learning_ibot.py, test_learning_mae.py), and the program of MSN's
+(tests/recipes/test_learning_msn.py: MSN evaluates its target encoder, which the kNN monitor
+does not see); figures in benchmarks/results/methods.md. Bank and queries:
+``--knn-max-train`` / ``--knn-max-test``.
 """
 
 from __future__ import annotations
@@ -45,6 +48,16 @@ def token_features(vit: nn.Module, which: str):
         prefix = int(getattr(vit, "num_prefix_tokens", 1))
         return tokens[:, 0] if which == "cls" else tokens[:, prefix:].mean(1)
     return encode
+
+
+def teacher_encoder(method: nn.Module) -> nn.Module | None:
+    """The EMA teacher's copy of the encoder: iBOT's ``teacher.module["encoder"]``, DINO's and
+    MSN's ``teacher.module[0]`` (encoder, head); None without a teacher."""
+    teacher = getattr(method, "teacher", None)
+    if teacher is None:
+        return None
+    parts = teacher.module
+    return parts["encoder"] if isinstance(parts, nn.ModuleDict) else parts[0]
 
 
 def main(argv: list[str]) -> None:
@@ -80,9 +93,9 @@ def main(argv: list[str]) -> None:
                        max_query=cfg.knn_max_test,  # type: ignore[attr-defined]
                        batch_size=256, num_workers=0, num_classes=num_classes(bank))
     encoders = {"init": kept["init"].encoder, "student": kept["trained"].encoder}
-    teacher = getattr(kept["trained"], "teacher", None)
+    teacher = teacher_encoder(kept["trained"])
     if teacher is not None:
-        encoders["teacher"] = teacher.module["encoder"]
+        encoders["teacher"] = teacher
     out: dict[str, object] = {"recipe": recipe, "args": " ".join(args),
                               "train_s": round(train_s, 1)}
     with torch.no_grad():
@@ -90,7 +103,10 @@ def main(argv: list[str]) -> None:
             vit.eval()
             for which in ("cls", "avg"):
                 out[f"{name}_{which}"] = round(knn.top1(token_features(vit, which), None), 2)
-    print(json.dumps(out), flush=True)
+    line = json.dumps(out)
+    run_dir = Path(cfg.output_dir)  # type: ignore[attr-defined]
+    (run_dir / "knn_features.json").write_text(line + "\n")
+    print(line, flush=True)
 
 
 if __name__ == "__main__":

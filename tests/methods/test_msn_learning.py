@@ -25,6 +25,11 @@ shape class at this scale. Not investigated further (one seed, no sweep of proto
 or temperatures). The test keeps the claim it would make (GAIN, OVER_CONTROL points) and is
 marked xfail(raises=AssertionError), as the DenseCL dense check; it is slow (-m slow), two runs
 of about 71 s CPU.
+
+On real images MSN does learn: tests/recipes/test_learning_msn.py (the CIFAR recipe, the ViT
+and budget of the iBOT check, 300 steps of batch 64) lifts the target encoder's kNN from 28.5
+to 31.45 (seed 0). This check stays as the cheap one on the built-in data, and as the record
+of where MSN does not separate.
 """
 
 from __future__ import annotations
