@@ -33,7 +33,7 @@ from __future__ import annotations
 import copy
 
 import torch
-from step_timing import race, setting_line, timing_parser
+from step_timing import backward_step, race, setting_line, timing_parser
 from torch import nn
 
 from contrastive.methods import DenseCL
@@ -47,11 +47,7 @@ def ours():
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], **OPTIMIZER)
 
     def step(views: list[torch.Tensor]) -> torch.Tensor:
-        loss = model(model.make_batch(views, step=1, total_steps=100))["loss"]
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return loss
+        return backward_step(opt, model(model.make_batch(views, step=1, total_steps=100))["loss"])
 
     return step
 
@@ -90,11 +86,7 @@ def lightly_densecl():
         key_local = utils.select_most_similar(query_features, key_features, key_local)
         loss_global = criterion_global(query_global, key_global)
         loss_local = criterion_local(query_local.flatten(end_dim=1), key_local.flatten(end_dim=1))
-        loss = 0.5 * (loss_global + loss_local)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return loss
+        return backward_step(opt, 0.5 * (loss_global + loss_local))
 
     return step
 

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from step_timing import race, setting_line, timing_parser
+from step_timing import backward_step, race, setting_line, timing_parser
 from torch import nn
 
 from contrastive.methods import IJEPA
@@ -63,11 +63,7 @@ def ours(mask_ms: list[float]):
     model.draw_masks = timed_draw  # the method lets a caller replace it
 
     def step(x: torch.Tensor) -> torch.Tensor:
-        loss = model(model.make_batch([x], step=1, total_steps=100))["loss"]
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return loss
+        return backward_step(opt, model(model.make_batch([x], step=1, total_steps=100))["loss"])
 
     return step
 
@@ -109,11 +105,7 @@ def lightly_ijepa(batch: int, mask_ms: list[float]):
             h = utils.repeat_interleave_batch(utils.apply_masks(h, masks_pred), x.shape[0],
                                               repeat=len(masks_enc))
         z = predictor(encoder.encode(x, idx_keep=masks_enc[0]), masks_enc, masks_pred)
-        loss = criterion(z, h)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return loss
+        return backward_step(opt, criterion(z, h))
 
     return step
 

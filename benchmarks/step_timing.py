@@ -34,6 +34,14 @@ def timing_parser(description: str, batch_size: int, steps: int) -> argparse.Arg
     return p
 
 
+def backward_step(opt: torch.optim.Optimizer, loss: torch.Tensor) -> torch.Tensor:
+    """The end of every raced step: clear the gradients, backward, one optimiser step."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss
+
+
 def setting_line(*packages: str) -> str:
     """The CPU kind (model, torch's capability, native bf16 or not), the versions of torch and of
     ``packages`` and the load averages: printed before and after a race, as a shared machine's
