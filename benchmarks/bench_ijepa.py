@@ -24,8 +24,13 @@ draw's. Other differences, none of which changes the work much: lightly's encode
 position embedding (ours is fixed sin-cos), and each of lightly's contexts is cut to the batch's
 smallest as ours (the authors' collator).
 
-    PYTHONPATH=$PWD:/work/lightly_pkgs python benchmarks/bench_ijepa.py --batch-size 64 \\
+    PYTHONPATH=$PWD:<lightly dir> python benchmarks/bench_ijepa.py --batch-size 16 \\
         --steps 8 --warmup 2 --threads 2
+
+Measured 2026-11-29, AMD EPYC (AVX2 Zen 3, no native bf16), 2 threads, lightly 1.6.0, timm
+1.0.31, batch 16, load 4.5-8.5 (other sessions): fp32 lightly / ours 0.91 and 1.25 in two runs
+(at par within the noise); bf16 (emulated) 0.67 over 4 steps, unexplained; lightly's collator
+40-60 ms of a 4.5-33 s step.
 
 Needs lightly (``pip install -e .[compare]``) and timm. Results: benchmarks/results/methods.md,
 section "I-JEPA and DenseCL against lightly".
