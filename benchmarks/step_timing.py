@@ -34,16 +34,37 @@ def timing_parser(description: str, batch_size: int, steps: int) -> argparse.Arg
     return p
 
 
+def backward_step(opt: torch.optim.Optimizer, loss: torch.Tensor) -> torch.Tensor:
+    """The end of every raced step: clear the gradients, backward, one optimiser step."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def setting_line(*packages: str) -> str:
+    """The CPU kind (model, torch's capability, native bf16 or not), the versions of torch and of
+    ``packages`` and the load averages: printed before and after a race, as a shared machine's
+    absolute figures mean little without them."""
+    from importlib.metadata import version
+
+    from contrastive.hardware import cpu_kind_line
+
+    versions = ", ".join(f"{name} {version(name)}" for name in ("torch", *packages))
+    return f"# {cpu_kind_line()}; {versions}; load {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+
+
 def race(args: argparse.Namespace, inputs: Any, ours: Callable[[], Step],
-         lightly: Callable[[], Step], setting: str = "") -> None:
+         lightly: Callable[[], Step], setting: str = "") -> dict[str, dict[str, float]]:
     """Time the steps that ``ours()`` and ``lightly()`` build on ``inputs``, alternated, per
     precision of ``--precisions``; print the machine line (``setting`` appended) and one line
-    per precision."""
+    per precision. Returns the median ms/step by precision, then by ``"ours"`` / ``"lightly"``."""
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"CPU {platform.processor() or platform.machine()}, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, load {os.getloadavg()[0]:.2f}, batch "
           f"{args.batch_size}{setting}")
+    medians: dict[str, dict[str, float]] = {}
     for precision in args.precisions.split(","):
         ctx = (torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16"
                else contextlib.nullcontext())
@@ -57,6 +78,9 @@ def race(args: argparse.Namespace, inputs: Any, ours: Callable[[], Step],
                 if i >= args.warmup:
                     times[name].append(time.perf_counter() - t)
         med = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+        ratios = [theirs / mine for mine, theirs in zip(times["ours"], times["lightly"])]
         print(f"{precision}: ours {med['ours']:.1f} ms/step, lightly {med['lightly']:.1f} "
-              f"ms/step, lightly / ours = {med['lightly'] / med['ours']:.2f} "
-              f"(load {os.getloadavg()[0]:.2f})")
+              f"ms/step, lightly / ours = {med['lightly'] / med['ours']:.2f} (step by step "
+              f"{min(ratios):.2f}-{max(ratios):.2f}; load {os.getloadavg()[0]:.2f})")
+        medians[precision] = med
+    return medians
