@@ -90,9 +90,10 @@ METHODS: dict[str, Entry] = {
     "SimMIM": Entry("simmim_cifar"),
     "iBOT": Entry("ibot_cifar", ("--local-crops", "0")),
     "DINOv2": Entry("dinov2_cifar", ("--local-crops", "0")),
-    # MSN without its focal views (as iBOT / DINOv2 without local crops); I-JEPA as its recipe
+    # MSN without its focal views (as iBOT / DINOv2 without local crops); I-JEPA with min_keep 2
+    # (the ViT block's 6 x 6 patch grid: a 2 x 2 target block cannot keep more than the default 4)
     "MSN": Entry("msn_cifar", ("--focal-views", "0")),
-    "I-JEPA": Entry("ijepa_cifar"),
+    "I-JEPA": Entry("ijepa_cifar", ("--min-keep", "2")),
 }
 
 
