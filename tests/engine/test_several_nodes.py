@@ -151,7 +151,8 @@ def test_shuffle_bn_and_the_queue_across_two_machines(tmp_path, launch_two, clos
     results = [torch.load(out / f"rank{rank}.pt", weights_only=True) for rank in range(2)]
     assert [r["group_size"] for r in results] == [2, 2]
     method_checks.test_batch_shuffle_is_a_global_permutation_and_unshuffle_restores(results)
-    method_checks.test_moco_queue_holds_keys_of_both_processes(results, close_f64)
+    for name in ("moco", "densecl"):  # the one-machine check's parameters (DenseCL: its dense queue)
+        method_checks.test_moco_queue_holds_keys_of_both_processes(results, close_f64, name)
     method_checks.test_key_queue_enqueues_both_processes(results)
     method_checks.test_world_size_and_gather(results)
     method_checks.test_gather_with_grad_sums_gradients_of_all_processes(results)
