@@ -174,7 +174,7 @@ def test_planted_pickle_in_the_teacher_never_runs(trained, tmp_path):
     teacher = tmp_path / "teacher.pt"
     teacher.write_bytes(_payload(marker))
     argv = [a if not a.endswith("teacher.pt") else str(teacher) for a in argv]
-    with pytest.raises(Exception, match="weights_only") as e:
+    with pytest.raises(SystemExit, match="weights_only") as e:  # the method's refusal: one line
         _run("distill_cosnce", [*argv, "--max-steps", "3", "--output-dir", str(out),
                                 "--resume", "auto"])
     assert str(teacher) in str(e.value) and not marker.exists()
