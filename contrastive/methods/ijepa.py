@@ -55,7 +55,7 @@ from contrastive.methods.dino import build_teacher
 from contrastive.methods.registry import register_method
 from contrastive.nn import linear_momentum, resolve_encoder
 from contrastive.nn.masked_vit import MaskTokenTransformer, check_vit, masked_tokens
-from contrastive.nn.masking import MultiBlock, multiblock_masks
+from contrastive.nn.masking import MultiBlock, check_multiblock, multiblock_masks
 from contrastive.nn.pos_embed import fix_sincos_pos_embed
 
 __all__ = ["IJEPA", "IJEPAPredictor"]
@@ -191,6 +191,12 @@ class IJEPA(Method):
         if grid[0] != grid[1]:
             raise ValueError(f"I-JEPA: the patch grid must be square, got {grid}")
         self.grid = grid[0]
+        try:
+            check_multiblock(self.grid, self.grid, target_scale=tuple(target_scale),
+                             target_aspect=tuple(target_aspect),
+                             context_scale=tuple(context_scale), min_keep=min_keep)
+        except ValueError as err:
+            raise ValueError(f"I-JEPA: {err}") from None
         heads = predictor_heads or int(vit.blocks[0].attn.num_heads)
         if predictor_dim % heads:
             raise ValueError(f"I-JEPA: predictor_dim {predictor_dim} must be a multiple of the "

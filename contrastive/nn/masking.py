@@ -148,11 +148,33 @@ def block_size(generator: torch.Generator, scale: tuple[float, float],
     both the scale ``s = s0 + r (s1 - s0)`` and the aspect ``a = a0 + r (a1 - a0)`` (coupled,
     as the code); ``area = int(height x width x s)``, ``h = round(sqrt(area a))``,
     ``w = round(sqrt(area / a))``, each at most the grid's side - 1."""
-    r = torch.rand(1, generator=generator).item()
+    return _block_shape(torch.rand(1, generator=generator).item(), scale, aspect, height, width)
+
+
+def _block_shape(r: float, scale: tuple[float, float], aspect: tuple[float, float],
+                 height: int, width: int) -> tuple[int, int]:
+    """The block of the uniform draw ``r`` (:func:`block_size`'s arithmetic)."""
     area = int(height * width * (scale[0] + r * (scale[1] - scale[0])))
     a = aspect[0] + r * (aspect[1] - aspect[0])
     h, w = int(round(math.sqrt(area * a))), int(round(math.sqrt(area / a)))
     return min(h, height - 1), min(w, width - 1)
+
+
+def check_multiblock(height: int, width: int, *, target_scale: tuple[float, float],
+                     target_aspect: tuple[float, float], context_scale: tuple[float, float],
+                     min_keep: int, resolution: int = 1000) -> None:
+    """Refuse, before any step, a grid and scales on which some draw of :func:`block_size`
+    gives a target or context block of at most ``min_keep`` patches (the draw
+    :func:`multiblock_masks` would refuse at a random later step): ``r`` is scanned on a
+    ``resolution``-point grid of [0, 1]."""
+    for what, scale, aspect in (("target", target_scale, target_aspect),
+                                ("context", context_scale, (1.0, 1.0))):
+        h, w = min((_block_shape(i / resolution, scale, aspect, height, width)
+                    for i in range(resolution + 1)), key=lambda hw: hw[0] * hw[1])
+        if h * w <= min_keep:
+            raise ValueError(f"a {h} x {w} {what} block on the {height} x {width} patch grid "
+                             f"keeps at most {h * w} patches, not more than min_keep={min_keep}: "
+                             f"lower min_keep or raise the {what} scale")
 
 
 def _blocks(n: int, m: int, size: tuple[int, int], grid: tuple[int, int],

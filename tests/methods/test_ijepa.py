@@ -84,6 +84,17 @@ def test_masks_have_the_configured_blocks_and_the_context_avoids_the_targets():
         assert (c_rows.sum(1) <= 15).all() and (c_cols.sum(1) <= 15).all()
 
 
+def test_a_grid_too_small_for_min_keep_is_refused_when_built():
+    """The smallest target block the draws give on the 8 x 8 grid is 9 patches: min_keep 8
+    builds, min_keep 9 is refused by the constructor (one line), not at a random later step."""
+    smallest = min(h * w for h, w in (block_size(_gen(s), (0.15, 0.2), (0.75, 1.5), 8, 8)
+                                      for s in range(500)))
+    assert smallest == 9
+    tiny(min_keep=smallest - 1)
+    with pytest.raises(ValueError, match="min_keep=9: lower min_keep"):
+        tiny(min_keep=smallest)
+
+
 def test_a_crowded_context_drops_the_last_targets_constraint():
     """Targets covering the context block: after ``patience`` failed draws the last target
     stops constraining it (the code's ``tries``), so the context still keeps > min_keep."""
