@@ -192,9 +192,9 @@ class IJEPA(Method):
             raise ValueError(f"I-JEPA: the patch grid must be square, got {grid}")
         self.grid = grid[0]
         try:
-            check_multiblock(self.grid, self.grid, target_scale=tuple(target_scale),
-                             target_aspect=tuple(target_aspect),
-                             context_scale=tuple(context_scale), min_keep=min_keep)
+            check_multiblock(self.grid, self.grid, target_scale=target_scale,
+                             target_aspect=target_aspect, context_scale=context_scale,
+                             min_keep=min_keep)
         except ValueError as err:
             raise ValueError(f"I-JEPA: {err}") from None
         heads = predictor_heads or int(vit.blocks[0].attn.num_heads)
