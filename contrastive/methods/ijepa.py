@@ -22,8 +22,9 @@ permutation of the channels) and its initialisation (``helper.init_model``: ever
 N(0, 0.02^2) truncated at +-2, zero biases, LayerNorms (1, 0); the patch projection as the
 code's ``_init_weights`` gives it, the same normal; the code's ``fix_init_weight`` rescaling is
 overwritten there by ``init_model`` and so not applied). The target encoder is a momentum copy
-(``self.target``); the kNN monitor and the embeddings returned read the target encoder (the
-encoder the paper evaluates), the exported backbone is ``self.encoder``.
+(``self.target``); the embeddings returned read the target encoder (the encoder the paper
+evaluates), while the kNN monitor and the exported backbone read ``self.encoder`` (the student),
+as for every method today (``encoder_of``).
 
 Masks: :func:`contrastive.nn.masking.multiblock_masks`. The block sizes of a step come from a
 generator seeded by the method's call counter (``mask_step``, the code's ``_itr_counter``), the
