@@ -1,5 +1,5 @@
-"""The README's "Add a method: one file" example runs as written: registered, built by name,
-trained for two steps by the engine."""
+"""The manual's "Add a method: one file" example (docs/concepts/methods.md) runs as written:
+registered, built by name, trained for two steps by the engine."""
 
 from __future__ import annotations
 
@@ -11,21 +11,21 @@ import torch
 from contrastive.methods import get_method, list_methods
 from contrastive.methods import registry as method_registry
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "concepts" / "methods.md"
 
 
 def _example() -> str:
-    text = README.read_text()
-    marker = "<!-- readme-method-example"
-    assert marker in text, "the README lost its method example marker"
+    text = PAGE.read_text(encoding="utf-8")
+    marker = "<!-- docs-method-example"
+    assert marker in text, f"{PAGE} lost its method example marker"
     block = re.search(r"```python\n(.*?)```", text[text.index(marker):], re.S)
     return block.group(1)
 
 
-def test_readme_method_example_registers_and_trains(tmp_path, monkeypatch, fresh_accelerate):
+def test_docs_method_example_registers_and_trains(tmp_path, monkeypatch, fresh_accelerate):
     monkeypatch.setattr(method_registry, "_REGISTRY", method_registry._REGISTRY.copy())
     namespace: dict = {"__name__": "readme_example"}
-    exec(compile(_example(), str(README), "exec"), namespace)
+    exec(compile(_example(), str(PAGE), "exec"), namespace)
     assert "alignuniform" in list_methods()
     method = get_method("align_uniform", dim=8)
     out = method(method.make_batch([torch.randn(4, 3, 16, 16), torch.randn(4, 3, 16, 16)]))
