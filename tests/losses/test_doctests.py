@@ -1,17 +1,21 @@
 """The loss reference's examples run: every ``>>>`` line in ``contrastive.losses`` passes doctest,
-and every registered loss's class shows one (an ``Examples:`` block, rendered in
-docs/reference/losses.md)."""
+every registered loss's class shows one (an ``Examples:`` block, rendered in
+docs/reference/losses.md, which has a section for every registered loss), and the Python
+blocks of docs/concepts/loss-registry.md run."""
 
 from __future__ import annotations
 
 import doctest
 import importlib
 import pkgutil
+import re
+from pathlib import Path
 
 import pytest
 
 import contrastive.losses
 from contrastive.losses import list_losses, loss_class
+from contrastive.losses.registry import _REGISTRY
 
 MODULES = sorted(m.name for m in pkgutil.iter_modules(contrastive.losses.__path__,
                                                        "contrastive.losses."))
@@ -42,3 +46,30 @@ def test_a_wrong_example_fails():
     runner = doctest.DocTestRunner()
     runner.run(test, out=lambda _: None)
     assert runner.summarize(verbose=False).failed == 1
+
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def test_the_reference_page_shows_every_registered_loss():
+    page = (DOCS / "reference" / "losses.md").read_text()
+    missing = [name for name in list_losses() if f"### `{name}`" not in page
+               or f"::: {loss_class(name).__module__}.{loss_class(name).__qualname__}\n" not in page]
+    assert not missing, f"docs/reference/losses.md lacks a section (### `name` and ::: Class) for {missing}"
+
+
+def test_the_registry_page_examples_run():
+    """docs/concepts/loss-registry.md's Python blocks run as written (their asserts included)."""
+    blocks = re.findall(r"```python\n(.*?)```", (DOCS / "concepts" / "loss-registry.md").read_text(),
+                        re.S)
+    assert blocks
+    added = set()
+    try:
+        for block in blocks:
+            before = set(list_losses())
+            exec(compile(block, "docs/concepts/loss-registry.md", "exec"), {})
+            added |= set(list_losses()) - before
+    finally:
+        for name in added:  # the page registers its own loss: leave the registry as it was
+            _REGISTRY.remove(name)
+    assert added == {"my_l2"}
