@@ -12,7 +12,8 @@ title; in ``init_cifar.md``, whose top is rewritten by its driver, under ``## Re
 
     <!-- headline: LABEL | THE FIGURES | front: A SHORTER TEXT FOR THE FRONT PAGE -->
 
-(``| front: ...`` is optional: the rows that have it go to the README's table too.) From them
+(``| front: ...`` is optional: the rows that have it go to the README's table too, with that
+text and the label without its closing parenthesis.) From them
 come three tables, each between the same two markers: RESULTS.md's header (every row),
 ``docs/results.md`` (every row, linked to its area page) and ``README.md`` (the front rows,
 linked to their area files). A README without the markers is skipped with a note.
@@ -91,13 +92,15 @@ def headlines(parts: Path = HERE / "results") -> list[Headline]:
 
 def table(rows: list[Headline], link: Callable[[str], str] | None = None,
           front: bool = False) -> str:
-    """A markdown table of ``rows`` (``front``: only the front rows, their short text); ``link``
-    maps an area to the address its label links to (None: no links)."""
+    """A markdown table of ``rows`` (``front``: only the front rows, their short text, their
+    label without a closing parenthesis); ``link`` maps an area to the address its label links
+    to (None: no links)."""
     lines = ["| area | headline (details in the area's page) |", "|---|---|"]
     for row in rows:
         if front and row.front is None:
             continue
-        label = f"[{row.label}]({link(row.area)})" if link else row.label
+        label = re.sub(r"\s*\([^()]*\)$", "", row.label) if front else row.label
+        label = f"[{label}]({link(row.area)})" if link else label
         lines.append(f"| {label} | {row.front if front else row.text} |")
     return "\n".join(lines)
 

@@ -49,7 +49,8 @@ def test_a_stale_table_is_found(tmp_path):
     results.mkdir(parents=True)
     for name in a.ORDER:
         front = " | front: short" if name == "nn" else ""
-        (results / f"{name}.md").write_text(f"# {name}\n\n<!-- headline: {name} row | figures{front} -->\n\nbody\n")
+        (results / f"{name}.md").write_text(
+            f"# {name}\n\n<!-- headline: {name} row (details) | figures{front} -->\n\nbody\n")
     (tmp_path / "benchmarks" / "RESULTS.md").write_text(
         f"# Results\n\n{a.BEGIN}\n{a.END}\n\n## old\n")
     (tmp_path / "README.md").write_text(f"intro\n{a.BEGIN}\n| stale |\n{a.END}\nend\n")
@@ -59,7 +60,7 @@ def test_a_stale_table_is_found(tmp_path):
     assert readme == (f"intro\n{a.BEGIN}\n| area | headline (details in the area's page) |\n|---|---|\n"
                       f"| [nn row](benchmarks/results/nn.md) | short |\n{a.END}\nend\n")
     assert out[tmp_path / "docs" / "results.md"] is None  # no such file: skipped
-    assert "| nn row | figures |" in out[tmp_path / "benchmarks" / "RESULTS.md"]
+    assert "| nn row (details) | figures |" in out[tmp_path / "benchmarks" / "RESULTS.md"]
 
 
 def test_a_malformed_or_missing_headline_is_refused():
