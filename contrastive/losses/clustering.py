@@ -270,7 +270,17 @@ class _MultiViewLoss(BaseLoss):
 @register_loss("swav", "swapped_prediction")
 class SwAVLoss(_MultiViewLoss):
     """SwAV; see :func:`swav`. ``forward(scores (B, V, K), codes (B, T, K) | None = None,
-    queue_scores (Q, T, K) | None = None)``; codes None: Sinkhorn-Knopp here."""
+    queue_scores (Q, T, K) | None = None)``; codes None: Sinkhorn-Knopp here.
+
+    Examples:
+        >>> import torch
+        >>> from contrastive.losses import get_loss
+        >>> scores = torch.zeros(4, 2, 3)  # (B, V, K): 2 views' scores against 3 prototypes
+        >>> get_loss("swav")(scores)  # equal scores: uniform codes and predictions, cross-entropy log 3
+        tensor(1.0986)
+        >>> torch.log(torch.tensor(3.0))
+        tensor(1.0986)
+    """
 
     def __init__(self, temperature: float = 0.1, *, global_views: int = 2, epsilon: float = 0.05,
                  iterations: int = 3, distributed: bool | None = None,
@@ -295,7 +305,18 @@ class SwAVLoss(_MultiViewLoss):
 class DINOLoss(_MultiViewLoss):
     """DINO; see :func:`dino`. ``forward(student (B, V, K), teacher (B, T, K), center (K,) | None
     = None, teacher_temperature=None)``; the teacher temperature may come per call (the
-    method's warm-up schedule)."""
+    method's warm-up schedule).
+
+    Examples:
+        >>> import torch
+        >>> from contrastive.losses import get_loss
+        >>> student = teacher = torch.zeros(2, 2, 4)  # (B, views, K): uniform over 4 prototypes
+        >>> get_loss("dino")(student, teacher)  # cross-entropy of two uniforms: log 4
+        tensor(1.3863)
+        >>> center = torch.zeros(4)  # the teacher's running center, subtracted before its softmax
+        >>> get_loss("dino")(student, teacher, center, teacher_temperature=0.07)
+        tensor(1.3863)
+    """
 
     def __init__(self, student_temperature: float = 0.1, teacher_temperature: float = 0.04, *,
                  reduction: str = "mean") -> None:

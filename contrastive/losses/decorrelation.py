@@ -169,7 +169,17 @@ class _BatchLevelLoss(BaseLoss):
 
 @register_loss("barlow_twins", "barlowtwins")
 class BarlowTwinsLoss(_BatchLevelLoss):
-    """Barlow Twins; see :func:`barlow_twins`. ``forward(z1 (N, D), z2 (N, D))`` -> scalar."""
+    """Barlow Twins; see :func:`barlow_twins`. ``forward(z1 (N, D), z2 (N, D))`` -> scalar.
+
+    Examples:
+        >>> import torch
+        >>> from contrastive.losses import get_loss
+        >>> z = torch.tensor([[1.0, 1.0], [1.0, -1.0], [-1.0, 1.0], [-1.0, -1.0]])  # decorrelated columns
+        >>> round(get_loss("barlow_twins")(z, z).item(), 6)  # cross-correlation = identity: nothing to pay
+        0.0
+        >>> get_loss("barlow_twins")(z, z[:, [1, 0]]) > 1  # swapped dimensions: the diagonal at 0 costs 2
+        tensor(True)
+    """
 
     def __init__(self, lambd: float = 0.0051, *, eps: float = 1e-5,
                  reduction: str = "mean") -> None:
@@ -187,7 +197,17 @@ class BarlowTwinsLoss(_BatchLevelLoss):
 
 @register_loss("vicreg")
 class VICRegLoss(_BatchLevelLoss):
-    """VICReg; see :func:`vicreg`. ``forward(z1 (N, D), z2 (N, D))`` -> scalar."""
+    """VICReg; see :func:`vicreg`. ``forward(z1 (N, D), z2 (N, D))`` -> scalar.
+
+    Examples:
+        >>> import torch
+        >>> from contrastive.losses import get_loss
+        >>> z = 2 * torch.tensor([[1.0, 1.0], [1.0, -1.0], [-1.0, 1.0], [-1.0, -1.0]])
+        >>> get_loss("vicreg")(z, z)  # equal views, std > 1, no covariance: every term 0
+        tensor(0.)
+        >>> get_loss("vicreg")(z / 4, z / 4)  # std 0.577 < 1: the variance hinge 25 (1 - 0.577)
+        tensor(10.5641)
+    """
 
     def __init__(self, sim_coeff: float = 25.0, std_coeff: float = 25.0, cov_coeff: float = 1.0,
                  *, eps: float = 1e-4, reduction: str = "mean") -> None:
@@ -386,6 +406,17 @@ class VICRegLLocalLoss(_BatchLevelLoss):
     ``forward(maps_a (N, S, C), maps_b (N, T, C), matches_ab (N, K1, 2), matches_ba (N, K2, 2))``
     -> scalar. The global part is VICReg's terms (:func:`vicregl_global_terms`);
     :class:`contrastive.methods.VICRegL` mixes them ``alpha * global + (1 - alpha) * local``.
+
+    Examples:
+        >>> import torch
+        >>> from contrastive.losses import get_loss
+        >>> g = torch.Generator().manual_seed(0)
+        >>> maps_a, maps_b, ab, ba = get_loss("vicregl_local").example_inputs(n=4, dim=8, generator=g)
+        >>> maps_a.shape, ab.shape  # (N, S, C) feature maps, (N, K, 2) matched locations
+        (torch.Size([4, 2, 8]), torch.Size([4, 1, 2]))
+        >>> loss = get_loss("vicregl_local")(maps_a, maps_b, ab, ba)
+        >>> loss.shape, bool(loss.isfinite())
+        (torch.Size([]), True)
     """
 
     def __init__(self, inv_coeff: float = 25.0, var_coeff: float = 25.0, cov_coeff: float = 1.0,

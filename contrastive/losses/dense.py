@@ -92,6 +92,17 @@ class DenseInfoNCELoss(_TemperatureLoss):
     """DenseCL's dense loss; see :func:`dense_infonce`.
 
     ``forward(query (N, S, D), key (N, T, D), match (N, S), negatives (K, D) | None = None)``.
+
+    Examples:
+        >>> import torch
+        >>> from contrastive.losses import get_loss
+        >>> query = torch.eye(2).expand(1, 2, 2)  # (N, S, D): 2 query locations
+        >>> key = query.flip(1)  # the key view's locations in the other order
+        >>> match = torch.tensor([[1, 0]])  # (N, S): query location s matches key location match[s]
+        >>> get_loss("densecl", temperature=1.0)(query, key, match)  # every location finds its positive
+        tensor(0.3133)
+        >>> get_loss("infonce", temperature=1.0)(query[0], query[0])  # InfoNCE over the locations
+        tensor(0.3133)
     """
 
     def __init__(self, temperature: float = 0.2, *, normalize: bool = True,

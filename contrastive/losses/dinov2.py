@@ -86,7 +86,16 @@ def koleo(x: Tensor, *, eps: float = 1e-8, reduction: str = "mean") -> Tensor:
 @register_loss("ibot_patch", "ibot")
 class IBOTPatchLoss(BaseLoss):
     """iBOT's masked-patch loss; see :func:`ibot_patch`. ``forward(student, teacher, mask,
-    center=None)``."""
+    center=None)``.
+
+    Examples:
+        >>> import torch
+        >>> from contrastive.losses import get_loss
+        >>> student = teacher = torch.zeros(2, 3, 4)  # (N, L patches, K prototypes)
+        >>> mask = torch.tensor([[True, False, False], [False, True, True]])  # the student's masked patches
+        >>> get_loss("ibot_patch")(student, teacher, mask)  # uniform on both sides: log 4 on each masked patch
+        tensor(1.3863)
+    """
 
     scale_invariant = False
 
@@ -116,7 +125,17 @@ class IBOTPatchLoss(BaseLoss):
 
 @register_loss("koleo")
 class KoLeoLoss(BaseLoss):
-    """The KoLeo regulariser; see :func:`koleo`. ``forward(x (N, D))``."""
+    """The KoLeo regulariser; see :func:`koleo`. ``forward(x (N, D))``.
+
+    Examples:
+        >>> import torch
+        >>> from contrastive.losses import get_loss
+        >>> x = torch.eye(3)  # each row's nearest neighbour at distance sqrt(2)
+        >>> get_loss("koleo")(x)  # -log(sqrt(2))
+        tensor(-0.3466)
+        >>> -torch.log(torch.tensor(2.0).sqrt())
+        tensor(-0.3466)
+    """
 
     def __init__(self, *, eps: float = 1e-8, reduction: str = "mean") -> None:
         super().__init__(reduction=reduction)

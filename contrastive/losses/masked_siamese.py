@@ -180,7 +180,21 @@ def msn(anchor_scores: Tensor, targets: Tensor, *, temperature: float = 0.1,
 @register_loss("msn")
 class MSNLoss(_BatchLevelLoss):
     """MSN; see :func:`msn`. ``forward(anchor_scores (B, V, K), targets (B, K))``; the targets
-    from :meth:`targets` (the target view's cosines, sharpened and balanced, no gradient)."""
+    from :meth:`targets` (the target view's cosines, sharpened and balanced, no gradient).
+
+    Examples:
+        >>> import torch
+        >>> from contrastive.losses import get_loss
+        >>> loss_fn = get_loss("msn")
+        >>> g = torch.Generator().manual_seed(0)
+        >>> targets = loss_fn.targets(torch.randn(4, 8, generator=g).tanh())  # the target view's cosines
+        >>> targets.sum(dim=1)  # sharpened, balanced distributions over the 8 prototypes
+        tensor([1., 1., 1., 1.])
+        >>> anchor_scores = torch.randn(4, 2, 8, generator=g).tanh()  # (B, V, K): 2 masked anchor views
+        >>> loss = loss_fn(anchor_scores, targets)
+        >>> loss.shape, bool(loss.isfinite())
+        (torch.Size([]), True)
+    """
 
     def __init__(self, temperature: float = 0.1, *, sharpen_temperature: float = 0.25,
                  sinkhorn_iterations: int = 3, regularization_weight: float = 1.0,
@@ -227,7 +241,17 @@ class MSNLoss(_BatchLevelLoss):
 @register_loss("pmsn")
 class PMSNLoss(MSNLoss):
     """PMSN: :func:`msn` with :func:`power_law_prior` (``power_law_exponent``, 0.25: lightly's
-    ``PMSNLoss`` default; the paper's value for long-tailed data is not read here)."""
+    ``PMSNLoss`` default; the paper's value for long-tailed data is not read here).
+
+    Examples:
+        >>> import torch
+        >>> from contrastive.losses import get_loss
+        >>> g = torch.Generator().manual_seed(0)
+        >>> anchor_scores, targets = get_loss("pmsn").example_inputs(n=4, dim=8, generator=g)
+        >>> loss = get_loss("pmsn")(anchor_scores, targets)  # MSN with a power-law prior
+        >>> loss.shape, bool(loss.isfinite())
+        (torch.Size([]), True)
+    """
 
     def __init__(self, temperature: float = 0.1, *, power_law_exponent: float = 0.25,
                  sharpen_temperature: float = 0.25, sinkhorn_iterations: int = 3,

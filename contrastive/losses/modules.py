@@ -94,6 +94,19 @@ class InfoNCELoss(_TemperatureLoss):
     ``learnable_temperature=True`` (CLIP) learns ``logit_scale = log(1 / tau)``, initialised from
     ``temperature`` and clamped to ``1 / tau <= max_logit_scale`` (100 in CLIP); use it with
     ``symmetric=True`` for CLIP's loss. The current value is ``current_temperature()``.
+
+    Examples:
+        >>> import torch
+        >>> from contrastive.losses import get_loss
+        >>> q = torch.eye(2)  # two orthogonal unit queries, each its own key's positive
+        >>> loss_fn = get_loss("infonce", temperature=1.0)
+        >>> loss_fn(q, q)  # -log(e / (e + 1)): the positive at cos 1, one negative at cos 0
+        tensor(0.3133)
+        >>> torch.log1p(torch.exp(torch.tensor(-1.0)))
+        tensor(0.3133)
+        >>> queue = torch.randn(16, 2, generator=torch.Generator().manual_seed(0))  # MoCo: K negatives
+        >>> loss_fn(q, q, queue).shape
+        torch.Size([])
     """
 
     def __init__(
@@ -199,7 +212,17 @@ class _TwoViewLoss(_TemperatureLoss):
 class NTXentLoss(_TwoViewLoss):
     """SimCLR's NT-Xent; see :func:`contrastive.losses.functional.ntxent` (multi-process
     arguments included). ``forward(z1 (N, D), z2 (N, D), *, z1_all=None, z2_all=None,
-    positive_offset=0)``."""
+    positive_offset=0)``.
+
+    Examples:
+        >>> import torch
+        >>> from contrastive.losses import get_loss
+        >>> z = torch.eye(2)  # two samples, both views equal
+        >>> get_loss("ntxent", temperature=1.0)(z, z)  # -log(e / (e + 2)): positive at cos 1, 2 negatives at 0
+        tensor(0.5514)
+        >>> -1 + torch.log(torch.e + torch.tensor(2.0))
+        tensor(0.5514)
+    """
 
     _fn = staticmethod(LF.ntxent)
 
@@ -207,7 +230,17 @@ class NTXentLoss(_TwoViewLoss):
 @register_loss("dcl", "decoupled_contrastive")
 class DCLLoss(_TwoViewLoss):
     """Decoupled contrastive loss; see :func:`contrastive.losses.functional.dcl`.
-    ``forward(z1 (N, D), z2 (N, D), *, z1_all=None, z2_all=None, positive_offset=0)``."""
+    ``forward(z1 (N, D), z2 (N, D), *, z1_all=None, z2_all=None, positive_offset=0)``.
+
+    Examples:
+        >>> import torch
+        >>> from contrastive.losses import get_loss
+        >>> z = torch.eye(2)
+        >>> get_loss("dcl", temperature=1.0)(z, z)  # -1 + log(2): the positive left out of the denominator
+        tensor(-0.3069)
+        >>> torch.log(torch.tensor(2.0)) - 1
+        tensor(-0.3069)
+    """
 
     _fn = staticmethod(LF.dcl)
 
@@ -215,7 +248,17 @@ class DCLLoss(_TwoViewLoss):
 @register_loss("dclw", "decoupled_contrastive_weighted")
 class DCLWLoss(_TwoViewLoss):
     """DCL with the von Mises-Fisher weighting; see :func:`contrastive.losses.functional.dclw`.
-    ``forward(z1 (N, D), z2 (N, D), *, z1_all=None, z2_all=None, positive_offset=0)``."""
+    ``forward(z1 (N, D), z2 (N, D), *, z1_all=None, z2_all=None, positive_offset=0)``.
+
+    Examples:
+        >>> import torch
+        >>> from contrastive.losses import get_loss
+        >>> z = torch.eye(2)  # equal positives: every weight 2 - N softmax = 1, so DCLW equals DCL
+        >>> get_loss("dclw", temperature=1.0)(z, z)
+        tensor(-0.3069)
+        >>> get_loss("dcl", temperature=1.0)(z, z)
+        tensor(-0.3069)
+    """
 
     _fn = staticmethod(LF.dclw)
 
@@ -250,6 +293,19 @@ class SigLIPLoss(BaseLoss):
     CLIP's ``logit_scale``). No clamp on t here: the paper states none and big_vision's SigLIP
     configs set ``max_temperature = False``; open_clip's training loop clamps its logit scale
     to t <= 100 for every model (``open_clip_train/train.py``), a trainer's choice.
+
+    Examples:
+        >>> import torch
+        >>> from contrastive.losses import get_loss
+        >>> import math
+        >>> z = torch.eye(2)  # 2 image-text pairs; logit t cos + b with t = 10, b = -10 at init
+        >>> loss_fn = get_loss("siglip")
+        >>> round(loss_fn(z, z).item(), 4)  # positives at logit 0, negatives at -10
+        0.6932
+        >>> round((2 * math.log(2) + 2 * math.log1p(math.exp(-10))) / 2, 4)  # sum over pairs / N
+        0.6932
+        >>> sorted(name for name, _ in loss_fn.named_parameters())  # the optimiser must see them
+        ['bias', 'log_scale']
     """
 
     def __init__(
@@ -297,7 +353,16 @@ class SigLIPLoss(BaseLoss):
 @register_loss("cosnce", "cos_nce")
 class CosNCELoss(BaseLoss):
     """LRC-BERT's COS-NCE; see :func:`contrastive.losses.functional.cosnce`.
-    ``forward(student (N, D), teacher (N, D), negatives (N, K, D) | (K, D) | None = None)``."""
+    ``forward(student (N, D), teacher (N, D), negatives (N, K, D) | (K, D) | None = None)``.
+
+    Examples:
+        >>> import torch
+        >>> from contrastive.losses import get_loss
+        >>> student = teacher = torch.tensor([[1.0, 0.0]])
+        >>> negatives = torch.tensor([[[0.0, 1.0]]])  # (N, K, D): one negative at 90 degrees
+        >>> get_loss("cosnce")(student, teacher, negatives)  # (2 - (g(n, s) - g(t, s))) / 2 + g(t, s), g = 1 - cos
+        tensor(0.5000)
+    """
 
     def __init__(self, *, normalize: bool = True, reduction: str = "mean") -> None:
         super().__init__(reduction=reduction)
@@ -328,7 +393,20 @@ class CosNCELoss(BaseLoss):
 @register_loss("supcon", "supervised_contrastive")
 class SupConLoss(_TemperatureLoss):
     """Supervised contrastive loss (L^sup_out); see :func:`contrastive.losses.functional.supcon`.
-    ``forward(features (N, V, D), labels (N,) | None = None)``."""
+    ``forward(features (N, V, D), labels (N,) | None = None)``.
+
+    Examples:
+        >>> import torch
+        >>> from contrastive.losses import get_loss
+        >>> z1, z2 = torch.randn(2, 4, 8, generator=torch.Generator().manual_seed(0))
+        >>> views = torch.stack([z1, z2], dim=1)  # (N, V, D)
+        >>> supcon = get_loss("supcon", temperature=0.5)(views)  # no labels: every sample its own class
+        >>> torch.allclose(supcon, get_loss("ntxent", temperature=0.5)(z1, z2))  # ... which is SimCLR's loss
+        True
+        >>> labels = torch.tensor([0, 0, 1, 1])
+        >>> get_loss("supcon", temperature=0.5)(views, labels).shape
+        torch.Size([])
+    """
 
     def __init__(
         self, temperature: float = 0.1, *, normalize: bool = True, reduction: str = "mean"
@@ -366,7 +444,18 @@ class SupConLoss(_TemperatureLoss):
 class KDLoss(_TemperatureLoss):
     """Knowledge-distillation soft loss KL(teacher || student) * t^2; see
     :func:`contrastive.losses.functional.kd`.
-    ``forward(student_logits (N, C), teacher_logits (N, C))``."""
+    ``forward(student_logits (N, C), teacher_logits (N, C))``.
+
+    Examples:
+        >>> import torch
+        >>> from contrastive.losses import get_loss
+        >>> teacher = torch.log(torch.tensor([[1.0, 3.0]]))  # softmax: 0.25, 0.75
+        >>> student = torch.zeros(1, 2)  # softmax: 0.5, 0.5
+        >>> get_loss("kd")(student, teacher)  # KL = 0.25 log 0.5 + 0.75 log 1.5, times t^2 = 1
+        tensor(0.1308)
+        >>> get_loss("kd", temperature=2.0)(teacher, teacher)  # equal logits: nothing to distil
+        tensor(0.)
+    """
 
     scale_invariant: ClassVar[bool] = False
 

@@ -81,7 +81,18 @@ def dim_local_global(global_feat: Tensor, local_feat: Tensor, *, estimator: str 
 @register_loss("dim", "deep_infomax")
 class DIMLoss(BaseLoss):
     """Deep InfoMax local-global loss; see :func:`dim_local_global`.
-    ``forward(global_feat (N, D), local_feat (N, D, P) or (N, D, H, W))``."""
+    ``forward(global_feat (N, D), local_feat (N, D, P) or (N, D, H, W))``.
+
+    Examples:
+        >>> import torch
+        >>> from contrastive.losses import get_loss
+        >>> global_feat = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))  # (N, D)
+        >>> local_feat = global_feat[:, :, None].expand(4, 8, 9)  # (N, D, P): 9 locations agreeing
+        >>> matched = get_loss("dim")(global_feat, local_feat)
+        >>> shuffled = get_loss("dim")(global_feat, local_feat.roll(1, dims=0))  # other images' locations
+        >>> bool(matched < shuffled)
+        True
+    """
 
     scale_invariant: ClassVar[bool] = False
 

@@ -80,7 +80,19 @@ def masked_reconstruction(pred: Tensor, target: Tensor, mask: Tensor, *, norm_pi
 
 @register_loss("mae", "masked_reconstruction")
 class MAELoss(BaseLoss):
-    """MAE's loss; see :func:`masked_reconstruction`. ``forward(pred, target, mask)``."""
+    """MAE's loss; see :func:`masked_reconstruction`. ``forward(pred, target, mask)``.
+
+    Examples:
+        >>> import torch
+        >>> from contrastive.losses import get_loss
+        >>> target = torch.zeros(1, 3, 4)  # (N, L patches, P pixels per patch)
+        >>> pred = target + 1
+        >>> mask = torch.tensor([[True, False, True]])  # the patches the encoder did not see
+        >>> get_loss("mae", norm_pix=False)(pred, target, mask)  # squared error 1 on the masked patches
+        tensor(1.)
+        >>> get_loss("mae", norm_pix=False)(pred, target, torch.zeros_like(mask))  # none masked: 0
+        tensor(0.)
+    """
 
     scale_invariant = False
     distance = "l2"
@@ -114,7 +126,17 @@ class MAELoss(BaseLoss):
 class SimMIMLoss(MAELoss):
     """SimMIM's loss: :func:`masked_reconstruction` with the absolute error on raw pixels (the
     authors' code has no per-patch normalisation; ``norm_pix=True`` adds MAE's).
-    ``forward(pred, target, mask)``."""
+    ``forward(pred, target, mask)``.
+
+    Examples:
+        >>> import torch
+        >>> from contrastive.losses import get_loss
+        >>> target = torch.zeros(1, 3, 4)  # (N, L patches, P pixels per patch)
+        >>> pred = target - 2
+        >>> mask = torch.tensor([[True, False, True]])
+        >>> get_loss("simmim")(pred, target, mask)  # absolute error 2 on the masked patches
+        tensor(2.)
+    """
 
     distance = "l1"
 

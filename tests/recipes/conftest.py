@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import importlib.util
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -139,6 +143,49 @@ def load_recipe(name: str):
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def config_class(mod):
+    """The configuration class of a loaded recipe module (text and image-text recipes:
+    ``make()[0]``; the others define exactly one ``RunConfig`` dataclass)."""
+    from contrastive.engine import RunConfig
+
+    if hasattr(mod, "make"):  # text recipes: make() -> (config class, build_method, adapter)
+        return mod.make()[0]
+    own = [v for v in vars(mod).values() if isinstance(v, type) and dataclasses.is_dataclass(v)
+           and issubclass(v, RunConfig) and v.__module__ == mod.__name__]
+    assert len(own) == 1, f"{mod.__name__}: expected one configuration class, found {own}"
+    return own[0]
+
+
+_HELP_FLAGS: dict[str, frozenset[str]] = {}
+
+
+def recipe_flags(name: str) -> frozenset[str]:
+    """The ``--flags`` that ``python recipes/<name>.py --help`` lists (its option lines, aliases
+    included; cached per session)."""
+    from contrastive.engine import parse_config
+
+    if name not in _HELP_FLAGS:
+        out = io.StringIO()
+        columns = os.environ.get("COLUMNS")
+        os.environ["COLUMNS"] = "10000"  # one line per option: no flag split by wrapping
+        try:
+            with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+                parse_config(config_class(load_recipe(name)), ["--help"], prog=f"{name}.py")
+        finally:
+            if columns is None:
+                os.environ.pop("COLUMNS")
+            else:
+                os.environ["COLUMNS"] = columns
+        flags = set()
+        for line in out.getvalue().splitlines():
+            option = re.match(r"\s{2}(-.*?)(\s{2,}|$)", line)  # "  --flag VALUE, --alias  help"
+            if option:
+                flags |= set(re.findall(r"--[a-z][a-z0-9_-]*", option.group(1)))
+        assert flags, f"recipes/{name}.py --help lists no flags"
+        _HELP_FLAGS[name] = frozenset(flags)
+    return _HELP_FLAGS[name]
 
 
 @pytest.fixture(scope="session")

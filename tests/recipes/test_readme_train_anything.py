@@ -4,7 +4,6 @@ themselves were run as written, with the times the README gives)."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import shlex
 from pathlib import Path
@@ -24,17 +23,6 @@ def _commands() -> list[list[str]]:
             if line.strip() and not line.lstrip().startswith("#")]
 
 
-def _config_class(mod):
-    from contrastive.engine import RunConfig
-
-    if hasattr(mod, "make"):  # text recipes: make() -> (config class, build_method, adapter)
-        return mod.make()[0]
-    own = [v for v in vars(mod).values() if isinstance(v, type) and dataclasses.is_dataclass(v)
-           and issubclass(v, RunConfig) and v.__module__ == mod.__name__]
-    assert len(own) == 1, f"{mod.__name__}: expected one configuration class, found {own}"
-    return own[0]
-
-
 def test_the_section_covers_image_text_and_image_text():
     recipes = {next(a for a in cmd if a.startswith("recipes/")) for cmd in _commands()}
     assert {"recipes/moco_cifar.py", "recipes/clip.py", "recipes/simcse.py",
@@ -50,5 +38,5 @@ def test_every_command_parses(cmd, rx):
     at = next(i for i, a in enumerate(cmd) if a.startswith("recipes/"))
     assert cmd[at - 1] in ("python", "2") or cmd[0] == "accelerate", cmd
     mod = rx.load_recipe(Path(cmd[at]).stem)
-    cfg = parse_config(_config_class(mod), cmd[at + 1:])
+    cfg = parse_config(rx.config_class(mod), cmd[at + 1:])
     assert cfg.output_dir.startswith("runs/any-")
