@@ -1,17 +1,28 @@
-"""The README's "Train anything" commands stay valid: every recipe they name exists and accepts
-their flags and values (parsed into the recipe's configuration, nothing trained; the commands
-themselves were run as written, with the times the README gives)."""
+"""The README's quick start stays valid: every recipe its commands name exists and accepts their
+flags and values (parsed into the recipe's configuration, nothing trained; the commands were run
+as written, with the times benchmarks/results/demo.md gives), and every claim of the README or
+the manual that a flag exists on a group of recipes holds for each recipe of the group.
+
+A claim is marked ``<!-- flags: GROUP -->``, the flags are the backticked ``--flags`` of the text
+after it up to the next marker or blank line, and GROUP is ``every recipe``, a kind of recipe
+(``image recipes``, ``text and image-text recipes``, ``text recipes``, ``image-text recipes``) or
+recipe names (``recipes moco_cifar, clip``)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import io
 import re
 import shlex
 from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+CLAIM = re.compile(r"<!-- flags: ([\w ,-]+?) -->\n(.*?)(?=\n\n|\n<!--|\Z)", re.S)
 
 
 def _commands() -> list[list[str]]:
@@ -52,3 +63,71 @@ def test_every_command_parses(cmd, rx):
     mod = rx.load_recipe(Path(cmd[at]).stem)
     cfg = parse_config(_config_class(mod), cmd[at + 1:])
     assert cfg.output_dir.startswith("runs/any-")
+
+
+def _claims() -> list[tuple[str, str, tuple[str, ...]]]:
+    """(file, group, flags) for every marked claim in the README and the manual."""
+    found = []
+    for path in [README, *sorted((ROOT / "docs").rglob("*.md"))]:
+        for m in CLAIM.finditer(path.read_text(encoding="utf-8")):
+            flags = tuple(dict.fromkeys(re.findall(r"`(--[a-z][\w-]*)", m.group(2))))
+            found.append((str(path.relative_to(ROOT)), m.group(1), flags))
+    return found
+
+
+@functools.cache
+def _help(name: str) -> tuple[str, str]:
+    """(kind, --help text) of recipes/<name>.py; kind: image, image-text or text."""
+    import importlib.util
+    import sys
+
+    from contrastive.engine import ImageConfig, ImageTextConfig, parse_config
+
+    spec = importlib.util.spec_from_file_location(f"recipe_{name}", ROOT / "recipes" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    cls = _config_class(mod)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        parse_config(cls, ["--help"], prog=name)
+    kind = ("image" if issubclass(cls, ImageConfig) else
+            "image-text" if issubclass(cls, ImageTextConfig) else "text")
+    return kind, out.getvalue()
+
+
+def _group(group: str) -> list[str]:
+    names = sorted(p.stem for p in (ROOT / "recipes").glob("*.py"))
+    if group.startswith("recipes "):
+        listed = [n.strip() for n in group.removeprefix("recipes ").split(",")]
+        assert set(listed) <= set(names), f"no such recipe in {listed}"
+        return listed
+    kinds = {"every recipe": {"image", "image-text", "text"}, "image recipes": {"image"},
+             "text recipes": {"text"}, "image-text recipes": {"image-text"},
+             "text and image-text recipes": {"text", "image-text"}}
+    assert group in kinds, f"unknown recipe group {group!r}: use one of {sorted(kinds)}"
+    return [n for n in names if _help(n)[0] in kinds[group]]
+
+
+def _missing(group: str, flags: tuple[str, ...]) -> list[str]:
+    """'recipe: --flag' for every flag of the claim that a recipe of the group lacks."""
+    return [f"{name}: {flag}" for name in _group(group) for flag in flags
+            if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", _help(name)[1])]
+
+
+def test_the_readme_claims_flags():
+    groups = {group for where, group, _ in _claims() if where == "README.md"}
+    assert {"every recipe", "image recipes"} <= groups, groups
+
+
+@pytest.mark.parametrize("where, group, flags", _claims(), ids=lambda v: str(v)[:40])
+def test_every_flag_claim_holds_for_each_recipe_of_its_group(where, group, flags):
+    assert flags, f"{where}: the claim on {group!r} names no backticked --flag"
+    missing = _missing(group, flags)
+    assert not missing, f"{where} claims flags that these {group} lack: {missing}"
+
+
+def test_a_false_claim_is_caught():
+    """The check can fail: the image recipes have --knn-every, not --eval-every."""
+    assert _missing("recipes moco_cifar", ("--knn-every",)) == []
+    assert _missing("recipes moco_cifar", ("--eval-every",)) == ["moco_cifar: --eval-every"]
