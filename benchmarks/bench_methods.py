@@ -18,7 +18,7 @@ training log's windows after the first (which holds the start-up); wall = the wh
 process (start-up included, evaluation not); CPU s = that process's user + system time, the
 figure that a shared machine's load inflates least.
 
-    python benchmarks/bench_methods.py                          # shapes, the README's table
+    python benchmarks/bench_methods.py                          # shapes, benchmarks/results/methods.md's table
     python benchmarks/bench_methods.py --methods BYOL,SimSiam   # a subset
     python benchmarks/bench_methods.py --data cifar10-jpeg --image-size 32 --crop-min 0.2 \
         --fraction 0.2   # slow: a stratified 10,000 / 2,000 images, 156 steps as on shapes

@@ -1,5 +1,5 @@
-"""CONTRIBUTING.md: every path it names exists, it covers the seven kinds of extension, and the
-README links to it."""
+"""CONTRIBUTING.md: every path it names exists, it covers the seven kinds of extension, the
+README links to it and the manual shows it."""
 
 from __future__ import annotations
 
@@ -38,3 +38,22 @@ def test_the_path_pattern_sees_a_missing_file() -> None:
     named = _paths("copy `contrastive/methods/no_such_method.py` or `setup.cfg`")
     assert named == ["contrastive/methods/no_such_method.py", "setup.cfg"]
     assert not (ROOT / named[0]).exists()
+
+
+def test_the_manual_shows_it_as_its_contributing_page() -> None:
+    """docs/hooks.py brings CONTRIBUTING.md into the site as contributing.md (read in place, no
+    copy in docs/ to drift), and the site's nav lists that page."""
+    import importlib.util
+
+    import pytest
+
+    pytest.importorskip("mkdocs", reason="the docs extra is not installed")
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    pages = hooks.outside_pages()
+    assert pages["contributing.md"] == ROOT / "CONTRIBUTING.md"
+    assert not (ROOT / "docs" / "contributing.md").exists()
+    assert "results/methods.md" in pages
+    assert re.search(r"^\s+- Contributing: contributing\.md$",
+                     (ROOT / "mkdocs.yml").read_text(encoding="utf-8"), re.M)

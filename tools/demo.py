@@ -19,8 +19,8 @@
    they depend on besides the seed (library versions, thread count, the CPU kind, the
    precision, git commit): the run is seeded, but another torch / thread count / CPU /
    precision sums floats in another order, and 1,248 training steps turn that into a few points
-   of accuracy. ``--record FILE`` appends them to a collection (the README quotes
-   benchmarks/results/demo_figures.json).
+   of accuracy. ``--record FILE`` appends them to a collection (benchmarks/results/demo.md
+   quotes benchmarks/results/demo_figures.json).
 
     python tools/demo.py                       # shapes: 1,248 steps, 7 minutes on 2 AVX2 cores (fp32)
     python tools/demo.py --data imagefolder:/path/to/folder --steps 1000
@@ -97,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="auto: bf16 where the CPU / GPU computes it natively, fp32 elsewhere")
     p.add_argument("--keep", action="store_true", help="keep an existing output folder (resume)")
     p.add_argument("--record", default=None, metavar="JSON",
-                   help="also append this run's figures to JSON's 'runs' (the README's figures: "
-                   "benchmarks/results/demo_figures.json)")
+                   help="also append this run's figures to JSON's 'runs' (the figures "
+                   "benchmarks/results/demo.md quotes: benchmarks/results/demo_figures.json)")
     args, recipe_extra = p.parse_known_args(argv)
     from contrastive.engine import run, setup_logging
     from contrastive.eval.checkpoint import load_encoder

@@ -73,7 +73,7 @@ PROG = "contrastive-finetune"
 @dataclass
 class VitFinetuneConfig(LabelledImageConfig):
     """Fine-tune an image encoder with a classification head on labelled images (module
-    docstring of contrastive.launch.finetune, or the README). --protocol vit: MAE / BEiT's
+    docstring of contrastive.launch.finetune, or docs/tutorials/after-pretraining.md). --protocol vit: MAE / BEiT's
     fine-tuning (AdamW, layer-wise lr decay, drop path, RandAugment, mixup / cutmix, label
     smoothing). Example: contrastive-finetune --init runs/mae_cifar --data cifar10 --batch-size
     256 --epochs 50 --output-dir runs/ft. --protocol sgd --help shows the ResNet protocol's
@@ -97,7 +97,7 @@ class VitFinetuneConfig(LabelledImageConfig):
 @dataclass
 class SgdFinetuneConfig(LabelledImageConfig):
     """Fine-tune an image encoder with a classification head on labelled images (module
-    docstring of contrastive.launch.finetune, or the README). --protocol sgd: SimCLR's
+    docstring of contrastive.launch.finetune, or docs/tutorials/after-pretraining.md). --protocol sgd: SimCLR's
     fine-tuning of ResNets (Nesterov SGD, cosine, crop and flip only). Example:
     contrastive-finetune --protocol sgd --init runs/moco_cifar --data cifar10 --batch-size 256
     --label-fraction 0.1 --output-dir runs/ft-10pc."""

@@ -111,9 +111,9 @@ class IBOT(Method):
             ``patch_out_dim`` (None: ``out_dim``) prototypes for the patches.
         momentum: m0 of the teacher's cosine schedule to 1.
         student_temperature: 0.1 (both codes, both terms).
-        teacher_temperature / warmup_teacher_temperature, teacher_patch_temperature /
-            warmup_teacher_patch_temperature: the final and starting teacher temperatures of the
-            class and patch terms, warmed up linearly over ``warmup_teacher_steps``.
+        teacher_temperature, warmup_teacher_temperature: the final and starting teacher
+            temperatures of the class term, warmed up linearly over ``warmup_teacher_steps``.
+        teacher_patch_temperature, warmup_teacher_patch_temperature: the same for the patch term.
         centering: "mean" (running centres, ``center_momentum``), "sinkhorn" (Sinkhorn-Knopp,
             ``sinkhorn_iterations``) or "none" (no centring: the collapse control).
         mask_probability, mask_ratio: fraction of the global-crop images masked and the

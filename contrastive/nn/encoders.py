@@ -235,8 +235,8 @@ def create_encoder(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Mod
         an ``nn.Module`` with ``num_features``; forward (N, 3, H, W) -> (N, num_features).
 
     Raises:
-        UnknownEncoderError (a KeyError) listing close matches for an unknown name;
-        EncoderArgumentError (a TypeError) naming a keyword argument the encoder does not take.
+        UnknownEncoderError: (a KeyError) listing close matches for an unknown name.
+        EncoderArgumentError: (a TypeError) naming a keyword argument the encoder does not take.
     """
     if not isinstance(name, str):
         raise TypeError(f"create_encoder: name must be a str, got {type(name).__name__}")
