@@ -161,22 +161,24 @@ def test_a_resumed_run_is_not_reinitialised(tmp_path, fresh_accelerate):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def _readme_command() -> list[str]:
-    """The README's one command under "Start from pretrained weights"."""
+TUTORIAL = Path(__file__).resolve().parents[2] / "docs" / "tutorials" / "pretrained-weights.md"
+
+
+def _tutorial_command() -> list[str]:
+    """The first command of the tutorial "Start from pretrained weights" (its --init command,
+    which tests/docs/test_tutorials.py leaves to this test: it downloads timm's weights)."""
     import re
     import shlex
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = text[text.index("### Start from pretrained weights"):]
-    block = re.search(r"```bash\n(.*?)```", section, re.S)
-    assert block is not None, "the README lost its --init command"
+    block = re.search(r"```bash\n(.*?)```", TUTORIAL.read_text(), re.S)
+    assert block is not None, f"{TUTORIAL.name} lost its --init command"
     return shlex.split(block.group(1).strip())
 
 
 @pytest.mark.skipif(not EFFICIENTNET.is_file(), reason=f"{EFFICIENTNET} is absent: the shared "
                     "data's real EfficientNet-Lite0 (../shared/data/README.md)")
-def test_the_readme_command_with_the_real_efficientnet_file(tmp_path, fresh_accelerate):
-    """The README's command, run as written but with the local EfficientNet-Lite0 file for
+def test_the_tutorial_command_with_the_real_efficientnet_file(tmp_path, fresh_accelerate):
+    """The tutorial's --init command, run as written but with the local EfficientNet-Lite0 file for
     timm:resnet50 (no download here), tiny data and one step at lr 0: every learnt tensor of
     the file but the classifier is the backbone's, and the views take its normalisation."""
     import importlib.util
@@ -186,7 +188,7 @@ def test_the_readme_command_with_the_real_efficientnet_file(tmp_path, fresh_acce
 
     from contrastive.records import EncoderRecord
 
-    cmd = _readme_command()
+    cmd = _tutorial_command()
     assert cmd[:2] == ["python", "recipes/moco_r50.py"]
     swap = {"/path/to/your/images": str(tmp_path / "images"), "timm:resnet50": None,
             "runs/moco_continued": str(tmp_path / "run")}
@@ -205,7 +207,7 @@ def test_the_readme_command_with_the_real_efficientnet_file(tmp_path, fresh_acce
              "--num-workers", "0", "--progress", "false", "--mixed-precision", "no",
              "--queue-size", "8"]
     path = Path(__file__).resolve().parents[2] / "recipes" / "moco_r50.py"
-    spec = importlib.util.spec_from_file_location("readme_moco_r50", path)
+    spec = importlib.util.spec_from_file_location("tutorial_moco_r50", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
