@@ -184,10 +184,12 @@ def _without_download(spec: str) -> str:
 
     candidate = f"{spec}{',' if ':' in spec else ':'}download=false"
     try:
-        parse_spec(candidate)
-    except ValueError:
+        # a folder path parses as an image folder whose root is the whole candidate string:
+        # keep the candidate only where the option landed among the same data set's options
+        parsed, plain = parse_spec(candidate), parse_spec(spec)
+    except (ValueError, LookupError):  # LookupError: UnknownDatasetError
         return spec
-    return candidate
+    return candidate if parsed.name == plain.name and "download" in parsed.options else spec
 
 
 def _image_pixels(data: str, size: int, count: int) -> Tensor:

@@ -279,3 +279,18 @@ def test_library_formats_refuse_our_encoders_pointing_to_onnx(tmp_path, capsys, 
     err = one_line_error(["--format", fmt, "--checkpoint", str(tmp_path / "run"),
                           "--out", str(tmp_path / "r.pth")], capsys)
     assert "no counterpart" in err and "--format onnx" in err
+
+
+def test_download_false_only_where_the_data_set_takes_it(tmp_path, monkeypatch):
+    """The check never downloads, and never turns a folder into a spec naming no data set (a
+    folder path with ``:download=false`` appended named no folder: the check fell back to
+    random pixels)."""
+    from contrastive.eval.export_onnx import _without_download
+
+    (tmp_path / "my_images" / "a").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert _without_download("my_images") == "my_images"
+    assert _without_download(str(tmp_path / "my_images")) == str(tmp_path / "my_images")
+    assert _without_download("shapes:size=24") == "shapes:size=24"
+    assert _without_download("cifar10") == "cifar10:download=false"
+    assert _without_download("cifar10:/data") == "cifar10:/data,download=false"
