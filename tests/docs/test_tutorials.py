@@ -234,19 +234,13 @@ def walk(name: str, stop_at_shared: bool, tmp_path_factory) -> Walk:
     return state
 
 
-# Pages whose commands are not in the default suite: it runs the others in about 20 s (the
-# issue's budget), and the tools these run have their own tests (tests/eval, tests/tools).
-SLOW_PAGES = {"after-pretraining"}
-
-
 def _shared_last(page: Page) -> None:
     first = next((i for i, b in enumerate(page.blocks) if b.shared), len(page.blocks))
     assert all(b.shared or b.not_run for b in page.blocks[first:]), (
         f"{page.name}.md: the blocks after the first on {SHARED} must use it too (or not run)")
 
 
-@pytest.mark.parametrize("name", [pytest.param(p, marks=pytest.mark.slow) if p in SLOW_PAGES
-                                  else p for p in PAGES])
+@pytest.mark.parametrize("name", PAGES)
 def test_tutorial(name, tmp_path_factory):
     """A page runs up to its blocks on the shared data, each command with its tiny budget."""
     page = read_page(name)
