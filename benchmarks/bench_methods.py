@@ -97,21 +97,16 @@ METHODS: dict[str, Entry] = {
 }
 
 
-def unpacked_cifar(tar_path: Path) -> Path:
-    """The CIFAR-10 JPEG tar unpacked once into the cache (as the slow CIFAR test)."""
-    from contrastive.data import unpack_image_folder
-
-    cache = Path(os.environ.get("CONTRASTIVE_CACHE", Path.home() / ".cache" / "contrastive"))
-    return unpack_image_folder(tar_path, cache / "cifar10-jpeg")
-
 
 def data_spec(data: str, fraction: float = 1.0) -> str:
     """The data spec for ``--data`` (``cifar10-jpeg``: the shared copy, unpacked once), with
     a stratified seeded ``fraction`` of both splits when below 1."""
     if data == "cifar10-jpeg":
+        from contrastive.data import unpack_image_folder
+
         if not SHARED_TAR.exists():
             raise SystemExit(f"--data cifar10-jpeg: {SHARED_TAR} is missing")
-        data = f"imagefolder:{unpacked_cifar(SHARED_TAR)}"
+        data = f"imagefolder:{unpack_image_folder(SHARED_TAR)}"
     if not 0 < fraction <= 1:
         raise SystemExit(f"--fraction must be in (0, 1], got {fraction}")
     return data if fraction == 1 else f"{data},fraction={fraction}"

@@ -88,11 +88,16 @@ def extract_tar(archive: str | os.PathLike, root: str | os.PathLike, member: str
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def unpack_image_folder(archive: str | os.PathLike, dest: str | os.PathLike) -> Path:
+def unpack_image_folder(archive: str | os.PathLike, dest: str | os.PathLike | None = None) -> Path:
     """Unpack an ImageFolder tar (``train/`` at its top or inside one top folder) to ``dest``
     once: returns ``dest`` at once when it already holds ``train/``; otherwise extracts beside
-    it and renames into place, so an interrupted extraction never leaves a partial ``dest``
-    (e.g. the shared CIFAR-10 JPEG copy, unpacked into the cache by tests and benchmarks)."""
+    it and renames into place, so an interrupted extraction never leaves a partial ``dest``.
+    ``dest`` defaults to the archive's name without ``.tar`` in the cache folder
+    (``$CONTRASTIVE_CACHE``, else ``~/.cache/contrastive``): the shared CIFAR-10 JPEG copy
+    ``cifar10-jpeg.tar`` -> ``~/.cache/contrastive/cifar10-jpeg``, as tests and benchmarks use it."""
+    if dest is None:
+        cache = os.environ.get("CONTRASTIVE_CACHE", Path.home() / ".cache" / "contrastive")
+        dest = Path(cache) / Path(archive).name.split(".tar")[0]
     dest = Path(dest).expanduser()
     if (dest / "train").is_dir():
         return dest

@@ -44,3 +44,11 @@ def test_a_tar_without_train_is_refused(tmp_path):
         unpack_image_folder(archive, tmp_path / "cache" / "x")
     assert not (tmp_path / "cache" / "x").exists()
     assert list((tmp_path / "cache").iterdir()) == []
+
+
+def test_the_default_destination_is_the_cache(tmp_path, monkeypatch):
+    """Without ``dest``: ``$CONTRASTIVE_CACHE/<the archive's name without .tar>``."""
+    monkeypatch.setenv("CONTRASTIVE_CACHE", str(tmp_path / "cache"))
+    archive = _tar(tmp_path, "", "cifar10-jpeg")
+    assert unpack_image_folder(archive) == tmp_path / "cache" / "cifar10-jpeg"
+    assert (tmp_path / "cache" / "cifar10-jpeg" / "train" / "cat" / "0.jpg").is_file()

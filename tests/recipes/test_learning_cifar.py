@@ -16,9 +16,6 @@ trains about 15x faster per image. Out of the default suite (``-m slow``): run i
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 from contrastive.data import unpack_image_folder
@@ -31,15 +28,10 @@ ARGS = ["--encoder", "small_cnn", "--image-size", "32", "--batch-size", "256", "
         "--progress", "false", "--seed", "0"]
 
 
-def unpacked_cifar(tar_path: Path) -> Path:
-    """The tar unpacked once into ~/.cache/contrastive/cifar10-jpeg (atomically)."""
-    cache = Path(os.environ.get("CONTRASTIVE_CACHE", Path.home() / ".cache" / "contrastive"))
-    return unpack_image_folder(tar_path, cache / "cifar10-jpeg")
-
 
 @pytest.mark.slow
 def test_moco_on_cifar10_jpeg_beats_random_init(shared_data, tmp_path, rx):
-    data = unpacked_cifar(shared_data / "cifar10-jpeg.tar")
+    data = unpack_image_folder(shared_data / "cifar10-jpeg.tar")
     out = tmp_path / "run"
     rx.run_recipe("moco_cifar", "--data", f"imagefolder:{data}", *ARGS, "--output-dir", str(out),
                   tiny=False, timeout=1800)

@@ -33,7 +33,6 @@ images/s here against 60-90 with the small head, so it was not tried at a budget
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -60,10 +59,6 @@ MARGIN = 1.0  # points: above the spread (0.25), below the smallest gain (1.70);
 MEASURED = {0: (28.50, 30.20), 1: (28.65, 30.60), 2: (28.75, 30.50)}
 
 
-def unpacked_cifar(tar_path: Path) -> Path:
-    cache = Path(os.environ.get("CONTRASTIVE_CACHE", Path.home() / ".cache" / "contrastive"))
-    return unpack_image_folder(tar_path, cache / "cifar10-jpeg")
-
 
 CPU_S = 600.0  # one run's seconds, two at a time at load 4-6 (MEASURED's 16.6 minutes for 3)
 
@@ -73,7 +68,7 @@ def planned_runs(item: pytest.Item) -> list[tuple[str, str, list[str], float]]:
     many at a time as there are cores); none without the real data (the test then skips)."""
     if not SHARED.exists():
         return []
-    data = f"imagefolder:{unpacked_cifar(SHARED)}"
+    data = f"imagefolder:{unpack_image_folder(SHARED)}"
     return [(f"ibot-{seed}", "ibot_cifar", ["--data", data, *BUDGET, "--seed", str(seed)], CPU_S)
             for seed in SEEDS]
 

@@ -35,7 +35,6 @@ task's 1.0).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -59,10 +58,6 @@ MEASURED = {("masked", 0): (30.20, 32.40, 34.55), ("visible", 0): (30.20, 28.25,
             ("masked", 2): (30.25, 32.35, 35.65), ("visible", 2): (30.25, 29.40, 28.50)}
 
 
-def unpacked_cifar(tar_path: Path) -> Path:
-    cache = Path(os.environ.get("CONTRASTIVE_CACHE", Path.home() / ".cache" / "contrastive"))
-    return unpack_image_folder(tar_path, cache / "cifar10-jpeg")
-
 
 CPU_S = 590.0  # one run's seconds, two at a time at load 5-6 (29.5 minutes for the six)
 
@@ -73,7 +68,7 @@ def planned_runs(item: pytest.Item) -> list[tuple[str, str, list[str], float]]:
     then skips)."""
     if not SHARED.exists():
         return []
-    data = f"imagefolder:{unpacked_cifar(SHARED)}"
+    data = f"imagefolder:{unpack_image_folder(SHARED)}"
     return [(f"mae-{loss_on}-{seed}", "mae_cifar",
              ["--data", data, *ARGS, "--loss-on", loss_on, "--seed", str(seed)], CPU_S)
             for seed in SEEDS for loss_on in LOSS_ON]

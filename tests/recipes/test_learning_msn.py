@@ -30,7 +30,6 @@ smallest gain (0.35 above the one, 0.30 below the other): a tighter window than 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -54,10 +53,6 @@ MARGIN = 1.5  # points: above the spread (1.15), below the smallest gain (1.80);
 MEASURED = {0: (28.50, 31.45), 1: (28.65, 31.15), 2: (28.75, 30.55)}
 
 
-def unpacked_cifar(tar_path: Path) -> Path:
-    cache = Path(os.environ.get("CONTRASTIVE_CACHE", Path.home() / ".cache" / "contrastive"))
-    return unpack_image_folder(tar_path, cache / "cifar10-jpeg")
-
 
 CPU_S = 555.0  # one run's CPU seconds (the docstring)
 
@@ -67,7 +62,7 @@ def planned_runs(item: pytest.Item) -> list[tuple[str, str, list[str], float]]:
     many at a time as there are cores); none without the real data (the test then skips)."""
     if not SHARED.exists():
         return []
-    data = f"imagefolder:{unpacked_cifar(SHARED)}"
+    data = f"imagefolder:{unpack_image_folder(SHARED)}"
     return [(f"msn-{seed}", str(FEATURES),
              ["msn_cifar", "--data", data, *BUDGET, "--seed", str(seed)], CPU_S)
             for seed in SEEDS]
