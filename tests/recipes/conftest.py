@@ -158,33 +158,40 @@ def config_class(mod):
     return own[0]
 
 
+def help_flags(print_help) -> frozenset[str]:
+    """The ``--flags`` that ``print_help()`` (a program's ``--help``: it may exit) lists on its
+    option lines, aliases included; printed one option a line (no flag split by wrapping)."""
+    out = io.StringIO()
+    columns = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "10000"
+    try:
+        with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+            print_help()
+    finally:
+        if columns is None:
+            os.environ.pop("COLUMNS")
+        else:
+            os.environ["COLUMNS"] = columns
+    flags = set()
+    for line in out.getvalue().splitlines():
+        option = re.match(r"\s{2}(-.*?)(\s{2,}|$)", line)  # "  --flag VALUE, --alias  help"
+        if option:
+            flags |= set(re.findall(r"--[a-z][a-z0-9_-]*", option.group(1)))
+    return frozenset(flags)
+
+
 _HELP_FLAGS: dict[str, frozenset[str]] = {}
 
 
 def recipe_flags(name: str) -> frozenset[str]:
-    """The ``--flags`` that ``python recipes/<name>.py --help`` lists (its option lines, aliases
-    included; cached per session)."""
+    """The ``--flags`` that ``python recipes/<name>.py --help`` lists (cached per session)."""
     from contrastive.engine import parse_config
 
     if name not in _HELP_FLAGS:
-        out = io.StringIO()
-        columns = os.environ.get("COLUMNS")
-        os.environ["COLUMNS"] = "10000"  # one line per option: no flag split by wrapping
-        try:
-            with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
-                parse_config(config_class(load_recipe(name)), ["--help"], prog=f"{name}.py")
-        finally:
-            if columns is None:
-                os.environ.pop("COLUMNS")
-            else:
-                os.environ["COLUMNS"] = columns
-        flags = set()
-        for line in out.getvalue().splitlines():
-            option = re.match(r"\s{2}(-.*?)(\s{2,}|$)", line)  # "  --flag VALUE, --alias  help"
-            if option:
-                flags |= set(re.findall(r"--[a-z][a-z0-9_-]*", option.group(1)))
+        cls = config_class(load_recipe(name))
+        flags = help_flags(lambda: parse_config(cls, ["--help"], prog=f"{name}.py"))
         assert flags, f"recipes/{name}.py --help lists no flags"
-        _HELP_FLAGS[name] = frozenset(flags)
+        _HELP_FLAGS[name] = flags
     return _HELP_FLAGS[name]
 
 
