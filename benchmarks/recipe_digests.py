@@ -9,7 +9,8 @@ generated sentences, batch 16 (8 for text), ``--steps 20``. The digests are thos
 checkpoint's ``model.safetensors`` (every tensor of the method's state, parameters and buffers,
 by name): ``model`` over all of them in name order, ``tensors`` one per name (16 hex digits).
 A recipe that needs another's output runs after it (``distill_cosnce`` distils ``simclr_cifar``'s
-encoder, ``lrc_bert`` ``bert_finetune``'s model); one whose data is absent is skipped with the
+encoder, ``lrc_bert`` ``bert_finetune``'s model, ``lrc_bert_pretrain`` ``simcse``'s sentence
+model); one whose data is absent is skipped with the
 reason printed.
 
     # the baseline (benchmarks/results/recipe_digests.json: first written on main 21c1f8f, then
@@ -152,9 +153,12 @@ ARGS: dict[str, list[str]] = {
                "--intermediate-size", "32", "--eval", "none"],
     "bert_finetune": [*LABELLED],
     "lrc_bert": [*LABELLED, "--teacher", "{bert_finetune}/model"],
+    "lrc_bert_pretrain": [*TEXT, "--teacher", "hf:{simcse}/model", "--n-train", "160",
+                          "--intermediate-size", "32"],
 }
 #: recipes that read another's output run after it
-AFTER = {"distill_cosnce": "simclr_cifar", "lrc_bert": "bert_finetune"}
+AFTER = {"distill_cosnce": "simclr_cifar", "lrc_bert": "bert_finetune",
+         "lrc_bert_pretrain": "simcse"}
 
 
 def digests(checkpoint: Path) -> dict:

@@ -31,7 +31,8 @@ folder). Evaluation: the student's official GLUE dev metric (``glue_*`` in ``met
 (the student and its prediction layer as a classifier folder, loadable with
 :func:`contrastive.eval.classifier_folder.load_classifier`, exportable with
 ``contrastive-export --format hf``) and ``results.json`` (dev metrics, the teacher's beside).
-Not included: the paper's pre-training-stage distillation (on Wikipedia, before the task stage).
+The paper's pre-training-stage distillation (on Wikipedia, before the task stage) is
+``recipes/lrc_bert_pretrain.py``; its ``model/`` is a ``--student hf:`` folder for this one.
 """
 
 from __future__ import annotations

@@ -54,6 +54,7 @@ from contrastive.engine.evaluators import Evaluator
 from contrastive.engine.fields import help_field, override
 from contrastive.engine.handoff import DataInfo, data_info
 from contrastive.engine.kits import (
+    BertOptimiser,
     BertSizes,
     CifarConfig,
     DataAdapter,
@@ -78,6 +79,7 @@ from contrastive.engine.setup import reset_accelerate_state
 from contrastive.engine.trainer import NonFiniteLossError, TrainResult, train, write_encoder
 
 __all__ = [
+    "BertOptimiser",
     "BertSizes",
     "CifarConfig",
     "DIMConfig",

@@ -41,6 +41,10 @@ embedding-layer output emb (B, T, H); pass 2 reruns the student with emb' = emb 
 ||g_i||_2 (per sample over all its tokens and hidden units, g detached; eps = 1); the loss of
 pass 2 is returned and trained on. The teacher runs once per step, and not at all in a stage that weighs it 0 (0:0:gamma).
 
+Pre-training distillation (the paper's first stage, on unlabelled text before the task stage):
+a teacher encoder without a prediction layer, COS-NCE alone, no labels; the student is written
+as a Hugging Face folder (:meth:`LRCBert.sentence_encoder`) that the task stage starts from.
+
 Two stages, the frozen teacher, the negatives of several processes and the perturbation are
 shared with the image :class:`~contrastive.methods.distill.Distiller` through their common base,
 :class:`~contrastive.methods.distill_parts.ContrastiveDistillation` (the ``"stage"`` schedule: 1,
@@ -50,7 +54,7 @@ then 2 from ``round(0.8 * total_steps)``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -100,6 +104,9 @@ class LRCBert(ContrastiveDistillation):
     Args:
         teacher: a fine-tuned :class:`~contrastive.methods.text_classifier.TextClassifier` (frozen here:
             eval mode, ``requires_grad=False``); its prediction layer gives the soft targets.
+            Or a :class:`~contrastive.nn.text_encoders.TextEncoder` without one (the paper's
+            pre-training distillation, ``recipes/lrc_bert_pretrain.py``): then COS-NCE is the
+            only loss (stage weights ``(alpha, 0, 0)``), there is no ``head`` and no labels.
         student: a :class:`~contrastive.nn.text_encoders.TextEncoder` (``self.encoder``); a new
             prediction layer ``head`` is built for it (the teacher's number of labels).
         layer_map: teacher layer (0-based) for each student layer; default the paper's uniform
@@ -120,12 +127,12 @@ class LRCBert(ContrastiveDistillation):
     ``neg_sim`` (deepest layer), ``accuracy`` (classification) and ``embeddings``.
     """
 
-    needs = TEXT_KEYS
+    needs: tuple[str, ...] = TEXT_KEYS
     uses_in_batch_negatives = True
 
     def __init__(
         self,
-        teacher: TextClassifier,
+        teacher: TextClassifier | TextEncoder,
         student: TextEncoder,
         *,
         layer_map: Sequence[int] | None = None,
@@ -148,25 +155,33 @@ class LRCBert(ContrastiveDistillation):
         if perturb_scale < 0 or temperature <= 0:
             raise ValueError(f"need perturb_scale >= 0, temperature > 0; got {perturb_scale}, "
                              f"{temperature}")
-        for name, m in (("teacher", teacher), ("teacher.encoder", getattr(teacher, "encoder", None)),
-                        ("student", student)):
-            if m is None or not callable(getattr(m, "encode" if name != "teacher" else "predict",
-                                                 None)):
-                raise TypeError(f"LRCBert: {name} must be a TextClassifier (teacher) / TextEncoder "
-                                f"(student), got {type(m).__name__}")
-        self.teacher: TextClassifier = teacher.requires_grad_(False).eval()
+        classifier = callable(getattr(teacher, "predict", None))
+        teacher_encoder: TextEncoder = (cast(TextClassifier, teacher).encoder if classifier
+                                        else cast(TextEncoder, teacher))
+        for name, m in (("teacher", teacher_encoder), ("student", student)):
+            if not callable(getattr(m, "encode", None)):
+                raise TypeError(f"LRCBert: {name} must be a TextClassifier or TextEncoder "
+                                f"(teacher) / TextEncoder (student), got {type(m).__name__}")
+        if not classifier and any(b or c for _, b, c in self.stage_weights):
+            raise ValueError("LRCBert: a teacher without a prediction layer (pre-training "
+                             "distillation) gives no soft or hard targets: stage weights must "
+                             f"be (alpha, 0, 0), got {self.stage_weights}")
+        self.teacher: TextClassifier | TextEncoder = teacher.requires_grad_(False).eval()
         self.encoder: TextEncoder = student
-        n_s, n_t = student.num_layers, teacher.encoder.num_layers
+        n_s, n_t = student.num_layers, teacher_encoder.num_layers
         phi = list(layer_map) if layer_map is not None else uniform_layer_map(n_s, n_t)
         if len(phi) != n_s or not all(0 <= j < n_t for j in phi):
             raise ValueError(f"layer_map must give a teacher layer in 0..{n_t - 1} for each of "
                              f"the {n_s} student layers, got {phi}")
         self.layer_map = phi
         self.projections = nn.ModuleList(
-            nn.Linear(student.hidden_size, teacher.encoder.hidden_size, bias=False)
+            nn.Linear(student.hidden_size, teacher_encoder.hidden_size, bias=False)
             for _ in range(n_s))
-        self.regression = bool(teacher.regression)
-        self.head = nn.Linear(student.hidden_size, teacher.num_labels)
+        self.regression = bool(getattr(teacher, "regression", False))
+        self.head: nn.Linear | None = None
+        if classifier:
+            self.head = nn.Linear(student.hidden_size, cast(TextClassifier, teacher).num_labels)
+        self.needs = TEXT_KEYS if classifier else TEXT_KEYS[:3]  # no labels to read
         self.representation, self.intermediate = representation, intermediate
         self.temperature, self.perturb, self.perturb_scale = temperature, perturb, perturb_scale
         self.cosnce = get_loss("cosnce", normalize=False)  # inputs are made unit here
@@ -174,8 +189,23 @@ class LRCBert(ContrastiveDistillation):
 
     def predict(self, batch: Mapping[str, Any]) -> Tensor:
         """The student's logits (B, C) (scores (B, 1) for regression)."""
+        if self.head is None:
+            raise TypeError("LRCBert.predict: a pre-training distillation (a teacher without a "
+                            "prediction layer) trains no prediction layer")
         ids, mask, types = encoder_inputs(batch, "LRCBert")
         return self.head(self.encoder.encode(ids, mask, types).pooled)
+
+    def sentence_encoder(self) -> TextEncoder:
+        """The student encoder: a pre-training distillation's artefact (``model/``, an ``hf:``
+        folder a task distillation starts from with ``--student hf:FOLDER``)."""
+        return self.encoder
+
+    def _teacher_encoder(self) -> TextEncoder:
+        """The teacher's encoder: the classifier's, or the teacher itself when it has no
+        prediction layer (pre-training distillation)."""
+        if self.head is None:
+            return cast(TextEncoder, self.teacher)
+        return cast(TextClassifier, self.teacher).encoder
 
     # -- pieces ----------------------------------------------------------------------------
     def _length(self, mask: Tensor) -> int:
@@ -189,9 +219,12 @@ class LRCBert(ContrastiveDistillation):
 
     @torch.no_grad()
     def _teacher(self, ids: Tensor, mask: Tensor, types: Tensor | None, length: int
-                 ) -> tuple[list[Tensor], list[Tensor], Tensor]:
-        out = self.teacher.encoder.encode(ids, mask, types)
-        logits = self.teacher.head(self.teacher.dropout(out.pooled))
+                 ) -> tuple[list[Tensor], list[Tensor], Tensor | None]:
+        out = self._teacher_encoder().encode(ids, mask, types)
+        logits = None
+        if self.head is not None:
+            classifier = cast(TextClassifier, self.teacher)
+            logits = classifier.head(classifier.dropout(out.pooled))
         raw = [out.hidden_states[j] for j in self.layer_map]
         reps = [unit(layer_representation(h, mask, self.representation, length)) for h in raw]
         return reps, raw, logits
@@ -223,6 +256,7 @@ class LRCBert(ContrastiveDistillation):
             parts.update(intermediate=layers.mean(), layers=layers)
             loss = alpha * parts["intermediate"]
         if beta or gamma:
+            assert self.head is not None  # __init__: no soft or hard loss without a head
             logits = self.head(out.pooled)
             parts["logits"] = logits
             if beta:
@@ -239,8 +273,8 @@ class LRCBert(ContrastiveDistillation):
     def forward(self, batch: Mapping[str, Any]) -> dict[str, Tensor]:
         ids, mask, types = encoder_inputs(batch, "LRCBert")
         stage = int(read(batch, "stage", "LRCBert"))
-        labels = read(batch, "labels", "LRCBert")
-        if labels.shape != ids.shape[:1]:
+        labels = read(batch, "labels", "LRCBert") if self.head is not None else None
+        if labels is not None and labels.shape != ids.shape[:1]:
             raise ValueError(f"LRCBert: labels must be ({ids.shape[0]},), got "
                              f"{tuple(labels.shape)}")
         length = self._length(mask)
@@ -269,6 +303,7 @@ class LRCBert(ContrastiveDistillation):
             if k in parts:
                 result[f"loss_{k}"] = parts[k].detach()
         if "logits" in parts and not self.regression:
+            assert labels is not None  # a head (the task stage) reads them
             result["accuracy"] = (parts["logits"].detach().argmax(1) == labels).float().mean() * 100
         if "last" in ctx:
             s = ctx["last"].detach()

@@ -43,8 +43,13 @@ def task_loss(logits: Tensor, labels: Tensor, regression: bool) -> Tensor:
 
 
 def encoder_inputs(batch: Mapping[str, Any], method: str) -> tuple[Tensor, Tensor, Tensor | None]:
-    """``input_ids`` (B, T), ``attention_mask`` (B, T) and ``token_type_ids`` (or None)."""
+    """``input_ids`` (B, T), ``attention_mask`` (B, T) and ``token_type_ids`` (or None); a
+    batch of one-sentence examples as the sentences kit gives it, (B, 1, T), is read as (B, T)."""
     ids = read(batch, "input_ids", method)
+    if isinstance(ids, Tensor) and ids.dim() == 3 and ids.shape[1] == 1:
+        batch = {k: v.squeeze(1) if isinstance(v, Tensor) and v.dim() == 3 else v
+                 for k, v in batch.items()}
+        ids = batch["input_ids"]
     if not isinstance(ids, Tensor) or ids.dim() != 2:
         raise ValueError(f"{method}: batch['input_ids'] must be a (batch, tokens) tensor of token "
                          f"ids (TextTokenizer.collate makes it), got {getattr(ids, 'shape', ids)}")

@@ -150,7 +150,7 @@ def test_bad_input_is_named() -> None:
     with pytest.raises(ValueError, match="representation"):
         _method(representation="pooled")
     with pytest.raises(TypeError, match="TextClassifier"):
-        LRCBert(_enc(2, 8, 0), _enc(2, 8, 1))
+        LRCBert(torch.nn.Linear(2, 2), _enc(2, 8, 1))  # type: ignore[arg-type]
     m = _method()
     with pytest.raises(KeyError, match="stage"):
         m(_batch())

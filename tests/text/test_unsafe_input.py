@@ -110,3 +110,27 @@ def test_a_planted_pickle_as_the_text_tower_is_refused_before_the_run_folder(
     assert lines[0].startswith(f"{recipe}.py: error: ") and "refused" in lines[0], lines
     assert "pytorch_model.bin" in lines[0] and not marker.exists()
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("flag", ["--teacher", "--student"])
+def test_a_planted_pickle_in_pre_training_distillation_is_refused_before_the_run_folder(
+        tmp_path: Path, capsys, flag: str) -> None:
+    """recipes/lrc_bert_pretrain.py checks its teacher and student ``hf:`` folders before
+    anything is built: one line through ``cli``, status 2, the pickle never run."""
+    import transformers
+
+    folder, marker = _planted(tmp_path)
+    safe = tmp_path / "safe"
+    transformers.BertModel(transformers.BertConfig(
+        vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=32)).save_pretrained(safe)
+    capsys.readouterr()  # transformers' progress bar
+    models = {"--teacher": f"hf:{safe}", "--student": "bert", flag: f"hf:{folder}"}
+    argv = [*(x for kv in models.items() for x in kv), "--steps", "1", "--output-dir",
+            str(tmp_path / "run")]
+    module = _recipe("lrc_bert_pretrain")
+    code = module.cli(module.main, "lrc_bert_pretrain.py", argv)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith("lrc_bert_pretrain.py: error: ") and "refused" in lines[0], lines
+    assert not marker.exists() and not (tmp_path / "run").exists()

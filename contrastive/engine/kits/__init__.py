@@ -20,7 +20,7 @@ evaluators, its artefact writers and its part of the hand-off to the method
   a classification head (``LabelledImageConfig``, ``LabelledImageAdapter``, ``val_top1``, a
   classifier folder; ``contrastive-finetune``);
 - :mod:`~contrastive.engine.kits.text`: what the two text kits share (``TextRunConfig``,
-  ``BertSizes``, ``TokenAdapter``).
+  ``BertSizes``, ``BertOptimiser``, ``TokenAdapter``).
 
 How to add one: CONTRIBUTING.md, "Add a modality".
 """
@@ -36,10 +36,10 @@ from contrastive.engine.kits.image_text import (
 from contrastive.engine.kits.labelled_image import LabelledImageAdapter, LabelledImageConfig
 from contrastive.engine.kits.labelled_text import LabelledTextAdapter, LabelledTextConfig
 from contrastive.engine.kits.sentences import TextAdapter, TextConfig
-from contrastive.engine.kits.text import BertSizes, TextRunConfig
+from contrastive.engine.kits.text import BertOptimiser, BertSizes, TextRunConfig
 
 __all__ = ["BATCH_KEYS", "Artefacts", "DataAdapter", "HandOff", "StepHook", "ImageConfig",
            "CifarConfig", "DIMConfig", "ImageAdapter", "ImageTextConfig", "DualEncoderConfig",
-           "ImageTextAdapter", "dual_encoder_kwargs", "TextRunConfig", "BertSizes", "TextConfig",
-           "TextAdapter", "LabelledTextConfig", "LabelledTextAdapter", "LabelledImageConfig",
-           "LabelledImageAdapter"]
+           "ImageTextAdapter", "dual_encoder_kwargs", "TextRunConfig", "BertSizes",
+           "BertOptimiser", "TextConfig", "TextAdapter", "LabelledTextConfig",
+           "LabelledTextAdapter", "LabelledImageConfig", "LabelledImageAdapter"]

@@ -17,7 +17,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -25,7 +25,7 @@ from torch.utils.data import Dataset
 
 from contrastive.engine.fields import as_flag, help_field, override
 from contrastive.engine.kits.base import Artefacts, HandOff
-from contrastive.engine.kits.text import BertSizes, TextRunConfig, TokenAdapter
+from contrastive.engine.kits.text import BertOptimiser, BertSizes, TokenAdapter
 from contrastive.records import CLASSIFIER_FILE, MODEL_DIR, RESULTS_FILE
 
 if TYPE_CHECKING:
@@ -40,17 +40,13 @@ C = TypeVar("C", bound="LabelledTextConfig")
 
 
 @dataclass
-class LabelledTextConfig(BertSizes, TextRunConfig):
+class LabelledTextConfig(BertSizes, BertOptimiser):
     """A run on labelled sentences or sentence pairs (fine-tuning an encoder with a prediction
     layer, distilling one): the task (GLUE, read from ``--glue-dir``, or a generated one), the
-    sizes of a BERT built from a configuration, and BERT's fine-tuning optimiser (Devlin et al.
-    2019, sec. A.3; the authors' google-research/bert ``run_classifier.py`` and
-    ``optimization.py``): AdamW (betas 0.9 / 0.999; eps 1e-8, torch's and the Hugging Face
-    Trainer's, where the authors' TensorFlow code has 1e-6), linear warm-up over
-    ``--warmup-fraction`` (``warmup_proportion`` 0.1) of the steps then linear decay to 0,
-    weight decay 0.01 except biases and LayerNorm, gradient norm clipped to 1.0. The evaluator
-    is the task's official dev metric (``glue_*`` in metrics.jsonl). The recipes set the model
-    flags' names and sizes."""
+    sizes of a BERT built from a configuration, and BERT's fine-tuning optimiser
+    (:class:`~contrastive.engine.kits.text.BertOptimiser`). The evaluator is the task's official
+    dev metric (``glue_*`` in metrics.jsonl). The recipes set the model flags' names and
+    sizes."""
 
     task: str = help_field("generated", "a GLUE task (sst2, mnli, stsb, ...; with --glue-dir) "
                            "or generated | generated-nli | generated-sts")
@@ -76,34 +72,14 @@ class LabelledTextConfig(BertSizes, TextRunConfig):
     steps: int = override(1000, "optimiser steps (the budget; 0 = --epochs decide: "
                           "--steps 0 --epochs N)")
     batch_size: int = override(32, "GLOBAL examples per optimiser step")
-    optimizer: str = override("adamw", "AdamW (BERT's)")
     lr: float = override(2e-5, "peak AdamW learning rate, absolute")
-    lr_scaling: str = override("none", "lr is absolute")
-    lr_schedule: str = override("linear", "linear decay to 0 after the warm-up (BERT's)")
-    warmup_fraction: float = help_field(
-        0.1, "linear warm-up over this fraction of the budget (sets --warmup-steps, or "
-        "--warmup-epochs with an --epochs budget, when those are 0)")
-    weight_decay: float = override(0.01, "AdamW weight decay (none on biases and LayerNorm)")
-    clip_grad_norm: float = override(1.0, "max gradient norm (0 = off)")
     num_workers: int = override(0, "loader workers (tokenising is cheap: 0 = in the main "
                                 "process)")
     log_every: int = 50
 
-    derived_fields: ClassVar[tuple[str, ...]] = ("warmup_steps", "warmup_epochs")
-
-    def __post_init__(self) -> None:
-        """``--warmup-fraction`` into the engine's warm-up in steps (or epochs)."""
-        if self.warmup_fraction > 0 and not (self.warmup_steps or self.warmup_epochs):
-            if self.steps:
-                self.warmup_steps = int(self.warmup_fraction * self.steps)
-            else:
-                self.warmup_epochs = self.warmup_fraction * self.epochs
-
     def validate(self) -> None:
-        """The checks of every text run, the sizes and the warm-up fraction."""
+        """The checks of every text run, the warm-up fraction, the sizes and the task's."""
         super().validate()
-        if not 0.0 <= self.warmup_fraction < 1.0:
-            raise ValueError(f"--warmup-fraction must be in [0, 1), got {self.warmup_fraction}")
         self.check_bert_sizes()
         for name in ("n_train", "n_dev"):
             if getattr(self, name) <= 0:

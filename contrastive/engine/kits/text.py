@@ -1,23 +1,24 @@
 """What the two text kits share (:mod:`~contrastive.engine.kits.sentences`,
 :mod:`~contrastive.engine.kits.labelled_text`): the text fields of a run
 (:class:`TextRunConfig`), a BERT's sizes (:class:`BertSizes`, also the image-text kit's text
-tower) and the token batch on the device (:class:`TokenAdapter`)."""
+tower), BERT's optimiser (:class:`BertOptimiser`: fine-tuning and distilling a BERT) and the
+token batch on the device (:class:`TokenAdapter`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 from torch import Tensor
 
 from contrastive.engine.config import RunConfig
 from contrastive.engine.extras import add_extras
-from contrastive.engine.fields import as_flag, help_field
+from contrastive.engine.fields import as_flag, help_field, override
 from contrastive.engine.kits.base import HandOff, KitDefaults
 
-__all__ = ["TextRunConfig", "BertSizes", "TokenAdapter"]
+__all__ = ["TextRunConfig", "BertSizes", "BertOptimiser", "TokenAdapter"]
 
 #: a text kit's configuration
 T = TypeVar("T", bound="TextRunConfig", contravariant=True)
@@ -44,6 +45,42 @@ class TextRunConfig(RunConfig):
         if self.eval_every < 0:
             raise ValueError(f"--eval-every must be >= 0, got {self.eval_every}")
 
+
+
+@dataclass
+class BertOptimiser(TextRunConfig):
+    """BERT's optimiser, for the runs that fine-tune or distil a BERT (Devlin et al. 2019, sec.
+    A.3; the authors' google-research/bert ``run_classifier.py`` and ``optimization.py``; the
+    same in TinyBERT's ``general_distill.py`` and ``task_distill.py``): AdamW (betas 0.9 /
+    0.999; eps 1e-8, torch's and the Hugging Face Trainer's, where the authors' TensorFlow code
+    has 1e-6), linear warm-up over ``--warmup-fraction`` (``warmup_proportion`` 0.1) of the
+    budget then linear decay to 0, weight decay 0.01 except biases and LayerNorm, gradient norm
+    clipped to 1.0. The recipes set the budget and the learning rate."""
+
+    optimizer: str = override("adamw", "AdamW (BERT's)")
+    lr_scaling: str = override("none", "lr is absolute")
+    lr_schedule: str = override("linear", "linear decay to 0 after the warm-up (BERT's)")
+    warmup_fraction: float = help_field(
+        0.1, "linear warm-up over this fraction of the budget (sets --warmup-steps, or "
+        "--warmup-epochs with an --epochs budget, when those are 0)")
+    weight_decay: float = override(0.01, "AdamW weight decay (none on biases and LayerNorm)")
+    clip_grad_norm: float = override(1.0, "max gradient norm (0 = off)")
+
+    derived_fields: ClassVar[tuple[str, ...]] = ("warmup_steps", "warmup_epochs")
+
+    def __post_init__(self) -> None:
+        """``--warmup-fraction`` into the engine's warm-up in steps (or epochs)."""
+        if self.warmup_fraction > 0 and not (self.warmup_steps or self.warmup_epochs):
+            if self.steps:
+                self.warmup_steps = int(self.warmup_fraction * self.steps)
+            else:
+                self.warmup_epochs = self.warmup_fraction * self.epochs
+
+    def validate(self) -> None:
+        """The checks of every text run and the warm-up fraction."""
+        super().validate()
+        if not 0.0 <= self.warmup_fraction < 1.0:
+            raise ValueError(f"--warmup-fraction must be in [0, 1), got {self.warmup_fraction}")
 
 @dataclass
 class BertSizes:
