@@ -78,6 +78,7 @@ class LRCPretrainConfig(BertSizes, BertOptimiser, TextConfig):
     n_train: int = help_field(4000, "generated: sentences")
     tokenizer: str = override("", "folder with tokenizer.json or vocab.txt; empty = the "
                               "teacher's (teacher and student read the same token ids)")
+    vocab_size: int = override(1000, "not used: the tokenizer is the teacher's (--tokenizer)")
     eval: str = override("none", "STS pairs to monitor the student on (Spearman of its pooled "
                          "output's cosines): a GLUE STS-B folder or TSV | generated | none")
     eval_at_start: bool = override(False, "also evaluate before training")

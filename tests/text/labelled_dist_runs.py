@@ -1,13 +1,15 @@
 """The runs of tests/text/test_labelled_distributed.py (not a test module; the
 ``two_process_runs`` fixture launches it, tests/launch_worker.py): teacher fine-tuning
-(``recipes/bert_finetune.py``) then LRC-BERT (``recipes/lrc_bert.py``) through their ``main``,
-one after the other in this process, into ``folder/name/finetune`` and ``folder/name/lrc``.
+(``recipes/bert_finetune.py``), LRC-BERT (``recipes/lrc_bert.py``) and its pre-training
+distillation (``recipes/lrc_bert_pretrain.py``, the teacher's encoder on the generated
+sentences) through their ``main``, one after the other in this process, into
+``folder/name/finetune``, ``folder/name/lrc`` and ``folder/name/pretrain``.
 LRC-BERT distils the fixed teacher that ``prepare`` fine-tunes into ``folder/teacher``, so
 every run distils the same teacher. Float64, dropout off (the masks of 2 x B and 1 x 2B
 cannot be the same), no evaluator. The two bugs the comparison must catch
 (``mutations``): fine-tuning's loss summed over each process's examples instead of averaged
 (so the gradient no longer is the global batch's mean), and LRC-BERT's negatives taken from
-the process's own batch only (no gather).
+the process's own batch only (no gather; both LRC-BERT runs).
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ FINETUNE = [*COMMON, "--layers", "1", "--hidden", "16", "--heads", "2", "--inter
 # the recipe's AdamW, clip and 1:0:0 -> 1:1:3 stages (step 2 of 3 is stage 2), perturbation on
 LRC = [*COMMON, "--layers", "1", "--hidden", "8", "--heads", "2", "--intermediate-size", "16",
        "--lr", "1e-3", "--stage1-fraction", "0.5"]
+# pre-training distillation: the generated sentences, the teacher's encoder without its head
+PRETRAIN = ["--data", "generated", "--n-train", "64", "--batch-size", "16", "--steps", "3",
+            "--float64", "--dropout", "0", "--eval", "none", "--log-every", "1", "--progress",
+            "false", "--mixed-precision", "no", "--num-workers", "0", "--save-every-steps", "0",
+            "--layers", "1", "--hidden", "8", "--heads", "2", "--intermediate-size", "16",
+            "--lr", "1e-3"]
 
 
 def prepare(folder: Path) -> None:
@@ -48,6 +56,8 @@ def run(folder: Path, name: str) -> None:
     teacher = str(folder / "teacher" / "model")
     run_recipe_main("bert_finetune", FINETUNE, folder / name / "finetune")
     run_recipe_main("lrc_bert", [*LRC, "--teacher", teacher], folder / name / "lrc")
+    run_recipe_main("lrc_bert_pretrain", [*PRETRAIN, "--teacher", f"hf:{teacher}"],
+                    folder / name / "pretrain")
 
 
 def mutations() -> list[tuple[object, str, object]]:

@@ -1,6 +1,6 @@
-"""Teacher fine-tuning and LRC-BERT in 2 processes (``accelerate launch --multi_gpu
+"""Teacher fine-tuning, LRC-BERT and its pre-training distillation in 2 processes (``accelerate launch --multi_gpu
 --num_processes 2``, gloo on the CPU) equal 1 process with the same global batch, through the
-recipes (tests/text/labelled_dist_runs.py runs both, in the session's one launch of
+recipes (tests/text/labelled_dist_runs.py runs the three, in the session's one launch of
 tests/launch_worker.py), in float64 with dropout off.
 
 Each comparison can fail: the mutant runs plant fine-tuning's loss summed per process
@@ -45,7 +45,7 @@ def runs(two_process_runs) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("name", ["finetune", "lrc"])
+@pytest.mark.parametrize("name", ["finetune", "lrc", "pretrain"])
 def test_two_processes_equal_one_and_the_mutant_differs(runs: Path, name: str) -> None:
     one, two, mutant = (_weights(runs / d, name) for d in ("one", "two", "mutant"))
     assert next(iter(one.values())).dtype == torch.float64
