@@ -490,10 +490,10 @@ def budget_start(task: str, root: Path) -> tuple[str, str] | None:
     if not means:
         return None
     best = max(means, key=lambda st: (means[st], -BUDGET_STARTS.index(st)))
+    missing = [st for st in BUDGET_STARTS if st not in means]
     return best, ("the highest mean held-out score of lrc over seeds 0-2 among the starts with "
                   "all three: " + ", ".join(f"{st} {100 * m:.2f}" for st, m in means.items())
-                  + f"; not complete: {', '.join(st for st in BUDGET_STARTS if st not in means)}"
-                  * (len(means) < len(BUDGET_STARTS)))
+                  + (f"; not complete: {', '.join(missing)}" if missing else ""))
 
 
 def budget_runs(root: Path) -> list[Run]:
