@@ -190,6 +190,9 @@ def test_the_budget_start_is_the_best_complete_one_and_stays(driver, tmp_path: P
     _fake_result(ce.folder(root), 0.7, 0.71)
     rec = driver.record(ce, root)
     assert rec["meaning"].endswith("; 10 epochs") and rec["budget_start"] == "pre"
+    table = driver.table(root)  # beside the same start's 3-epoch run: its search run here
+    assert "| MRPC | ce | pre | 0.0001 | 71.0 (70.0) | 60.0 (80.0) | +11.0 |" in table
+    assert f"- mrpc: start pre: {why}" in table
     ledger = json.loads(driver.LEDGER.read_text())
     for n in list(ledger["runs"]):  # random now learns best: the recorded choice stays
         if n.startswith("student-mrpc-lrc-lr0.0003-s"):
