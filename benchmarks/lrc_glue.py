@@ -2,11 +2,12 @@
 """LRC-BERT on real GLUE (issue 30): every run of the table, resumable across sessions, and the
 table itself.
 
-    python benchmarks/lrc_glue.py plan                       # the runs and their state
+    python benchmarks/lrc_glue.py plan                       # the runs, their state, CPU hours
     python benchmarks/lrc_glue.py run [--workers 2] [--phase PHASE]     # PHASES, in order
     python benchmarks/lrc_glue.py table                      # results/lrc_glue_runs.json + table
     python benchmarks/lrc_glue.py speed                      # teacher vs student inference
     python benchmarks/lrc_glue.py targets                    # how soft the teachers' targets are
+    python benchmarks/lrc_glue.py corpus                     # ROOT/general/corpus.txt (issue 51)
 
 Runs live in ``--root`` (default ``runs/lrc_glue``, outside git); each is a run folder of
 ``recipes/bert_finetune.py`` or ``recipes/lrc_bert.py`` started with ``--resume auto``, so a
@@ -52,6 +53,41 @@ The design (the issue's phase 1, at CPU scale):
   lr search and the main phase's design: runs ``pre-TASK-VARIANT-lrLR-sSEED``, records whose
   ``meaning`` names the start, its own section of the table. Like the control it steps with
   the engine's fused kernel (a family of its own: its variants compared with each other).
+- abl (issue 51, step 3: the paper's Table 3): which of LRC-BERT's parts matter here. The
+  random-init student on MRPC and SST-2 (where students learn), seeds 0-2, at ``lrc``'s chosen
+  lr, without COS-NCE (``lrc_no_cosnce``: one stage at 0:1:3; two stages would still train
+  COS-NCE for 80 % of the steps), without the soft loss (two stages, then 1:0:3), without the
+  hard loss (then 1:1:0), without the two stages (``lrc_1stage``, 1:1:3 throughout); each
+  paired by seed with the full ``lrc``.
+- teachers2, lr2, main2, lr2-pre, main2-pre (step 4): RTE and STS-B (``TASKS2``; STS-B is
+  regression: GLUE's mean of Pearson and Spearman, MSE hard and soft losses) through the
+  teachers', the search's and the main runs' design, random and pretrained students, variants
+  ``ce``, ``kd``, ``lrc`` (the issue's three). Phases of their own, so the phases above keep
+  their plans; the same split rule (10 % held out, data seed 0; STS-B's held-out rows drawn
+  stratified by score quintile).
+- bertm (step 4): the article's BERT_M, MSE in place of COS-NCE between the layers
+  (``lrc_mse``, ``--layer-loss mse``), random init, MRPC, CoLA, SST-2, seeds 0-2, at ``lrc``'s
+  chosen lr: is the contrastive loss what helps, or any layer-matching loss?
+- general, main-gen (step 5, the paper's LRC-BERT condition at CPU scale): ``general-e1``
+  distils the un-fine-tuned MiniLM into a 4 x 312 with COS-NCE alone for one epoch of the pooled
+  GLUE training sentences (``corpus``: ``glue_corpus.py``; ``recipes/lrc_bert_pretrain.py``),
+  then ``main-gen`` distils that student on each task as ``lrc`` (MRPC, CoLA, SST-2, seeds 0-2,
+  at the random init's chosen lr: the same architecture, no new search). The random-init
+  ``lrc`` runs are the paper's LRC-BERT1 condition; the table pairs the two by seed. The
+  general run has no task and no dev score: its record holds its training figures and the
+  corpus's sha256; like a teacher it is done only where its model is.
+- abl-pre-cola (step 3, later): the four ablations on CoLA with the pretrained student (the
+  article ablates on CoLA; random-init students sit at its floor here), at ``pre-lrc``'s lr.
+- budget (step 6): does a longer budget change the answer? Cross-entropy and LRC-BERT on MRPC
+  and RTE, 10 epochs, seed 0, from the start that learned best on the task (among the starts
+  with all three seeds of ``lrc`` recorded, the highest mean held-out score; ties: random, pre,
+  gen in that order; kept once a budget run of the task is recorded), at that start's chosen
+  lrs; shown beside the same start's 3-epoch runs. 30 epochs only where a run fits on one
+  machine: time a 3-epoch run (``plan``'s estimate) and multiply by 10; not run by default.
+``plan`` estimates each run's CPU hours from the ledger: the median recorded training seconds
+per kept training row and epoch of the run's family (teachers, a start) on its task, else on
+any task (RTE's long premises make that a low guess), times its rows and epochs; "unknown"
+where nothing comparable is recorded (the general run).
 Every run: fp32 (``--mixed-precision no``: the same figures on every CPU kind, so the work can
 span sessions on machines of either kind), 1 thread per run, ``--workers`` runs at once.
 
@@ -81,7 +117,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from glue_floors import TASKS, task_splits  # noqa: E402
+from glue_corpus import write_corpus  # noqa: E402
+from glue_floors import ALL_TASKS, TASKS, TASKS2, task_splits, train_size  # noqa: E402
 from glue_floors import split_sizes as _split_sizes  # noqa: E402
 from run_ledger import (  # noqa: E402
     DIGESTS,  # noqa: F401 (the digest keys' file, read by the tests)
@@ -113,8 +150,19 @@ VARIANTS: dict[str, tuple[str, ...]] = {  # lrc_bert.py flags of each variant
     # diagnostics (phase "why"): the paper's losses from the first step (1:1:3 throughout)
     "lrc_1stage": ("--no-two-stage",),
     "lrc_np_1stage": ("--no-two-stage", "--no-perturb"),
+    # ablations (phase "abl", the paper's Table 3; lrc_1stage above is the fourth)
+    "lrc_no_cosnce": ("--no-two-stage", "--stage2-weights", "0", "1", "3"),
+    "lrc_no_soft": ("--stage2-weights", "1", "0", "3"),
+    "lrc_no_hard": ("--stage2-weights", "1", "1", "0"),
+    "lrc_mse": ("--layer-loss", "mse"),  # BERT_M (phase "bertm")
 }
 MAIN_VARIANTS = ("ce", "kd", "lrc", "lrc_np")
+ABL_VARIANTS = ("lrc_no_cosnce", "lrc_no_soft", "lrc_no_hard", "lrc_1stage")
+ABL_TASKS, ABL_PRE_TASKS = ("mrpc", "sst2"), ("cola",)
+TASK2_VARIANTS = ("ce", "kd", "lrc")  # RTE and STS-B: the issue names three
+GENERAL = "general-e1"  # the pre-training distillation's run (phase "general")
+BUDGET_TASKS, BUDGET_VARIANTS, BUDGET_EPOCHS = ("mrpc", "rte"), ("ce", "lrc"), 10
+BUDGET_STARTS = ("random", "pre", "gen")  # the candidates, in tie order
 # SST-2 first (the slow check's collapse); CoLA added once its search showed LRC-BERT at one
 # class at 5e-5 and 1e-4 while SST-2's two-stage run at 1e-4 trained its classifier
 WHY_VARIANTS, WHY_TASKS, WHY_LR = ("lrc_1stage", "lrc_np_1stage"), ("sst2", "cola"), 1e-4
@@ -122,7 +170,8 @@ WHY_VARIANTS, WHY_TASKS, WHY_LR = ("lrc_1stage", "lrc_np_1stage"), ("sst2", "col
 # lr-search run, lrc_np at WHY_LR was added once CoLA's one-stage runs split by perturbation
 WHY_GRID = {("two", "perturb"): "lrc", ("two", "none"): "lrc_np",
             ("one", "perturb"): "lrc_1stage", ("one", "none"): "lrc_np_1stage"}
-LR_FROM = {"ce": "ce", "kd": "ce", "lrc": "lrc", "lrc_np": "lrc"}  # whose chosen lr a variant uses
+LR_FROM = {"ce": "ce", "kd": "ce", "lrc": "lrc", "lrc_np": "lrc",  # whose chosen lr a variant uses
+           **dict.fromkeys((*ABL_VARIANTS, "lrc_mse"), "lrc")}
 VARIANT_MEANING = {  # what each variant trains, written into its records (flags may be renamed)
     "ce": "cross-entropy only (0:0:1 throughout, no perturbation)",
     "kd": "KD: soft + hard loss at t 1.1 (0:1:1 throughout, no perturbation)",
@@ -130,16 +179,29 @@ VARIANT_MEANING = {  # what each variant trains, written into its records (flags
     "lrc_np": "LRC-BERT without the perturbation",
     "lrc_1stage": "LRC-BERT at 1:1:3 from the first step (no two stages), perturbation",
     "lrc_np_1stage": "LRC-BERT at 1:1:3 from the first step, no perturbation",
+    "lrc_no_cosnce": "LRC-BERT without COS-NCE: 0:1:3 throughout (one stage), perturbation",
+    "lrc_no_soft": "LRC-BERT without the soft loss: 80 % of the steps 1:0:0 then 1:0:3, "
+                   "perturbation",
+    "lrc_no_hard": "LRC-BERT without the hard loss: 80 % of the steps 1:0:0 then 1:1:0, "
+                   "perturbation",
+    "lrc_mse": "BERT_M: LRC-BERT with MSE in place of COS-NCE between the layers, 80 % of the "
+               "steps 1:0:0 then 1:1:3, perturbation",
 }
+GENERAL_MEANING = ("pre-training distillation: COS-NCE alone from the un-fine-tuned MiniLM into "
+                   "the 4 x 312 on the pooled GLUE training sentences (no held-out or dev "
+                   "sentence), 1 epoch, batch 16, lr 1e-4 (issue 51)")
 CONTROL_STUDENT = ("--student", f"hf:{MINILM}", "--keep-layers", "1,3,5")
 PRE_STUDENT = ("--student", f"hf:{MINILM}", "--keep-layers", "1,2,4,5")
+GEN_STUDENT = ("--student", "hf:{root}/" + GENERAL + "/model")  # {root}: the driver's --root
 
 
 @dataclass(frozen=True)
 class Start:
-    """A family of students by their initialisation: its run names' prefix, the student flags,
-    whether it steps with the engine's fused AdamW kernel, the words a record's ``meaning``
-    adds, its phases (lr search, runs at the chosen lr) and the variants it runs."""
+    """A family of students by their initialisation: its run names' prefix, the student flags
+    (``{root}`` stands for the driver's root), whether it steps with the engine's fused AdamW
+    kernel, the words a record's ``meaning`` adds, its phases (lr search, runs at the chosen
+    lr), the variants it runs, and the family whose search chooses its lrs (its own when
+    None)."""
 
     prefix: str
     flags: tuple[str, ...]
@@ -148,6 +210,10 @@ class Start:
     search_phase: str | None
     main_phase: str
     variants: tuple[str, ...]
+    lrs_of: str | None = None
+
+    def student_flags(self, root: Path) -> tuple[str, ...]:
+        return tuple(f.replace("{root}", str(root)) for f in self.flags)
 
 
 STARTS = {  # "random" is issue 30's design; its records' meanings predate the others
@@ -155,8 +221,21 @@ STARTS = {  # "random" is issue 30's design; its records' meanings predate the o
     "control": Start("control", CONTROL_STUDENT, True, "", None, "control", ("ce", "kd")),
     "pre": Start("pre", PRE_STUDENT, True, "; student from the pretrained MiniLM's layers 1, 2, "
                  "4, 5 (4 x 384, issue 51)", "lr-pre", "main-pre", MAIN_VARIANTS),
+    "gen": Start("gen", GEN_STUDENT, True, "; student from pre-training distillation (COS-NCE "
+                 "from the un-fine-tuned MiniLM on the pooled GLUE training sentences, 1 epoch, "
+                 "issue 51)", None, "main-gen", ("lrc",), lrs_of="random"),
 }
-PHASES = ("teachers", "lr", "why", "main", "control", "lr-pre", "main-pre")  # in run order
+SECOND_PHASES = {"random": ("lr2", "main2"), "pre": ("lr2-pre", "main2-pre")}  # TASKS2's
+PHASES = ("teachers", "lr", "why", "main", "control", "lr-pre", "main-pre", "abl", "teachers2",
+          "lr2", "main2", "lr2-pre", "main2-pre", "bertm", "general", "main-gen", "abl-pre-cola",
+          "budget")  # in run order
+LOCAL_PHASES = ("teachers", "teachers2", "general")  # runs whose model other runs load
+# the paper's Table 1 (GLUE test server, x 100): its teacher, LRC-BERT1, LRC-BERT
+PAPER = {"sst2": (93.6, 90.7, 92.9), "mrpc": (88.0, 83.0, 87.0), "cola": (53.0, 31.6, 46.5),
+         "rte": (66.4, 51.0, 63.1), "stsb": (84.8, 79.8, 81.2)}
+# its Table 3 (dev, x 100), MRPC / CoLA: the full method and each ablation
+PAPER_ABLATIONS = {"lrc": (89.0, 50.0), "lrc_no_cosnce": (81.5, 37.0),
+                   "lrc_no_soft": (89.4, 48.8), "lrc_no_hard": (88.7, 48.6)}
 FLOORS = ROOT / "benchmarks" / "results" / "glue_floors.json"
 _DEFAULT_LEDGER = ROOT / "benchmarks" / "results" / "lrc_glue_runs.json"
 LEDGER = _DEFAULT_LEDGER  # main() sets it from --ledger
@@ -175,18 +254,37 @@ class Run:
     def folder(self, root: Path) -> Path:
         return root / self.name
 
+    @property
+    def local(self) -> bool:
+        """Other runs load its model (a teacher, the general run): done only where it is."""
+        return self.phase in LOCAL_PHASES
+
     def done(self, root: Path) -> bool:
         """Finished here, or a student recorded in the ledger (a teacher must be here: the
         students load its model)."""
-        return self.finished_here(root) or (self.phase != "teachers" and self.name in recorded())
+        return self.finished_here(root) or (not self.local and self.name in recorded())
 
     def finished_here(self, root: Path) -> bool:
-        return trained(self.folder(root)) and (self.folder(root) / "dev.json").is_file()
+        """Trained here, and scored on dev (a run without a task has no dev score)."""
+        return trained(self.folder(root)) and ("task" not in self.meta
+                                                or (self.folder(root) / "dev.json").is_file())
+
+
+_READ: dict[tuple[str, int, int], dict[str, dict[str, Any]]] = {}  # the ledger last read
 
 
 def recorded() -> dict[str, dict[str, Any]]:
-    """The ledger's run records (name -> record), empty when there is no ledger yet."""
-    return json.loads(LEDGER.read_text()).get("runs", {}) if LEDGER.is_file() else {}
+    """The ledger's run records (name -> record), empty when there is no ledger yet; read
+    again only when the file changed (a plan asks for it hundreds of times). Not to be
+    changed: ``update_ledger`` changes the ledger."""
+    if not LEDGER.is_file():
+        return {}
+    st = LEDGER.stat()
+    key = (str(LEDGER), st.st_mtime_ns, st.st_size)
+    if key not in _READ:
+        _READ.clear()
+        _READ[key] = json.loads(LEDGER.read_text()).get("runs", {})
+    return _READ[key]
 
 
 def record(run: Run, root: Path) -> dict[str, Any]:
@@ -197,8 +295,11 @@ def record(run: Run, root: Path) -> dict[str, Any]:
 
     f = run.folder(root)
     times = json.loads((f / "timing.json").read_text()) if (f / "timing.json").is_file() else []
-    rec: dict[str, Any] = {**run.meta, "dev": json.loads((f / "dev.json").read_text()),
-                           "held_out": held_out_score(run, root),
+    scores = ({"dev": json.loads((f / "dev.json").read_text()),
+               "held_out": held_out_score(run, root)} if "task" in run.meta else
+              {"corpus_sha256": json.loads(corpus_path(root).with_suffix(".json").read_text())[
+                  "sha256"] if corpus_path(root).with_suffix(".json").is_file() else None})
+    rec: dict[str, Any] = {**run.meta, **scores,
                            "cpu_s": sum(t["cpu_s"] for t in times),
                            "wall_s": sum(t["wall_s"] for t in times),
                            "train_s": train_seconds(f), "train_end": training_end(f),
@@ -206,22 +307,30 @@ def record(run: Run, root: Path) -> dict[str, Any]:
                            "final_step": final_step(f), "commit": git_commit(),
                            "digest": recipe_digest(run.recipe)}
     if "variant" in run.meta:
-        rec["meaning"] = VARIANT_MEANING[run.meta["variant"]] + STARTS[run.meta["start"]].meaning
-    if run.phase != "teachers":
+        epochs = run.meta.get("epochs", STUDENT_EPOCHS)
+        rec["meaning"] = (VARIANT_MEANING[run.meta["variant"]] + STARTS[run.meta["start"]].meaning
+                          + (f"; {epochs} epochs" if epochs != STUDENT_EPOCHS else ""))
+    if "task" not in run.meta:
+        rec["train_last"] = last_window(f)
+    elif not run.local:
         teacher = teacher_run(run.meta["task"]).folder(root) / "dev.json"
         rec["teacher_dev"] = json.loads(teacher.read_text())["score"] if teacher.is_file() else None
 
     def add(data: dict[str, Any]) -> None:
         old = data["runs"].get(run.name) or {}
-        if old and run.phase == "teachers" and old["dev"] == rec["dev"]:
+        if old and run.local and old.get("dev") == rec.get("dev") and "task" in run.meta:
             # trained again with the same result: the record stays, the rerun is noted
             rerun = {k: rec[k] for k in ("held_out", "cpu_s", "wall_s", "train_s", "cpu",
                                          "date")}
             if rerun not in old.get("reruns", []) and not _same_run(old, rerun):
                 old["reruns"] = [*old.get("reruns", []), rerun]
             return
+        if old and "task" not in run.meta and _same_run(old, {
+                k: rec[k] for k in ("cpu_s", "wall_s", "train_s", "cpu", "final_step",
+                                    "train_last")}):
+            return  # this training recorded already
         earlier = old.pop("earlier", [])
-        if old and run.phase == "teachers":
+        if old and run.local:
             earlier.append(old)
         if earlier:
             rec["earlier"] = earlier
@@ -258,35 +367,62 @@ def _split_flags(task: str, *, fused: bool = False) -> tuple[str, ...]:
 def teacher_run(task: str) -> Run:
     return Run(f"teacher-{task}", "bert_finetune.py",
                (*_split_flags(task), "--model", f"hf:{MINILM}", "--epochs", str(TEACHER_EPOCHS),
-                "--lr", str(TEACHER_LR), "--seed", "0"), "teachers", {"task": task})
+                "--lr", str(TEACHER_LR), "--seed", "0"),
+               "teachers" if task in TASKS else "teachers2", {"task": task})
 
 
 def student_run(task: str, variant: str, lr: float, seed: int, root: Path, *,
-                start: str = "random", phase: str = "main") -> Run:
-    """A student of family ``start`` (``STARTS``) distilled from ``task``'s teacher."""
+                start: str = "random", phase: str = "main", epochs: int = STUDENT_EPOCHS) -> Run:
+    """A student of family ``start`` (``STARTS``) distilled from ``task``'s teacher; another
+    number of ``epochs`` than the study's is a budget run (its own name)."""
     s = STARTS[start]
-    return Run(f"{s.prefix}-{task}-{variant}-lr{lr:g}-s{seed}", "lrc_bert.py",
+    name = (f"{s.prefix}-{task}-{variant}-lr{lr:g}-s{seed}" if epochs == STUDENT_EPOCHS else
+            f"budget-{task}-{variant}-{start}-e{epochs}-s{seed}")
+    meta = {"task": task, "variant": variant, "lr": lr, "seed": seed, "start": start}
+    return Run(name, "lrc_bert.py",
                (*_split_flags(task, fused=s.fused), "--teacher",
-                str(teacher_run(task).folder(root) / "model"), *s.flags, *VARIANTS[variant],
-                "--epochs", str(STUDENT_EPOCHS), "--lr", f"{lr:g}", "--seed", str(seed)), phase,
-               {"task": task, "variant": variant, "lr": lr, "seed": seed, "start": start})
+                str(teacher_run(task).folder(root) / "model"), *s.student_flags(root),
+                *VARIANTS[variant], "--epochs", str(epochs), "--lr", f"{lr:g}", "--seed",
+                str(seed)), phase,
+               meta if epochs == STUDENT_EPOCHS else {**meta, "epochs": epochs})
+
+
+def corpus_path(root: Path) -> Path:
+    """The pre-training distillation's sentences (``corpus``: ``glue_corpus.write_corpus``)."""
+    return root / "general" / "corpus.txt"
+
+
+def general_run(root: Path) -> Run:
+    """The pre-training distillation (issue 51, step 5): COS-NCE from the un-fine-tuned MiniLM
+    into the paper's 4 x 312 (the recipe's default student), one epoch of the corpus; its
+    ``model/`` is the ``gen`` family's start."""
+    return Run(GENERAL, "lrc_bert_pretrain.py",
+               ("--teacher", f"hf:{MINILM}", "--data", str(corpus_path(root)), "--epochs", "1",
+                "--steps", "0", "--batch-size", "16", "--lr", "1e-4", "--max-length", "128",
+                "--eval", "none", "--mixed-precision", "no", "--progress", "false", "--seed",
+                "0"), "general", {"meaning": GENERAL_MEANING})
 
 
 def held_out_score(run: Run, root: Path) -> float | None:
-    """The run's held-out score: from its folder when it trained here, else from the ledger."""
+    """The run's held-out score: from its folder when it trained here, else from the ledger
+    (None for a run without a task)."""
     f = run.folder(root) / "results.json"
+    if "task" not in run.meta:
+        return None
     if not trained(run.folder(root)):
         rec = recorded().get(run.name)
-        return None if rec is None or run.phase == "teachers" else rec["held_out"]
+        return None if rec is None or run.local else rec["held_out"]
     return float(json.loads(f.read_text())["held_out"]["glue_score"])
 
 
 def chosen_lr(task: str, variant: str, root: Path, start: str = "random") -> float | None:
-    """The grid's lr with the best held-out score at seed 0 among family ``start``'s search
-    runs (ties: the smaller lr), or None while a search run is missing."""
-    base, phase = LR_FROM[variant], STARTS[start].search_phase
+    """The grid's lr with the best held-out score at seed 0 among the search runs of family
+    ``start`` (or of the family it takes its lrs from; ties: the smaller lr), or None while a
+    search run is missing."""
+    family = STARTS[start].lrs_of or start
+    base, phase = LR_FROM[variant], STARTS[family].search_phase
     assert phase is not None, f"{start} has no lr search"
-    scores = {lr: held_out_score(student_run(task, base, lr, 0, root, start=start, phase=phase),
+    scores = {lr: held_out_score(student_run(task, base, lr, 0, root, start=family, phase=phase),
                                  root) for lr in LR_GRID}
     if any(s is None for s in scores.values()):
         return None
@@ -296,7 +432,11 @@ def chosen_lr(task: str, variant: str, root: Path, start: str = "random") -> flo
 def family_lr(task: str, variant: str, root: Path, start: str) -> float | None:
     """The lr of family ``start``'s runs of ``variant``: the control's fixed one, the ``why``
     diagnostics' (random init), else the one its search chose (None while it runs, and for a
-    variant the family does not run)."""
+    variant the family does not run; on ``TASKS2`` only the random and pretrained starts'
+    ``TASK2_VARIANTS``)."""
+    if task in TASKS2:
+        return (chosen_lr(task, variant, root, start) if start in SECOND_PHASES
+                and variant in TASK2_VARIANTS else None)
     if start == "control":
         return CONTROL_LR if variant in STARTS[start].variants else None
     if start == "random" and variant in WHY_VARIANTS:
@@ -304,23 +444,74 @@ def family_lr(task: str, variant: str, root: Path, start: str) -> float | None:
     return chosen_lr(task, variant, root, start) if variant in STARTS[start].variants else None
 
 
-def searched_family(root: Path, start: str) -> tuple[list[Run], list[Run]]:
+def searched_family(root: Path, start: str, tasks: tuple[str, ...] = tuple(TASKS),
+                    second: bool = False) -> tuple[list[Run], list[Run]]:
     """Family ``start``'s lr search (``ce`` and ``lrc`` over the grid, seed 0) and its main
     runs at the chosen lrs, every seed (those of a task whose search is unfinished are
-    missing)."""
+    missing); ``second``: ``TASKS2``'s phases and variants (``SECOND_PHASES``)."""
     s = STARTS[start]
     assert s.search_phase is not None, f"{start} has no lr search"
-    search = [student_run(t, v, lr, 0, root, start=start, phase=s.search_phase) for t in TASKS
+    search_phase, main_phase = SECOND_PHASES[start] if second else (s.search_phase, s.main_phase)
+    search = [student_run(t, v, lr, 0, root, start=start, phase=search_phase) for t in tasks
               for v in ("ce", "lrc") for lr in LR_GRID]
-    main = []
+    return search, at_chosen_lr(root, start, tasks, TASK2_VARIANTS if second else s.variants,
+                                main_phase)
+
+
+def at_chosen_lr(root: Path, start: str, tasks: tuple[str, ...], variants: tuple[str, ...],
+                 phase: str) -> list[Run]:
+    """Family ``start``'s runs of ``variants`` on ``tasks`` at their chosen lrs, every seed (a
+    task whose lr is not chosen yet is missing)."""
+    runs = []
     for seed in SEEDS:
-        for t in TASKS:
-            for v in s.variants:
+        for t in tasks:
+            for v in variants:
                 lr = chosen_lr(t, v, root, start)
                 if lr is not None:
-                    main.append(student_run(t, v, lr, seed, root, start=start,
-                                            phase=s.main_phase))
-    return search, main
+                    runs.append(student_run(t, v, lr, seed, root, start=start, phase=phase))
+    return runs
+
+
+def budget_start(task: str, root: Path) -> tuple[str, str] | None:
+    """The start the budget runs of ``task`` take, and why: the one a recorded budget run of
+    the task took, else among the starts with all three seeds of ``lrc`` scored the one with
+    the highest mean held-out score (ties: ``BUDGET_STARTS``' order); None while none has."""
+    for name, rec in recorded().items():
+        if name.startswith(f"budget-{task}-") and "budget_start" in rec:
+            return rec["budget_start"], rec["budget_why"]
+    means: dict[str, float] = {}
+    for start in BUDGET_STARTS:
+        lr = chosen_lr(task, "lrc", root, start) if start != "gen" or task in TASKS else None
+        scores = [] if lr is None else [held_out_score(student_run(task, "lrc", lr, s, root,
+                                                                   start=start), root)
+                                        for s in SEEDS]
+        if scores and all(x is not None for x in scores):
+            means[start] = statistics.fmean(x for x in scores if x is not None)
+    if not means:
+        return None
+    best = max(means, key=lambda st: (means[st], -BUDGET_STARTS.index(st)))
+    missing = [st for st in BUDGET_STARTS if st not in means]
+    return best, ("the highest mean held-out score of lrc over seeds 0-2 among the starts with "
+                  "all three: " + ", ".join(f"{st} {100 * m:.2f}" for st, m in means.items())
+                  + (f"; not complete: {', '.join(missing)}" if missing else ""))
+
+
+def budget_runs(root: Path) -> list[Run]:
+    """Cross-entropy and LRC-BERT at ``BUDGET_EPOCHS`` epochs, seed 0, on ``BUDGET_TASKS``, from
+    each task's :func:`budget_start` at that start's chosen lrs (none before the choice)."""
+    runs = []
+    for task in BUDGET_TASKS:
+        choice = budget_start(task, root)
+        if choice is None:
+            continue
+        for v in BUDGET_VARIANTS:
+            lr = chosen_lr(task, v, root, choice[0])
+            if lr is not None:
+                run = student_run(task, v, lr, 0, root, start=choice[0], phase="budget",
+                                  epochs=BUDGET_EPOCHS)
+                run.meta.update(budget_start=choice[0], budget_why=choice[1])
+                runs.append(run)
+    return runs
 
 
 def plan(root: Path) -> list[Run]:
@@ -333,10 +524,83 @@ def plan(root: Path) -> list[Run]:
     runs += [student_run(t, v, CONTROL_LR, s, root, start="control", phase="control")
              for s in SEEDS for t in TASKS for v in STARTS["control"].variants]
     runs += [r for family in searched_family(root, "pre") for r in family]
+    # issue 51, steps 3-6: new phases only add runs (the ones above keep their names and flags)
+    runs += at_chosen_lr(root, "random", ABL_TASKS, ABL_VARIANTS, "abl")
+    runs += [teacher_run(t) for t in TASKS2]
+    for start in ("random", "pre"):
+        runs += [r for family in searched_family(root, start, tuple(TASKS2), True)
+                 for r in family]
+    runs += at_chosen_lr(root, "random", tuple(TASKS), ("lrc_mse",), "bertm")
+    runs += [general_run(root)]
+    runs += at_chosen_lr(root, "gen", tuple(TASKS), STARTS["gen"].variants, "main-gen")
+    runs += at_chosen_lr(root, "pre", ABL_PRE_TASKS, ABL_VARIANTS, "abl-pre-cola")
+    runs += budget_runs(root)
     unique: dict[str, Run] = {}
     for r in runs:  # an lr-search run at the chosen lr is also seed 0's main run
         unique.setdefault(r.name, r)
     return list(unique.values())
+
+
+@functools.lru_cache
+def kept_rows(task: str) -> int:
+    """The training rows a run of ``task`` trains on (its held-out rows left out)."""
+    return train_size(task, GLUE) - split_sizes(task, GLUE)[1]
+
+
+def _cost_key(name: str, meta: dict[str, Any]) -> tuple[str, str, str]:
+    """(model family, loss family, task) of a run for the CPU estimate: the run name's prefix
+    (a budget run's start; ``gen``: the random init's 4 x 312), cross-entropy-like (ce, kd: no
+    COS-NCE) or LRC-BERT-like, and its task."""
+    prefix = STARTS[meta["start"]].prefix if name.startswith("budget-") else name.split("-")[0]
+    loss = "teacher" if "variant" not in meta else "ce" if meta["variant"] in ("ce", "kd") else "lrc"
+    return {"gen": "student"}.get(prefix, prefix), loss, meta["task"]
+
+
+def cost_rates() -> dict[tuple[str, ...], float]:
+    """Median recorded training seconds per kept training row and epoch (the ledger's
+    ``train_s``, 1 thread) by :func:`_cost_key` and by its first two parts (any task)."""
+    groups: dict[tuple[str, ...], list[float]] = {}
+    for name, rec in recorded().items():
+        if rec.get("train_s") and "task" in rec:
+            key = _cost_key(name, rec)
+            epochs = rec.get("epochs", TEACHER_EPOCHS if key[1] == "teacher" else STUDENT_EPOCHS)
+            rate = rec["train_s"] / (kept_rows(rec["task"]) * epochs)
+            for k in (key, key[:2]):
+                groups.setdefault(k, []).append(rate)
+    return {k: statistics.median(v) for k, v in groups.items()}
+
+
+def cpu_hours(run: Run, rates: dict[tuple[str, ...], float]) -> float | None:
+    """``run``'s estimated training hours on one thread (:func:`cost_rates` x its rows and
+    epochs; the rate of its task when recorded, else of any task), None when unknown."""
+    if "task" not in run.meta:
+        return None
+    key = _cost_key(run.name, run.meta)
+    rate = rates.get(key) or rates.get(key[:2])
+    epochs = int(run.args[run.args.index("--epochs") + 1])
+    return None if rate is None else rate * kept_rows(run.meta["task"]) * epochs / 3600
+
+
+def print_plan(root: Path) -> None:
+    """Each run's state, phase, name and (to do) estimated hours; then each phase's total."""
+    rates = cost_rates()
+    totals: dict[str, tuple[int, float, int]] = {}
+    for r in plan(root):
+        done = r.done(root)
+        hours = None if done else cpu_hours(r, rates)
+        todo, known, unknown = totals.get(r.phase, (0, 0.0, 0))
+        totals[r.phase] = (todo + (not done), known + (hours or 0.0),
+                           unknown + (not done and hours is None))
+        est = "" if done else "  unknown" if hours is None else f"  ~{hours:.2f} h"
+        print(f"{'done' if done else 'todo'}  {r.phase:8s} {r.name}{est}")
+    for phase in PHASES:
+        todo, known, unknown = totals.get(phase, (0, 0.0, 0))
+        print(f"phase {phase}: {todo} runs to do, ~{known:.1f} h"
+              + (f" + {unknown} unknown" if unknown else "")
+              + ("" if phase in totals else " (its runs appear once earlier phases chose)"))
+    print("hours: training on 1 thread, from the ledger's median seconds per kept training row "
+          "and epoch of the same family and loss (its task's, else any task's); unknown: "
+          "nothing comparable recorded")
 
 
 def score_on_dev(run: Run, root: Path) -> dict[str, float]:
@@ -361,15 +625,27 @@ def execute(run: Run, root: Path, threads: int) -> dict[str, Any]:
     """Train (or resume) one run in a child process, then score it on dev; returns its timing,
     ``{"skipped": why}`` when its teacher is not trained yet or another driver holds it, or
     ``{"done": ...}`` when another driver finished it since this one made its plan."""
-    teacher = Path(run.args[run.args.index("--teacher") + 1]) if "--teacher" in run.args else None
-    if teacher is not None and not trained(teacher.parent):
-        return {"skipped": "its teacher is not trained yet"}
+    if why := waits_for(run, root):
+        return {"skipped": why}
     # the plan may be older than another driver's finish: then it is not scored again
     return exclusive(root, run.name, lambda: run.done(root), lambda: _execute(run, root, threads))
 
 
+def waits_for(run: Run, root: Path) -> str | None:
+    """Why ``run`` cannot start yet: a run folder of this root whose model it loads (its
+    teacher, the general run's student) is not trained here; None when it can."""
+    for flag, what in (("--teacher", "its teacher"), ("--student", f"its student ({GENERAL})")):
+        if flag in run.args:
+            folder = Path(run.args[run.args.index(flag) + 1].removeprefix("hf:")).parent
+            if folder.parent == root and not trained(folder):
+                return f"{what} is not trained yet"
+    return None
+
+
 def _execute(run: Run, root: Path, threads: int) -> dict[str, Any]:
     folder = run.folder(root)
+    if run.phase == "general" and not corpus_path(root).is_file():
+        write_corpus(corpus_path(root).parent, GLUE)
     cmd = [sys.executable, str(ROOT / "recipes" / run.recipe), *run.args,
            "--output-dir", str(folder), "--resume", "auto"]
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -383,18 +659,20 @@ def _execute(run: Run, root: Path, threads: int) -> dict[str, Any]:
         if timing["rc"] != 0 or not trained(folder):
             return timing
         (root / "commands.txt").open("a").write(" ".join(cmd) + "\n")
-    (folder / "dev.json").write_text(json.dumps(score_on_dev(run, root), indent=1))
+    if "task" in run.meta:
+        (folder / "dev.json").write_text(json.dumps(score_on_dev(run, root), indent=1))
     prune_checkpoints(folder)
     record(run, root)
     return timing
 
 
 def run_phase(root: Path, phase: str | None, workers: int, threads: int,
-              tasks: tuple[str, ...] = tuple(TASKS)) -> None:
+              tasks: tuple[str, ...] = tuple(ALL_TASKS)) -> None:
     """Run what is not done, phase by phase (a later phase's plan needs the earlier results),
     again while some runs were skipped (a teacher or another driver still busy), until every run
     is done or failed once (a failed run's log is ``ROOT/NAME.log``; the next call retries).
-    ``tasks``: only these tasks' runs (a fresh machine then trains only their teachers)."""
+    ``tasks``: only these tasks' runs (a fresh machine then trains only their teachers; the
+    general run, of no task, always)."""
     phases = PHASES if phase is None else (phase,)
     failed: set[str] = set()
     said: dict[str, str] = {}  # what was last printed per phase / run: a waiting driver is quiet
@@ -408,7 +686,7 @@ def run_phase(root: Path, phase: str | None, workers: int, threads: int,
         skipped = progressed = 0
         for p in phases:
             todo = [r for r in plan(root) if r.phase == p and not r.done(root)
-                    and r.meta.get("task") in tasks
+                    and ("task" not in r.meta or r.meta["task"] in tasks)
                     and r.name not in failed]
             say(p, f"phase {p}: {len(todo)} runs to do")
             with ThreadPoolExecutor(workers) as pool:
@@ -439,12 +717,16 @@ def _summary(values: list[float]) -> dict[str, Any]:
 
 
 @functools.lru_cache
-def label_prior(task: str) -> dict[str, float]:
+def label_prior(task: str) -> dict[str, float] | None:
     """The kept training rows' majority share and label entropy (nats): a classifier that
-    predicts one class sits at this accuracy and this cross-entropy."""
+    predicts one class sits at this accuracy and this cross-entropy (None for a regression
+    task, STS-B: no class to collapse to)."""
     import numpy as np
 
-    counts = np.bincount(task_splits(task, GLUE)[0].labels).astype(float)
+    labels = task_splits(task, GLUE)[0].labels
+    if labels.dtype.kind == "f":
+        return None
+    counts = np.bincount(labels).astype(float)
     p = counts / counts.sum()
     return {"majority": float(p.max()), "entropy": float(-(p * np.log(p)).sum())}
 
@@ -457,6 +739,15 @@ def training_end(folder: Path) -> dict[str, float] | None:
     if not rows:
         return None
     return {"accuracy": rows[-1]["accuracy"], "loss_hard": rows[-1]["loss_hard"]}
+
+
+def last_window(folder: Path) -> dict[str, float] | None:
+    """The last logged training window of a run (its step and losses): the training figures of
+    a run without a dev score (the general run)."""
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()
+            if '"loss"' in line] if (folder / "metrics.jsonl").is_file() else []
+    return None if not rows else {k: v for k, v in rows[-1].items()
+                                  if k == "step" or k.startswith("loss")}
 
 
 def train_seconds(folder: Path) -> float | None:
@@ -479,31 +770,41 @@ def collect(root: Path) -> dict[str, Any]:
     ledger = recorded()
     for run in plan(root):
         rec = ledger.get(run.name)
-        if run.finished_here(root) and (rec is None or run.phase == "teachers"):
+        if run.finished_here(root) and (rec is None or run.local):
             record(run, root)  # a teacher's record notes a rerun once
     out: dict[str, Any] = {"tasks": {}, "runs": recorded()}
-    for task in TASKS:
+    for task in ALL_TASKS:
         rows: dict[str, Any] = {}
         teacher = out["runs"].get(teacher_run(task).name)
         rows["teacher"] = teacher and teacher["dev"]["score"]
-        for v in VARIANTS:
-            for start in STARTS:
-                lr_v = family_lr(task, v, root, start)
-                if lr_v is None:
-                    continue
-                names = {s: student_run(task, v, lr_v, s, root, start=start).name
-                         for s in SEEDS}
-                by_seed = {s: out["runs"][n]["dev"]["score"] for s, n in names.items()
-                           if n in out["runs"]}
-                digests = {s: out["runs"][n].get("digest") for s, n in names.items()
-                           if n in out["runs"]}
-                rows[row_key(start, v)] = {
-                    "lr": lr_v, **_summary(list(by_seed.values())), "by_seed": by_seed,
-                    "digests": digests, "digests_agree": len(set(digests.values())) <= 1}
+        for key, (start, v, lr_v) in row_specs(task, root).items():
+            names = {s: student_run(task, v, lr_v, s, root, start=start).name for s in SEEDS}
+            by_seed = {s: out["runs"][n]["dev"]["score"] for s, n in names.items()
+                       if n in out["runs"]}
+            digests = {s: out["runs"][n].get("digest") for s, n in names.items()
+                       if n in out["runs"]}
+            rows[key] = {
+                "lr": lr_v, **_summary(list(by_seed.values())), "by_seed": by_seed,
+                "digests": digests, "digests_agree": len(set(digests.values())) <= 1}
         rows["prior"] = label_prior(task)
         rows["majority"] = majority_score(task)
         out["tasks"][task] = rows
     return out
+
+
+def row_specs(task: str, root: Path) -> dict[str, tuple[str, str, float]]:
+    """``collect``'s summary rows of ``task``: key -> (start, variant, lr). Each family's
+    variants at their lrs (``family_lr``), then issue 51's rows at ``lrc``'s chosen lr: the
+    ablations (``abl-VARIANT``; the pretrained student's ``pre-abl-VARIANT``) and BERT_M."""
+    specs = {row_key(start, v): (start, v, lr) for v in VARIANTS for start in STARTS
+             if (lr := family_lr(task, v, root, start)) is not None}
+    for start, tasks, prefix in (("random", ABL_TASKS, "abl-"), ("pre", ABL_PRE_TASKS,
+                                                                  "pre-abl-")):
+        lr = chosen_lr(task, "lrc", root, start) if task in tasks else None
+        specs.update({} if lr is None else {prefix + v: (start, v, lr) for v in ABL_VARIANTS})
+    lr = chosen_lr(task, "lrc", root) if task in TASKS else None
+    specs.update({} if lr is None else {"lrc_mse": ("random", "lrc_mse", lr)})
+    return specs
 
 
 def row_key(start: str, variant: str) -> str:
@@ -593,18 +894,19 @@ def _summary_cell(data: dict[str, Any], task: str, key: str) -> str:
 
 
 def _summary_and_pairs(data: dict[str, Any], keys: tuple[str, ...],
-                       pairs: tuple[tuple[str, str], ...]) -> list[str]:
+                       pairs: tuple[tuple[str, str], ...],
+                       tasks: tuple[str, ...] = tuple(TASKS)) -> list[str]:
     """The markdown of one family's summary rows ``keys`` and its paired differences."""
-    head = "| {} | " + " | ".join(TASKS[t] for t in TASKS) + " |"
-    rule = "|---" * (len(TASKS) + 1) + "|"
+    head = "| {} | " + " | ".join(ALL_TASKS[t] for t in tasks) + " |"
+    rule = "|---" * (len(tasks) + 1) + "|"
     lines = [head.format("variant"), rule]
     for key in keys:
-        lines.append(f"| {key} | " + " | ".join(_summary_cell(data, t, key) for t in TASKS)
+        lines.append(f"| {key} | " + " | ".join(_summary_cell(data, t, key) for t in tasks)
                      + " |")
     lines.append("")
     lines.append("Cells: dev mean [min, max] (n seeds, lr, % of the teacher retained, % of the "
                  "teacher's margin over the majority class closed; majority " + ", ".join(
-                     f"{TASKS[t]} {100 * data['tasks'][t]['majority']:.1f}" for t in TASKS)
+                     f"{ALL_TASKS[t]} {100 * data['tasks'][t]['majority']:.1f}" for t in tasks)
                  + ").")
     lines.append("")
     lines.append("Paired by seed (a - b in dev score x 100, per seed; the same seed gives both "
@@ -614,16 +916,17 @@ def _summary_and_pairs(data: dict[str, Any], keys: tuple[str, ...],
     lines += [head.format("a - b"), rule]
     for a, b in pairs:
         lines.append(f"| {a} - {b} | " + " | ".join(
-            _paired_cell(paired(data["tasks"][t], a, b)) for t in TASKS) + " |")
+            _paired_cell(paired(data["tasks"][t], a, b)) for t in tasks) + " |")
     return lines
 
 
-def _search_table(data: dict[str, Any], root: Path, start: str) -> list[str]:
+def _search_table(data: dict[str, Any], root: Path, start: str,
+                  tasks: tuple[str, ...] = tuple(TASKS)) -> list[str]:
     """Family ``start``'s lr search: held-out (dev) per task, variant and lr at seed 0, the
     chosen lr marked."""
     lines = ["| task | variant | " + " | ".join(f"lr {lr:g}" for lr in LR_GRID) + " |",
              "|---|---|" + "---|" * len(LR_GRID)]
-    for task in TASKS:
+    for task in tasks:
         for v in ("ce", "lrc"):
             chosen = chosen_lr(task, v, root, start)
             cells = []
@@ -632,8 +935,125 @@ def _search_table(data: dict[str, Any], root: Path, start: str) -> list[str]:
                 mark = " (chosen)" if lr == chosen else ""
                 cells.append("-" if r is None else
                              f"{_pct(r['held_out'])} ({100 * r['dev']['score']:.1f}){mark}")
-            lines.append(f"| {TASKS[task]} | {v} | " + " | ".join(cells) + " |")
+            lines.append(f"| {ALL_TASKS[task]} | {v} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _recorded_rows(data: dict[str, Any], tasks: tuple[str, ...], keys: tuple[str, ...]) -> bool:
+    """Whether any of the summary rows ``keys`` holds a recorded run on ``tasks``."""
+    return any((data["tasks"][t].get(k) or {}).get("n") for t in tasks for k in keys)
+
+
+def _section(title: str, data: dict[str, Any], tasks: tuple[str, ...], own: tuple[str, ...],
+             keys: tuple[str, ...], pairs: tuple[tuple[str, str], ...]) -> list[str]:
+    """An issue-51 section: its title, and its summary rows and pairs once one of its ``own``
+    rows has a recorded run ("not run yet" before)."""
+    if not _recorded_rows(data, tasks, own):
+        return ["", f"{title.removesuffix(':')}: not run yet."]
+    return ["", title, "", *_summary_and_pairs(data, ("teacher", *keys), pairs, tasks)]
+
+
+def _paper_line(tasks: tuple[str, ...]) -> str:
+    """The paper's Table 1 rows (test server) on ``tasks``, with the share of its teacher."""
+    return ("The paper (Table 1, GLUE test server, x 100; % of its BERT-base teacher): " + "; ".join(
+        f"{ALL_TASKS[t]} teacher {PAPER[t][0]:.1f}, LRC-BERT1 {PAPER[t][1]:.1f} "
+        f"({100 * PAPER[t][1] / PAPER[t][0]:.1f} %), LRC-BERT {PAPER[t][2]:.1f} "
+        f"({100 * PAPER[t][2] / PAPER[t][0]:.1f} %)" for t in tasks) + ".")
+
+
+def _floors_line(tasks: tuple[str, ...]) -> str:
+    floors = json.loads(FLOORS.read_text())["tasks"]
+    return ("Floors (dev x 100), majority class / bag of words: " + ", ".join(
+        f"{ALL_TASKS[t]} {100 * floors[t]['majority']['score']:.1f} / "
+        f"{100 * floors[t]['bag_of_words']['score']:.1f}" for t in tasks)
+        + " (STS-B's majority is the mean score, a constant: no correlation, 0).")
+
+
+def _stsb_line(data: dict[str, Any], root: Path, start: str) -> str:
+    """STS-B's two metrics (GLUE's score is their mean) per variant, mean over the seeds."""
+    cells = []
+    for v in TASK2_VARIANTS:
+        lr = family_lr("stsb", v, root, start)
+        devs = [] if lr is None else [
+            data["runs"][n]["dev"] for s in SEEDS
+            if (n := student_run("stsb", v, lr, s, root, start=start).name) in data["runs"]]
+        if devs:
+            cells.append(f"{row_key(start, v)} {100 * statistics.fmean(d['pearson'] for d in devs):.1f}"
+                         f" / {100 * statistics.fmean(d['spearman'] for d in devs):.1f} "
+                         f"(n {len(devs)})")
+    return "STS-B dev Pearson / Spearman x 100, mean over seeds: " + ("; ".join(cells) or "-")
+
+
+def _general_line(data: dict[str, Any]) -> str:
+    """The general run's training figures (it has no dev score)."""
+    rec = data["runs"].get(GENERAL)
+    if rec is None:
+        return f"{GENERAL}: not recorded (phase general)."
+    hours = "-" if rec.get("train_s") is None else f"{rec['train_s'] / 3600:.2f}"
+    return (f"{GENERAL}: {rec.get('final_step')} steps, {hours} wall hours of training, last "
+            f"window {rec.get('train_last')}, corpus sha256 {rec.get('corpus_sha256')}.")
+
+
+def _budget_table(data: dict[str, Any], root: Path) -> list[str]:
+    """The budget runs beside the same start's 3-epoch run (seed 0, the same lr)."""
+    runs = [r for r in budget_runs(root) if r.name in data["runs"]]
+    if not runs:
+        return ["", "The budget (issue 51, step 6): not run yet."]
+    lines = ["", f"The budget (issue 51, step 6): {BUDGET_EPOCHS} epochs against 3, seed 0, the "
+             "same start and lr; dev (held-out) x 100:", "",
+             "| task | variant | start | lr | 10 epochs | 3 epochs | 10 - 3 |", "|---|---|---|---|---|---|---|"]
+    for r in runs:
+        m = r.meta
+        long = data["runs"][r.name]
+        short = data["runs"].get(student_run(m["task"], m["variant"], m["lr"], 0, root,
+                                             start=m["start"]).name)
+        diff = "-" if short is None else f"{100 * (long['dev']['score'] - short['dev']['score']):+.1f}"
+        lines.append(f"| {ALL_TASKS[m['task']]} | {m['variant']} | {m['start']} | {m['lr']:g} | "
+                     f"{100 * long['dev']['score']:.1f} ({_pct(long['held_out'])}) | "
+                     + ("-" if short is None else f"{100 * short['dev']['score']:.1f} "
+                        f"({_pct(short['held_out'])})") + f" | {diff} |")
+    lines += [""] + [f"- {t}: start {c[0]}: {c[1]}" for t in BUDGET_TASKS
+                     if (c := budget_start(t, root))]
+    return lines
+
+
+def issue51_sections(data: dict[str, Any], root: Path) -> list[str]:
+    """The table's sections of issue 51's steps 3-6 (each "not run yet" until it has a run)."""
+    abl = tuple(f"abl-{v}" for v in ABL_VARIANTS)
+    pre_abl = tuple(f"pre-abl-{v}" for v in ABL_VARIANTS)
+    lines = _section("The ablations (issue 51, step 3; the paper's Table 3): random init, "
+                     "lrc's chosen lr, each paired with the full lrc:", data, ABL_TASKS, abl,
+                     ("lrc", *abl), tuple((a, "lrc") for a in abl))
+    paper_abl = ["", "The paper's Table 3 (dev x 100), MRPC / CoLA: " + "; ".join(
+        f"{v} {m:.1f} / {c:.1f}" for v, (m, c) in PAPER_ABLATIONS.items())
+        + " (its one-stage ablation is on MNLI-m: two stages 83.4, one 79.4)."]
+    lines += paper_abl if _recorded_rows(data, ABL_TASKS, abl) else []
+    second = tuple(row_key(st, v) for st in SECOND_PHASES for v in TASK2_VARIANTS)
+    for start, phase in (("random", "lr2"), ("pre", "lr2-pre")):
+        keys = tuple(row_key(start, v) for v in TASK2_VARIANTS)
+        lines += _section(f"RTE and STS-B, {start} start (issue 51, step 4; phases {phase}, "
+                          f"{SECOND_PHASES[start][1]}):", data, tuple(TASKS2), keys, keys,
+                          tuple((row_key(start, a), row_key(start, b))
+                                for a, b in (("lrc", "ce"), ("lrc", "kd"), ("kd", "ce"))))
+        if _recorded_rows(data, tuple(TASKS2), keys):
+            lines += ["", _stsb_line(data, root, start), "", "Its lr search, seed 0, held-out "
+                      "(dev) x 100:", "", *_search_table(data, root, start, tuple(TASKS2))]
+    if _recorded_rows(data, tuple(TASKS2), second):
+        lines += ["", _floors_line(tuple(TASKS2)), "", _paper_line(tuple(TASKS2))]
+    lines += _section("BERT_M (issue 51, step 4: MSE in place of COS-NCE between the layers), "
+                      "random init, lrc's chosen lr:", data, tuple(TASKS), ("lrc_mse",),
+                      ("lrc", "lrc_mse"), (("lrc", "lrc_mse"),))
+    lines += _section("Pre-training distillation first (issue 51, step 5: the paper's LRC-BERT "
+                      "condition) against the random init (its LRC-BERT1 condition), lrc at the "
+                      "random init's lr, paired by seed:", data, tuple(TASKS), ("gen-lrc",),
+                      ("lrc", "gen-lrc"), (("gen-lrc", "lrc"),))
+    if GENERAL in data["runs"] or _recorded_rows(data, tuple(TASKS), ("gen-lrc",)):
+        lines += ["", _general_line(data), "", _paper_line(tuple(TASKS))]
+    lines += _section("The ablations with the pretrained student on CoLA (issue 51, step 3; "
+                      "phase abl-pre-cola), pre-lrc's lr:", data, ABL_PRE_TASKS, pre_abl,
+                      ("pre-lrc", *pre_abl), tuple((a, "pre-lrc") for a in pre_abl))
+    lines += paper_abl if _recorded_rows(data, ABL_PRE_TASKS, pre_abl) else []
+    return lines + _budget_table(data, root)
 
 
 def table(root: Path) -> str:
@@ -685,16 +1105,18 @@ def table(root: Path) -> str:
                  "label entropy: " + "; ".join(
                      f"{TASKS[t]} {100 * data['tasks'][t]['prior']['majority']:.1f} % / "
                      f"{data['tasks'][t]['prior']['entropy']:.3f} nats" for t in TASKS) + ".")
+    lines += issue51_sections(data, root)
     lines.append("")
     lines.append("| run | held-out | dev | last training window: accuracy / hard CE | "
                  "train wall s (median s/step x steps) | CPU s recorded (finished processes "
                  "only: a process cut by a session's end is missing) |")
     lines.append("|---|---|---|---|---|---|")
     for name, r in data["runs"].items():
-        held = _pct(r["held_out"])
+        held = _pct(r.get("held_out"))
         end = r.get("train_end")
         fit = "-" if not end else f"{end['accuracy']:.1f} / {end['loss_hard']:.3f}"
-        lines.append(f"| {name} | {held} | {100 * r['dev']['score']:.1f} | {fit} | "
+        dev = "-" if "dev" not in r else f"{100 * r['dev']['score']:.1f}"
+        lines.append(f"| {name} | {held} | {dev} | {fit} | "
                      f"{'-' if r['train_s'] is None else round(r['train_s'])} | "
                      f"{r['cpu_s']:.0f} |")
     return "\n".join(lines)
@@ -763,7 +1185,7 @@ def target_softness(logits: Any, labels: Any, temperature: float) -> dict[str, f
             "mean_entropy_nats": float(entropy.mean()), "mean_p_gold": float(gold.mean())}
 
 
-def teacher_targets(root: Path, tasks: tuple[str, ...] = TASKS,
+def teacher_targets(root: Path, tasks: tuple[str, ...] = tuple(TASKS),
                     temperatures: tuple[float, ...] = TARGET_TEMPERATURES) -> dict[str, Any]:
     """Each trained teacher's targets on the rows its students train on (drawn as the recipes
     draw them): its accuracy there and :func:`target_softness` at each temperature."""
@@ -787,12 +1209,12 @@ def teacher_targets(root: Path, tasks: tuple[str, ...] = TASKS,
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("command", choices=("plan", "run", "table", "speed", "targets"))
+    p.add_argument("command", choices=("plan", "run", "table", "speed", "targets", "corpus"))
     p.add_argument("--root", type=Path, default=ROOT / "runs" / "lrc_glue")
     p.add_argument("--phase", choices=PHASES)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--tasks", default=",".join(TASKS),
+    p.add_argument("--tasks", default=",".join(ALL_TASKS),
                    help="run (or `targets`: read) only these tasks, comma-separated (default: all)")
     p.add_argument("--ledger", type=Path, default=_DEFAULT_LEDGER,
                    help="the runs' records, kept by git (default: %(default)s)")
@@ -803,19 +1225,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lrc_glue: needs the real GLUE files and MiniLM in {SHARED} (see its README)")
         return 2
     tasks = tuple(t.strip() for t in a.tasks.split(",") if t.strip())
-    if unknown := sorted(set(tasks) - set(TASKS)):
-        print(f"lrc_glue: --tasks {','.join(unknown)} unknown; known: {','.join(TASKS)}")
+    if unknown := sorted(set(tasks) - set(ALL_TASKS)):
+        print(f"lrc_glue: --tasks {','.join(unknown)} unknown; known: {','.join(ALL_TASKS)}")
         return 2
     if a.command == "plan":
-        for r in plan(a.root):
-            print(f"{'done' if r.done(a.root) else 'todo'}  {r.phase:8s} {r.name}")
+        print_plan(a.root)
+    elif a.command == "corpus":
+        info = write_corpus(corpus_path(a.root).parent, GLUE)
+        print(f"{corpus_path(a.root)}: {info['lines']} sentences, sha256 {info['sha256']}")
     elif a.command == "run":
         run_phase(a.root, a.phase, a.workers, a.threads, tasks)
     elif a.command == "table":
         print(table(a.root))
     elif a.command == "targets":
         try:
-            print(json.dumps(teacher_targets(a.root, tasks), indent=1))
+            print(json.dumps(teacher_targets(a.root, tuple(t for t in tasks if t != "stsb")),
+                             indent=1))  # STS-B's regression teacher has no class targets
         except FileNotFoundError as e:
             print(e)
             return 2

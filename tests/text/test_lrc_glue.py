@@ -31,8 +31,9 @@ def _load(name: str, path: Path) -> Any:
     return sys.modules[name]
 
 
-@pytest.fixture(scope="module")
-def driver(shared_data: Path) -> Any:
+@pytest.fixture(scope="module", name="driver")
+def driver_module(shared_data: Path) -> Any:
+    """The driver module (named so that test_lrc_glue_phases.py imports the fixture)."""
     if not (shared_data / "glue" / "MRPC" / "dev.tsv").is_file():
         pytest.skip(f"the real GLUE files are not in {shared_data / 'glue'} "
                     "(see ../shared/data/README.md)")
@@ -57,9 +58,9 @@ def _fake_result(folder: Path, held_out: float, dev: float | None = None) -> Non
 
 def test_plan_chooses_lr_on_held_out_and_reuses_the_search_run(driver, tmp_path: Path) -> None:
     root = tmp_path
-    names = [r.name for r in driver.plan(root)]
+    names = [r.name for r in driver.plan(root) if r.phase in driver.PHASES[:7]]
     # teachers, searches, the why grid (2 tasks x 3 runs), control, the pretrained student's
-    # searches; no main runs before the searches
+    # searches; no main runs before the searches (issue 51's later phases: test_lrc_glue_phases)
     assert len(names) == len(set(names)) == 3 + 18 + 6 + 18 + 18
     for lr, score in zip(driver.LR_GRID, (0.70, 0.75, 0.75)):  # a tie: the smaller lr wins
         _fake_result(driver.student_run("mrpc", "ce", lr, 0, root).folder(root), score, 0.5)
@@ -458,5 +459,5 @@ def test_tasks_restrict_the_driver_to_their_runs(driver, tmp_path: Path, capsys)
     finally:
         driver.execute = driver_execute
     assert started == ["teacher-sst2"]
-    assert driver.main(["run", "--root", str(tmp_path), "--tasks", "sst2,rte"]) == 2
-    assert "--tasks rte unknown" in capsys.readouterr().out
+    assert driver.main(["run", "--root", str(tmp_path), "--tasks", "sst2,qnli"]) == 2
+    assert "--tasks qnli unknown" in capsys.readouterr().out
