@@ -157,8 +157,8 @@ def test_gen_students_wait_for_the_general_run_and_then_load_it(driver, tmp_path
 
 
 def test_the_budget_start_is_the_best_complete_one_and_stays(driver, tmp_path: Path) -> None:
-    """Among the starts with all three seeds of lrc scored, the highest mean held-out score
-    (ties: random, pre, gen); budget runs appear only then, at 10 epochs, at that start's lrs,
+    """Once every start of the task has all three seeds of lrc scored, the highest mean
+    held-out score (ties: random, pre, gen); budget runs appear only then, at 10 epochs, at that start's lrs,
     the choice and its reason in their meta; a recorded budget run keeps the choice."""
     root = tmp_path
     search = {**_search(driver, root, "mrpc", "random", {"ce": 5e-5, "lrc": 3e-4}),
@@ -172,12 +172,16 @@ def test_the_budget_start_is_the_best_complete_one_and_stays(driver, tmp_path: P
     assert driver.budget_start("mrpc", root) is None
     assert not [r for r in driver.plan(root) if r.phase == "budget"]
     _ledger_with(driver, {**search, **seeds("random", 3e-4, (0.8, 0.7, 0.6)),
-                          **seeds("pre", 1e-4, (0.8, 0.6, 0.7))})  # a tie: random
+                          **seeds("pre", 1e-4, (0.8, 0.6, 0.7))})
+    assert driver.budget_start("mrpc", root) is None  # gen not scored yet: no choice
+    gen = seeds("gen", 3e-4, (0.6, 0.6, 0.6))  # gen takes the random init's chosen lr
+    _ledger_with(driver, {**search, **seeds("random", 3e-4, (0.8, 0.7, 0.6)),
+                          **seeds("pre", 1e-4, (0.8, 0.6, 0.7)), **gen})  # a tie: random
     assert driver.budget_start("mrpc", root)[0] == "random"
     _ledger_with(driver, {**search, **seeds("random", 3e-4, (0.8, 0.7, 0.6)),
-                          **seeds("pre", 1e-4, (0.8, 0.75, 0.7))})
+                          **seeds("pre", 1e-4, (0.8, 0.75, 0.7)), **gen})
     start, why = driver.budget_start("mrpc", root)
-    assert start == "pre" and "pre 75.00" in why and "random 70.00" in why and "gen" in why
+    assert start == "pre" and "pre 75.00" in why and "random 70.00" in why and "gen 60.00" in why
     budget = [r for r in driver.plan(root) if r.phase == "budget"]
     assert [r.name for r in budget] == ["budget-mrpc-ce-pre-e10-s0", "budget-mrpc-lrc-pre-e10-s0"]
     ce = budget[0]
