@@ -5,7 +5,7 @@ MoCo v2 CIFAR ResNet-18 pretrained here and for the EfficientNet-Lite0 file; eve
 resumable across sessions, and the table.
 
     python benchmarks/after_cifar.py plan  [--root R]     # the runs, their state and CPU estimate
-    python benchmarks/after_cifar.py run   [--root R] [--data-root D] [--workers 1]
+    python benchmarks/after_cifar.py run   [--root R] [--data-root D] [--workers 1] [--sources effnet]
     python benchmarks/after_cifar.py table [--root R]     # results/after_cifar.md from the ledger
     python benchmarks/after_cifar.py run --smoke --root /tmp/x   # 2 steps, 120 + 10 images a class
 
@@ -289,12 +289,15 @@ def plan_lines(records: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
-def run_all(d: Driver, workers: int) -> None:
+def run_all(d: Driver, workers: int, sources: tuple[str, ...] = tuple(SOURCE)) -> None:
     """Run what is not recorded (the pretraining first: the MoCo runs wait for it); a failed run
-    is retried by the next call (its log: ``ROOT/NAME.log``)."""
+    is retried by the next call (its log: ``ROOT/NAME.log``). ``sources``: only these sources'
+    runs (``effnet`` alone needs no pretraining: its runs fit on a machine with an hour or two
+    left, where the MoCo pretraining, about 2 CPU hours, might not finish)."""
     init_cifar.make_data(d.data_root, d.eval_data,
                          init_cifar.Scale(32, d.scale.eval_per_class, d.scale.eval_test_per_class, ()))
-    for batch in ([r for r in plan() if r.kind == "pretrain"], [r for r in plan() if r.kind != "pretrain"]):
+    chosen = [r for r in plan() if r.source in sources]
+    for batch in ([r for r in chosen if r.kind == "pretrain"], [r for r in chosen if r.kind != "pretrain"]):
         todo = [r for r in batch if r.name not in d.recorded()]
         print(f"[{time.strftime('%H:%M:%S')}] {len(todo)} runs to do", flush=True)
         with ThreadPoolExecutor(workers) as pool:
@@ -345,7 +348,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None,
                    help=f"the table (default {DEFAULT_TABLE}; --smoke: ROOT/after_cifar.md)")
     p.add_argument("--smoke", action="store_true", help="2 steps, 120 + 10 images a class: minutes")
+    p.add_argument("--sources", default=",".join(SOURCE),
+                   help="run only these sources' runs, comma-separated (default: %(default)s)")
     a = p.parse_args(argv)
+    sources = tuple(s.strip() for s in a.sources.split(",") if s.strip())
+    if not sources or set(sources) - set(SOURCE):
+        print(f"after_cifar: --sources {a.sources!r}: give some of {','.join(SOURCE)}")
+        return 2
     if a.smoke and a.root.resolve() == p.get_default("root").resolve():
         print("after_cifar: --smoke needs its own --root (its runs have the real runs' names)")
         return 2
@@ -358,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"after_cifar: needs the pretrained file {init_cifar.EFFNET} (../shared/data/README.md)")
             return 2
         try:
-            run_all(d, a.workers)
+            run_all(d, a.workers, sources)
         except FileNotFoundError as e:
             print(e)
             return 2

@@ -88,3 +88,18 @@ def test_the_table_summarises_seeds_per_fraction(driver) -> None:
     assert cells[1:4] == ["40.00", "45.00", "60.00 (61.00)"]
     assert cells[4] == "-" and cells[5] == "22.00 +- 2.00 (n 3) (21.00 +- 0.00 (n 3))"
     assert "CPU hours recorded: 0.08" in text and text.rstrip().endswith("kept reading")
+
+
+def test_sources_limits_the_runs_and_refuses_an_unknown_one(driver, tmp_path: Path, monkeypatch,
+                                                            capsys) -> None:
+    ran: list[str] = []
+    monkeypatch.setattr(driver.init_cifar, "make_data", lambda *a: None)
+    monkeypatch.setattr(driver, "execute", lambda run, d: ran.append(run.name) or {"done": True})
+    d = driver.Driver(tmp_path / "runs", tmp_path, tmp_path / "ledger.json")
+    driver.run_all(d, 1, ("effnet",))
+    assert ran == [r.name for r in driver.plan() if r.source == "effnet"] and len(ran) == 8
+    ran.clear()
+    driver.run_all(d, 1)
+    assert ran[0] == "pretrain-moco" and len(ran) == len(driver.plan())
+    assert driver.main(["run", "--root", str(tmp_path / "r"), "--sources", "effnet,vit"]) == 2
+    assert "--sources 'effnet,vit': give some of moco,effnet" in capsys.readouterr().out
