@@ -53,7 +53,7 @@ from contrastive.engine import (
     run,
 )
 from contrastive.methods.lrc_bert import REPRESENTATIONS
-from contrastive.nn.text_encoders import hf_folder, text_encoder
+from contrastive.nn.text_encoders import check_vocabulary, hf_folder, text_encoder
 
 __all__ = ["LRCBertConfig", "cli", "main", "make"]
 
@@ -129,10 +129,7 @@ def build_method(cfg: LRCBertConfig, data: DataInfo) -> Any:
     student = text_encoder(cfg.student, vocab_size=vocab,
                            max_position_embeddings=max(512, cfg.max_length),
                            keep_layers=cfg.keep_layers, **cfg.bert_sizes())
-    if student.config.vocab_size < vocab:
-        raise ValueError(f"the student's vocabulary ({student.config.vocab_size}) is smaller "
-                         f"than the teacher's tokenizer ({vocab}): teacher and student read the "
-                         "same token ids; use a student with the teacher's vocabulary")
+    check_vocabulary(student, vocab)
     stages = (cfg.stage1_weights if cfg.two_stage else cfg.stage2_weights, cfg.stage2_weights)
     return LRCBert(data.teacher, student, representation=cfg.representation,
                    intermediate=cfg.layer_loss, stage_weights=stages,

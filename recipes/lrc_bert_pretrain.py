@@ -60,7 +60,12 @@ from contrastive.engine import (
     run,
 )
 from contrastive.methods.lrc_bert import REPRESENTATIONS
-from contrastive.nn.text_encoders import check_safe_weights, hf_folder, text_encoder
+from contrastive.nn.text_encoders import (
+    check_safe_weights,
+    check_vocabulary,
+    hf_folder,
+    text_encoder,
+)
 
 __all__ = ["LRCPretrainConfig", "cli", "main", "make"]
 
@@ -162,10 +167,7 @@ def build_method(cfg: LRCPretrainConfig, data: DataInfo) -> Any:
     vocab = data.tokenizer.vocab_size
     student = text_encoder(cfg.student, vocab_size=vocab,
                            max_position_embeddings=max(512, cfg.max_length), **cfg.bert_sizes())
-    if student.config.vocab_size < vocab:
-        raise ValueError(f"the student's vocabulary ({student.config.vocab_size}) is smaller "
-                         f"than the tokenizer's ({vocab}): teacher and student read the same "
-                         "token ids")
+    check_vocabulary(student, vocab)
     cosnce_only = (1.0, 0.0, 0.0)
     return LRCBert(teacher, student, representation=cfg.representation,
                    stage_weights=(cosnce_only, cosnce_only), perturb=cfg.perturb,

@@ -319,6 +319,16 @@ def text_encoder(model: str, *, keep_layers: str | Sequence[int] = (),
     return encoder_from_layers(encoder, keep_layers) if keep_layers else encoder
 
 
+def check_vocabulary(student: TextEncoder, tokenizer_size: int) -> None:
+    """Refuse a distillation student that cannot read every id of the teacher's tokenizer:
+    teacher and student read the same token ids (LRC-BERT, TinyBERT), so the student's embedding
+    table needs at least ``tokenizer_size`` rows."""
+    if student.config.vocab_size < tokenizer_size:
+        raise ValueError(f"the student's vocabulary ({student.config.vocab_size}) is smaller than "
+                         f"the teacher's tokenizer ({tokenizer_size}): teacher and student read "
+                         "the same token ids; use a student with the teacher's vocabulary")
+
+
 def encoder_from_layers(encoder: TextEncoder, layers: Sequence[int]) -> TextEncoder:
     """A shallower copy of ``encoder``: its embeddings, the transformer ``layers`` listed
     (0-based, in that order) and its pooler, same widths and pooling; ``encoder`` is unchanged.

@@ -126,3 +126,25 @@ def test_bad_input_is_one_line(argv: list[str], message: str, general_teacher: P
     assert status == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]  # argparse's usage may come first
     assert "error:" in last and message in last and "Traceback" not in last
+
+
+def test_a_student_with_a_smaller_vocabulary_is_one_line(general_teacher: Path,
+                                                         tmp_path: Path) -> None:
+    """Teacher and student read the same token ids: a student folder whose embedding table is
+    smaller than the teacher's tokenizer is refused before training (both recipes share the
+    check, contrastive.nn.text_encoders.check_vocabulary)."""
+    from contrastive.data.text_tasks import generated_tokenizer
+    from tests.text.test_lrc_bert_recipe import recipe
+
+    small = tmp_path / "small"
+    build_text_encoder(num_layers=1, hidden_size=8, num_heads=2,
+                       vocab_size=generated_tokenizer().vocab_size - 1,
+                       max_position_embeddings=64).model.save_pretrained(small)
+    module = recipe("lrc_bert_pretrain")
+    with pytest.raises(SystemExit) as exit_:  # the engine's one line for a refused option
+        module.cli(module.main, "x", ["--teacher", f"hf:{general_teacher}", "--student",
+                                      f"hf:{small}", "--output-dir", str(tmp_path / "x"), *ENGINE])
+    line = str(exit_.value.code)
+    assert "\n" not in line and line.startswith("lrc_bert_pretrain: error: the student's vocabulary")
+    assert f"({generated_tokenizer().vocab_size - 1}) is smaller than the teacher's tokenizer" in line
+    assert not (tmp_path / "x" / "checkpoints").exists()
