@@ -405,14 +405,17 @@ def table(records: dict[str, dict[str, Any]], reading: str = "") -> str:
              f"queries, {IMAGE_SIZE} px, one epoch ({STEPS_PER_EPOCH} steps at batch {BATCH}) "
              "for (b)-(d), fp32, one thread a run. kNN: k 200, t 0.1; probe: the cached linear "
              "probe (lr / wd chosen on 10 % of the training images). Top-1 in %; with three "
-             "seeds mean +- sample sd; CPU s: training + evaluation, mean per seed.", "",
-             "| row | method | start | kNN top-1 | probe top-1 | seeds | CPU s (train + eval) |",
-             "|---|---|---|---|---|---|---|"]
+             "seeds mean +- sample sd; CPU s: training + evaluation, mean per seed, on the CPU "
+             "kind named by its letter (CPU seconds of two kinds do not compare).", "",
+             "| row | method | start | kNN top-1 | probe top-1 | seeds | CPU s (train + eval) | CPU |",
+             "|---|---|---|---|---|---|---|---|"]
+    kinds = sorted({r["cpu"] for r in records.values()})
+    letter = {kind: chr(ord("A") + i) for i, kind in enumerate(kinds)}
     for a in ARMS:
         recs = [r for r in records.values() if r["arm"] == a.key]
         recs.sort(key=lambda r: r["seed"])
         if not recs:
-            lines.append(f"| {a.row} | {a.method} | {a.start} | - | - | - | - |")
+            lines.append(f"| {a.row} | {a.method} | {a.start} | - | - | - | - | - |")
             continue
         cpu = statistics.fmean(r["cpu_s"] for r in recs)
         ev = statistics.fmean(r["eval_cpu_s"] for r in recs)
@@ -420,9 +423,9 @@ def table(records: dict[str, dict[str, Any]], reading: str = "") -> str:
         lines.append(f"| {a.row} | {a.method}{smoke} | {a.start} | "
                      f"{summary([r['knn_top1'] for r in recs])} | "
                      f"{summary([r['probe_top1'] for r in recs])} | "
-                     f"{', '.join(str(r['seed']) for r in recs)} | {cpu:.0f} + {ev:.0f} |")
-    kinds = sorted({r["cpu"] for r in records.values()})
-    lines += ["", "CPU kind: " + ("; ".join(kinds) if kinds else "-") + ". Commits: "
+                     f"{', '.join(str(r['seed']) for r in recs)} | {cpu:.0f} + {ev:.0f} | "
+                     f"{', '.join(sorted({letter[r['cpu']] for r in recs}))} |")
+    lines += ["", "CPU kinds: " + ("; ".join(f"{letter[k]}: {k}" for k in kinds) or "-") + ". Commits: "
               + ", ".join(sorted({str(r["commit"]) for r in records.values()}) or ["-"]) + ".",
               "", "Commands of each row's seed 0 (run folders under the driver's `--root`):", ""]
     for a in ARMS:

@@ -132,11 +132,16 @@ def test_the_table_summarises_seeds_and_keeps_the_leads_reading(driver, tmp_path
     text = driver.table(records, "\n\nMoCo loses: the lr.\n")
     mean, sd = statistics.fmean(knn), statistics.stdev(knn)  # 63.0, sqrt(13)
     assert (f"| b | MoCo v2 | EfficientNet-Lite0 (ImageNet) | {mean:.2f} +- {sd:.2f} (n 3) | "
-            "71.00 +- 1.00 (n 3) | 0, 1, 2 | 501 + 100 |") in text
+            "71.00 +- 1.00 (n 3) | 0, 1, 2 | 501 + 100 | A |") in text
     assert ("| a | none (the file as it is) | EfficientNet-Lite0 (ImageNet) | 80.12 | 85.50 | 0 |"
             in text)
-    assert "| c | DINO | random | - | - | - | - |" in text
-    assert "CPU kind: Some CPU, AVX2." in text and "`python recipes/x.py --seed 0`" in text
+    assert "| c | DINO | random | - | - | - | - | - |" in text
+    assert "CPU kinds: A: Some CPU, AVX2." in text and "`python recipes/x.py --seed 0`" in text
+    records["c-dino-s0"] = {**_rec("c-dino", 0, 20.0, 25.0, 600.0), "cpu": "Other CPU, AVX512"}
+    records["b-moco-s2"]["cpu"] = "Other CPU, AVX512"  # a row of two kinds names both
+    mixed = driver.table(records)
+    assert "| 0, 1, 2 | 501 + 100 | A, B |" in mixed and "| 600 + 100 | A |" in mixed
+    assert "CPU kinds: A: Other CPU, AVX512; B: Some CPU, AVX2." in mixed
     out = tmp_path / "init_cifar.md"
     out.write_text(text)
     assert driver.read_reading(out).strip() == "MoCo loses: the lr."
