@@ -35,13 +35,16 @@ def final_step(folder: Path) -> int | None:
     return None if state is None else state.get("step")
 
 
-def git_commit() -> str | None:
+def git_commit(root: Path = ROOT) -> str | None:
     """The commit of this checkout (``+dirty`` when tracked files differ from it), None outside
-    git: what code trained a run."""
+    git: what code trained a run. ``benchmarks/results/`` does not count: the drivers write
+    their ledgers and tables there themselves, so every run after a driver's first would
+    otherwise read as dirty."""
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
                               text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", ".",
+                                ":(exclude)benchmarks/results"], cwd=root).returncode != 0
     except (OSError, subprocess.CalledProcessError):
         return None
     return head + ("+dirty" if dirty else "")

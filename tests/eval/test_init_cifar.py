@@ -164,3 +164,25 @@ def test_arms_restrict_the_driver_to_their_runs(driver, tmp_path: Path, monkeypa
     assert started == ["a-pretrained-s0", "c-moco-s0"]
     assert driver.main(["plan", "--arms", "b-moco,e-clip"]) == 2
     assert "--arms e-clip unknown" in capsys.readouterr().out
+
+
+def test_the_commit_is_dirty_for_code_not_for_the_drivers_own_ledgers(driver, tmp_path: Path) -> None:
+    """A driver writes its ledger under benchmarks/results/ in the checkout it runs from: that
+    must not mark its later runs '+dirty'; a changed source file must."""
+    import subprocess
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "results" / "x_runs.json").write_text("{}")
+    (tmp_path / "code.py").write_text("a = 1\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "x")
+    head = driver.run_ledger.git_commit(tmp_path)
+    assert head is not None and len(head) == 40
+    (tmp_path / "benchmarks" / "results" / "x_runs.json").write_text('{"runs": {}}')
+    assert driver.run_ledger.git_commit(tmp_path) == head
+    (tmp_path / "code.py").write_text("a = 2\n")
+    assert driver.run_ledger.git_commit(tmp_path) == head + "+dirty"
