@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-ORDER = ("demo", "nn", "augment", "decode", "train", "issue15", "methods", "grad_cache", "grad_checkpointing", "eval", "distill", "init", "init_cifar", "simcse", "lrc_bert", "lrc_glue", "clip", "peer_losses", "gpu")
+ORDER = ("demo", "nn", "augment", "decode", "train", "issue15", "methods", "grad_cache", "grad_checkpointing", "eval", "distill", "init", "init_cifar", "after_cifar", "simcse", "lrc_bert", "lrc_glue", "clip", "peer_losses", "gpu")
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 HEADLINE = re.compile(r"<!-- headline: (?P<label>.+?) \| (?P<text>.+?)(?: \| front: (?P<front>.+?))? -->")
 
