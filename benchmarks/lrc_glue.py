@@ -734,12 +734,23 @@ def label_prior(task: str) -> dict[str, float] | None:
 
 def training_end(folder: Path) -> dict[str, float] | None:
     """The last logged training window of a student: its batch accuracy (%) and hard
-    (cross-entropy) loss, the evidence for or against a one-class collapse."""
+    (cross-entropy) loss, the evidence for or against a one-class collapse; with the
+    perturbation those are of the perturbed pass, so ``accuracy_pass1`` (the unperturbed
+    pass's accuracy) joins them where the run logged it."""
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()
             if '"loss_hard"' in line] if (folder / "metrics.jsonl").is_file() else []
     if not rows:
         return None
-    return {"accuracy": rows[-1]["accuracy"], "loss_hard": rows[-1]["loss_hard"]}
+    end = {"accuracy": rows[-1]["accuracy"], "loss_hard": rows[-1]["loss_hard"]}
+    if "accuracy_pass1" in rows[-1]:
+        end["accuracy_pass1"] = rows[-1]["accuracy_pass1"]
+    return end
+
+
+def _fit(end: dict[str, float]) -> str:
+    """A training window as ``accuracy / hard CE``, the unperturbed pass's accuracy beside."""
+    clean = f" (unperturbed {end['accuracy_pass1']:.1f})" if "accuracy_pass1" in end else ""
+    return f"{end['accuracy']:.1f}{clean} / {end['loss_hard']:.3f}"
 
 
 def last_window(folder: Path) -> dict[str, float] | None:
@@ -1098,8 +1109,7 @@ def table(root: Path) -> str:
                 end = r and r.get("train_end")
                 cells.append("-" if r is None else
                              f"{100 * r['dev']['score']:.1f} ({_pct(r['held_out'])})"
-                             + (f"; {end['accuracy']:.1f} / {end['loss_hard']:.3f}"
-                                if end else ""))
+                             + (f"; {_fit(end)}" if end else ""))
             lines.append(f"| {TASKS[task]} | {stages} {'stages' if stages == 'two' else 'stage'} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append("A student that predicts one class ends training at the majority share and the "
@@ -1115,7 +1125,7 @@ def table(root: Path) -> str:
     for name, r in data["runs"].items():
         held = _pct(r.get("held_out"))
         end = r.get("train_end")
-        fit = "-" if not end else f"{end['accuracy']:.1f} / {end['loss_hard']:.3f}"
+        fit = "-" if not end else _fit(end)
         dev = "-" if "dev" not in r else f"{100 * r['dev']['score']:.1f}"
         lines.append(f"| {name} | {held} | {dev} | {fit} | "
                      f"{'-' if r['train_s'] is None else round(r['train_s'])} | "

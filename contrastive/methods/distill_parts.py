@@ -130,14 +130,18 @@ class ContrastiveDistillation(Method):
                         ) -> tuple[Tensor, dict[str, Tensor], Tensor]:
         """Pass 1 (inside ``pass1_context``, e.g. BatchNorm statistics kept), g = dL/d emb, then
         pass 2 with ``emb + unit_gradient(g, scale)``. Returns pass 2's loss and parts and pass
-        1's detached loss."""
+        1's detached loss; pass 1's ``logits`` (the unperturbed predictions), where it has them,
+        join pass 2's parts detached as ``logits_pass1``: pass 2's predict the perturbed input."""
         with pass1_context():
             loss1, parts1 = student_pass(None)
             emb = parts1.pop("emb")
             g = None
             if loss1.requires_grad and emb.requires_grad:
                 (g,) = torch.autograd.grad(loss1, emb, allow_unused=True)
+            clean_logits = parts1["logits"].detach() if "logits" in parts1 else None
             del parts1
         g = wide(torch.zeros_like(emb)) if g is None else wide(g.detach())
         loss, parts = student_pass(unit_gradient(g, scale))
+        if clean_logits is not None:
+            parts["logits_pass1"] = clean_logits
         return loss, parts, loss1.detach()

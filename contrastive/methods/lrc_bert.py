@@ -124,7 +124,9 @@ class LRCBert(ContrastiveDistillation):
     ``labels`` (N,) and ``stage`` (the schedule). Returns ``loss`` and detached metrics:
     ``loss_intermediate``, ``intermediate_layers`` (M,), ``loss_soft`` / ``loss_hard``
     (stage 2), ``loss_pass1`` (with perturbation), ``stage``, ``pos_acc`` / ``pos_sim`` /
-    ``neg_sim`` (deepest layer), ``accuracy`` (classification) and ``embeddings``.
+    ``neg_sim`` (deepest layer), ``accuracy`` (classification; with perturbation, of the
+    perturbed pass, which can sit near the majority class while the student learns the task),
+    ``accuracy_pass1`` (with perturbation: of the unperturbed pass) and ``embeddings``.
     """
 
     needs: tuple[str, ...] = TEXT_KEYS
@@ -305,6 +307,9 @@ class LRCBert(ContrastiveDistillation):
         if "logits" in parts and not self.regression:
             assert labels is not None  # a head (the task stage) reads them
             result["accuracy"] = (parts["logits"].detach().argmax(1) == labels).float().mean() * 100
+            if "logits_pass1" in parts:  # the unperturbed pass: what the student predicts
+                result["accuracy_pass1"] = (
+                    (parts["logits_pass1"].argmax(1) == labels).float().mean() * 100)
         if "last" in ctx:
             s = ctx["last"].detach()
             t = t_reps[-1]

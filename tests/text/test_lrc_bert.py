@@ -91,6 +91,18 @@ def test_perturbed_loss_and_gradients_match_hand_written_float64(stage: int) -> 
     assert all(p.grad is None for p in m.teacher.parameters())
 
 
+def test_accuracy_pass1_is_the_unperturbed_pass() -> None:
+    m = _method().train()
+    batch = {**_batch(), "stage": 2}
+    out = m(batch)
+    m.perturb = False
+    clean = m(batch)
+    assert "accuracy_pass1" not in clean
+    torch.testing.assert_close(out["accuracy_pass1"], clean["accuracy"])
+    torch.testing.assert_close(out["loss_pass1"], clean["loss"].detach())
+    assert "accuracy_pass1" not in m({**batch, "stage": 1})  # stage 1: no prediction layer
+
+
 def test_tokens_representation_ignores_padding() -> None:
     m = _method().train()
     a = m({**_batch(T), "stage": 2})

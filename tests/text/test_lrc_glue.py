@@ -331,6 +331,12 @@ def test_training_end_reads_the_last_window_with_a_hard_loss(driver, tmp_path: P
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert driver.training_end(tmp_path) == {"accuracy": 72.5, "loss_hard": 0.59}
     assert driver.training_end(tmp_path / "absent") is None
+    assert driver._fit(driver.training_end(tmp_path)) == "72.5 / 0.590"
+    rows[2]["accuracy_pass1"] = 87.5  # a perturbed run: the unperturbed pass's accuracy beside
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    end = driver.training_end(tmp_path)
+    assert end == {"accuracy": 72.5, "loss_hard": 0.59, "accuracy_pass1": 87.5}
+    assert driver._fit(end) == "72.5 (unperturbed 87.5) / 0.590"
 
 
 def test_label_prior_is_mrpc_published_balance(driver) -> None:
