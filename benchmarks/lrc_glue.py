@@ -288,6 +288,17 @@ def recorded() -> dict[str, dict[str, Any]]:
     return _READ[key]
 
 
+def trained_by(times: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``commit`` whose code trained a run: each training process's (``timing.json``
+    holds it from the moment it started, not the checkout's when the run is recorded: a driver
+    may outlive a checkout), the last one's; ``commits`` lists them all when a resumed run's
+    processes ran different ones. Timings from before commits were kept: the checkout's now."""
+    commits = list(dict.fromkeys(t["commit"] for t in times if "commit" in t))
+    if not commits:
+        return {"commit": git_commit()}
+    return {"commit": commits[-1], **({"commits": commits} if len(commits) > 1 else {})}
+
+
 def record(run: Run, root: Path) -> dict[str, Any]:
     """Write a run finished here into the ledger (under a file lock: two drivers write it); a
     teacher trained again keeps its earlier records (with the students they taught) under
@@ -305,7 +316,7 @@ def record(run: Run, root: Path) -> dict[str, Any]:
                            "wall_s": sum(t["wall_s"] for t in times),
                            "train_s": train_seconds(f), "train_end": training_end(f),
                            "cpu": cpu_kind_line(), "date": time.strftime("%Y-%m-%d"),
-                           "final_step": final_step(f), "commit": git_commit(),
+                           "final_step": final_step(f), **trained_by(times),
                            "digest": recipe_digest(run.recipe)}
     if "variant" in run.meta:
         epochs = run.meta.get("epochs", STUDENT_EPOCHS)
@@ -653,7 +664,8 @@ def _execute(run: Run, root: Path, threads: int) -> dict[str, Any]:
     timing: dict[str, Any] = {}
     if not trained(folder):
         (folder / "dev.json").unlink(missing_ok=True)  # scored from an interrupted run's model
-        timing = run_timed(cmd, root / f"{run.name}.log", threads)
+        commit = git_commit()  # the code the training process loads as it starts
+        timing = {**run_timed(cmd, root / f"{run.name}.log", threads), "commit": commit}
         times = folder / "timing.json"
         old = json.loads(times.read_text()) if times.is_file() else []
         times.write_text(json.dumps(old + [timing], indent=1))

@@ -185,6 +185,15 @@ def test_a_new_record_names_its_step_commit_digest_and_meaning(driver, tmp_path:
     assert rec["commit"] is None or len(rec["commit"].split("+")[0]) == 40
 
 
+def test_the_commit_is_the_training_processes_not_the_checkouts_at_record_time(driver) -> None:
+    a, b = "a" * 40, "b" * 40
+    assert driver.trained_by([{"cpu_s": 1.0, "commit": a}]) == {"commit": a}
+    # resumed on other code: the last process's commit, every one listed in order
+    assert driver.trained_by([{"commit": a}, {"commit": b}, {"commit": b}]) == {
+        "commit": b, "commits": [a, b]}
+    assert driver.trained_by([{"cpu_s": 1.0}]) == {"commit": driver.git_commit()}  # older timings
+
+
 def test_target_softness_by_hand_and_its_limits(driver) -> None:
     """Rows [2, 0] (gold 0) and [0, 0] (gold 1) at t 1 by hand; t scales the logits; a large t
     makes every target uniform (entropy log 2), a large margin one-hot."""
