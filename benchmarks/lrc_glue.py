@@ -4,6 +4,7 @@ table itself.
 
     python benchmarks/lrc_glue.py plan                       # the runs, their state, CPU hours
     python benchmarks/lrc_glue.py run [--workers 2] [--phase PHASE]     # PHASES, in order
+    python benchmarks/lrc_glue.py run --phase PHASE --workers 1 --no-wait  # one of two drivers
     python benchmarks/lrc_glue.py table                      # results/lrc_glue_runs.json + table
     python benchmarks/lrc_glue.py speed                      # teacher vs student inference
     python benchmarks/lrc_glue.py targets                    # how soft the teachers' targets are
@@ -123,6 +124,7 @@ from glue_floors import ALL_TASKS, TASKS, TASKS2, task_splits, train_size  # noq
 from glue_floors import split_sizes as _split_sizes  # noqa: E402
 from run_ledger import (  # noqa: E402
     DIGESTS,  # noqa: F401 (the digest keys' file, read by the tests)
+    HELD,
     NO_NEW_RUNS,
     claim,  # noqa: F401 (the tests take a run's lock through the driver)
     exclusive,
@@ -680,12 +682,15 @@ def _execute(run: Run, root: Path, threads: int) -> dict[str, Any]:
 
 
 def run_phase(root: Path, phase: str | None, workers: int, threads: int,
-              tasks: tuple[str, ...] = tuple(ALL_TASKS)) -> None:
+              tasks: tuple[str, ...] = tuple(ALL_TASKS), wait_for_others: bool = True) -> None:
     """Run what is not done, phase by phase (a later phase's plan needs the earlier results),
     again while some runs were skipped (a teacher or another driver still busy), until every run
     is done or failed once (a failed run's log is ``ROOT/NAME.log``; the next call retries).
     ``tasks``: only these tasks' runs (a fresh machine then trains only their teachers; the
-    general run, of no task, always)."""
+    general run, of no task, always). ``wait_for_others=False`` (``--no-wait``): a run another
+    driver holds is left to it, so this driver goes on to the next phase at once instead of
+    idling its core until that run ends; a later phase's runs that need it are then left to
+    the other driver or a later call (a driver's last call should wait)."""
     phases = PHASES if phase is None else (phase,)
     failed: set[str] = set()
     said: dict[str, str] = {}  # what was last printed per phase / run: a waiting driver is quiet
@@ -705,6 +710,8 @@ def run_phase(root: Path, phase: str | None, workers: int, threads: int,
             with ThreadPoolExecutor(workers) as pool:
                 for run, timing in zip(todo, pool.map(lambda r: execute(r, root, threads), todo)):
                     say(run.name, f"{run.name}: {timing or 'scored'}")
+                    if not wait_for_others and timing.get("skipped") == HELD:
+                        continue  # neither waited for nor progress
                     skipped += "skipped" in timing
                     progressed += "skipped" not in timing
                     if timing.get("rc"):
@@ -1239,6 +1246,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--tasks", default=",".join(ALL_TASKS),
                    help="run (or `targets`: read) only these tasks, comma-separated (default: all)")
+    p.add_argument("--no-wait", action="store_true",
+                   help="run: leave runs another driver holds to it and go on at once (the "
+                        "default waits for them: a later phase may need their results)")
     p.add_argument("--ledger", type=Path, default=_DEFAULT_LEDGER,
                    help="the runs' records, kept by git (default: %(default)s)")
     a = p.parse_args(argv)
@@ -1257,7 +1267,7 @@ def main(argv: list[str] | None = None) -> int:
         info = write_corpus(corpus_path(a.root).parent, GLUE)
         print(f"{corpus_path(a.root)}: {info['lines']} sentences, sha256 {info['sha256']}")
     elif a.command == "run":
-        run_phase(a.root, a.phase, a.workers, a.threads, tasks)
+        run_phase(a.root, a.phase, a.workers, a.threads, tasks, wait_for_others=not a.no_wait)
     elif a.command == "table":
         print(table(a.root))
     elif a.command == "targets":

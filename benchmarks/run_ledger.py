@@ -16,6 +16,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 DIGESTS = ROOT / "benchmarks" / "results" / "recipe_digests.json"
 NO_NEW_RUNS = "no-new-runs"  # a file of this name in a driver's root: start no further run
+HELD = "another driver runs it"  # exclusive's reason when another live driver holds the lock
 
 
 def trained(folder: Path) -> bool:
@@ -108,7 +109,7 @@ def exclusive(root: Path, name: str, finished: Callable[[], bool],
         return {"skipped": f"{root / NO_NEW_RUNS} says start no new run"}
     lock = root / f"{name}.lock"
     if not claim(lock):
-        return {"skipped": "another driver runs it"}
+        return {"skipped": HELD}
     try:
         if finished():
             return {"done": "another driver finished it"}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -407,7 +408,6 @@ def test_sst2_subset_lrc_without_perturbation_beats_cross_entropy(driver, tmp_pa
 
 def test_a_run_is_claimed_by_one_driver_and_a_dead_drivers_claim_is_taken_over(driver,
                                                                                tmp_path: Path):
-    import os
     import subprocess
 
     lock = tmp_path / "run.lock"
@@ -476,3 +476,32 @@ def test_tasks_restrict_the_driver_to_their_runs(driver, tmp_path: Path, capsys)
     assert started == ["teacher-sst2"]
     assert driver.main(["run", "--root", str(tmp_path), "--tasks", "sst2,qnli"]) == 2
     assert "--tasks qnli unknown" in capsys.readouterr().out
+
+
+def test_no_wait_leaves_a_run_another_driver_holds_and_goes_on(driver, tmp_path: Path,
+                                                               monkeypatch) -> None:
+    """--no-wait: a teacher another live driver holds (its lock names this process) is left to
+    it and the call returns after one pass, having tried the other teacher; waiting (the
+    default), the same call would sleep for the held run (here: the sleep is the sign)."""
+    (tmp_path / "teacher-mrpc.lock").write_text(str(os.getpid()))
+    started: list[str] = []
+    real = driver.execute
+
+    def execute(run, root, threads):
+        if run.name == "teacher-mrpc":
+            return real(run, root, threads)  # held: {"skipped": HELD}, nothing started
+        started.append(run.name)
+        return {}
+
+    class Waited(Exception):
+        pass
+
+    def sleep(seconds: float) -> None:
+        raise Waited
+
+    monkeypatch.setattr(driver, "execute", execute)
+    monkeypatch.setattr(driver.time, "sleep", sleep)
+    driver.run_phase(tmp_path, "teachers", 1, 1, ("mrpc", "cola"), wait_for_others=False)
+    assert started == ["teacher-cola"] and not (tmp_path / "teacher-mrpc").exists()
+    with pytest.raises(Waited):  # the default: a held run is waited for (after another pass)
+        driver.run_phase(tmp_path, "teachers", 1, 1, ("mrpc",))
