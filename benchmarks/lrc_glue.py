@@ -98,7 +98,8 @@ share of the teacher's margin over the majority class closed (``margin_share``: 
 is dominated by the floors where the majority class scores high); per pair of variants the
 seed-by-seed differences with a 95 % t-interval of their mean (``t_interval``, df = n - 1).
 Only runs whose recipe digest keys agree are summarised or paired (``recipe_digest``; records
-older than issue 51 have none and count as one group).
+older than issue 51 have none and count as ``UNKEYED_DIGEST``, the key of the code that
+trained them, checked bit for bit: see there).
 """
 
 from __future__ import annotations
@@ -164,6 +165,14 @@ ABL_VARIANTS = ("lrc_no_cosnce", "lrc_no_soft", "lrc_no_hard", "lrc_1stage")
 ABL_TASKS, ABL_PRE_TASKS = ("mrpc", "sst2"), ("cola",)
 TASK2_VARIANTS = ("ce", "kd", "lrc")  # RTE and STS-B: the issue names three
 GENERAL = "general-e1"  # the pre-training distillation's run (phase "general")
+# The digest key of the ledger's records made before issue 51 (none recorded): lrc_bert's key
+# since the digests' first baseline (7c1d72e, before this script). Checked 2026-11-30 on the
+# Intel AVX-512 kind: recipe_digests.py's bert_finetune then lrc_bert with
+# --fused-optimizer false (the loop those runs stepped with) gives bit-identical digests at
+# 5522e28 and 2ab0a4f (2026-11-27, the first runs), 564e000 (the fused kernel became the
+# default) and 457cac0 (2026-11-28, the last of them) as at 1f1e284 (the ablations'); the digest
+# does move with --no-perturb or other stage-2 weights, so the check would see a change there.
+UNKEYED_DIGEST = "ad82beb84b20e7ad"
 BUDGET_TASKS, BUDGET_VARIANTS, BUDGET_EPOCHS = ("mrpc", "rte"), ("ce", "lrc"), 10
 BUDGET_STARTS = ("random", "pre", "gen")  # the candidates, in tie order
 # SST-2 first (the slow check's collapse); CoLA added once its search showed LRC-BERT at one
@@ -812,7 +821,7 @@ def collect(root: Path) -> dict[str, Any]:
             names = {s: student_run(task, v, lr_v, s, root, start=start).name for s in SEEDS}
             by_seed = {s: out["runs"][n]["dev"]["score"] for s, n in names.items()
                        if n in out["runs"]}
-            digests = {s: out["runs"][n].get("digest") for s, n in names.items()
+            digests = {s: out["runs"][n].get("digest", UNKEYED_DIGEST) for s, n in names.items()
                        if n in out["runs"]}
             rows[key] = {
                 "lr": lr_v, **_summary(list(by_seed.values())), "by_seed": by_seed,

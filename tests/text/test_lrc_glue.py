@@ -152,6 +152,27 @@ def test_pairs_and_summaries_skip_runs_of_other_training_code(driver) -> None:
     assert list(driver.paired(rows, "lrc", "ce")) == [0, 2]
 
 
+def test_records_made_before_digests_count_as_the_key_of_their_code(driver, tmp_path) -> None:
+    """A record without a digest field (issue 30's) pairs with a new record of
+    ``UNKEYED_DIGEST`` (the code checked bit for bit), not with one of another key."""
+    root = tmp_path
+
+    def rec(held: float, **digest: str) -> dict[str, Any]:
+        return {"held_out": held, "dev": {"score": held}, "train_s": 1.0, "cpu_s": 1.0, **digest}
+
+    runs = {driver.student_run("mrpc", "lrc", lr, 0, root).name: rec(0.1)
+            for lr in driver.LR_GRID[:2]}  # the search: 3e-4 chosen
+    runs.update({driver.student_run("mrpc", "lrc", 3e-4, s, root).name: rec(0.7)
+                 for s in (0, 1)})  # issue 30's records: no digest field
+    for s, key in ((0, driver.UNKEYED_DIGEST), (1, "another")):
+        runs[driver.student_run("mrpc", "lrc_no_soft", 3e-4, s, root).name] = rec(
+            0.72, digest=key)
+    driver.LEDGER.write_text(json.dumps({"tasks": {}, "runs": runs}))
+    rows = driver.collect(root)["tasks"]["mrpc"]
+    assert rows["lrc"]["digests"] == {0: driver.UNKEYED_DIGEST, 1: driver.UNKEYED_DIGEST}
+    assert driver.paired(rows, "abl-lrc_no_soft", "lrc") == {0: pytest.approx(0.02)}
+
+
 def test_t_interval_by_hand(driver) -> None:
     """95 % t-intervals of a mean, by hand: t(0.975, df 2) = 4.3027 and t(0.975, df 1) = 12.706
     (the printed tables); df = n - 1."""
