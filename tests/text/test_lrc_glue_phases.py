@@ -63,8 +63,15 @@ def test_the_ablations_and_bert_m_runs_and_their_flags(driver, tmp_path: Path,
     lrc's chosen lr, random init on MRPC and SST-2, seeds 0-2; BERT_M on the three tasks."""
     root = tmp_path
     _ledger_with(driver, {**_search(driver, root, "mrpc", "random", {"ce": 5e-5, "lrc": 3e-4}),
-                          **_search(driver, root, "cola", "random", {"ce": 5e-5, "lrc": 1e-4})})
+                          **_search(driver, root, "cola", "random", {"ce": 5e-5, "lrc": 1e-4}),
+                          **_search(driver, root, "mrpc", "pre", {"ce": 5e-5, "lrc": 1e-4})})
     runs = driver.plan(root)
+    # the pretrained student's ablations at its own lrc lr, MRPC now (CoLA's search not run)
+    pre = [r for r in runs if r.phase == "abl-pre"]
+    assert {(r.meta["task"], r.meta["variant"], r.meta["seed"], r.meta["lr"]) for r in pre} == {
+        ("mrpc", v, s, 1e-4) for v in driver.ABL_VARIANTS for s in (0, 1, 2)}
+    assert all(r.name.startswith("pre-mrpc-") and "1,2,4,5" in r.args for r in pre)
+    assert driver.PHASES.index("abl-pre") == driver.PHASES.index("abl") + 1
     abl = [r for r in runs if r.phase == "abl"]
     assert {(r.meta["task"], r.meta["variant"], r.meta["seed"], r.meta["lr"]) for r in abl} == {
         ("mrpc", v, s, 3e-4) for v in driver.ABL_VARIANTS for s in (0, 1, 2)}  # SST-2 waits
