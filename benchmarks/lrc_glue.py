@@ -722,7 +722,7 @@ def run_phase(root: Path, phase: str | None, workers: int, threads: int,
                 for run, timing in zip(todo, pool.map(lambda r: execute(r, root, threads), todo)):
                     say(run.name, f"{run.name}: {timing or 'scored'}")
                     if not wait_for_others and timing.get("skipped") == HELD:
-                        continue  # neither waited for nor progress
+                        continue  # left to the driver that holds it: neither a wait nor progress
                     skipped += "skipped" in timing
                     progressed += "skipped" not in timing
                     if timing.get("rc"):
