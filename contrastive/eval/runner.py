@@ -140,7 +140,7 @@ def _loader(ds: Dataset, batch_size: int, *, shuffle: bool, num_workers: int, se
     return loader
 
 
-def _autocast(accelerator: Any) -> torch.dtype | None:
+def autocast_dtype(accelerator: Any) -> torch.dtype | None:
     mp = getattr(accelerator, "mixed_precision", "no") if accelerator is not None else "no"
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(mp))
 
@@ -166,7 +166,7 @@ def encode_split(
         encoder.to(dev)
     loader = _loader(ds, batch_size, shuffle=False, num_workers=num_workers, seed=0, accelerator=accelerator)
     return extract_features(encoder, loader, accelerator=accelerator, device=dev,
-                            device_transform=device_transform, autocast_dtype=_autocast(accelerator),
+                            device_transform=device_transform, autocast_dtype=autocast_dtype(accelerator),
                             progress=progress)
 
 
@@ -281,11 +281,11 @@ def linear_eval(
         encoder = loaded.encoder
         head = train_linear_standard(encoder, loader, num_classes=n_classes, epochs=epochs, lr=lr,
                                      accelerator=accelerator, device=device,
-                                     autocast_dtype=_autocast(accelerator), seed=seed, progress=main)
+                                     autocast_dtype=autocast_dtype(accelerator), seed=seed, progress=main)
         test_loader = _loader(test_ds, batch_size, shuffle=False, num_workers=num_workers, seed=0,
                               accelerator=accelerator)
         acc = evaluate_standard(encoder, head, test_loader, accelerator=accelerator, device=device,
-                                autocast_dtype=_autocast(accelerator))
+                                autocast_dtype=autocast_dtype(accelerator))
         settings |= {"epochs": epochs, "lr": lr, "lr_wd_selection": lr_selection, "momentum": 0.9, "weight_decay": 0.0,
                      "lr_steps": [round(0.6 * epochs), round(0.8 * epochs)], "gamma": 0.1,
                      "train_augmentation": "RandomResizedCrop(0.08-1) + flip", "backbone": "frozen, eval mode"}

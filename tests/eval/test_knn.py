@@ -154,3 +154,23 @@ def test_torch_backend_bounds_its_similarity_chunks(clusters, monkeypatch):
     chunked = WeightedKNN(bank, bank_labels, backend="torch").scores(queries, k=20)
     assert max(calls) == 3 and sum(calls) == queries.shape[0]
     assert torch.allclose(chunked, full)
+
+
+def test_torch_search_returns_faiss_neighbours():
+    """The kNN monitor of a ``--resident`` run searches with torch on the device (the GPU machine
+    has no faiss): the same 200 neighbours in the same order as faiss's exact search."""
+    g = torch.Generator().manual_seed(2)
+    bank, queries = torch.randn(3000, 128, generator=g), torch.randn(300, 128, generator=g)
+    labels = torch.randint(0, 10, (3000,), generator=g)
+    s_f, i_f = WeightedKNN(bank, labels, backend="faiss").search(queries, 200)
+    s_t, i_t = WeightedKNN(bank, labels, backend="torch", chunk_size=64).search(queries, 200)
+    i_t, s_t = i_t.cpu(), s_t.cpu()
+    assert torch.allclose(s_f, s_t, atol=1e-6)
+    # float32 dot products summed in another order: only neighbours whose similarities tie to
+    # rounding (1e-6) may swap places; the sets agree (no tie sits at the 200th place here)
+    rows, cols = (i_f != i_t).nonzero(as_tuple=True)
+    assert len(rows) < 0.001 * i_f.numel()
+    for r, c in zip(rows.tolist(), cols.tolist()):
+        near = s_f[r, max(c - 1, 0):c + 2]
+        assert (near - s_f[r, c]).abs().sort().values[1] < 1e-6  # a tie with a neighbour
+    assert torch.equal(i_f.sort(1).values, i_t.sort(1).values)

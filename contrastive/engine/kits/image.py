@@ -4,7 +4,8 @@
   plus the encoder, crop size, augmentation path, kNN monitor and online probe), the recipe
   families :class:`CifarConfig` (solo-learn's CIFAR setup) and :class:`DIMConfig` (Deep InfoMax);
 - data: :class:`ImageAdapter`, views from an augmentation pipeline, per image in the loader
-  workers or batched on the device (``--batched-augment``, ``--decode device``);
+  workers or batched on the device (``--batched-augment``, ``--decode device``), or a small
+  data set held on the device, decoded once (``--resident``);
 - the method's memory format: ``--channels-last`` resolved on the device
   (:func:`default_channels_last`) and applied to the built method;
 - evaluators: :class:`KNNEvaluator` (``--knn-every``; ``contrastive-knn-eval``'s computation);
@@ -31,7 +32,7 @@ from torch.utils.data import Subset
 from contrastive.engine.config import RunConfig, parse_json_object
 from contrastive.engine.extras import add_extras, split_item
 from contrastive.engine.fields import as_flag, help_field, override
-from contrastive.engine.kits.base import Artefacts, HandOff, StepHook
+from contrastive.engine.kits.base import Artefacts, HandOff, KitOptionError, StepHook
 from contrastive.engine.kits.finetune import (
     FinetuneFields,
     backbone_groups,
@@ -47,11 +48,13 @@ from contrastive.methods.base import encoder_of
 from contrastive.records import ENCODER_FILE, EncoderRecord, RecordError
 
 if TYPE_CHECKING:
+    from contrastive.augment.device_crop import ResidentViews
     from contrastive.augment.pipeline import Pipeline
     from contrastive.engine.kits.image_text import ImageTextConfig
     from contrastive.methods.base import ParamGroup
 
 __all__ = ["ImageConfig", "CifarConfig", "DIMConfig", "ImageAdapter", "KNNEvaluator",
+           "ResidentKNNEvaluator", "subset_rows",
            "EncoderArtefacts", "build_knn_evaluator", "default_channels_last", "feature_fn",
            "make_batch", "prepare_views", "write_encoder"]
 
@@ -92,6 +95,12 @@ class ImageConfig(InitFields, FinetuneFields, RunConfig):
         "'device' = on the training device in one batched call per step (nvJPEG on CUDA through "
         "torchvision; the workers only read the file bytes and draw the crop boxes); needs "
         "--batched-augment on/auto", choices=("worker", "device"))
+    resident: bool = help_field(
+        False, "decode the whole training split once into one uint8 tensor on the training "
+        "device (small images of one size: CIFAR's 50,000 x 32 px are 154 MB); the loader then "
+        "carries indices, the crops are cut there (roi_align, as --decode device) and the kNN "
+        "monitor encodes the same tensors. Needs random-resized-crop views and the batched "
+        "augmentation")
 
     # --- online kNN monitor ---------------------------------------------------------------
     knn_every: int = help_field(0, "weighted-kNN top-1 on the held-out labelled split every N "
@@ -127,6 +136,9 @@ class ImageConfig(InitFields, FinetuneFields, RunConfig):
         for name in ("knn_every", "knn_max_train", "knn_max_test"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{as_flag(name)} must be >= 0, got {getattr(self, name)}")
+        if self.resident and (self.batched_augment == "off" or self.decode == "device"):
+            raise ValueError("--resident crops and augments on the device: use it with "
+                             "--batched-augment on (or auto) and --decode worker")
         if self.decode == "device" and self.batched_augment == "off":
             raise ValueError("--decode device needs the batched augmentation: use --batched-augment "
                              "on (or auto) with it, or --decode worker with --batched-augment off")
@@ -216,15 +228,24 @@ class DIMConfig(ImageConfig):
             raise ValueError("--batch-size must be >= 2: DIM's negatives are the other images")
 
 
-def prepare_views(views: list[Tensor], device: torch.device,
+def prepare_views(views: list[Tensor] | Tensor, device: torch.device,
                   device_fn: Callable[..., list[Tensor]] | None, *, seed: int, step: int,
                   micro: int, rank: int, channels_last: bool = False,
-                  float64: bool = False) -> list[Tensor]:
+                  float64: bool = False,
+                  resident: Callable[..., list[Tensor]] | None = None) -> list[Tensor]:
     """The loader's views on the device: augmented there in a batch (``device_fn``, seeded by
-    the position in the run), in channels_last / float64 when asked."""
-    views = [v.to(device, non_blocking=True) for v in views]
+    the position in the run), in channels_last / float64 when asked. With ``resident``
+    (:class:`~contrastive.augment.device_crop.ResidentViews`) ``views`` is the batch's indices
+    and the crops are cut from the device's copy of the data set, from the same generator."""
+    gen = (step_generator(device, seed, step, micro, rank)
+           if device_fn is not None or resident is not None else None)
+    if resident is not None:
+        assert isinstance(views, Tensor)
+        views = resident(views.to(device, non_blocking=True), gen)  # uint8 (B, 3, S, S) each
+    else:
+        views = [v.to(device, non_blocking=True) for v in views]
     if device_fn is not None:
-        views = device_fn(views, generator=step_generator(device, seed, step, micro, rank))
+        views = device_fn(views, generator=gen)
     if channels_last:
         views = [v.contiguous(memory_format=torch.channels_last) for v in views]
     if float64:
@@ -265,6 +286,8 @@ class ImageAdapter:
         self._told = False  # warned that the workers decoded a whole micro-batch
         self._size = 0
         self._num_classes: int | None = None
+        self.resident: ResidentViews | None = None  # --resident: the crops on the device
+        self._resident_labels = torch.zeros(0, dtype=torch.long)
 
     @property
     def cfg(self) -> ImageConfig:
@@ -311,6 +334,8 @@ class ImageAdapter:
                              "batched augmentation returns: drop --batched-augment off")
         if cfg.batched_augment != "off":
             transform, self.device_fn = self.pipeline.split(decode=cfg.decode)
+        if cfg.resident:
+            return self._resident_set(cfg, accelerator)
         ds: Any = get_dataset(cfg.data, "train", transform=transform, strict=cfg.strict_data)
         self._size = len(ds)
         self._num_classes = labelled_classes(ds)
@@ -324,12 +349,43 @@ class ImageAdapter:
                         "the limit (data_wait_frac in metrics.jsonl)")
         return ds
 
+    def _resident_set(self, cfg: ImageConfig, accelerator: Any) -> Any:
+        """``--resident``: the training split decoded once (:func:`~contrastive.data.resident.
+        decode_split`), its images on the training device, the loader's items their indices."""
+        from contrastive.augment.device_crop import ResidentViews
+        from contrastive.data import get_dataset
+        from contrastive.data.resident import ResidentImages, decode_split
+
+        if getattr(self.pipeline, "crop_boxes", False):
+            raise KitOptionError("--resident does not return crop boxes (VICRegL needs them): "
+                                 "drop --resident")
+        base = get_dataset(cfg.data, "train", strict=cfg.strict_data)
+        try:
+            images, labels = decode_split(base, num_workers=cfg.num_workers,
+                                          progress=cfg.progress and accelerator.is_main_process)
+            self.resident = ResidentViews(images.to(accelerator.device), self.pipeline.views)
+        except ValueError as e:  # images of several sizes, too many, a view it cannot crop
+            raise KitOptionError(str(e)) from None
+        self._resident_labels = labels
+        ds = ResidentImages(base, images, labels)
+        self._size = len(ds)
+        self._num_classes = labelled_classes(ds)
+        logger.info("--resident: %d training images (%s) on %s; crops and augmentation there",
+                    len(ds), "x".join(map(str, images.shape[1:])), accelerator.device)
+        return ds
+
     def batch(self, sample: tuple[Any, ...], needs: tuple[str, ...], sched: dict[str, float], *,
               device: torch.device, step: int, micro: int, rank: int) -> dict[str, Any]:
         from contrastive.augment.device_decode import DeviceDecodeBatch, decode_and_crop
 
         cfg = self.cfg
         views, crops = sample[0], {}
+        if self.resident is not None:  # the batch's indices; the images are on the device
+            batch = make_batch(prepare_views(
+                views, device, self.device_fn, seed=cfg.seed, step=step, micro=micro, rank=rank,
+                channels_last=bool(cfg.channels_last), float64=cfg.float64,
+                resident=self.resident), sample, needs, sched, device)
+            return batch
         if isinstance(views, Mapping):  # a pipeline with crop_boxes: {"views", "crop_boxes"}
             views, crops = views["views"], {"crop_boxes": views["crop_boxes"]}
         if isinstance(views, DeviceDecodeBatch):
@@ -374,7 +430,9 @@ class ImageAdapter:
                                resolve_finetune(cfg, pretrained=self.init.weights is not None))
 
     def evaluators(self, cfg: ImageConfig, world: int) -> list[Any]:
-        knn = build_knn_evaluator(cfg, self.pipeline, world)
+        resident = (None if self.resident is None
+                    else (self.resident.images, torch.as_tensor(self._resident_labels)))
+        knn = build_knn_evaluator(cfg, self.pipeline, world, resident)
         return [] if knn is None else [knn]
 
     def resolved(self) -> dict[str, Any]:
@@ -461,6 +519,61 @@ class KNNEvaluator:
         return float(res["accuracy"]["top1"])
 
 
+class ResidentKNNEvaluator(KNNEvaluator):
+    """:class:`KNNEvaluator` on images held on the device (``--resident``): the bank is the
+    training split's tensor (no second decoding), the queries the held-out split decoded once;
+    both are normalised as the evaluation transform does (whose centre crop is the identity
+    here: images of the crop size, ``crop_pct`` 1), encoded in batches under the run's autocast
+    and searched with the torch back-end on the device (no faiss needed; it returns faiss's
+    neighbours, tests/eval/test_knn.py). Every process computes the whole figure.
+
+    Args:
+        bank, query: uint8 (N, 3, S, S) images on the device and their labels (N,).
+        normalise: uint8 batch -> float batch (the evaluation pipeline's device half).
+        other arguments: as :class:`KNNEvaluator`.
+    """
+
+    def __init__(self, bank: tuple[Tensor, Tensor], query: tuple[Tensor, Tensor], *,
+                 normalise: Callable[[Tensor], Tensor], k: int = 200, t: float = 0.1,
+                 max_bank: int = 0, max_query: int = 0, batch_size: int = 256,
+                 num_classes: int | None = None, every: int = 1, at_start: bool = False,
+                 feature: str = "backbone", channels_last: bool = False) -> None:
+        super().__init__([], [], k=k, t=t, batch_size=batch_size, num_classes=num_classes,
+                         every=every, at_start=at_start, feature=feature,
+                         channels_last=channels_last)
+        rows = [subset_rows(len(bank[1]), max_bank), subset_rows(len(query[1]), max_query)]
+        self.bank, self.query = [(x[r], y[r]) if r is not None else (x, y)
+                                 for (x, y), r in zip((bank, query), rows)]
+        self.normalise = normalise
+
+    def _features(self, encode: Callable[[Tensor], Tensor], images: Tensor,
+                  accelerator: Any) -> Tensor:
+        from contrastive.eval.features import extract_features
+        from contrastive.eval.runner import autocast_dtype
+
+        def transform(x: Tensor) -> Tensor:
+            x = self.normalise(x)
+            return _channels_last(x) if self.channels_last else x
+
+        chunks = [(images[i:i + self.batch_size], torch.zeros(0))
+                  for i in range(0, len(images), self.batch_size)]
+        feats, _ = extract_features(encode, chunks, device=accelerator.device,
+                                    device_transform=transform,
+                                    autocast_dtype=autocast_dtype(accelerator))
+        return feats.to(accelerator.device)
+
+    @torch.no_grad()
+    def top1(self, encode: Callable[[Tensor], Tensor], accelerator: Any) -> float:
+        from contrastive.eval.knn import knn_accuracy
+
+        (xb, yb), (xq, yq) = self.bank, self.query
+        bank, query = self._features(encode, xb, accelerator), self._features(encode, xq, accelerator)
+        acc = knn_accuracy(bank, yb.to(bank.device), query, yq.to(bank.device),
+                           k=min(self.k, len(yb)), temperature=self.t,
+                           num_classes=self.num_classes, backend="torch")
+        return float(acc["top1"])
+
+
 def feature_fn(module: nn.Module, which: str) -> Callable[[Tensor], Tensor]:
     """The features the kNN evaluator sees: the method's backbone (``which="backbone"``) or its
     head/projector output (``"head"``); inputs cast to float64 for a ``--float64`` model."""
@@ -485,21 +598,29 @@ def _channels_last(x: Tensor) -> Tensor:
     return x.contiguous(memory_format=torch.channels_last)
 
 
-def _subset(ds: Any, limit: int) -> Any:
-    """``limit`` items of ``ds`` drawn at random (seed 0), in increasing order; all when
-    ``limit`` is 0 or >= len. Random, not evenly spaced: a stride would alias with data sets
+def subset_rows(n: int, limit: int) -> list[int] | None:
+    """``limit`` of ``n`` rows drawn at random (seed 0), in increasing order; None (all) when
+    ``limit`` is 0 or >= n. Random, not evenly spaced: a stride would alias with data sets
     whose labels cycle with the index (``shapes``: label = index % 10)."""
-    n = len(ds)
     if limit <= 0 or limit >= n:
-        return ds
+        return None
     g = torch.Generator().manual_seed(0)
-    return Subset(ds, sorted(torch.randperm(n, generator=g)[:limit].tolist()))
+    return sorted(torch.randperm(n, generator=g)[:limit].tolist())
 
 
-def build_knn_evaluator(cfg: ImageConfig, pipeline: Any, world: int) -> KNNEvaluator | None:
+def _subset(ds: Any, limit: int) -> Any:
+    """``limit`` items of ``ds`` (:func:`subset_rows`); ``ds`` itself for all."""
+    rows = subset_rows(len(ds), limit)
+    return ds if rows is None else Subset(ds, rows)
+
+
+def build_knn_evaluator(cfg: ImageConfig, pipeline: Any, world: int,
+                        resident: tuple[Tensor, Tensor] | None = None) -> KNNEvaluator | None:
     """The kNN evaluator (``--knn-every``), or None when off or the data has no labelled
     held-out split. Bank and queries use the evaluation transform with the pipeline's
-    normalisation, as ``contrastive-knn-eval`` on the finished run does."""
+    normalisation, as ``contrastive-knn-eval`` on the finished run does. ``resident``: the
+    training split's images on the device and their labels (``--resident``): a
+    :class:`ResidentKNNEvaluator` when the evaluation transform leaves them as they are."""
     if not cfg.knn_every:
         return None
     from contrastive.augment import get_pipeline
@@ -516,6 +637,25 @@ def build_knn_evaluator(cfg: ImageConfig, pipeline: Any, world: int) -> KNNEvalu
     if n_cls is None:
         logger.info("kNN monitor off: --data %s has no labels", cfg.data)
         return None
+    side = cfg.image_size
+    if resident is not None and (resident[0].shape[-2:] != (side, side)
+                                 or eval_tf.views[0].resize_size() != side):
+        logger.info("kNN monitor: the training images are %s, the evaluation transform resizes "
+                    "them: it decodes both splits from the files", tuple(resident[0].shape[-2:]))
+        resident = None
+    if resident is not None:
+        from contrastive.data.resident import decode_split
+
+        query_set = get_dataset(cfg.data, "test", strict=cfg.strict_data)
+        xq, yq = decode_split(query_set, num_workers=cfg.num_workers, progress=cfg.progress,
+                              what="the held-out split")
+        normalise = eval_tf.split()[1]
+        return ResidentKNNEvaluator(
+            resident, (xq.to(resident[0].device), yq), normalise=lambda x: normalise([x], generator=torch.Generator().manual_seed(0))[0],
+            k=cfg.knn_k, t=cfg.knn_t, max_bank=cfg.knn_max_train, max_query=cfg.knn_max_test,
+            batch_size=max(cfg.batch_size // world, 64) * 4, num_classes=n_cls,
+            every=cfg.knn_every, at_start=cfg.knn_at_start, feature=cfg.knn_feature,
+            channels_last=bool(cfg.channels_last))
     return KNNEvaluator(bank, query, k=cfg.knn_k, t=cfg.knn_t, max_bank=cfg.knn_max_train,
                         max_query=cfg.knn_max_test, batch_size=max(cfg.batch_size // world, 64),
                         num_workers=min(cfg.num_workers, 4), num_classes=n_cls,
