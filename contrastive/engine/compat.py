@@ -35,8 +35,8 @@ OPERATIONAL_FIELDS = frozenset({
     "output_dir", "resume", "max_steps", "num_workers", "save_every_steps", "save_every_epochs",
     "keep_last", "log_every", "progress", "report_to", "allow_config_change", "strict_data",
     "knn_every", "knn_at_start", "knn_max_train", "knn_max_test", "knn_k", "knn_t",
-    "knn_feature", "online_probe", "probe_lr", "compile", "channels_last", "batched_augment", "decode", "cpu", "on_nonfinite",
-    "resident",
+    "knn_feature", "online_probe", "probe_lr", "compile", "compile_mode", "channels_last",
+    "batched_augment", "decode", "cpu", "on_nonfinite", "resident",
     "mixed_precision", "ddp_find_unused_parameters", "stop_if_orphaned", "fused_optimizer",
     "grad_checkpointing", "fsdp",
 })

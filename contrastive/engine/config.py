@@ -32,13 +32,15 @@ from contrastive.engine.compat import RENAMED_FIELDS, new_flags, renamed_to, war
 from contrastive.engine.fields import as_flag, field_options, help_field
 from contrastive.hardware import PRECISIONS
 
-__all__ = ["RunConfig", "SCHEDULES", "parse_config", "config_to_dict", "config_from_dict",
-           "parse_json_object"]
+__all__ = ["RunConfig", "SCHEDULES", "COMPILE_MODES", "parse_config", "config_to_dict",
+           "config_from_dict", "parse_json_object"]
 
 C = TypeVar("C", bound="RunConfig")
 
 #: the learning-rate schedules (:func:`contrastive.engine.schedules.lr_at`)
 SCHEDULES = ("cosine", "linear", "step", "constant")
+#: ``torch.compile``'s modes (``--compile-mode``)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 @dataclass
@@ -116,7 +118,12 @@ class RunConfig:
         False, "train in float64 (model, inputs, optimiser state): several times slower; for "
         "numerical checks such as 2 processes against 1, where float32 rounding of sums taken "
         "in another order would otherwise hide or fake a difference")
-    compile: bool = help_field(False, "torch.compile the backbone (nn.Module.compile, in place)")
+    compile: bool = help_field(False, "torch.compile the backbone and its momentum copy "
+                               "(nn.Module.compile, in place); the evaluators run them eagerly")
+    compile_mode: str = help_field(
+        "default", "torch.compile mode with --compile: reduce-overhead adds CUDA graphs on a GPU, "
+        "the max-autotune modes search kernel configurations (longer compiles)",
+        choices=COMPILE_MODES)
     grad_checkpointing: bool = help_field(
         False, "activation checkpointing: keep only each block's input in the forward pass and "
         "recompute the block in the backward pass (ViT blocks, ResNet stages, Hugging Face text "

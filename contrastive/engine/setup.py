@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,8 +30,8 @@ from contrastive.hardware import resolve_precision, warn_if_emulated_bf16
 from contrastive.methods.base import encoder_of
 
 __all__ = ["reset_accelerate_state", "resolve_run_precision", "compile_encoders",
-           "make_accelerator", "check_fresh_output_dir", "TrainData", "build_data", "Model",
-           "build_model", "method_inputs"]
+           "eager_evaluation", "make_accelerator", "check_fresh_output_dir", "TrainData",
+           "build_data", "Model", "build_model", "method_inputs"]
 
 logger = logging.getLogger(__name__)
 
@@ -256,7 +256,8 @@ def build_model(cfg: RunConfig, build_method: Callable[[Any, DataInfo], nn.Modul
         fused = sharded_fused(cfg.optimizer, fused)
         shard_method(method, device, world)
     if cfg.compile:
-        logger.info("compiled: %s", ", ".join(compile_encoders(method)))
+        logger.info("compiled (mode %s): %s", cfg.compile_mode,
+                    ", ".join(compile_encoders(method, mode=cfg.compile_mode)))
     peak_lr = scaled_lr(cfg.lr, cfg.batch_size, cfg.lr_scaling)
     declared = kit.param_groups(cfg, method) if kit is not None else []
     optimizer = build_optimizer(method, cfg.optimizer, lr=peak_lr, weight_decay=cfg.weight_decay,
@@ -283,18 +284,34 @@ def build_model(cfg: RunConfig, build_method: Callable[[Any, DataInfo], nn.Modul
                  after_step if callable(after_step) else None, cache)
 
 
-def compile_encoders(method: nn.Module) -> list[str]:
-    """``torch.compile`` in place (``nn.Module.compile``) the method's backbone and every
-    momentum (EMA) copy it keeps (MoCo's key network, BYOL's target, DINO's teacher ...):
-    the query and the key paths are the step's two big forward passes. Returns the names of
-    the compiled submodules. Heads stay eager (small matrix products); recompilation is not
-    forced: the EMA update changes parameter values in place, not the graph."""
+def compile_encoders(method: nn.Module, mode: str = "default") -> list[str]:
+    """``torch.compile`` in place (``nn.Module.compile``, ``mode`` as ``--compile-mode``) the
+    method's backbone and every momentum (EMA) copy it keeps (MoCo's key network, BYOL's target,
+    DINO's teacher ...): the query and the key paths are the step's two big forward passes.
+    Returns the names of the compiled submodules. Heads stay eager (small matrix products).
+
+    Each distinct graph compiles once: the backbone with gradients, the copy without (its own
+    graph, which Dynamo files as a recompilation when the copy shares the backbone's ``forward``,
+    ``GLOBAL_STATE changed: grad_mode``); the EMA update changes parameter values in place, not
+    the graph. The evaluators run these modules eagerly (:func:`eager_evaluation`): their eval
+    mode and ragged last batch would otherwise add graphs, and the batch size that changes would
+    make Dynamo recompile the training graph with a symbolic batch size (slow to compile, the
+    first step stalled for minutes)."""
     from contrastive.nn.momentum import MomentumEncoder
 
-    encoder_of(method).compile()
+    encoder_of(method).compile(mode=mode)
     names = ["encoder"]
     for name, module in method.named_modules():
         if isinstance(module, MomentumEncoder):
-            module.module.compile()
+            module.module.compile(mode=mode)
             names.append(f"{name}.module")
     return names
+
+
+@contextlib.contextmanager
+def eager_evaluation() -> Iterator[None]:
+    """The context an evaluator runs in: modules compiled by :func:`compile_encoders` run their
+    eager code (``torch.compiler.set_stance("force_eager")``), compile nothing and leave the
+    training graphs' caches as they were."""
+    with torch.compiler.set_stance("force_eager"):
+        yield

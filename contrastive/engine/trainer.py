@@ -86,6 +86,7 @@ from contrastive.engine.setup import (
     build_data,
     build_model,
     check_fresh_output_dir,
+    eager_evaluation,
     make_accelerator,
     resolve_run_precision,
 )
@@ -373,7 +374,9 @@ class _Run:
         model, state = self.m.model, self.state
         model.eval()
         try:
-            metrics = ev(self.m.module, self.acc)
+            # --compile: the compiled encoders run eagerly here (see compile_encoders)
+            with eager_evaluation() if self.cfg.compile else contextlib.nullcontext():
+                metrics = ev(self.m.module, self.acc)
         finally:
             model.train()
         self.last_eval[ev.name] = state.step
