@@ -5,6 +5,11 @@ Why: with BN, a query and its positive key that see the same batch statistics ca
 statistics). Across processes MoCo uses shuffle BN (:mod:`contrastive.nn.distributed`). On one
 process the MoCo CIFAR-10 demo emulates it with split BN: the batch is cut into ``num_splits``
 groups that are normalised independently, as if each group ran on its own GPU.
+
+Both memory formats take one ``F.batch_norm`` over the groups side by side as channels: an NCHW
+batch as (N/s, s*C, H, W) in NCHW (a free view), a channels_last batch as (N/s, s*C, H, W) in
+channels_last (two copies that move whole C-channel rows), so a channels_last network never
+leaves its layout at its split BN layers.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
     statistics are the mean over groups of the per-group running statistics. In eval mode it
     is a plain BatchNorm2d (same parameters and buffers, so state dicts are interchangeable).
 
-    Shape: (N, C, H, W) -> (N, C, H, W); N must be divisible by ``num_splits``.
+    Shape: (N, C, H, W) -> (N, C, H, W) in the input's memory format (NCHW or channels_last);
+    N must be divisible by ``num_splits``.
     """
 
     def __init__(self, num_features: int, num_splits: int, **kwargs: Any) -> None:
@@ -51,12 +57,16 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
         momentum = self.momentum
         if momentum is None:  # checked in __init__, unless set to None since
             raise ValueError("SplitBatchNorm2d needs a float momentum (got momentum=None)")
-        groups = x.contiguous().view(n // s, c * s, h, w)
+        channels_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+        if channels_last:
+            groups = _groups_channels_last(x, s)
+        else:
+            groups = x.contiguous().view(n // s, c * s, h, w)
         weight = self.weight.repeat(s) if self.weight is not None else None
         bias = self.bias.repeat(s) if self.bias is not None else None
         if not self.track_running_stats:
             y = F.batch_norm(groups, None, None, weight, bias, True, momentum, self.eps)
-            return y.view(n, c, h, w)
+            return _ungroup_channels_last(y, s) if channels_last else y.view(n, c, h, w)
         # BatchNorm registers these buffers exactly when track_running_stats is set
         assert self.running_mean is not None and self.running_var is not None
         assert self.num_batches_tracked is not None
@@ -66,10 +76,36 @@ class SplitBatchNorm2d(nn.BatchNorm2d):
         with torch.no_grad():
             self.running_mean.copy_(mean.view(s, c).mean(0))
             self.running_var.copy_(var.view(s, c).mean(0))
-        return y.view(n, c, h, w)
+        return _ungroup_channels_last(y, s) if channels_last else y.view(n, c, h, w)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, num_splits={self.num_splits}"
+
+
+def _groups_channels_last(x: Tensor, s: int) -> Tensor:
+    """(N, C, H, W) channels_last -> (N/s, s*C, H, W) channels_last, channel g*C + c = channel c
+    of the samples n with n % s == g: the NCHW path's grouping, in the other layout.
+
+    channels_last memory is (N, H, W, C); with n = n' * s + g it is (N/s, s, H*W, C), and the
+    groups side by side as channels need (N/s, H*W, s, C): one copy that moves whole rows of C
+    values, then the native channels_last batch norm (cuDNN's on a GPU, any dtype under
+    autocast). Why not statistics per group with no copy at all (sums over the (N/s, s, H*W, C)
+    view, broadcast normalisation, a closed-form backward)? Tried: same speed on the CPU,
+    slower on a GPU, where its many elementwise kernels cost more than two copies
+    (figures in ``benchmarks/bench_split_bn.py``).
+    """
+    n, c, h, w = x.shape
+    rows = x.permute(0, 2, 3, 1).reshape(n // s, s, h * w, c)  # a view of the memory
+    return rows.transpose(1, 2).contiguous().view(n // s, h, w, s * c).permute(0, 3, 1, 2)
+
+
+def _ungroup_channels_last(y: Tensor, s: int) -> Tensor:
+    """The inverse of :func:`_groups_channels_last`: (N/s, s*C, H, W) -> (N, C, H, W), both
+    channels_last (``reshape``: a view when ``F.batch_norm`` kept the layout, as it does)."""
+    q, sc, h, w = y.shape
+    c = sc // s
+    rows = y.permute(0, 2, 3, 1).reshape(q, h * w, s, c).transpose(1, 2).contiguous()
+    return rows.view(q * s, h, w, c).permute(0, 3, 1, 2)  # (N, C, H, W) channels_last
 
 
 def convert_to_split_bn(module: nn.Module, num_splits: int) -> nn.Module:

@@ -87,3 +87,87 @@ def test_split_bn_without_running_stats_and_momentum_none():
     bn.momentum = None
     with pytest.raises(ValueError, match="float momentum"):
         bn(x)
+
+
+def _train_pair(splits=4, affine=True, track=True, momentum=0.3):
+    """Two equal float64 split BNs, one to be fed NCHW and one channels_last."""
+    torch.manual_seed(0)
+    nchw = SplitBatchNorm2d(3, num_splits=splits, momentum=momentum, affine=affine,
+                            track_running_stats=track).double()
+    if affine:
+        nchw.weight.data.uniform_(0.5, 2.0)
+        nchw.bias.data.normal_()
+    cl = SplitBatchNorm2d(3, num_splits=splits, momentum=momentum, affine=affine,
+                          track_running_stats=track).double()
+    cl.load_state_dict(nchw.state_dict())
+    return nchw, cl
+
+
+@pytest.mark.parametrize("affine,track", [(True, True), (False, True), (True, False)])
+def test_split_bn_channels_last_equals_nchw_over_steps(affine, track):
+    """Outputs, input and parameter grads, running stats (momentum, unbiased running_var) and
+    num_batches_tracked equal the NCHW path's over three steps; the output stays
+    channels_last, the NCHW output stays NCHW."""
+    nchw, cl = _train_pair(affine=affine, track=track)
+    for step in range(3):
+        x = torch.randn(8, 3, 5, 4, dtype=torch.float64) * (step + 2) + step - 1
+        grad = torch.randn_like(x)
+        x_ref = x.clone().requires_grad_()
+        x_cl = x.contiguous(memory_format=torch.channels_last).requires_grad_()
+        y_ref, y_cl = nchw(x_ref), cl(x_cl)
+        assert y_cl.is_contiguous(memory_format=torch.channels_last) and not y_cl.is_contiguous()
+        assert y_ref.is_contiguous()
+        (y_ref * grad).sum().backward()
+        (y_cl * grad).sum().backward()
+        torch.testing.assert_close(y_cl, y_ref, rtol=0, atol=1e-10)
+        torch.testing.assert_close(x_cl.grad, x_ref.grad, rtol=0, atol=1e-10)
+        if affine:
+            torch.testing.assert_close(cl.weight.grad, nchw.weight.grad, rtol=0, atol=1e-10)
+            torch.testing.assert_close(cl.bias.grad, nchw.bias.grad, rtol=0, atol=1e-10)
+    for name, buf in nchw.named_buffers():
+        torch.testing.assert_close(dict(cl.named_buffers())[name], buf, rtol=0, atol=1e-10)
+    if track:
+        assert int(cl.num_batches_tracked) == 3
+
+
+def test_split_bn_channels_last_running_var_is_unbiased():
+    """One step from the initial buffers: running_var = 0.9 + 0.1 * mean over groups of the
+    unbiased group variances (M / (M - 1) with M = N/s * H * W = 2 * 3 * 2 = 12)."""
+    _, cl = _train_pair(momentum=0.1)
+    x = torch.randn(8, 3, 3, 2, dtype=torch.float64) * 3 + 1
+    cl(x.contiguous(memory_format=torch.channels_last))
+    _, mean, var = _manual_split_bn(x, cl.weight.detach(), cl.bias.detach(), 4, cl.eps)
+    torch.testing.assert_close(cl.running_mean, 0.1 * mean, rtol=0, atol=1e-12)
+    torch.testing.assert_close(cl.running_var, 0.9 + 0.1 * var, rtol=0, atol=1e-12)
+
+
+def test_split_bn_channels_last_gradcheck():
+    """The channels_last path's gradients (through its two regrouping copies and the batch norm)
+    against finite differences, for the input, weight and bias."""
+    from torch.func import functional_call
+
+    torch.manual_seed(0)
+    bn = SplitBatchNorm2d(3, num_splits=2).double()
+    x = torch.randn(4, 3, 2, 3, dtype=torch.float64).contiguous(
+        memory_format=torch.channels_last).requires_grad_()
+    weight = torch.empty(3, dtype=torch.float64).uniform_(0.5, 2.0).requires_grad_()
+    bias = torch.randn(3, dtype=torch.float64, requires_grad=True)
+
+    def split_bn(inp, w, b):
+        assert inp.is_contiguous(memory_format=torch.channels_last) and not inp.is_contiguous()
+        return functional_call(bn, {"weight": w, "bias": b}, (inp,))
+
+    assert torch.autograd.gradcheck(split_bn, (x, weight, bias))
+
+
+def test_split_bn_channels_last_not_divisible_and_bf16():
+    bn = SplitBatchNorm2d(3, num_splits=4)
+    x = torch.randn(6, 3, 4, 4).contiguous(memory_format=torch.channels_last)
+    with pytest.raises(ValueError, match="not divisible by num_splits=4"):
+        bn(x)
+    # low precision (autocast's bf16 activations): statistics in float32, output in bf16
+    x = torch.randn(8, 3, 4, 4).contiguous(memory_format=torch.channels_last)
+    y = bn(x.bfloat16())
+    assert y.dtype == torch.bfloat16 and y.is_contiguous(memory_format=torch.channels_last)
+    ref = SplitBatchNorm2d(3, num_splits=4)(x.contiguous())
+    torch.testing.assert_close(y.float(), ref, rtol=2e-2, atol=2e-2)

@@ -84,9 +84,9 @@ class ImageConfig(InitFields, FinetuneFields, RunConfig):
     )
     channels_last: bool | None = help_field(
         None, "channels_last memory format for convnets (faster on GPUs, and on AVX-512 CPUs with "
-        "torch 2.14: +10 %% measured; not with split BN, which works in NCHW). Unset: on for "
-        "CUDA devices unless the recipe uses split BN, off on the CPU; config.json records the "
-        "resolved value")
+        "torch 2.14: +10 %% measured; split BN keeps the layout but runs slower in it than in "
+        "NCHW: benchmarks/bench_split_bn.py). Unset: on for CUDA devices unless the recipe uses "
+        "split BN, off on the CPU; config.json records the resolved value")
     pass_indices: bool = help_field(
         False, "MoCo recipes: store each queued key's data-set index beside it (queue_labels; "
         "the method then needs batch['indices']): diagnostics, tests")
@@ -418,9 +418,9 @@ class ImageAdapter:
         if not cfg.channels_last:
             return method
         if _has_split_bn(method):
-            logger.warning("--channels-last with split BN is slower, not faster: split BN "
-                           "computes in NCHW, so every BN layer converts the layout twice "
-                           "(measured 0.7-0.95x on the CPU); use one or the other")
+            logger.warning("--channels-last with split BN: split BN regroups the batch with two "
+                           "copies per layer in channels_last (none in NCHW), slower than NCHW "
+                           "on the CPU and on GPUs (benchmarks/bench_split_bn.py measures it)")
         return method.to(memory_format=torch.channels_last)
 
     def param_groups(self, cfg: ImageConfig, method: nn.Module) -> list[ParamGroup]:
@@ -461,8 +461,10 @@ class ImageAdapter:
 
 def default_channels_last(method: nn.Module, device: torch.device) -> bool:
     """``--channels-last`` when unset: on CUDA devices (cuDNN's fast convolution layout, the
-    tensor cores' too), except for a method with split BN (MoCo's ``--split-bn`` > 1), which
-    computes in NCHW and would convert the layout twice per BN layer; off on the CPU."""
+    tensor cores' too), except for a method with split BN (MoCo's ``--split-bn`` > 1): it keeps
+    channels_last (:class:`~contrastive.nn.norm.SplitBatchNorm2d`) but regroups the batch with
+    two copies per layer, where NCHW regroups with a free view, and the encoder's step measured
+    slower than in NCHW (``benchmarks/bench_split_bn.py``); off on the CPU."""
     return device.type == "cuda" and not _has_split_bn(method)
 
 
