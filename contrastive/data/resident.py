@@ -36,10 +36,16 @@ class ResidentError(ValueError):
     """A data set ``--resident`` cannot hold: images of several sizes, or too large."""
 
 
-def _pairs(batch: list[tuple[Any, int]]) -> list[tuple[Tensor, int]]:
-    """The loader's collate: the items as they are (sizes are checked in the main process, so
-    that a mixed-size data set is reported in one line, not as a worker's traceback)."""
-    return [(as_uint8_chw(x), int(y)) for x, y in batch]
+def _collate(batch: list[tuple[Any, int]]) -> tuple[Tensor | None, Tensor, set[tuple[int, ...]]]:
+    """The loader's collate, in the worker: (one stacked uint8 tensor, labels, sizes); the
+    tensor is None when the sizes differ (reported by the main process in one line, not as a
+    worker's traceback). One tensor a batch: a list of small tensors crosses from the worker
+    one shared-memory handle each (1.6-3.8x slower on 2,000 CIFAR images, 2 workers; the H200
+    machine took 21 s for the 50,000 training images that way, 2026-12-01)."""
+    images = [as_uint8_chw(x) for x, _ in batch]
+    sizes = {tuple(t.shape) for t in images}
+    labels = torch.tensor([int(y) for _, y in batch])
+    return (torch.stack(images) if len(sizes) == 1 else None), labels, sizes
 
 
 def _sizes_error(sizes: set[tuple[int, ...]]) -> ResidentError:
@@ -62,7 +68,7 @@ def decode_split(dataset: Dataset, *, num_workers: int = 0, batch_size: int = 10
                             f"({n} images of {tuple(first.shape)}), more than "
                             f"{MAX_BYTES / 2**30:.0f} GiB: drop --resident (stream it)")
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers,
-                        collate_fn=_pairs)
+                        collate_fn=_collate)
     images = torch.empty((n, *first.shape), dtype=torch.uint8)
     labels = torch.empty(n, dtype=torch.long)
     bar: Any = None
@@ -71,15 +77,15 @@ def decode_split(dataset: Dataset, *, num_workers: int = 0, batch_size: int = 10
 
         bar = tqdm(total=n, desc=f"decoding {what} once", unit="img", leave=False)
     done = 0
-    for pairs in loader:
-        sizes = {tuple(x.shape) for x, _ in pairs} | {tuple(first.shape)}
-        if len(sizes) > 1:
+    for x, y, sizes in loader:
+        sizes = sizes | {tuple(first.shape)}
+        if x is None or len(sizes) > 1:
             raise _sizes_error(sizes)
-        images[done:done + len(pairs)] = torch.stack([x for x, _ in pairs])
-        labels[done:done + len(pairs)] = torch.tensor([y for _, y in pairs])
-        done += len(pairs)
+        images[done:done + len(y)] = x
+        labels[done:done + len(y)] = y
+        done += len(y)
         if bar is not None:
-            bar.update(len(pairs))
+            bar.update(len(y))
     if bar is not None:
         bar.close()
     logger.info("--resident: %s decoded once: %d images of %s, %.0f MB", what, n,
