@@ -25,7 +25,7 @@ killed command leaves there still comes back; then writes ``summary.json``.
 
 Settings: the recipe's own (the demo's), plus ``--resident`` (the data set on the GPU),
 bf16, a checkpoint every 50 epochs (the last one kept), logs every quarter epoch.
-The CPU dry run: ``--cpu --epochs 2 --max-images 1000 --batch-size 64``.
+The CPU dry run: ``--cpu --epochs 2 --max-images 2000 --batch-size 64 --eager-flags "--encoder small_cnn"``.
 """
 
 from __future__ import annotations

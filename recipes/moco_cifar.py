@@ -11,6 +11,7 @@ t 0.1) on the 128-d output every epoch. The demo reports 82.6 % kNN top-1 after 
 (85.3 % with ``--symmetric``), about 20 s per epoch on one V100.
 
     accelerate launch recipes/moco_cifar.py --data cifar10
+    accelerate launch recipes/moco_cifar.py --data cifar10 --resident  # GPU: data held there
     python recipes/moco_cifar.py --data shapes --encoder small_cnn --epochs 5   # CPU minutes
 
 Precision: the default ``--mixed-precision auto`` trains under bf16 autocast where the CPU or
