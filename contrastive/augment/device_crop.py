@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from contrastive.augment.config import ViewConfig
+from contrastive.augment.per_image import centred_box
 
 __all__ = ["random_resized_boxes", "resized_crops", "ResidentViews"]
 
@@ -56,20 +57,8 @@ def random_resized_boxes(n: int, height: int, width: int, scale: Sequence[float]
     boxes = torch.stack([top, left, h, w], dim=1)  # (n, 4)
     missed = ~fits.any(1)  # (n,): no try fits, the centred fallback
     if bool(missed.any()):
-        boxes[missed] = torch.tensor(_centred_box(height, width, ratio))
+        boxes[missed] = torch.tensor(centred_box(height, width, ratio))
     return boxes
-
-
-def _centred_box(height: int, width: int, ratio: Sequence[float]) -> tuple[int, int, int, int]:
-    """The fallback box: the whole image clamped to the ratio range, centred."""
-    in_ratio = width / height
-    if in_ratio < min(ratio):
-        w, h = width, int(round(width / min(ratio)))
-    elif in_ratio > max(ratio):
-        w, h = int(round(height * max(ratio))), height
-    else:
-        w, h = width, height
-    return (height - h) // 2, (width - w) // 2, h, w
 
 
 def resized_crops(images: Tensor, boxes: Tensor, size: int) -> Tensor:

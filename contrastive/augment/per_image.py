@@ -58,6 +58,12 @@ def random_resized_crop_box(height: int, width: int, scale: Sequence[float],
             top = int(torch.randint(0, height - h + 1, size=(1,)).item())
             left = int(torch.randint(0, width - w + 1, size=(1,)).item())
             return top, left, h, w
+    return centred_box(height, width, ratio)
+
+
+def centred_box(height: int, width: int, ratio: Sequence[float]) -> tuple[int, int, int, int]:
+    """The random resized crop's fallback when no try fits: the whole image clamped to the
+    ratio range, centred, as (top, left, h, w)."""
     in_ratio = width / height
     if in_ratio < min(ratio):
         w, h = width, int(round(width / min(ratio)))
