@@ -263,7 +263,8 @@ def main() -> None:
     s.add_argument("--until-s", type=float, default=570.0, help="this command returns by then")
     s.add_argument("--stage1-timeout-s", type=float, default=300.0)
     s.add_argument("--compile", action="store_true")
-    s.add_argument("--compile-flags", default="--channels-last true")
+    s.add_argument("--compile-flags", default="",
+                   help="added with --compile, e.g. '--compile-mode reduce-overhead'")
     s.add_argument("--eager-flags", default="")
     s.add_argument("--workers", type=int, default=8)
     s.add_argument("--cpu", action="store_true")
