@@ -94,7 +94,7 @@ def _jpeg_folder(root, n: int = 512) -> str:
     return str(root)
 
 
-@pytest.mark.parametrize("mode", ["eager", "compiled", "decode_device"])
+@pytest.mark.parametrize("mode", ["eager", "compiled", "decode_device", "resident"])
 def test_the_step_never_syncs_with_the_host_and_channels_last_is_the_default(
         tmp_path, fresh_accelerate, monkeypatch, caplog, mode):
     """The batch preparation too, except with ``--decode device`` (nvJPEG's batched decode
@@ -104,6 +104,8 @@ def test_the_step_never_syncs_with_the_host_and_channels_last_is_the_default(
     extra = {"compile": True} if mode == "compiled" else {}
     if mode == "decode_device":
         extra = {"decode": "device", "data": _jpeg_folder(tmp_path / "jpegs")}
+    if mode == "resident":  # the data set on the GPU: the crops and the indices too
+        extra = {"resident": True}
     cfg = _Cfg(output_dir=str(tmp_path / "run"), **extra)
     compile_ = mode == "compiled"
     with caplog.at_level(logging.INFO):
@@ -114,7 +116,7 @@ def test_the_step_never_syncs_with_the_host_and_channels_last_is_the_default(
     assert config["channels_last"] is True and config["mixed_precision"] == "bf16"
     assert config["decode"] == ("device" if mode == "decode_device" else "worker")
     if compile_:
-        assert "compiled: encoder, key_net.module" in caplog.text
+        assert "compiled (mode default): encoder, key_net.module" in caplog.text
     metrics = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in metrics if "loss" in r)
 
@@ -169,3 +171,22 @@ def test_the_device_decoder_never_writes_memory_queued_kernels_still_read():
         expected = torch.arange(1, 17, device="cuda", dtype=torch.float32) * (3 * 64 * 64 // 4)
         bad += int((sums != expected).sum())
     assert bad == 0
+
+
+def test_resident_crops_and_knn_search_on_cuda_match_the_cpu():
+    """``--resident``'s two device parts: the crops (roi_align on the GPU against the CPU, the
+    same boxes: float32 rounding apart, at most 1 grey level) and the kNN monitor's torch search
+    (the same neighbours as on the CPU, up to ties in float rounding)."""
+    from contrastive.augment.device_crop import random_resized_boxes, resized_crops
+    from contrastive.eval.knn import WeightedKNN
+
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (256, 3, 32, 32), dtype=torch.uint8, generator=g)
+    boxes = random_resized_boxes(256, 32, 32, (0.08, 1.0), (3 / 4, 4 / 3), g)
+    cpu, gpu = resized_crops(images, boxes, 32), resized_crops(images.cuda(), boxes, 32).cpu()
+    assert (cpu.int() - gpu.int()).abs().max().item() <= 1
+    bank, queries = torch.randn(5000, 128, generator=g), torch.randn(500, 128, generator=g)
+    labels = torch.randint(0, 10, (5000,), generator=g)
+    _, i_cpu = WeightedKNN(bank, labels, backend="torch").search(queries, 200)
+    _, i_gpu = WeightedKNN(bank.cuda(), labels.cuda(), backend="torch").search(queries.cuda(), 200)
+    assert torch.equal(i_cpu.sort(1).values, i_gpu.cpu().sort(1).values)
