@@ -8,12 +8,12 @@ compilation) against a later one.
     python benchmarks/bench_compile_time.py --device cuda --batch-size 512
 
 Why: on an H200 (2026-12-01) ``moco_cifar --compile`` logged no step window in the 146 s after
-compiling began; on the CPU the split-BN step compiles 3.6x slower than the plain one (below),
+compiling began; on the CPU the split-BN step compiles 3.6-5.3x slower than the plain one (below),
 so the GPU run most likely needs a longer first step, not a fix for a recompilation loop.
 
-Measured 2026-12-01, Intel Xeon (family 6 model 207, AVX-512), 2 threads, torch 2.14.1, load
-about 3 (two other jobs), batch 16, fp32: plain BN 73.4 s first step; split BN (8 groups)
-261.1 s (3.6x).
+Measured 2026-12-01, Intel Xeon (family 6 model 207, AVX-512), 2 threads, torch 2.14.1, batch
+16, fp32, beside two nice-19 jobs, two runs of the pair: plain BN 73.4 / 50.9 s first step,
+later steps 2.1 / 0.85 s; split BN (8 groups) 261.1 / 268.2 s, later 0.96 s: 3.6x / 5.3x.
 """
 
 from __future__ import annotations

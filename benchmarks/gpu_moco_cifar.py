@@ -262,7 +262,7 @@ def main() -> None:
                    help="the whole run, from this command's start, kNN passes included")
     s.add_argument("--until-s", type=float, default=570.0, help="this command returns by then")
     s.add_argument("--stage1-timeout-s", type=float, default=420.0,
-                   help="the split-BN step compiles 3.6x slower than plain BN "
+                   help="the split-BN step compiles 3.6-5.3x slower than plain BN "
                    "(benchmarks/bench_compile_time.py): give the first epoch time")
     s.add_argument("--compile", action="store_true")
     s.add_argument("--compile-flags", default="",
