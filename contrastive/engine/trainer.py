@@ -317,6 +317,9 @@ class _Run:
             "mixed_precision": acc.mixed_precision, "precision_reason": precision_reason,
             "optimizer_kernel": optimizer_kernel(self.m.optimizer),
             "device": str(acc.device),
+            # the submodule encoder.pt holds (Method.evaluated): what the eval tools read from a
+            # checkpoint folder of this run
+            "evaluated": str(getattr(self.m.module, "evaluated", "encoder")),
             "torch": torch.__version__, "command": " ".join(sys.argv),
             **self.adapter.resolved(),  # e.g. encoder_kwargs: evaluation rebuilds the encoder
         }

@@ -108,7 +108,10 @@ class RawCheckpoint:
     files: list[dict[str, str]] = field(default_factory=list)  # every file read: path, sha256 of its bytes
     #: what the weights were trained with: encoder_kwargs, image_size (and mean, std from encoder.pt)
     settings: dict[str, Any] = field(default_factory=dict)
-    state_key: str = ""  # the key of a checkpoint dict that held the state dict ("" : top level)
+    #: the key of a checkpoint dict that held the state dict, or (a training checkpoint) the
+    #: submodule whose tensors these are (``teacher.module.0``: DINO's evaluated backbone);
+    #: "": top level
+    state_key: str = ""
 
 
 @dataclass
@@ -336,9 +339,10 @@ def read_checkpoint(checkpoint: str | Path, *, encoder: str | None = None) -> Ra
         config, config_files = _checkpoint_config(path)
         settings = _config_settings(config, path)
         recorded = settings.pop("encoder")
-        return RawCheckpoint(_tensors_only(state, weights), encoder or recorded, "accelerate", weights,
+        state, evaluated = _evaluated_part(_tensors_only(state, weights), config)
+        return RawCheckpoint(state, encoder or recorded, "accelerate", weights,
                              sha, config, recorded, files=[{"path": str(weights), "sha256": sha}, *config_files],
-                             settings=settings)
+                             settings=settings, state_key=evaluated)
     obj, sha = _load_file(path)
     config, config_files = _read_config(path.parent / CONFIG_FILE)
     files = [{"path": str(path), "sha256": sha}, *config_files]
@@ -381,6 +385,22 @@ def read_checkpoint(checkpoint: str | Path, *, encoder: str | None = None) -> Ra
         return RawCheckpoint(state, encoder or recorded, kind, path, sha, config, recorded, files=files,
                              settings=settings, state_key=state_key)
     raise ValueError(f"{path}: expected a dict of tensors, got {type(obj).__name__}")
+
+
+def _evaluated_part(state: dict[str, Tensor],
+                    config: dict[str, Any] | None) -> tuple[dict[str, Tensor], str]:
+    """A training checkpoint's tensors as the eval tools read them, and the submodule they come
+    from: the backbone the run's method is evaluated by (``resolved.evaluated`` of its
+    config.json, :attr:`~contrastive.methods.base.Method.evaluated`: DINO's teacher's), its
+    keys relative to it, where that is not the trained ``encoder``; else all of them and ""
+    (the backbone then found by :func:`align_state_dict`, as in any file)."""
+    resolved = (config or {}).get("resolved")
+    path = resolved.get("evaluated") if isinstance(resolved, Mapping) else None
+    if not isinstance(path, str) or path in ("", "encoder"):
+        return state, ""
+    prefix = path + "."
+    part = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    return (part, path) if part else (state, "")
 
 
 def _config_settings(config: dict[str, Any] | None, path: Path) -> dict[str, Any]:

@@ -47,8 +47,14 @@ The contract (every method; the training engine relies on nothing else)
   clips apart (DINOv2's backbone and heads; DINO's and iBOT's each parameter: ``clip_mode``,
   :func:`~contrastive.methods.base.clip_parts_by`); by default all parameters together.
   Momentum (key) encoders have ``requires_grad=False`` and never enter the optimiser.
-- ``method.encoder``: the backbone. The engine saves it as ``encoder.pt`` and the kNN monitor
-  encodes with it; ``--knn-feature head`` uses ``head`` (else ``projector``) on top of it.
+- ``method.encoder``: the backbone the engine trains (and compiles). ``evaluated`` (class
+  attribute, default ``"encoder"``) names the backbone the engine saves as ``encoder.pt`` and the
+  kNN monitor and online probe encode with: the momentum copy where the paper evaluates that one
+  (DINO and iBOT ``"teacher.module.0"`` / ``"teacher.module.encoder"``, MSN
+  ``"teacher.module.0"``, I-JEPA ``"target.module"``;
+  :func:`~contrastive.methods.base.evaluated_encoder`); the eval tools read the same part of a
+  checkpoint folder. ``--knn-feature head`` uses ``head`` (else ``projector``) on top of
+  ``encoder``.
 - ``uses_in_batch_negatives`` / ``couples_samples`` (class attributes, default False): the loss
   couples the samples of a batch through the gradient (in-batch negatives; batch statistics such
   as Barlow Twins' cross-correlation); the engine refuses ``--grad-accum-steps`` for such a

@@ -28,7 +28,8 @@ FROZEN_BY = ("grad", "lr")
 #: part, each parameter
 CLIP_MODES = ("all", "part", "parameter")
 
-__all__ = ["Method", "ParamGroup", "Schedule", "read", "views_of", "encoder_of"]
+__all__ = ["Method", "ParamGroup", "Schedule", "read", "views_of", "encoder_of",
+           "evaluated_encoder"]
 
 Schedule = Callable[[int, int], float]
 """``f(step, total_steps) -> value``: step is the 0-based optimiser step of the run."""
@@ -107,6 +108,11 @@ class Method(nn.Module):
     #: ``backbone(tensors...)`` -> one row per input row; () = the loss reads more than their
     #: output (intermediate layers), no caching
     backbones: tuple[str, ...] = ("encoder",)
+    #: the backbone a run exports (``encoder.pt``) and evaluates during training (the kNN
+    #: monitor, the online probe), as a dotted submodule path (:func:`evaluated_encoder`): the
+    #: trained ``encoder`` by default; the momentum copy where the paper evaluates that one
+    #: (DINO's and iBOT's teacher, MSN's and I-JEPA's target encoder)
+    evaluated: str = "encoder"
     presets: ClassVar[dict[str, dict[str, Any]]] = {}
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Method:
@@ -229,6 +235,20 @@ def encoder_of(method: nn.Module) -> nn.Module:
     if not isinstance(encoder, nn.Module):
         raise TypeError(f"{type(method).__name__} has no encoder module (attribute 'encoder')")
     return encoder
+
+
+def evaluated_encoder(method: nn.Module) -> nn.Module:
+    """The backbone a run exports and evaluates: the submodule at the method's
+    :attr:`Method.evaluated` path (its ``encoder`` where it declares none). The engine still
+    trains and compiles :func:`encoder_of`; a momentum copy follows it by EMA."""
+    path = getattr(method, "evaluated", "encoder")
+    if path == "encoder":
+        return encoder_of(method)
+    try:
+        return method.get_submodule(path)
+    except AttributeError:
+        raise TypeError(f"{type(method).__name__}.evaluated names {path!r}, which is not a "
+                        "submodule of it") from None
 
 
 def check_clip_mode(method: str, clip_mode: str) -> None:

@@ -156,6 +156,9 @@ class DINO(Method):
 
     center: Tensor  # buffer (out_dim,): the running mean of the teacher outputs
     needs = ("views",)
+    #: the teacher's backbone is exported and evaluated, as the authors' evaluations load it
+    #: (facebookresearch/dino eval_knn.py, eval_linear.py: ``--checkpoint_key teacher``)
+    evaluated = "teacher.module.0"
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         # ViT-S/16 with the code's defaults (main_dino.py): 65536 prototypes, m0 0.996,
         # teacher temperature 0.04 without warm-up, norm_last_layer; dynamic_img_size for the

@@ -150,6 +150,9 @@ class IBOT(Method):
     #: --grad-accum-steps is refused
     backbones = ()
     couples_samples = True
+    #: the teacher's backbone is exported and evaluated (bytedance/ibot evaluation/eval_knn.py,
+    #: eval_linear.py: ``--checkpoint_key teacher``)
+    evaluated = "teacher.module.encoder"
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         # iBOT README, ViT-S/16 800 epochs: --teacher_temp 0.07 --warmup_teacher_temp_epochs 30
         # --norm_last_layer false --shared_head true --out_dim 8192 --pred_ratio 0 0.3

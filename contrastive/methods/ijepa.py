@@ -22,9 +22,8 @@ permutation of the channels) and its initialisation (``helper.init_model``: ever
 N(0, 0.02^2) truncated at +-2, zero biases, LayerNorms (1, 0); the patch projection as the
 code's ``_init_weights`` gives it, the same normal; the code's ``fix_init_weight`` rescaling is
 overwritten there by ``init_model`` and so not applied). The target encoder is a momentum copy
-(``self.target``); the embeddings returned read the target encoder (the encoder the paper
-evaluates), while the kNN monitor and the exported backbone read ``self.encoder`` (the student),
-as for every method today (``encoder_of``).
+(``self.target``); the embeddings returned, the kNN monitor, the online probe and the exported
+backbone read the target encoder, the one the paper evaluates (``evaluated``).
 
 Masks: :func:`contrastive.nn.masking.multiblock_masks`. The block sizes of a step come from a
 generator seeded by the method's call counter (``mask_step``, the code's ``_itr_counter``), the
@@ -135,6 +134,9 @@ class IJEPA(Method):
     needs = ("views",)
     #: the encoders run through ``masked_tokens`` (the context patches only), not their forward
     backbones = ()
+    #: the target encoder is exported and evaluated: the one the paper evaluates, its output
+    #: average-pooled (Assran et al. 2023)
+    evaluated = "target.module"
     no_accumulation = ("I-JEPA draws one block size per batch and cuts every context to the "
                        "batch's smallest (the authors' collator), so micro-batches would train "
                        "on other masks than their batch")

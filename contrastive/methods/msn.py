@@ -110,6 +110,9 @@ class MSN(Method):
     needs = ("views",)
     couples_samples = True  # me-max's mean prediction and Sinkhorn: the whole batch
     backbones: tuple[str, ...] = ()  # the ViT runs on dropped-patch sequences
+    #: the target encoder is exported and evaluated (facebookresearch/msn logistic_eval.py and
+    #: linear_eval.py load ``checkpoint['target_encoder']``)
+    evaluated = "teacher.module.0"
     presets: ClassVar[dict[str, dict[str, Any]]] = {
         # configs/pretrain/msn_vits16.yaml: deit_small (timm's ViT-S/16: qkv bias, LayerNorm
         # eps 1e-6), drop_path_rate 0.0, hidden 2048, output 256, use_bn, 1024 prototypes,

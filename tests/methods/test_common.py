@@ -166,3 +166,43 @@ def test_sync_bn_is_the_engines_switch(name):
     ``--sync-bn`` (the one switch), through the constructor and ``get_method`` alike."""
     with pytest.raises(TypeError, match=r"sync_bn is not a method argument.*--sync-bn"):
         get_method(name, encoder="small_cnn", sync_bn=True)
+
+
+VIT16 = dict(img_size=16, patch_size=4, embed_dim=16, depth=1, num_heads=2)
+
+
+@pytest.mark.parametrize("name, kwargs, path", [
+    ("dino", dict(encoder="small_cnn", out_dim=8, hidden_dim=8, bottleneck_dim=4),
+     "teacher.module.0"),
+    ("ibot", dict(encoder="timm:vit_tiny_patch16_224", out_dim=8, hidden_dim=8, bottleneck_dim=4,
+                  encoder_kwargs=VIT16), "teacher.module.encoder"),
+    ("msn", dict(encoder="timm:vit_tiny_patch16_224", hidden_dim=8, out_dim=8, num_prototypes=4,
+                 encoder_kwargs=VIT16), "teacher.module.0"),
+    ("ijepa", dict(encoder="timm:vit_tiny_patch16_224", predictor_dim=8, predictor_depth=1,
+                   min_keep=4, encoder_kwargs=dict(VIT16, patch_size=2, class_token=False,
+                                                   global_pool="avg", fc_norm=False)),
+     "target.module"),
+    ("moco", dict(encoder="small_cnn", **SMALL["moco"]), "encoder"),
+])
+def test_the_evaluated_backbone_is_the_one_the_paper_evaluates(name, kwargs, path):
+    """encoder.pt, the kNN monitor and the online probe read ``evaluated_encoder``: the
+    momentum copy of the backbone for DINO, iBOT (teacher), MSN and I-JEPA (target), the trained
+    encoder elsewhere; the same architecture as the trained one, a separate module."""
+    from contrastive.engine.kits.image import feature_fn
+    from contrastive.methods.base import evaluated_encoder
+
+    method = get_method(name, **kwargs)
+    backbone = evaluated_encoder(method)
+    assert backbone is method.get_submodule(path)
+    assert (backbone is method.encoder) == (path == "encoder")
+    assert set(backbone.state_dict()) == set(method.encoder.state_dict())
+    assert feature_fn(method, "backbone") is backbone
+
+
+def test_an_evaluated_path_that_names_no_submodule_is_one_clear_error():
+    from contrastive.methods.base import evaluated_encoder
+
+    method = _make("simclr", "small_cnn")
+    method.evaluated = "teacher.module.0"
+    with pytest.raises(TypeError, match=r"SimCLR.evaluated names 'teacher.module.0'"):
+        evaluated_encoder(method)

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from contrastive.engine import data_info, parse_config
+from contrastive.eval.checkpoint import load_encoder, read_checkpoint
 
 CIFAR = ["byol_cifar", "simsiam_cifar", "barlow_twins_cifar", "vicreg_cifar", "supcon_cifar",
          "nnclr_cifar", "swav_cifar", "dino_cifar"]
@@ -54,6 +55,27 @@ def test_cifar_recipe_trains_and_logs(name, tmp_path, rx):
         assert records[0]["momentum"] == pytest.approx(0.99)
     payload = torch.load(out / "encoder.pt", weights_only=True)
     assert payload["encoder"] == "small_cnn"
+    if name in ("dino_cifar", "byol_cifar"):
+        _exports_the_evaluated_backbone(name, out, payload["state_dict"])
+
+
+def _exports_the_evaluated_backbone(name, out, exported):
+    """encoder.pt and the eval tools' reading of a checkpoint folder hold the backbone the paper
+    evaluates: DINO's teacher (its momentum copy, which differs from the student after three
+    steps), BYOL's online encoder (not its target)."""
+    step = out / "checkpoints" / "step_00000003"
+    state = load_file(str(step / "model.safetensors"))
+    part = {"dino_cifar": "teacher.module.0.", "byol_cifar": "encoder."}[name]
+    other = {"dino_cifar": "encoder.", "byol_cifar": "target.module.0."}[name]
+    assert set(exported) == {k[len(part):] for k in state if k.startswith(part)}
+    for k, v in exported.items():
+        assert torch.equal(v, state[part + k]), k
+    assert any(not torch.equal(v, state[other + k]) for k, v in exported.items()
+               if v.is_floating_point())  # the other copy differs: the test can tell them apart
+    raw = read_checkpoint(step)
+    assert raw.state_key == ("teacher.module.0" if name == "dino_cifar" else "")
+    loaded = load_encoder(step).encoder.state_dict()
+    assert all(torch.equal(loaded[k], v) for k, v in exported.items())
 
 
 @pytest.mark.parametrize("name", IMAGENET)

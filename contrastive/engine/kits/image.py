@@ -44,7 +44,7 @@ from contrastive.engine.kits.init import BackboneInit, InitFields
 from contrastive.engine.loader import step_generator
 from contrastive.engine.sharding import unsharded_type
 from contrastive.eval.teacher import labelled_classes
-from contrastive.methods.base import encoder_of
+from contrastive.methods.base import encoder_of, evaluated_encoder
 from contrastive.records import ENCODER_FILE, EncoderRecord, RecordError
 
 if TYPE_CHECKING:
@@ -577,8 +577,10 @@ class ResidentKNNEvaluator(KNNEvaluator):
 
 
 def feature_fn(module: nn.Module, which: str) -> Callable[[Tensor], Tensor]:
-    """The features the kNN evaluator sees: the method's backbone (``which="backbone"``) or its
-    head/projector output (``"head"``); inputs cast to float64 for a ``--float64`` model."""
+    """The features the kNN evaluator sees: the backbone the method is evaluated by
+    (``which="backbone"``, :func:`~contrastive.methods.base.evaluated_encoder`: DINO's teacher)
+    or the trained backbone's head/projector output (``"head"``); inputs cast to float64 for a
+    ``--float64`` model."""
     encode: Callable[[Tensor], Tensor]
     if which == "head":
         head = getattr(module, "head", None) or getattr(module, "projector", None)
@@ -589,7 +591,7 @@ def feature_fn(module: nn.Module, which: str) -> Callable[[Tensor], Tensor]:
         def encode(x: Tensor) -> Tensor:
             return head(backbone(x))
     else:
-        encode = encoder_of(module)
+        encode = evaluated_encoder(module)
     if any(p.dtype == torch.float64 for p in encoder_of(module).parameters()):  # --float64
         inner = encode
         return lambda x: inner(x.double())
@@ -668,11 +670,13 @@ def build_knn_evaluator(cfg: ImageConfig, pipeline: Any, world: int,
 def write_encoder(out: Path, cfg: ImageConfig | ImageTextConfig, module: nn.Module,
                   pipeline: Any, recipe: str,
                   step: int) -> Path:
-    """``<out>/encoder.pt``: the method's backbone as a :class:`~contrastive.records.EncoderRecord`
+    """``<out>/encoder.pt``: the backbone the method is evaluated by
+    (:func:`~contrastive.methods.base.evaluated_encoder`: the trained ``encoder``, DINO's
+    teacher's) as a :class:`~contrastive.records.EncoderRecord`
     with the ``create_encoder`` kwargs, the crop size and the pipeline's normalisation (which
     evaluation uses by default)."""
     record = EncoderRecord.from_module(
-        encoder_of(module), cfg.encoder, encoder_kwargs=cfg.encoder_options(),
+        evaluated_encoder(module), cfg.encoder, encoder_kwargs=cfg.encoder_options(),
         mean=getattr(pipeline, "mean", None), std=getattr(pipeline, "std", None),
         image_size=cfg.image_size, step=step, recipe=recipe,
         method=unsharded_type(module).__name__)  # MoCoV3, not FSDP's FSDPMoCoV3 (--fsdp)

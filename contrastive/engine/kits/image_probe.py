@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from contrastive.engine.checkpoint import TrainState
-from contrastive.methods.base import encoder_of
+from contrastive.methods.base import evaluated_encoder
 
 if TYPE_CHECKING:
     from contrastive.engine.kits.image import ImageConfig
@@ -123,10 +123,10 @@ def build_probe(cfg: ImageConfig, module: nn.Module, train_set: Any,
     from contrastive.data import num_classes
 
     n_cls = num_classes(train_set)
-    width = int(getattr(encoder_of(module), "num_features", 0))
+    width = int(getattr(evaluated_encoder(module), "num_features", 0))
     if n_cls is None or width <= 0:
         logger.info("online probe off: %s", "the data has no labels" if n_cls is None else
-                    f"{type(encoder_of(module)).__name__} has no num_features")
+                    f"{type(evaluated_encoder(module)).__name__} has no num_features")
         return None
     return OnlineProbe(width, n_cls, lr=cfg.probe_lr).to_device(device)
 
@@ -147,7 +147,7 @@ class ImageStepHook:
         if self.probe is None:
             return
         with accelerator.autocast():
-            feats = self.probe.features(encoder_of(module), batch["views"][0])
+            feats = self.probe.features(evaluated_encoder(module), batch["views"][0])
         self.probe.step(feats, sample[1].to(accelerator.device, non_blocking=True), accelerator)
 
     def after_optimizer_step(self, state: TrainState) -> None:
