@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from contrastive.methods.base import ParamGroup
 
 __all__ = ["unit", "wide", "width", "queue_metrics", "in_batch_metrics", "check_layer_decay",
-           "vit_layer_groups", "vit_layer_id"]
+           "vit_layer_groups", "vit_layer_id", "batch_accuracy"]
 
 
 def width(encoder: nn.Module) -> int:
@@ -114,6 +114,12 @@ def unit(x: Tensor) -> Tensor:
     """L2-normalise rows in float32 or wider (also under autocast), (N, D) -> (N, D)."""
     return F.normalize(wide(x), dim=1)
 
+
+
+def batch_accuracy(logits: Tensor, labels: Tensor) -> Tensor:
+    """The batch's top-1 accuracy in percent (a 0-dim float tensor, detached: a step metric, no
+    host sync): the share of rows whose largest (N, C) logit is at their (N,) label."""
+    return (logits.detach().argmax(1) == labels).float().mean() * 100.0
 
 
 def _metrics(pos: Tensor, neg_max: Tensor, neg_sum: Tensor, neg_count: Tensor | int) -> dict:

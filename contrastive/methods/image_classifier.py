@@ -16,7 +16,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from contrastive.methods._common import wide
+from contrastive.methods._common import batch_accuracy, wide
 from contrastive.methods.base import Method, read
 from contrastive.methods.registry import register_method
 
@@ -74,5 +74,5 @@ class ImageClassifier(Method):
         out = {"loss": classification_loss(logits, labels, self.smoothing),
                "logits": logits.detach()}
         if labels.dim() == 1:
-            out["accuracy"] = (logits.detach().argmax(1) == labels).float().mean() * 100.0
+            out["accuracy"] = batch_accuracy(logits, labels)
         return out

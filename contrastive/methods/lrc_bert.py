@@ -62,7 +62,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from contrastive.losses import get_loss
-from contrastive.methods._common import in_batch_metrics, unit, wide
+from contrastive.methods._common import batch_accuracy, in_batch_metrics, unit, wide
 from contrastive.methods.base import read
 from contrastive.methods.distill_layers import uniform_layer_map
 from contrastive.methods.distill_parts import ContrastiveDistillation, Weights
@@ -306,10 +306,9 @@ class LRCBert(ContrastiveDistillation):
                 result[f"loss_{k}"] = parts[k].detach()
         if "logits" in parts and not self.regression:
             assert labels is not None  # a head (the task stage) reads them
-            result["accuracy"] = (parts["logits"].detach().argmax(1) == labels).float().mean() * 100
+            result["accuracy"] = batch_accuracy(parts["logits"], labels)
             if "logits_pass1" in parts:  # the unperturbed pass: what the student predicts
-                result["accuracy_pass1"] = (
-                    (parts["logits_pass1"].argmax(1) == labels).float().mean() * 100)
+                result["accuracy_pass1"] = batch_accuracy(parts["logits_pass1"], labels)
         if "last" in ctx:
             s = ctx["last"].detach()
             t = t_reps[-1]

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from contrastive.methods._common import wide
+from contrastive.methods._common import batch_accuracy, wide
 from contrastive.methods.base import Method, read
 from contrastive.methods.registry import register_method
 from contrastive.nn.text_encoders import TextEncoder
@@ -95,7 +95,7 @@ class TextClassifier(Method):
         labels = read(batch, "labels", type(self).__name__)
         out = {"loss": task_loss(logits, labels, self.regression), "logits": logits.detach()}
         if not self.regression:
-            out["accuracy"] = (logits.detach().argmax(1) == labels).float().mean() * 100.0
+            out["accuracy"] = batch_accuracy(logits, labels)
         return out
 
 

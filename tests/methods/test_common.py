@@ -206,3 +206,12 @@ def test_an_evaluated_path_that_names_no_submodule_is_one_clear_error():
     method.evaluated = "teacher.module.0"
     with pytest.raises(TypeError, match=r"SimCLR.evaluated names 'teacher.module.0'"):
         evaluated_encoder(method)
+
+
+def test_batch_accuracy_is_the_percent_of_rows_whose_top_logit_is_the_label():
+    from contrastive.methods._common import batch_accuracy
+
+    logits = torch.tensor([[2.0, 1.0, 0.0], [0.0, 3.0, 1.0], [5.0, 4.0, 6.0], [1.0, 9.0, 2.0]],
+                          requires_grad=True)
+    acc = batch_accuracy(logits, torch.tensor([0, 1, 1, 0]))  # rows 0 and 1 right
+    assert acc.item() == 50.0 and acc.dim() == 0 and not acc.requires_grad
