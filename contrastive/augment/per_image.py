@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor
@@ -32,6 +31,7 @@ from torch import Tensor
 from contrastive.augment import functional as AF
 from contrastive.augment.config import ViewConfig
 from contrastive.data.decode import EncodedImage, fast_resized_crop, resize_uint8
+from contrastive.data.io import as_uint8_chw
 
 ImageLike = Image.Image | Tensor | EncodedImage
 
@@ -72,23 +72,6 @@ def centred_box(height: int, width: int, ratio: Sequence[float]) -> tuple[int, i
     else:
         w, h = width, height
     return (height - h) // 2, (width - w) // 2, h, w
-
-
-def as_uint8_chw(img: ImageLike) -> Tensor:
-    """A uint8 (3, H, W) tensor of ``img``: a PIL image is converted to RGB and copied once
-    (height-width-channel memory, viewed as CHW: no second copy); a tensor is checked."""
-    if isinstance(img, Image.Image):
-        if img.mode != "RGB":
-            img = img.convert("RGB")
-        return torch.from_numpy(np.array(img)).permute(2, 0, 1)
-    if not isinstance(img, Tensor):
-        raise TypeError(f"expected a PIL image or a uint8 CHW tensor; got {type(img).__name__}")
-    if img.dtype != torch.uint8 or img.ndim != 3 or img.shape[0] != 3:
-        raise ValueError(
-            f"expected a uint8 tensor of shape (3, H, W); got dtype {img.dtype}, shape {tuple(img.shape)} "
-            "(convert with contrastive.data.to_rgb or torchvision.transforms.v2.functional.pil_to_tensor)"
-        )
-    return img
 
 
 def prepare(img: ImageLike) -> Tensor | EncodedImage:
@@ -262,7 +245,7 @@ class PerImageView:
         self._std = torch.tensor(self.std, dtype=torch.float32).view(-1, 1, 1)
 
     def __call__(self, img: ImageLike) -> Tensor:
-        """``img``: PIL image or uint8 (3, H, W) tensor (:func:`as_uint8_chw` it once for several views)."""
+        """``img``: PIL image or uint8 (3, H, W) tensor (:func:`~contrastive.data.io.as_uint8_chw` it once for several views)."""
         x = self.crop(img).to(torch.float32).mul_(1.0 / 255.0)
         if self.colour is not None:
             x = self.colour(x)

@@ -1,4 +1,5 @@
-"""Image files -> RGB PIL images, whatever their mode or orientation; a fast check for unreadable files."""
+"""Image files -> RGB PIL images, whatever their mode or orientation; a fast check for unreadable
+files; an image as a uint8 (3, H, W) tensor."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
+from torch import Tensor
 
 IMAGE_EXTENSIONS: frozenset[str] = frozenset(
     {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm", ".pbm", ".jfif"}
@@ -133,3 +136,20 @@ def _suspect(source: str | os.PathLike | io.BytesIO, ends_with_eoi: Callable[[],
         return fmt == "JPEG" and not ends_with_eoi()
     except Exception:  # any parse failure only makes it a suspect; the full decode decides
         return True
+
+
+def as_uint8_chw(img: object) -> Tensor:
+    """A uint8 (3, H, W) tensor of ``img``: a PIL image is converted to RGB and copied once
+    (height-width-channel memory, viewed as CHW: no second copy); a tensor is checked."""
+    if isinstance(img, Image.Image):
+        if img.mode != "RGB":
+            img = img.convert("RGB")
+        return torch.from_numpy(np.array(img)).permute(2, 0, 1)
+    if not isinstance(img, Tensor):
+        raise TypeError(f"expected a PIL image or a uint8 CHW tensor; got {type(img).__name__}")
+    if img.dtype != torch.uint8 or img.ndim != 3 or img.shape[0] != 3:
+        raise ValueError(
+            f"expected a uint8 tensor of shape (3, H, W); got dtype {img.dtype}, shape {tuple(img.shape)} "
+            "(convert with contrastive.data.to_rgb or torchvision.transforms.v2.functional.pil_to_tensor)"
+        )
+    return img

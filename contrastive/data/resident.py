@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from contrastive.augment.per_image import as_uint8_chw
+from contrastive.data.io import as_uint8_chw
 
 __all__ = ["ResidentError", "decode_split", "ResidentImages", "MAX_BYTES"]
 
