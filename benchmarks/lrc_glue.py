@@ -274,9 +274,11 @@ class Run:
         return self.phase in LOCAL_PHASES
 
     def done(self, root: Path) -> bool:
-        """Finished here, or a student recorded in the ledger (a teacher must be here: the
-        students load its model)."""
-        return self.finished_here(root) or (not self.local and self.name in recorded())
+        """A student recorded in the ledger (done on any machine), a teacher or the general run
+        finished here (the students load its model). A student finished here but not recorded
+        (its driver stopped between the two) is not done: the next call records it, training
+        nothing."""
+        return self.finished_here(root) if self.local else self.name in recorded()
 
     def finished_here(self, root: Path) -> bool:
         """Trained here, and scored on dev (a run without a task has no dev score)."""
@@ -763,22 +765,23 @@ def label_prior(task: str) -> dict[str, float] | None:
 
 
 def training_end(folder: Path) -> dict[str, float] | None:
-    """The last logged training window of a student: its batch accuracy (%) and hard
-    (cross-entropy) loss, the evidence for or against a one-class collapse; with the
-    perturbation those are of the perturbed pass, so ``accuracy_pass1`` (the unperturbed
-    pass's accuracy) joins them where the run logged it."""
+    """The last logged training window of a student: its batch accuracy (%) and hard loss
+    (cross-entropy; STS-B's, a regression, is the MSE and it has no accuracy), the evidence
+    for or against a one-class collapse; with the perturbation those are of the perturbed
+    pass, so ``accuracy_pass1`` (the unperturbed pass's accuracy) joins them where the run
+    logged it."""
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()
             if '"loss_hard"' in line] if (folder / "metrics.jsonl").is_file() else []
     if not rows:
         return None
-    end = {"accuracy": rows[-1]["accuracy"], "loss_hard": rows[-1]["loss_hard"]}
-    if "accuracy_pass1" in rows[-1]:
-        end["accuracy_pass1"] = rows[-1]["accuracy_pass1"]
-    return end
+    return {k: rows[-1][k] for k in ("accuracy", "loss_hard", "accuracy_pass1") if k in rows[-1]}
 
 
 def _fit(end: dict[str, float]) -> str:
-    """A training window as ``accuracy / hard CE``, the unperturbed pass's accuracy beside."""
+    """A training window as ``accuracy / hard CE``, the unperturbed pass's accuracy beside;
+    a regression's as ``MSE loss``."""
+    if "accuracy" not in end:
+        return f"MSE {end['loss_hard']:.3f}"
     clean = f" (unperturbed {end['accuracy_pass1']:.1f})" if "accuracy_pass1" in end else ""
     return f"{end['accuracy']:.1f}{clean} / {end['loss_hard']:.3f}"
 

@@ -368,6 +368,29 @@ def test_training_end_reads_the_last_window_with_a_hard_loss(driver, tmp_path: P
     end = driver.training_end(tmp_path)
     assert end == {"accuracy": 72.5, "loss_hard": 0.59, "accuracy_pass1": 87.5}
     assert driver._fit(end) == "72.5 (unperturbed 87.5) / 0.590"
+    rows = [{"step": 969, "loss": 2.08, "loss_hard": 2.08, "stage": 1.0}]  # STS-B: no accuracy
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert driver.training_end(tmp_path) == {"loss_hard": 2.08}
+    assert driver._fit(driver.training_end(tmp_path)) == "MSE 2.080"
+
+
+def test_a_student_finished_but_not_recorded_is_recorded_without_training(
+        driver, tmp_path: Path, monkeypatch) -> None:
+    """A driver that stopped between a student's training and its record (a crash, a session's
+    end) leaves it to the next call: not done until the ledger holds it, then recorded from its
+    folder, nothing trained again."""
+    run = driver.student_run("stsb", "ce", 5e-5, 0, tmp_path, phase="lr2")
+    _fake_result(run.folder(tmp_path), 0.33, 0.34)
+    _fake_result(driver.teacher_run("stsb").folder(tmp_path), 0.85, 0.85)  # its teacher
+    assert run.finished_here(tmp_path) and not run.done(tmp_path)
+    scored = []
+    monkeypatch.setattr(driver, "score_on_dev",
+                        lambda r, root: scored.append(r.name) or {"score": 0.34})
+    monkeypatch.setattr(driver, "run_timed",
+                        lambda *a: pytest.fail("a finished run was trained again"))
+    assert driver.execute(run, tmp_path, 1) == {}
+    assert run.done(tmp_path) and scored == [run.name]
+    assert json.loads(driver.LEDGER.read_text())["runs"][run.name]["held_out"] == 0.33
 
 
 def test_label_prior_is_mrpc_published_balance(driver) -> None:
@@ -462,17 +485,18 @@ def test_a_finished_runs_checkpoints_are_pruned_and_its_model_kept(driver, tmp_p
 
 def test_an_interrupted_run_is_not_done_though_it_left_results(driver, tmp_path: Path) -> None:
     """A stopped run also writes ``model/`` and ``results.json`` (held-out null): only
-    ``run_state.json`` completed (and the driver's dev score) make it done."""
+    ``run_state.json`` completed (and the driver's dev score) make it finished here (its record
+    in the ledger, done)."""
     run = driver.student_run("cola", "lrc", 1e-4, 0, tmp_path)
     folder = run.folder(tmp_path)
     folder.mkdir(parents=True)
     (folder / "results.json").write_text(json.dumps({"task": "cola", "held_out": None}))
     (folder / "dev.json").write_text(json.dumps({"mcc": 0.0, "score": 0.0}))
     write_run_state(folder, "stopped", step=78, reason="SIGTERM")
-    assert not run.done(tmp_path) and driver.held_out_score(run, tmp_path) is None
+    assert not run.finished_here(tmp_path) and driver.held_out_score(run, tmp_path) is None
     (folder / "results.json").write_text(json.dumps({"held_out": {"glue_score": 41.5}}))
     write_run_state(folder, "completed", step=1443, reason="epochs")
-    assert run.done(tmp_path) and driver.held_out_score(run, tmp_path) == 41.5
+    assert run.finished_here(tmp_path) and driver.held_out_score(run, tmp_path) == 41.5
 
 
 def test_training_time_is_read_from_the_log_across_a_stop(driver, tmp_path: Path) -> None:
