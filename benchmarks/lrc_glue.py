@@ -112,6 +112,7 @@ import json
 import statistics
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -658,6 +659,17 @@ def execute(run: Run, root: Path, threads: int) -> dict[str, Any]:
     return exclusive(root, run.name, lambda: run.done(root), lambda: _execute(run, root, threads))
 
 
+def guarded(run: Run, root: Path, threads: int) -> dict[str, Any]:
+    """``execute``, with an error in it (a record or a score that fails) written to the run's
+    log and returned as a failed run, so that the phase's other runs still go ahead."""
+    try:
+        return execute(run, root, threads)
+    except Exception as error:  # noqa: BLE001 - one run's failure must not cancel the queue
+        with (root / f"{run.name}.log").open("a") as log:
+            log.write(traceback.format_exc())
+        return {"rc": f"{type(error).__name__}: {error} (traceback in {run.name}.log)"}
+
+
 def waits_for(run: Run, root: Path) -> str | None:
     """Why ``run`` cannot start yet: a run folder of this root whose model it loads (its
     teacher, the general run's student) is not trained here; None when it can."""
@@ -721,7 +733,7 @@ def run_phase(root: Path, phase: str | None, workers: int, threads: int,
                     and r.name not in failed]
             say(p, f"phase {p}: {len(todo)} runs to do")
             with ThreadPoolExecutor(workers) as pool:
-                for run, timing in zip(todo, pool.map(lambda r: execute(r, root, threads), todo)):
+                for run, timing in zip(todo, pool.map(lambda r: guarded(r, root, threads), todo)):
                     say(run.name, f"{run.name}: {timing or 'scored'}")
                     if not wait_for_others and timing.get("skipped") == HELD:
                         continue  # left to the driver that holds it: neither a wait nor progress
@@ -889,13 +901,17 @@ def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float] 
     return mean - half, mean + half
 
 
+MIN_MARGIN = 0.01  # a teacher closer to the majority class than 1 point has no margin to share
+
+
 def margin_share(score: float, teacher: float, majority: float) -> float | None:
     """The share of the teacher's margin over the majority class that ``score`` closes:
     (score - majority) / (teacher - majority); 0 at the majority class, 1 at the teacher; None
-    when the teacher is not above the majority. Unlike score / teacher it does not credit a
-    student with the floor every classifier gets (MRPC's majority class keeps 93 % of its
-    teacher)."""
-    return None if teacher <= majority else (score - majority) / (teacher - majority)
+    when the teacher is less than ``MIN_MARGIN`` above the majority (RTE's teacher here: 0.7
+    points, where one dev row moves the share by 50 %). Unlike score / teacher it does not
+    credit a student with the floor every classifier gets (MRPC's majority class keeps 93 % of
+    its teacher)."""
+    return None if teacher - majority < MIN_MARGIN else (score - majority) / (teacher - majority)
 
 
 @functools.lru_cache
@@ -933,7 +949,8 @@ def _summary_cell(data: dict[str, Any], task: str, key: str) -> str:
         return f"digests differ (n {row['n']}): not summarised"
     kept = f", {100 * row['mean'] / teacher:.0f} %" if teacher else ""
     share = teacher and margin_share(row["mean"], teacher, data["tasks"][task]["majority"])
-    kept += f", margin {100 * share:.0f} %" if share is not None and teacher else ""
+    kept += "" if not teacher else (", margin -" if share is None
+                                    else f", margin {100 * share:.0f} %")
     spread = f" [{100 * row['min']:.1f}, {100 * row['max']:.1f}]" if row["n"] > 1 else ""
     return f"{100 * row['mean']:.1f}{spread} (n {row['n']}, lr {row['lr']:g}{kept})"
 
@@ -950,7 +967,8 @@ def _summary_and_pairs(data: dict[str, Any], keys: tuple[str, ...],
                      + " |")
     lines.append("")
     lines.append("Cells: dev mean [min, max] (n seeds, lr, % of the teacher retained, % of the "
-                 "teacher's margin over the majority class closed; majority " + ", ".join(
+                 "teacher's margin over the majority class closed, \"-\" where the teacher "
+                 "is less than 1 point above it; majority " + ", ".join(
                      f"{ALL_TASKS[t]} {100 * data['tasks'][t]['majority']:.1f}" for t in tasks)
                  + ").")
     lines.append("")
@@ -982,6 +1000,12 @@ def _search_table(data: dict[str, Any], root: Path, start: str,
                              f"{_pct(r['held_out'])} ({100 * r['dev']['score']:.1f}){mark}")
             lines.append(f"| {ALL_TASKS[task]} | {v} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _searched(data: dict[str, Any], root: Path, start: str, tasks: tuple[str, ...]) -> bool:
+    """Whether any run of family ``start``'s lr search on ``tasks`` is recorded."""
+    return any(student_run(t, v, lr, 0, root, start=start).name in data["runs"]
+               for t in tasks for v in ("ce", "lrc") for lr in LR_GRID)
 
 
 def _recorded_rows(data: dict[str, Any], tasks: tuple[str, ...], keys: tuple[str, ...]) -> bool:
@@ -1076,14 +1100,20 @@ def issue51_sections(data: dict[str, Any], root: Path) -> list[str]:
     second = tuple(row_key(st, v) for st in SECOND_PHASES for v in TASK2_VARIANTS)
     for start, phase in (("random", "lr2"), ("pre", "lr2-pre")):
         keys = tuple(row_key(start, v) for v in TASK2_VARIANTS)
-        lines += _section(f"RTE and STS-B, {start} start (issue 51, step 4; phases {phase}, "
-                          f"{SECOND_PHASES[start][1]}):", data, tuple(TASKS2), keys, keys,
-                          tuple((row_key(start, a), row_key(start, b))
-                                for a, b in (("lrc", "ce"), ("lrc", "kd"), ("kd", "ce"))))
-        if _recorded_rows(data, tuple(TASKS2), keys):
+        title = (f"RTE and STS-B, {start} start (issue 51, step 4; phases {phase}, "
+                 f"{SECOND_PHASES[start][1]}):")
+        rows = _recorded_rows(data, tuple(TASKS2), keys)
+        searched = _searched(data, root, start, tuple(TASKS2))
+        lines += (["", title, "", "No lr chosen yet: its lr search so far is below."]
+                  if searched and not rows else
+                  _section(title, data, tuple(TASKS2), keys, keys,
+                           tuple((row_key(start, a), row_key(start, b))
+                                 for a, b in (("lrc", "ce"), ("lrc", "kd"), ("kd", "ce")))))
+        if rows or searched:
             lines += ["", _stsb_line(data, root, start), "", "Its lr search, seed 0, held-out "
                       "(dev) x 100:", "", *_search_table(data, root, start, tuple(TASKS2))]
-    if _recorded_rows(data, tuple(TASKS2), second):
+    if _recorded_rows(data, tuple(TASKS2), second) or any(
+            _searched(data, root, st, tuple(TASKS2)) for st in SECOND_PHASES):
         lines += ["", _floors_line(tuple(TASKS2)), "", _paper_line(tuple(TASKS2))]
     lines += _section("BERT_M (issue 51, step 4: MSE in place of COS-NCE between the layers), "
                       "random init, lrc's chosen lr:", data, tuple(TASKS), ("lrc_mse",),

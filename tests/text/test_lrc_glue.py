@@ -194,6 +194,9 @@ def test_margin_share_by_hand(driver) -> None:
     assert driver.margin_share(0.748, 0.801, 0.748) == 0.0
     assert driver.margin_share(0.733, 0.801, 0.748) == pytest.approx(-0.015 / 0.053)
     assert driver.margin_share(0.7, 0.6, 0.6) is None
+    # RTE's teacher here: 0.7 points above the majority, one dev row is half of it: no share
+    assert driver.margin_share(0.527, 0.534, 0.527) is None
+    assert driver.margin_share(0.532, 0.537, 0.527) == pytest.approx(0.5)
     assert driver.majority_score("sst2") == pytest.approx(444 / 872)  # SST-2 dev: 444 positive
 
 
@@ -550,3 +553,26 @@ def test_no_wait_leaves_a_run_another_driver_holds_and_goes_on(driver, tmp_path:
     assert started == ["teacher-cola"] and not (tmp_path / "teacher-mrpc").exists()
     with pytest.raises(Waited):  # the default: a held run is waited for (after another pass)
         driver.run_phase(tmp_path, "teachers", 1, 1, ("mrpc",))
+
+
+def test_a_run_that_raises_is_logged_and_the_phase_goes_on(driver, tmp_path: Path) -> None:
+    """An error in one run (a record or a score that fails) is that run's failure, its
+    traceback in its log: the phase's next run still starts, and the failed one is not
+    retried within the call."""
+    started: list[str] = []
+
+    def execute(run, root, threads):
+        started.append(run.name)
+        if run.name == "teacher-mrpc":
+            raise ValueError("a broken record")
+        return {}
+
+    driver_execute = driver.execute
+    try:
+        driver.execute = execute
+        driver.run_phase(tmp_path, "teachers", 1, 1, ("mrpc", "cola"))
+    finally:
+        driver.execute = driver_execute
+    assert started == ["teacher-mrpc", "teacher-cola"]
+    log = (tmp_path / "teacher-mrpc.log").read_text()
+    assert "ValueError: a broken record" in log and "Traceback" in log

@@ -257,6 +257,20 @@ def test_table_sections_of_the_new_phases(driver, tmp_path: Path) -> None:
     assert ledger["tasks"]["stsb"]["prior"] is None  # regression: no class prior
 
 
+def test_a_search_under_way_is_shown_before_any_lr_is_chosen(driver, tmp_path: Path) -> None:
+    """One recorded search run of the pretrained start (no lr chosen, no summary row): its
+    section says so and shows the search table with that run, the floors and the paper."""
+    root = tmp_path
+    _ledger_with(driver, {driver.student_run("stsb", "ce", 5e-5, 0, root, start="pre").name:
+                          (0.674, 0.688), "teacher-rte": (0.534, 0.534)})
+    table = driver.table(root)
+    pre = table[table.index("RTE and STS-B, pre start"):table.index("BERT_M")]
+    assert "No lr chosen yet: its lr search so far is below." in pre
+    assert "| STS-B | ce | 67.4 (68.8) | - | - |" in pre
+    assert "Floors (dev x 100)" in pre and "The paper (Table 1" in pre
+    assert "RTE and STS-B, random start (issue 51, step 4; phases lr2, main2): not run" in table
+
+
 def test_the_corpus_leaves_out_held_out_and_dev_sentences(tmp_path: Path, monkeypatch) -> None:
     """A fake GLUE folder: 20 training rows a task (SST-2: 30, its "subset" 20), so 2 held out
     a task; a dev sentence planted in CoLA's training rows, a duplicate in SST-2's. The corpus
