@@ -341,17 +341,26 @@ def record(run: Run, root: Path) -> dict[str, Any]:
     if "task" not in run.meta:
         rec["train_last"] = last_window(f)
     elif not run.local:
-        teacher = teacher_run(run.meta["task"]).folder(root) / "dev.json"
-        rec["teacher_dev"] = json.loads(teacher.read_text())["score"] if teacher.is_file() else None
+        teacher = teacher_run(run.meta["task"]).folder(root)
+        rec["teacher_dev"] = (json.loads((teacher / "dev.json").read_text())["score"]
+                              if (teacher / "dev.json").is_file() else None)
+        rec["teacher_sha256"] = weights_sha256(teacher / "model")
+    if run.local:
+        rec["weights_sha256"] = weights_sha256(f / "model")
+    if run.meta.get("start") == "gen":
+        rec["start_sha256"] = weights_sha256(root / GENERAL / "model")
 
     def add(data: dict[str, Any]) -> None:
         old = data["runs"].get(run.name) or {}
         if old and run.local and old.get("dev") == rec.get("dev") and "task" in run.meta:
             # trained again with the same result: the record stays, the rerun is noted
             rerun = {k: rec[k] for k in ("held_out", "cpu_s", "wall_s", "train_s", "cpu",
-                                         "date")}
-            if rerun not in old.get("reruns", []) and not _same_run(old, rerun):
-                old["reruns"] = [*old.get("reruns", []), rerun]
+                                         "date", "weights_sha256")}
+            # the same rerun recorded before its weights were hashed: replaced by this one
+            kept = [r for r in old.get("reruns", []) if r.get("weights_sha256") is not None
+                    or not _same_run(r, {k: v for k, v in rerun.items() if k != "weights_sha256"})]
+            if rerun not in kept and not _same_run(old, rerun):
+                old["reruns"] = [*kept, rerun]
             return
         if old and "task" not in run.meta and _same_run(old, {
                 k: rec[k] for k in ("cpu_s", "wall_s", "train_s", "cpu", "final_step",
@@ -366,6 +375,29 @@ def record(run: Run, root: Path) -> dict[str, Any]:
 
     update_ledger(add)
     return rec
+
+
+def weights_sha256(model_dir: Path) -> str | None:
+    """sha256 of a saved model's tensors (``model.safetensors``: names in sorted order, each
+    name, dtype, shape and bytes), None where there is none. A teacher or the general student
+    is trained again on every machine: equal hashes say the runs that learned from it on
+    different machines learned from the same weights (fp32 training reproduces them
+    bit for bit across CPU kinds), where the file's bytes could differ in their header only."""
+    import hashlib
+
+    import torch
+    from safetensors import safe_open
+
+    path = model_dir / "model.safetensors"
+    if not path.is_file():
+        return None
+    digest = hashlib.sha256()
+    with safe_open(str(path), framework="pt") as weights:
+        for name in sorted(weights.keys()):
+            tensor = weights.get_tensor(name).contiguous()
+            digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+            digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def update_ledger(change: Callable[[dict[str, Any]], None]) -> None:
@@ -838,7 +870,7 @@ def collect(root: Path) -> dict[str, Any]:
             names = {s: student_run(task, v, lr_v, s, root, start=start).name for s in SEEDS}
             by_seed = {s: out["runs"][n]["dev"]["score"] for s, n in names.items()
                        if n in out["runs"]}
-            digests = {s: out["runs"][n].get("digest", UNKEYED_DIGEST) for s, n in names.items()
+            digests = {s: agreement_key(out["runs"][n]) for s, n in names.items()
                        if n in out["runs"]}
             rows[key] = {
                 "lr": lr_v, **_summary(list(by_seed.values())), "by_seed": by_seed,
@@ -847,6 +879,13 @@ def collect(root: Path) -> dict[str, Any]:
         rows["majority"] = majority_score(task)
         out["tasks"][task] = rows
     return out
+
+
+def agreement_key(rec: dict[str, Any]) -> str:
+    """What two records must share to be summarised or paired: the recipe's digest key, and
+    for a student of the general run, that run's weights (each machine trains it again)."""
+    key = rec.get("digest", UNKEYED_DIGEST)
+    return key if rec.get("start_sha256") is None else f"{key}/{rec['start_sha256'][:16]}"
 
 
 def row_specs(task: str, root: Path) -> dict[str, tuple[str, str, float]]:
@@ -879,12 +918,16 @@ PRE_PAIRS = tuple((row_key("pre", a), row_key("pre", b)) for a, b in _MAIN_PAIRS
 def paired(rows: dict[str, Any], a: str, b: str) -> dict[int, float]:
     """Seed -> ``a``'s dev score minus ``b``'s on one task (``collect``'s rows), for the seeds
     both have and whose recipe digest keys agree (runs of other training code are not
-    compared): the same seed gives both the same student initialisation and data order, so the
-    difference is free of the seed-to-seed spread that both share."""
+    compared; nor is a row whose seeds started from different general students): the same
+    seed gives both the same student initialisation and data order, so the difference is free
+    of the seed-to-seed spread that both share."""
     ra, rb = (rows.get(k, {}) for k in (a, b))
     sa, sb = ra.get("by_seed", {}), rb.get("by_seed", {})
     da, db = ra.get("digests", {}), rb.get("digests", {})
-    return {s: sa[s] - sb[s] for s in sorted(sa) if s in sb and da.get(s) == db.get(s)}
+    if any(len({str(key).partition("/")[2] for key in d.values()}) > 1 for d in (da, db)):
+        return {}  # a row's seeds learned from different general students: nothing to pair
+    return {s: sa[s] - sb[s] for s in sorted(sa)
+            if s in sb and str(da.get(s)).partition("/")[0] == str(db.get(s)).partition("/")[0]}
 
 
 def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float] | None:

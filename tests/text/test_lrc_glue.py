@@ -152,6 +152,48 @@ def test_pairs_and_summaries_skip_runs_of_other_training_code(driver) -> None:
     assert list(driver.paired(rows, "lrc", "ce")) == [0, 2]
 
 
+def test_weights_hash_reads_the_tensors_not_the_files_bytes(driver, tmp_path: Path) -> None:
+    """The same tensors saved with other metadata hash alike; one changed value or a renamed
+    tensor does not; no saved model: None."""
+    import torch
+    from safetensors.torch import save_file
+
+    tensors = {"b": torch.arange(6.0).reshape(2, 3), "a": torch.ones(4)}
+    hashes = []
+    for i, (ts, meta) in enumerate(((tensors, None), (tensors, {"by": "another run"}),
+                                    ({**tensors, "a": torch.tensor([1.0, 1, 1, 1.5])}, None),
+                                    ({"c": tensors["b"], "a": tensors["a"]}, None))):
+        (tmp_path / str(i)).mkdir()
+        save_file(ts, str(tmp_path / str(i) / "model.safetensors"), metadata=meta)
+        hashes.append(driver.weights_sha256(tmp_path / str(i)))
+    assert hashes[0] == hashes[1] and len(set(hashes)) == 3
+    assert driver.weights_sha256(tmp_path / "absent") is None
+
+
+def test_students_of_different_general_runs_are_not_summarised_together(driver,
+                                                                         tmp_path) -> None:
+    """Each machine trains the general run again: gen students whose start hashes differ are
+    neither summarised nor paired; with one hash they pair with the random init's lrc."""
+    root = tmp_path
+
+    def rec(score: float, **extra: str) -> dict[str, Any]:
+        return {"held_out": score, "dev": {"score": score}, "train_s": 1.0, "cpu_s": 1.0,
+                "digest": "k", **extra}
+
+    runs = {driver.student_run("mrpc", "lrc", lr, 0, root).name: rec(0.7 + 0.01 * (lr == 3e-4))
+            for lr in driver.LR_GRID}
+    runs.update({driver.student_run("mrpc", "lrc", 3e-4, s, root).name: rec(0.71)
+                 for s in (1, 2)})
+    gen = {s: driver.student_run("mrpc", "lrc", 3e-4, s, root, start="gen").name for s in (0, 1)}
+    for starts, agree in ((("x" * 64, "y" * 64), False), (("x" * 64, "x" * 64), True)):
+        runs.update({gen[s]: rec(0.75, start_sha256=h) for s, h in enumerate(starts)})
+        driver.LEDGER.write_text(json.dumps({"tasks": {}, "runs": runs}))
+        rows = driver.collect(root)["tasks"]["mrpc"]
+        assert rows["gen-lrc"]["digests_agree"] is agree
+        assert driver.paired(rows, "gen-lrc", "lrc") == (
+            {0: pytest.approx(0.04), 1: pytest.approx(0.04)} if agree else {})
+
+
 def test_records_made_before_digests_count_as_the_key_of_their_code(driver, tmp_path) -> None:
     """A record without a digest field (issue 30's) pairs with a new record of
     ``UNKEYED_DIGEST`` (the code checked bit for bit), not with one of another key."""
@@ -306,6 +348,10 @@ def test_smoke_run_of_the_drivers_flags_on_real_glue(driver, tmp_path: Path) -> 
     assert ledger["runs"][student.name]["train_end"] is None
     assert ledger["runs"][student.name]["teacher_dev"] == ledger["runs"][teacher.name]["dev"][
         "score"]
+    sha = driver.weights_sha256(teacher.folder(tmp_path) / "model")
+    assert len(sha) == 64 and ledger["runs"][teacher.name]["weights_sha256"] == sha
+    assert ledger["runs"][student.name]["teacher_sha256"] == sha
+    assert "weights_sha256" not in ledger["runs"][student.name]  # no run loads a student's
     assert "lrc" not in ledger["tasks"]["mrpc"]  # no lr chosen yet: no main row
 
 
@@ -346,6 +392,15 @@ def test_the_ledger_outlives_the_run_folders(driver, tmp_path: Path) -> None:
         driver.table(third)
     rec = json.loads(driver.LEDGER.read_text())["runs"][teacher.name]
     assert rec["cpu_s"] == 0 and [r["cpu_s"] for r in rec["reruns"]] == [5.0]
+    # that rerun recorded by a driver older than the weights' hash: replaced, not doubled
+    import torch
+    from safetensors.torch import save_file
+
+    (teacher.folder(third) / "model").mkdir()
+    save_file({"w": torch.ones(2)}, str(teacher.folder(third) / "model" / "model.safetensors"))
+    driver.table(third)
+    reruns = json.loads(driver.LEDGER.read_text())["runs"][teacher.name]["reruns"]
+    assert [(r["cpu_s"], len(r["weights_sha256"])) for r in reruns] == [(5.0, 64)]
 
 
 def test_no_new_runs_file_stops_the_driver_starting_runs(driver, tmp_path: Path) -> None:
