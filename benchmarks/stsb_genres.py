@@ -102,14 +102,17 @@ def model_predictions(model_dir: Path, held: Any, dev: Any) -> tuple[np.ndarray,
 
 def report(name: str, held_pred: np.ndarray, dev_pred: np.ndarray, held: Any, dev: Any,
            held_genres: np.ndarray, dev_genres: np.ndarray) -> str:
-    """One markdown row: held-out, dev, dev per genre, dev at the held-out genre mix (x 100)."""
+    """One markdown row (Pearson x 100): held-out, dev, each genre's held-out / dev, and dev
+    at the held-out genre mix."""
     gold_h, gold_d = np.asarray(held.labels), np.asarray(dev.labels)
     shares = {g: float((held_genres == g).mean()) for g in sorted(set(held_genres))}
-    per = [pearson(dev_pred[dev_genres == g], gold_d[dev_genres == g]) for g in shares]
+    per = [(pearson(held_pred[held_genres == g], gold_h[held_genres == g]),
+            pearson(dev_pred[dev_genres == g], gold_d[dev_genres == g])) for g in shares]
     mean, sd = resampled_to(dev_pred, gold_d, dev_genres, shares)
     return (f"| {name} | {100 * pearson(held_pred, gold_h):.1f} | "
             f"{100 * pearson(dev_pred, gold_d):.1f} | "
-            + " | ".join(f"{100 * p:.1f}" for p in per) + f" | {100 * mean:.1f} ({100 * sd:.1f}) |")
+            + " | ".join(f"{100 * h:.1f} / {100 * d:.1f}" for h, d in per)
+            + f" | {100 * mean:.1f} ({100 * sd:.1f}) |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{g.removeprefix('main-')} {(gh == g).sum()} / {(gd == g).sum()}" for g in names))
     print()
     print("| predictor | held-out | dev | " + " | ".join(
-        f"dev {g.removeprefix('main-')}" for g in names) + " | dev at the held-out mix (sd) |")
+        f"{g.removeprefix('main-')} (held-out / dev)" for g in names)
+        + " | dev at the held-out mix (sd) |")
     print("|---" * (4 + len(names)) + "|")
     print(report("bag of words", *bag_of_words_predictions(train, held, dev), held, dev, gh, gd))
     for m in args.model:

@@ -45,3 +45,16 @@ def test_resampling_to_a_mix_weights_each_genres_correlation(genres) -> None:
     only_b = genres.resampled_to(pred, gold, kinds, {"b": 1.0})
     assert abs(only_b[0]) < 0.15 and only_b[1] > 0
     assert 0.3 < genres.resampled_to(pred, gold, kinds, {"a": 0.5, "b": 0.5})[0] < 0.8
+
+
+def test_a_report_row_gives_each_genre_on_both_sides(genres) -> None:
+    """The row: held-out, dev, per genre held-out / dev, dev at the held-out mix (x 100)."""
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(1)
+    gold = rng.uniform(0, 5, 300)
+    kinds = np.array(["a", "b", "c"] * 100)
+    row = genres.report("p", gold, gold, SimpleNamespace(labels=gold), SimpleNamespace(labels=gold),
+                        kinds, kinds)
+    assert row.startswith("| p | 100.0 | 100.0 | 100.0 / 100.0 | 100.0 / 100.0 | 100.0 / 100.0 |")
+    assert row.endswith("| 100.0 (0.0) |")
