@@ -32,14 +32,20 @@ def _load(name: str, path: Path) -> Any:
     return sys.modules[name]
 
 
-@pytest.fixture(scope="module", name="driver")
-def driver_module(shared_data: Path) -> Any:
-    """The driver module (named so that test_lrc_glue_phases.py imports the fixture)."""
-    if not (shared_data / "glue" / "MRPC" / "dev.tsv").is_file():
+def glue_benchmark(shared_data: Path, name: str, script: str, task: str = "MRPC") -> Any:
+    """A script of ``benchmarks/`` loaded as module ``name``; the test skips when the real GLUE
+    files of ``task`` are absent."""
+    if not (shared_data / "glue" / task / "dev.tsv").is_file():
         pytest.skip(f"the real GLUE files are not in {shared_data / 'glue'} "
                     "(see ../shared/data/README.md)")
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    return _load("lrc_glue_driver", ROOT / "benchmarks" / "lrc_glue.py")
+    return _load(name, ROOT / "benchmarks" / script)
+
+
+@pytest.fixture(scope="module", name="driver")
+def driver_module(shared_data: Path) -> Any:
+    """The driver module (named so that test_lrc_glue_phases.py imports the fixture)."""
+    return glue_benchmark(shared_data, "lrc_glue_driver", "lrc_glue.py")
 
 
 @pytest.fixture(autouse=True)

@@ -3,23 +3,18 @@ mix (the explanation of the study's STS-B held-out scores above dev)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from tests.text.test_lrc_glue import ROOT, _load
+from tests.text.test_lrc_glue import glue_benchmark
 
 
 @pytest.fixture(scope="module", name="genres")
 def genres_module(shared_data: Path) -> Any:
-    if not (shared_data / "glue" / "STS-B" / "dev.tsv").is_file():
-        pytest.skip(f"the real GLUE files are not in {shared_data / 'glue'} "
-                    "(see ../shared/data/README.md)")
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    return _load("stsb_genres", ROOT / "benchmarks" / "stsb_genres.py")
+    return glue_benchmark(shared_data, "stsb_genres", "stsb_genres.py", "STS-B")
 
 
 def test_every_row_has_its_files_genre(genres, shared_data: Path) -> None:
