@@ -381,8 +381,9 @@ def weights_sha256(model_dir: Path) -> str | None:
     """sha256 of a saved model's tensors (``model.safetensors``: names in sorted order, each
     name, dtype, shape and bytes), None where there is none. A teacher or the general student
     is trained again on every machine: equal hashes say the runs that learned from it on
-    different machines learned from the same weights (fp32 training reproduces them
-    bit for bit across CPU kinds), where the file's bytes could differ in their header only."""
+    different machines learned from the same weights (whether fp32 training reproduces them
+    across CPU kinds is what the hashes will show); the file's header may differ, the hash
+    reads the tensors only."""
     import hashlib
 
     import torch
@@ -870,22 +871,19 @@ def collect(root: Path) -> dict[str, Any]:
             names = {s: student_run(task, v, lr_v, s, root, start=start).name for s in SEEDS}
             by_seed = {s: out["runs"][n]["dev"]["score"] for s, n in names.items()
                        if n in out["runs"]}
-            digests = {s: agreement_key(out["runs"][n]) for s, n in names.items()
+            digests = {s: out["runs"][n].get("digest", UNKEYED_DIGEST) for s, n in names.items()
                        if n in out["runs"]}
+            # a gen student's start: the general run's weights (each machine trains it again)
+            starts = {s: out["runs"][n].get("start_sha256") for s, n in names.items()
+                      if n in out["runs"]}
             rows[key] = {
                 "lr": lr_v, **_summary(list(by_seed.values())), "by_seed": by_seed,
-                "digests": digests, "digests_agree": len(set(digests.values())) <= 1}
+                "digests": digests, "starts": starts, "digests_agree":
+                    len(set(digests.values())) <= 1 and len(set(starts.values())) <= 1}
         rows["prior"] = label_prior(task)
         rows["majority"] = majority_score(task)
         out["tasks"][task] = rows
     return out
-
-
-def agreement_key(rec: dict[str, Any]) -> str:
-    """What two records must share to be summarised or paired: the recipe's digest key, and
-    for a student of the general run, that run's weights (each machine trains it again)."""
-    key = rec.get("digest", UNKEYED_DIGEST)
-    return key if rec.get("start_sha256") is None else f"{key}/{rec['start_sha256'][:16]}"
 
 
 def row_specs(task: str, root: Path) -> dict[str, tuple[str, str, float]]:
@@ -924,10 +922,9 @@ def paired(rows: dict[str, Any], a: str, b: str) -> dict[int, float]:
     ra, rb = (rows.get(k, {}) for k in (a, b))
     sa, sb = ra.get("by_seed", {}), rb.get("by_seed", {})
     da, db = ra.get("digests", {}), rb.get("digests", {})
-    if any(len({str(key).partition("/")[2] for key in d.values()}) > 1 for d in (da, db)):
+    if any(len(set(r.get("starts", {}).values())) > 1 for r in (ra, rb)):
         return {}  # a row's seeds learned from different general students: nothing to pair
-    return {s: sa[s] - sb[s] for s in sorted(sa)
-            if s in sb and str(da.get(s)).partition("/")[0] == str(db.get(s)).partition("/")[0]}
+    return {s: sa[s] - sb[s] for s in sorted(sa) if s in sb and da.get(s) == db.get(s)}
 
 
 def t_interval(values: list[float], level: float = 0.95) -> tuple[float, float] | None:
