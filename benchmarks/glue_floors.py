@@ -27,6 +27,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,10 +82,11 @@ def majority(train: GlueDataset, dev: GlueDataset) -> dict[str, float]:
     return glue_metrics(train.task.name, np.full(len(dev), label), dev.labels)
 
 
-def bag_of_words(train: GlueDataset, held_out: GlueDataset, dev: GlueDataset
-                 ) -> tuple[dict[str, float], float]:
-    """Dev metrics of the logistic regression whose C scored best on ``held_out``, and that C
-    (a regression task: the ridge regression whose alpha scored best, and that alpha)."""
+def bag_of_words_fit(train: GlueDataset, held_out: GlueDataset
+                     ) -> tuple[Callable[[GlueDataset], np.ndarray], float]:
+    """The logistic regression on binary uni- and bigrams (a pair: both sentences and their
+    product) whose C scored best on ``held_out``, as a predictor of a dataset, and that C (a
+    regression task: the ridge regression whose alpha scored best, and that alpha)."""
     from scipy import sparse
     from sklearn.feature_extraction.text import CountVectorizer
     from sklearn.linear_model import LogisticRegression, Ridge
@@ -99,7 +101,7 @@ def bag_of_words(train: GlueDataset, held_out: GlueDataset, dev: GlueDataset
         b = vec.transform(ds.text_b)
         return sparse.hstack([a, b, a.multiply(b)]).tocsr()
 
-    x_train, x_held, x_dev = features(train), features(held_out), features(dev)
+    x_train, x_held = features(train), features(held_out)
     best: tuple[float, float, Any] | None = None
     regression = train.task.is_regression
     for c in RIDGE_ALPHAS if regression else C_GRID:
@@ -109,7 +111,15 @@ def bag_of_words(train: GlueDataset, held_out: GlueDataset, dev: GlueDataset
         if best is None or score > best[0]:
             best = (score, c, model)
     assert best is not None
-    return glue_metrics(train.task.name, best[2].predict(x_dev), dev.labels), best[1]
+    chosen = best[2]
+    return (lambda ds: chosen.predict(features(ds))), best[1]
+
+
+def bag_of_words(train: GlueDataset, held_out: GlueDataset, dev: GlueDataset
+                 ) -> tuple[dict[str, float], float]:
+    """Dev metrics of ``bag_of_words_fit``'s predictor, and its C (or alpha)."""
+    predict, c = bag_of_words_fit(train, held_out)
+    return glue_metrics(train.task.name, predict(dev), dev.labels), c
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
