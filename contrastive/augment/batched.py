@@ -40,6 +40,7 @@ from contrastive.augment.per_image import (
     build_crop,
     resized_crop_uint8,
 )
+from contrastive.augment.share import WHOLE, Share, rand_rows
 from contrastive.data.decode import EncodedImage
 
 # columns of the per-view random draw
@@ -105,12 +106,6 @@ class WorkerCropsWithBoxes(WorkerCrops):
         return {"views": views, "crop_boxes": torch.tensor(boxes, dtype=torch.float32)}
 
 
-def _rand(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> Tensor:
-    if generator is None:
-        return torch.rand(shape, device=device)
-    return torch.rand(shape, generator=generator, device=generator.device).to(device, non_blocking=True)
-
-
 class _Timer:
     """Accumulates wall time per stage into a dict (synchronising CUDA) when asked to."""
 
@@ -139,10 +134,12 @@ def _factor_range(strength: float) -> tuple[float, float]:
 class DeviceAugment:
     """The device half of :meth:`Pipeline.split`.
 
-    ``device_fn(views, generator=None)``: ``views`` is a list (one entry per view of the
-    pipeline) of uint8 tensors (B, 3, S_v, S_v) on the training device; returns float32
+    ``device_fn(views, generator=None, share=WHOLE)``: ``views`` is a list (one entry per view
+    of the pipeline) of uint8 tensors (B, 3, S_v, S_v) on the training device; returns float32
     normalised tensors of the same shapes. Parameters are drawn per sample from ``generator``
-    (a ``torch.Generator`` on any device; None: the global generator of the views' device).
+    (a ``torch.Generator`` on any device; None: the global generator of the views' device), for
+    the whole global micro-batch of which ``views`` are process ``share``'s rows
+    (:mod:`~contrastive.augment.share`: the views do not depend on the number of processes).
     ``stage_times``: optional dict that receives the seconds spent per stage (for benchmarks).
 
     ``strategy`` (None: by device):
@@ -190,6 +187,7 @@ class DeviceAugment:
         views: Sequence[Tensor],
         generator: torch.Generator | None = None,
         *,
+        share: Share = WHOLE,
         stage_times: dict[str, float] | None = None,
     ) -> list[Tensor]:
         if isinstance(views, Tensor):
@@ -200,7 +198,7 @@ class DeviceAugment:
                 f"pipeline); got {len(views)}"
             )
         return [
-            self.augment_view(x, cfg, generator, stage_times=stage_times)
+            self.augment_view(x, cfg, generator, share=share, stage_times=stage_times)
             for x, cfg in zip(views, self.views)
         ]
 
@@ -210,6 +208,7 @@ class DeviceAugment:
         cfg: ViewConfig,
         generator: torch.Generator | None = None,
         *,
+        share: Share = WHOLE,
         stage_times: dict[str, float] | None = None,
     ) -> Tensor:
         """Augment one view's batch: uint8 (B, 3, H, W) -> normalised float32 (B, 3, H, W)."""
@@ -228,7 +227,7 @@ class DeviceAugment:
 
         strategy = self.strategy or ("grouped" if dev.type == "cpu" else "dense")
         with timer("params"):
-            p = _draw(n, cfg, generator, dev, sort=strategy == "grouped")
+            p = _draw(n, cfg, generator, dev, share, sort=strategy == "grouped")
         if strategy == "dense":
             return _augment_dense(x, cfg, p, mean, std, timer)
         chunk = self.chunk_size or (cpu_chunk(x.shape[-2:]) if dev.type == "cpu" else n)
@@ -295,19 +294,20 @@ class _Params:
 
 
 def _draw(
-    n: int, cfg: ViewConfig, generator: torch.Generator | None, dev: torch.device, sort: bool = True
+    n: int, cfg: ViewConfig, generator: torch.Generator | None, dev: torch.device,
+    share: Share = WHOLE, sort: bool = True
 ) -> _Params:
     p = _Params()
     p.hue_idx = None
     if generator is not None and generator.device.type == "cpu":
-        u_host = torch.rand((n, _NCOL), generator=generator)
+        u_host = rand_rows(n, (_NCOL,), generator, share)  # (n, _NCOL)
         u = u_host.to(dev, non_blocking=True)
         if not sort and cfg.hue > 0:  # drawn on the host: pick the hue subsets there, no sync
             jit_h, perm_h = _jitter_order(u_host, cfg)
             p.hue_idx = [(jit_h & (perm_h[:, k] == 3)).nonzero().squeeze(1)
                          .to(dev, non_blocking=True) for k in range(4)]
     else:
-        u = _rand((n, _NCOL), generator, dev)
+        u = rand_rows(n, (_NCOL,), generator, share, device=dev).to(dev, non_blocking=True)
     jittered, perm = _jitter_order(u, cfg)
     if sort:
         code = perm[:, 0] * 6 + _lehmer_tail(perm) if cfg.jitter_order == "random" else perm[:, 0] * 0

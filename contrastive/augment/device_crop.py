@@ -29,6 +29,7 @@ from torch import Tensor
 
 from contrastive.augment.config import ViewConfig
 from contrastive.augment.per_image import centred_box
+from contrastive.augment.share import WHOLE, Share, rand_rows
 
 __all__ = ["random_resized_boxes", "resized_crops", "ResidentViews"]
 
@@ -37,12 +38,15 @@ TRIES = 10
 
 
 def random_resized_boxes(n: int, height: int, width: int, scale: Sequence[float],
-                         ratio: Sequence[float], generator: torch.Generator | None = None) -> Tensor:
+                         ratio: Sequence[float], generator: torch.Generator | None = None,
+                         share: Share = WHOLE) -> Tensor:
     """(n, 4) int64 crop boxes ``(top, left, h, w)`` in an image of ``height x width``, drawn on
     the host from ``generator``: the rule of :func:`contrastive.augment.per_image.
     random_resized_crop_box` for every sample at once (its numbers drawn as one (n, 10, 4)
-    uniform tensor, so the stream differs from the per-image draws, not the distribution)."""
-    u = torch.rand((n, TRIES, 4), generator=generator, dtype=torch.float64)  # (n, T, 4)
+    uniform tensor, so the stream differs from the per-image draws, not the distribution), for
+    process ``share``'s rows of the global micro-batch (:mod:`~contrastive.augment.share`)."""
+    u = rand_rows(n, (TRIES, 4), generator, share, dtype=torch.float64,
+                  device=torch.device("cpu"))  # (n, T, 4)
     lo, hi = math.log(ratio[0]), math.log(ratio[1])
     target = height * width * (scale[0] + (scale[1] - scale[0]) * u[..., 0])  # (n, T)
     aspect = torch.exp(lo + (hi - lo) * u[..., 1])  # (n, T)
@@ -79,7 +83,8 @@ def resized_crops(images: Tensor, boxes: Tensor, size: int) -> Tensor:
 
 class ResidentViews:
     """The geometric half of a pipeline's random views for images held on the device:
-    ``views(indices, generator)`` -> one uint8 (B, 3, S_v, S_v) tensor per view.
+    ``views(indices, generator, share)`` -> one uint8 (B, 3, S_v, S_v) tensor per view
+    (``indices``: process ``share``'s rows of the global micro-batch).
 
     Args:
         images: uint8 (N, 3, H, W), the whole data set, on the training device.
@@ -96,9 +101,10 @@ class ResidentViews:
                                  f"this pipeline has a {v.crop!r} view: drop --resident")
         self.images, self.views = images, tuple(views)
 
-    def __call__(self, indices: Tensor, generator: torch.Generator | None = None) -> list[Tensor]:
+    def __call__(self, indices: Tensor, generator: torch.Generator | None = None,
+                 share: Share = WHOLE) -> list[Tensor]:
         batch = self.images.index_select(0, indices.to(self.images.device))  # (B, 3, H, W)
         n, _, height, width = batch.shape
         return [resized_crops(batch, random_resized_boxes(n, height, width, v.scale, v.ratio,
-                                                          generator), v.size)
+                                                          generator, share), v.size)
                 for v in self.views]

@@ -16,9 +16,11 @@ same images with the same augmentations:
    afterwards when it runs in the main process. A worker's history (which batches it loaded
    before) therefore never changes a sample's views.
 
-The batched path draws its per-sample parameters on the device from a generator seeded with
-``(seed, step, micro-step, rank)`` (see :func:`step_generator`): exact on resume, but (unlike the
-per-image path) not the same views when the number of processes changes.
+The batched path draws its per-sample parameters from a generator seeded with ``(seed, step,
+micro-step)`` (see :func:`step_generator`), the same on every process: it draws for the whole
+global micro-batch and each process keeps its samples' rows
+(:mod:`contrastive.augment.share`), so it too is exact on resume and gives every sample the same
+views whatever the number of processes.
 """
 
 from __future__ import annotations
@@ -125,13 +127,15 @@ def build_train_loader(dataset: Any, sampler: GlobalBatchSampler, *, seed: int, 
     )
 
 
-def step_generator(device: torch.device, seed: int, step: int, micro: int,
-                   rank: int) -> torch.Generator:
-    """Generator for the batched augmentation of one micro-step of one process: on the host
+def step_generator(device: torch.device, seed: int, step: int, micro: int) -> torch.Generator:
+    """Generator for the batched augmentation of one micro-step, the same on every process
+    (each keeps its own rows of the global draw: :mod:`contrastive.augment.share`): on the host
     whatever the training ``device`` (the per-sample numbers are few; drawn on the host, the
     dense GPU path picks its hue subsets without a device sync, and CPU and GPU runs draw the
     same numbers). ``device`` is kept for callers; it does not change the stream."""
     del device
     g = torch.Generator()
-    g.manual_seed(mix_seed(seed, 0xA46, step, micro, rank))
+    # the trailing 0 was the rank when each process drew its own stream: one process keeps the
+    # numbers (and recipe digests) it had before every process drew rank 0's global stream
+    g.manual_seed(mix_seed(seed, 0xA46, step, micro, 0))
     return g

@@ -470,7 +470,7 @@ class _Run:
         sched = self.step_values()
         batch = self.adapter.batch(sample, m.needs, sched, device=acc.device, step=state.step,
                                    micro=micro % self.cfg.grad_accum_steps,
-                                   rank=acc.process_index)
+                                   rank=acc.process_index, world=acc.num_processes)
         self.speed.count(self.adapter.count(batch))
         optimisation_step(m.model, batch, m.optimizer, acc, self.cfg, state.step, self.guard,
                           self.window, m.after_step, updater=self.updater, cache=m.cache)

@@ -26,12 +26,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+BATCHED = Path(__file__).with_name("batched_dist_runs.py")  # its 2-process runs
+
 STEPS = 8  # one epoch of 128 images at batch 16: every key in the queue has a distinct index
 ARGS = ["--data", "shapes:n=128,n_test=32,size=16", "--max-steps", str(STEPS), "--epochs", "2",
         "--queue-size", "64", "--shuffle-bn", "false", "--pass-indices", "--knn-every", "1",
         "--knn-max-train", "64", "--save-every-steps", "4",
-        # per-image augmentation: its random parameters depend on (seed, epoch, image) only;
-        # the batched path draws them per process and step, so they differ with the world size
+        # per-image augmentation: its random parameters depend on (seed, epoch, image) only
+        # (the batched path: test_batched_views_do_not_depend_on_the_number_of_processes)
         "--batched-augment", "off", "--float64"]
 # float64 rounding is 1.1e-16 per operation; a step chains ~1e4 operations per value (convs
 # over 16 px, BN over 8 samples, the all-reduce), and 8 SGD steps at this lr amplify
@@ -101,18 +103,37 @@ def assert_two_processes_match_one(two: Path, one: Path) -> None:
     torch.testing.assert_close(qa, qb, **STEP_TOL)
 
 
-def assert_same_training(two: Path, one: Path) -> tuple[dict, dict]:
+def assert_same_training(two: Path, one: Path, steps: int = STEPS) -> tuple[dict, dict]:
     """Same logged losses and final weights (BN running statistics and the queue aside) in the
-    float64 runs ``two`` and ``one`` of ``STEPS`` steps; their final models."""
-    a = load_file(str(two / "checkpoints" / f"step_{STEPS:08d}" / "model.safetensors"))
-    b = load_file(str(one / "checkpoints" / f"step_{STEPS:08d}" / "model.safetensors"))
+    float64 runs ``two`` and ``one`` of ``steps`` steps; their final models."""
+    a = load_file(str(two / "checkpoints" / f"step_{steps:08d}" / "model.safetensors"))
+    b = load_file(str(one / "checkpoints" / f"step_{steps:08d}" / "model.safetensors"))
     assert a.keys() == b.keys()
     # metrics.jsonl keeps 6 decimals: losses within 1e-10 may round 1e-6 apart (4.151594 /
     # 4.151595 once); the weights below carry the strict comparison
     assert _losses(two) == pytest.approx(_losses(one), rel=STEP_TOL["rtol"], abs=1.01e-6)
-    assert len(_losses(two)) == STEPS
+    assert len(_losses(two)) == steps
     for k in a:
         if "running_" in k or "num_batches_tracked" in k or k.startswith("queue."):
             continue
         torch.testing.assert_close(a[k], b[k], **STEP_TOL, msg=k)
     return a, b
+
+
+@pytest.mark.distributed
+def test_batched_views_do_not_depend_on_the_number_of_processes(two_process_runs):
+    """Crops and colour drawn on the device (``--resident``, batched augmentation) for the whole
+    global micro-batch, each process keeping its rows: 2 processes train as 1 does; a process
+    that draws only its own rows (the old per-process rule) does not."""
+    import runpy
+
+    runs = runpy.run_path(str(BATCHED))
+    folder = two_process_runs(BATCHED)  # in the session's one launch
+    runs["run"](folder, "one")
+    steps = runs["STEPS"]
+    assert_same_training(folder / "two", folder / "one", steps)
+    weights = [load_file(str(folder / name / "checkpoints" / f"step_{steps:08d}" /
+                             "model.safetensors")) for name in ("one", "mutant")]
+    gap = max((weights[0][k] - weights[1][k]).abs().max().item() for k in weights[0]
+              if weights[0][k].is_floating_point() and not k.startswith("queue."))
+    assert gap > 1e-6, f"the per-process draw trained like one process: {gap:.2e}"

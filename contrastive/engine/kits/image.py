@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import Subset
 
+from contrastive.augment.share import WHOLE, Share
 from contrastive.engine.config import RunConfig, parse_json_object
 from contrastive.engine.extras import add_extras, split_item
 from contrastive.engine.fields import as_flag, help_field, override
@@ -230,22 +231,23 @@ class DIMConfig(ImageConfig):
 
 def prepare_views(views: list[Tensor] | Tensor, device: torch.device,
                   device_fn: Callable[..., list[Tensor]] | None, *, seed: int, step: int,
-                  micro: int, rank: int, channels_last: bool = False,
+                  micro: int, share: Share = WHOLE, channels_last: bool = False,
                   float64: bool = False,
                   resident: Callable[..., list[Tensor]] | None = None) -> list[Tensor]:
     """The loader's views on the device: augmented there in a batch (``device_fn``, seeded by
-    the position in the run), in channels_last / float64 when asked. With ``resident``
+    the position in the run; ``views`` are process ``share``'s rows of the global micro-batch),
+    in channels_last / float64 when asked. With ``resident``
     (:class:`~contrastive.augment.device_crop.ResidentViews`) ``views`` is the batch's indices
     and the crops are cut from the device's copy of the data set, from the same generator."""
-    gen = (step_generator(device, seed, step, micro, rank)
+    gen = (step_generator(device, seed, step, micro)
            if device_fn is not None or resident is not None else None)
     if resident is not None:
         assert isinstance(views, Tensor)
-        views = resident(views.to(device, non_blocking=True), gen)  # uint8 (B, 3, S, S) each
+        views = resident(views.to(device, non_blocking=True), gen, share)  # uint8 (B, 3, S, S)
     else:
         views = [v.to(device, non_blocking=True) for v in views]
     if device_fn is not None:
-        views = device_fn(views, generator=gen)
+        views = device_fn(views, generator=gen, share=share)
     if channels_last:
         views = [v.contiguous(memory_format=torch.channels_last) for v in views]
     if float64:
@@ -375,15 +377,16 @@ class ImageAdapter:
         return ds
 
     def batch(self, sample: tuple[Any, ...], needs: tuple[str, ...], sched: dict[str, float], *,
-              device: torch.device, step: int, micro: int, rank: int) -> dict[str, Any]:
+              device: torch.device, step: int, micro: int, rank: int,
+              world: int = 1) -> dict[str, Any]:
         from contrastive.augment.device_decode import DeviceDecodeBatch, decode_and_crop
 
         cfg = self.cfg
         views, crops = sample[0], {}
         if self.resident is not None:  # the batch's indices; the images are on the device
             batch = make_batch(prepare_views(
-                views, device, self.device_fn, seed=cfg.seed, step=step, micro=micro, rank=rank,
-                channels_last=bool(cfg.channels_last), float64=cfg.float64,
+                views, device, self.device_fn, seed=cfg.seed, step=step, micro=micro,
+                share=Share(rank, world), channels_last=bool(cfg.channels_last), float64=cfg.float64,
                 resident=self.resident), sample, needs, sched, device)
             return batch
         if isinstance(views, Mapping):  # a pipeline with crop_boxes: {"views", "crop_boxes"}
@@ -396,7 +399,8 @@ class ImageAdapter:
                                "JPEG): --decode device pays only on JPEG files or shards")
             views = decode_and_crop(views, self.pipeline.view_sizes, device)
         views = prepare_views(views, device, self.device_fn, seed=cfg.seed, step=step,
-                              micro=micro, rank=rank, channels_last=bool(cfg.channels_last),
+                              micro=micro, share=Share(rank, world),
+                              channels_last=bool(cfg.channels_last),
                               float64=cfg.float64)
         batch = make_batch(views, sample, needs, sched, device)
         add_extras(batch, crops, needs, device)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 from torch import Tensor, nn
 
+from contrastive.augment.share import Share
 from contrastive.engine.config import RunConfig, parse_json_object
 from contrastive.engine.fields import help_field, override
 from contrastive.engine.kits.base import Artefacts, HandOff, KitDefaults
@@ -212,9 +213,10 @@ class ImageTextAdapter(KitDefaults[C]):
         return ds
 
     def batch(self, sample: tuple[Any, ...], needs: tuple[str, ...], sched: dict[str, float], *,
-              device: torch.device, step: int, micro: int, rank: int) -> dict[str, Any]:
+              device: torch.device, step: int, micro: int, rank: int,
+              world: int = 1) -> dict[str, Any]:
         views = prepare_views(sample[0], device, self.device_fn, seed=self._seed, step=step,
-                              micro=micro, rank=rank, float64=self._float64)
+                              micro=micro, share=Share(rank, world), float64=self._float64)
         return make_batch(views, sample, needs, sched, device)
 
     def count(self, batch: dict[str, Any]) -> Tensor | None:

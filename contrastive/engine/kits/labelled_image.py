@@ -563,7 +563,8 @@ class LabelledImageAdapter(KitDefaults[LabelledImageConfig]):
         return SubsetDataset(full, train_idx) if n < len(full) else full
 
     def batch(self, sample: tuple[Any, ...], needs: tuple[str, ...], sched: dict[str, float], *,
-              device: torch.device, step: int, micro: int, rank: int) -> dict[str, Any]:
+              device: torch.device, step: int, micro: int, rank: int,
+              world: int = 1) -> dict[str, Any]:
         from contrastive.data.loader import mix_seed
 
         cfg = self._cfg

@@ -128,7 +128,8 @@ class TokenAdapter(KitDefaults[T]):
         self.max_length = 0  # --max-length, from train_set on
 
     def batch(self, sample: tuple[Any, ...], needs: tuple[str, ...], sched: dict[str, float], *,
-              device: torch.device, step: int, micro: int, rank: int) -> dict[str, Any]:
+              device: torch.device, step: int, micro: int, rank: int,
+              world: int = 1) -> dict[str, Any]:
         fields, indices = sample
         batch: dict[str, Any] = dict(sched)
         if "indices" in needs:
