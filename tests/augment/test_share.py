@@ -11,6 +11,7 @@ import torch
 from contrastive.augment import get_pipeline
 from contrastive.augment.device_crop import ResidentViews, random_resized_boxes
 from contrastive.augment.share import WHOLE, Share, rand_rows
+from contrastive.data.loader import mix_seed
 from contrastive.engine.loader import step_generator
 
 
@@ -20,9 +21,9 @@ def _gen(seed: int = 5) -> torch.Generator:
 
 def test_one_process_draws_the_stream_it_drew_before() -> None:
     assert torch.equal(rand_rows(6, (3,), _gen(), WHOLE), torch.rand((6, 3), generator=_gen()))
-    g = step_generator(torch.device("cpu"), 0, 3, 1)
-    assert torch.equal(torch.rand(4, generator=g), torch.rand(4, generator=step_generator(
-        torch.device("cpu"), 0, 3, 1)))  # a function of (seed, step, micro) only
+    # the step's generator is rank 0's of the per-process rule (the recipe digests' stream)
+    assert step_generator(torch.device("cpu"), 7, 3, 1).initial_seed() == mix_seed(
+        7, 0xA46, 3, 1, 0)
 
 
 def test_a_share_is_its_rows_of_the_global_draw() -> None:
